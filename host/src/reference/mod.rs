@@ -1,0 +1,1 @@
+//! reference (to be written).

@@ -1,0 +1,1 @@
+//! trace (to be written).

@@ -1,0 +1,287 @@
+//! GPU-scoped atomics with explicit memory semantics.
+//!
+//! On `nvptx64` every operation is one inline-PTX instruction with `.gpu`
+//! scope and the semantics you name (`atom.acq_rel.gpu.add.u32`,
+//! `ld.acquire.gpu.u32`, `fence.acq_rel.gpu`, …) on a *generic* address, so
+//! the same cell works in global and shared memory. We do not use
+//! `core::sync::atomic` there: rustc/LLVM drops the ordering of every
+//! read-modify-write except compare-and-swap and makes every ordered access
+//! system-scoped (rust-lang/rust#136480; verified in
+//! shared/research/rust-ecosystem.md §3.3).
+//!
+//! On the host the same API maps to `core::sync::atomic` (or to `loom` under
+//! `--cfg loom`, to `shuttle` under `--cfg shuttle`), whose C++20 model is at
+//! least as strong as PTX's scoped model for a single `.gpu` scope.
+//!
+//! [`AtomicU32`] and [`AtomicU64`] have the layout of `u32` / `u64` (except
+//! under loom or shuttle), so a kernel can view device memory as atomics with
+//! [`AtomicU32::from_ptr`].
+
+/// Memory semantics of an atomic operation (PTX `.relaxed`, `.acquire`,
+/// `.release`, `.acq_rel`; all with `.gpu` scope on the device).
+///
+/// A load given `Release` or `AcqRel` is performed as `Acquire`; a store given
+/// `Acquire` or `AcqRel` as `Release` (PTX has no other forms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ordering {
+    /// No ordering; atomicity only.
+    Relaxed,
+    /// Later accesses of this thread are not moved before it.
+    Acquire,
+    /// Earlier accesses of this thread are not moved after it.
+    Release,
+    /// Both acquire and release.
+    AcqRel,
+}
+
+#[cfg(not(any(target_arch = "nvptx64", loom, shuttle)))]
+use core::sync::atomic as host_atomic;
+#[cfg(all(loom, not(target_arch = "nvptx64")))]
+use loom::sync::atomic as host_atomic;
+#[cfg(all(shuttle, not(loom), not(target_arch = "nvptx64")))]
+use shuttle::sync::atomic as host_atomic;
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl Ordering {
+    fn rmw(self) -> host_atomic::Ordering {
+        match self {
+            Ordering::Relaxed => host_atomic::Ordering::Relaxed,
+            Ordering::Acquire => host_atomic::Ordering::Acquire,
+            Ordering::Release => host_atomic::Ordering::Release,
+            Ordering::AcqRel => host_atomic::Ordering::AcqRel,
+        }
+    }
+    fn load(self) -> host_atomic::Ordering {
+        match self {
+            Ordering::Relaxed => host_atomic::Ordering::Relaxed,
+            _ => host_atomic::Ordering::Acquire,
+        }
+    }
+    fn store(self) -> host_atomic::Ordering {
+        match self {
+            Ordering::Relaxed => host_atomic::Ordering::Relaxed,
+            _ => host_atomic::Ordering::Release,
+        }
+    }
+    fn cas_failure(self) -> host_atomic::Ordering {
+        match self {
+            Ordering::Acquire | Ordering::AcqRel => host_atomic::Ordering::Acquire,
+            _ => host_atomic::Ordering::Relaxed,
+        }
+    }
+}
+
+/// Emits `$asm` with the semantics suffix chosen by `$ord` (a constant after
+/// inlining, so only one arm survives).
+#[cfg(target_arch = "nvptx64")]
+macro_rules! by_sem {
+    ($ord:expr, $pre:literal, $post:expr, $($args:tt)*) => {
+        match $ord {
+            Ordering::Relaxed => core::arch::asm!(concat!($pre, ".relaxed.gpu", $post), $($args)*),
+            Ordering::Acquire => core::arch::asm!(concat!($pre, ".acquire.gpu", $post), $($args)*),
+            Ordering::Release => core::arch::asm!(concat!($pre, ".release.gpu", $post), $($args)*),
+            Ordering::AcqRel => core::arch::asm!(concat!($pre, ".acq_rel.gpu", $post), $($args)*),
+        }
+    };
+}
+
+macro_rules! atomic_int {
+    ($name:ident, $int:ty, $host:ident, $reg:ident, $b:literal, $u:literal) => {
+        #[doc = concat!("A `", stringify!($int), "` updated with GPU-scoped atomics (see the [module docs](self)).")]
+        #[cfg_attr(not(any(loom, shuttle)), repr(transparent))]
+        pub struct $name {
+            #[cfg(target_arch = "nvptx64")]
+            v: core::cell::UnsafeCell<$int>,
+            #[cfg(not(target_arch = "nvptx64"))]
+            v: host_atomic::$host,
+        }
+
+        // SAFETY: every access to the cell goes through an atomic instruction.
+        unsafe impl Sync for $name {}
+
+        impl $name {
+            /// A new atomic holding `v`.
+            #[cfg(not(any(loom, shuttle)))]
+            pub const fn new(v: $int) -> Self {
+                Self {
+                    #[cfg(target_arch = "nvptx64")]
+                    v: core::cell::UnsafeCell::new(v),
+                    #[cfg(not(target_arch = "nvptx64"))]
+                    v: host_atomic::$host::new(v),
+                }
+            }
+
+            /// A new atomic holding `v` (model-checking build).
+            #[cfg(any(loom, shuttle))]
+            pub fn new(v: $int) -> Self {
+                Self { v: host_atomic::$host::new(v) }
+            }
+
+            /// Views the integer at `p` as an atomic.
+            ///
+            /// # Safety
+            #[doc = concat!("`p` is non-null, aligned to `align_of::<", stringify!($int), ">()`, valid for reads and")]
+            /// writes for `'a`, and every concurrent access to it is atomic.
+            #[cfg(not(any(loom, shuttle)))]
+            #[inline(always)]
+            pub unsafe fn from_ptr<'a>(p: *mut $int) -> &'a Self {
+                // SAFETY: `Self` is `repr(transparent)` over a cell of the
+                // same layout as the integer; the caller vouches for `p`.
+                unsafe { &*(p as *const Self) }
+            }
+
+            #[cfg(target_arch = "nvptx64")]
+            #[inline(always)]
+            fn ptr(&self) -> *mut $int {
+                self.v.get()
+            }
+
+            /// Atomic load (`ld.{relaxed,acquire}.gpu`).
+            #[inline(always)]
+            pub fn load(&self, ord: Ordering) -> $int {
+                #[cfg(target_arch = "nvptx64")]
+                {
+                    let r: $int;
+                    let p = self.ptr();
+                    let ord = match ord { Ordering::Relaxed => Ordering::Relaxed, _ => Ordering::Acquire };
+                    // SAFETY: `p` points to this live, aligned cell.
+                    unsafe { by_sem!(ord, "ld", concat!(".", $u, " {r}, [{p}];"), r = out($reg) r, p = in(reg64) p, options(nostack)) };
+                    r
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                {
+                    self.v.load(ord.load())
+                }
+            }
+
+            /// Atomic store (`st.{relaxed,release}.gpu`).
+            #[inline(always)]
+            pub fn store(&self, v: $int, ord: Ordering) {
+                #[cfg(target_arch = "nvptx64")]
+                {
+                    let p = self.ptr();
+                    let ord = match ord { Ordering::Relaxed => Ordering::Relaxed, _ => Ordering::Release };
+                    // SAFETY: `p` points to this live, aligned cell.
+                    unsafe { by_sem!(ord, "st", concat!(".", $u, " [{p}], {v};"), p = in(reg64) p, v = in($reg) v, options(nostack)) };
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                {
+                    self.v.store(v, ord.store())
+                }
+            }
+
+            atomic_int!(@rmw $int, $reg, fetch_add, "add", $u, "Adds `v` (wrapping); returns the previous value.");
+            atomic_int!(@rmw $int, $reg, fetch_or, "or", $b, "Bitwise or with `v`; returns the previous value.");
+            atomic_int!(@rmw $int, $reg, fetch_and, "and", $b, "Bitwise and with `v`; returns the previous value.");
+            atomic_int!(@rmw $int, $reg, fetch_max, "max", $u, "Unsigned maximum with `v`; returns the previous value.");
+            atomic_int!(@rmw $int, $reg, fetch_min, "min", $u, "Unsigned minimum with `v`; returns the previous value.");
+            atomic_int!(@rmw $int, $reg, swap, "exch", $b, "Stores `v`; returns the previous value.");
+
+            /// Subtracts `v` (wrapping); returns the previous value.
+            #[inline(always)]
+            pub fn fetch_sub(&self, v: $int, ord: Ordering) -> $int {
+                self.fetch_add(v.wrapping_neg(), ord)
+            }
+
+            /// Stores `new` if the value is `current` (`atom.cas`). Returns
+            /// `Ok(previous)` on success and `Err(actual)` otherwise. The
+            /// semantics apply to both outcomes (on the host, a failed exchange
+            /// is an acquire when `ord` includes acquire, else relaxed).
+            #[inline(always)]
+            pub fn compare_exchange(&self, current: $int, new: $int, ord: Ordering) -> Result<$int, $int> {
+                #[cfg(target_arch = "nvptx64")]
+                {
+                    let r: $int;
+                    let p = self.ptr();
+                    // SAFETY: `p` points to this live, aligned cell.
+                    unsafe { by_sem!(ord, "atom", concat!(".cas.", $b, " {r}, [{p}], {c}, {n};"), r = out($reg) r, p = in(reg64) p, c = in($reg) current, n = in($reg) new, options(nostack)) };
+                    if r == current { Ok(r) } else { Err(r) }
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                {
+                    self.v.compare_exchange(current, new, ord.rmw(), ord.cas_failure())
+                }
+            }
+        }
+    };
+    (@rmw $int:ty, $reg:ident, $fn:ident, $op:literal, $ty:literal, $doc:literal) => {
+        #[doc = $doc]
+        #[inline(always)]
+        pub fn $fn(&self, v: $int, ord: Ordering) -> $int {
+            #[cfg(target_arch = "nvptx64")]
+            {
+                let r: $int;
+                let p = self.ptr();
+                // SAFETY: `p` points to this live, aligned cell.
+                unsafe { by_sem!(ord, "atom", concat!(".", $op, ".", $ty, " {r}, [{p}], {v};"), r = out($reg) r, p = in(reg64) p, v = in($reg) v, options(nostack)) };
+                r
+            }
+            #[cfg(not(target_arch = "nvptx64"))]
+            {
+                self.v.$fn(v, ord.rmw())
+            }
+        }
+    };
+}
+
+atomic_int!(AtomicU32, u32, AtomicU32, reg32, "b32", "u32");
+atomic_int!(AtomicU64, u64, AtomicU64, reg64, "b64", "u64");
+
+/// A memory fence with `.gpu` scope: `fence.acq_rel.gpu` for every ordering
+/// but `Relaxed`, which emits nothing.
+#[inline(always)]
+pub fn fence(ord: Ordering) {
+    if ord == Ordering::Relaxed {
+        return;
+    }
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a fence has no operands and no preconditions.
+    unsafe {
+        core::arch::asm!("fence.acq_rel.gpu;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    host_atomic::fence(ord.rmw());
+}
+
+/// A sequentially consistent fence with `.gpu` scope (`fence.sc.gpu`).
+#[inline(always)]
+pub fn fence_seq_cst() {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a fence has no operands and no preconditions.
+    unsafe {
+        core::arch::asm!("fence.sc.gpu;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    host_atomic::fence(host_atomic::Ordering::SeqCst);
+}
+
+#[cfg(all(test, not(loom), not(shuttle)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rmw_operations_return_previous_value() {
+        let a = AtomicU32::new(5);
+        assert_eq!(a.fetch_add(3, Ordering::AcqRel), 5);
+        assert_eq!(a.fetch_sub(1, Ordering::Relaxed), 8);
+        assert_eq!(a.fetch_or(0x10, Ordering::Release), 7);
+        assert_eq!(a.fetch_and(0x13, Ordering::Acquire), 0x17);
+        assert_eq!(a.fetch_max(100, Ordering::Relaxed), 0x13);
+        assert_eq!(a.fetch_min(9, Ordering::Relaxed), 100);
+        assert_eq!(a.swap(1, Ordering::AcqRel), 9);
+        assert_eq!(a.compare_exchange(2, 3, Ordering::AcqRel), Err(1));
+        assert_eq!(a.compare_exchange(1, 3, Ordering::AcqRel), Ok(1));
+        assert_eq!(a.load(Ordering::Acquire), 3);
+    }
+
+    #[test]
+    fn from_ptr_aliases_plain_memory() {
+        let mut words = [0u64; 2];
+        // SAFETY: `words[1]` is aligned, live for the borrow and only
+        // accessed through the atomic view below.
+        let a = unsafe { AtomicU64::from_ptr(words.as_mut_ptr().add(1)) };
+        a.store(u64::MAX - 1, Ordering::Release);
+        assert_eq!(a.fetch_add(2, Ordering::Relaxed), u64::MAX - 1);
+        assert_eq!(words, [0, 0]);
+    }
+}

@@ -1,0 +1,140 @@
+//! Warp-level intrinsics: active mask, ballot, shuffle, match, warp barrier.
+//!
+//! On the GPU these are the `*.sync` PTX instructions (sm_70+). On the host
+//! they meet the warp's other lanes in lockstep mode, or act on a one-lane
+//! warp in sequential mode (see [`super::emu`]).
+
+#[cfg(not(target_arch = "nvptx64"))]
+use super::emu;
+
+/// Mask of the lanes executing this instruction together (`activemask.b32`).
+#[inline(always)]
+pub fn active_mask() -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let r: u32;
+        // SAFETY: reads the active mask; no memory is touched.
+        unsafe {
+            core::arch::asm!("activemask.b32 {r};", r = out(reg32) r, options(nomem, nostack))
+        };
+        r
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    emu::with_warp(|w, lane| match w {
+        None => 1,
+        Some(w) => w.exchange(lane, 0).1,
+    })
+}
+
+/// Bit `l` is set iff lane `l` of `mask` has `pred` true (`vote.sync.ballot`).
+/// Every lane in `mask` must execute it.
+#[inline(always)]
+pub fn ballot(mask: u32, pred: bool) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let r: u32;
+        // SAFETY: a warp vote; the predicate is materialised inside the asm
+        // block because nvptx asm has no predicate register class.
+        unsafe {
+            core::arch::asm!(
+                "{{ .reg .pred %p; setp.ne.u32 %p, {pred}, 0; vote.sync.ballot.b32 {r}, %p, {mask}; }}",
+                r = out(reg32) r, pred = in(reg32) pred as u32, mask = in(reg32) mask, options(nomem, nostack))
+        };
+        r
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    emu::with_warp(|w, lane| match w {
+        None => (pred as u32) & mask & 1,
+        Some(w) => {
+            let (vals, part) = w.exchange(lane, pred as u64);
+            (0..32)
+                .filter(|&l| part & mask & (1 << l) != 0 && vals[l as usize] != 0)
+                .fold(0, |m, l| m | 1 << l)
+        }
+    })
+}
+
+/// Value of `v` held by lane `src` (`shfl.sync.idx.b32`). Every lane in `mask`
+/// must execute it; `src` must be in `mask`.
+#[inline(always)]
+pub fn shfl(mask: u32, v: u32, src: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let r: u32;
+        // SAFETY: a warp shuffle between registers; no memory is touched.
+        unsafe {
+            core::arch::asm!("shfl.sync.idx.b32 {r}, {v}, {src}, 31, {mask};",
+                r = out(reg32) r, v = in(reg32) v, src = in(reg32) src, mask = in(reg32) mask, options(nomem, nostack))
+        };
+        r
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    emu::with_warp(|w, lane| match w {
+        None => v,
+        Some(w) => {
+            let (vals, part) = w.exchange(lane, v as u64);
+            let _ = mask;
+            if part & (1 << (src & 31)) != 0 {
+                vals[(src & 31) as usize] as u32
+            } else {
+                v
+            }
+        }
+    })
+}
+
+/// 64-bit [`shfl`].
+#[inline(always)]
+pub fn shfl_u64(mask: u32, v: u64, src: u32) -> u64 {
+    let lo = shfl(mask, v as u32, src);
+    let hi = shfl(mask, (v >> 32) as u32, src);
+    (hi as u64) << 32 | lo as u64
+}
+
+/// Mask of the lanes in `mask` whose `v` equals this lane's (`match.any.sync.b32`).
+#[inline(always)]
+pub fn match_any(mask: u32, v: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let r: u32;
+        // SAFETY: a warp match; no memory is touched.
+        unsafe {
+            core::arch::asm!("match.any.sync.b32 {r}, {v}, {mask};",
+                r = out(reg32) r, v = in(reg32) v, mask = in(reg32) mask, options(nomem, nostack))
+        };
+        r
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    emu::with_warp(|w, lane| match w {
+        None => mask & 1,
+        Some(w) => {
+            let (vals, part) = w.exchange(lane, v as u64);
+            (0..32)
+                .filter(|&l| part & mask & (1 << l) != 0 && vals[l as usize] as u32 == v)
+                .fold(0, |m, l| m | 1 << l)
+        }
+    })
+}
+
+/// Waits until every lane in `mask` reaches this point (`bar.warp.sync`).
+#[inline(always)]
+pub fn sync_warp(mask: u32) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a warp barrier; every lane in `mask` executes it by contract.
+    unsafe {
+        core::arch::asm!("bar.warp.sync {mask};", mask = in(reg32) mask, options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    emu::with_warp(|w, lane| {
+        let _ = mask;
+        if let Some(w) = w {
+            w.exchange(lane, 0);
+        }
+    })
+}
+
+/// Lane mask of the lanes below this one (`%lanemask_lt`).
+#[inline(always)]
+pub fn lanemask_lt() -> u32 {
+    (1u32 << super::index::lane_id()) - 1
+}

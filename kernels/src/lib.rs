@@ -1,0 +1,47 @@
+//! # gpuheap-kernels
+//!
+//! The device side of gpuheap: GPU kernels written in plain Rust, compiled from
+//! the same source to two targets.
+//!
+//! * **`nvptx64-nvidia-cuda`** — one PTX module that the host crate (`gpuheap`)
+//!   embeds and loads through the CUDA driver. Built by `gpuheap-builder`.
+//! * **the host** — the *CPU backend*: the host crate runs the very same kernel
+//!   bodies on a thread pool with emulated grid/block/thread indices, so every
+//!   kernel is tested without a GPU.
+//!
+//! ## Layers (one folder or file each, lower layers never use higher ones)
+//!
+//! | layer | where | what |
+//! |---|---|---|
+//! | architecture primitives | [`arch`] | indices, scoped atomics, fences, warp vote/shuffle, block barrier, shared memory, back-off; inline PTX on the GPU, `core::sync::atomic` (or loom) plus an emulator on the host |
+//! | kernel ABI | [`kernel`] | the [`Kernel`] descriptor and the [`kernel_entry!`] macro that turns a kernel body into a PTX `.entry` |
+//! | kernels | [`fill`], [`bump`] | fill/verify, the warp-aggregated bump allocator |
+//!
+//! The crate is `#![no_std]`. On the host it links `std` only for the emulator
+//! ([`arch::emu`]): thread-local indices and the CPU warp rendezvous.
+#![no_std]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
+)]
+#![warn(missing_docs)]
+
+#[cfg(not(target_arch = "nvptx64"))]
+extern crate std;
+
+pub mod arch;
+pub mod bump;
+pub mod fill;
+pub mod kernel;
+
+pub use kernel::Kernel;
+
+/// Traps the GPU thread (the kernel launch fails with `CUDA_ERROR_LAUNCH_FAILED`
+/// or an illegal-instruction error). Kernels must not panic; this handler only
+/// exists because `core` requires one.
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // SAFETY: `trap` has no preconditions; it ends the thread's execution.
+    unsafe { core::arch::nvptx::trap() }
+}
