@@ -5,13 +5,7 @@
 fn main() {
     let ptx = gpuheap_builder::PtxBuilder::new("../kernels").build_in_build_script();
     println!("cargo:rustc-env=GPUHEAP_PTX_PATH={}", ptx.path().display());
-    let reason = ptx
-        .missing_reason()
-        .unwrap_or("")
-        .lines()
-        .next()
-        .unwrap_or("")
-        .to_string();
+    let reason = ptx.missing_reason().unwrap_or("").lines().next().unwrap_or("").to_string();
     println!("cargo:rustc-env=GPUHEAP_PTX_MISSING={reason}");
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -148,11 +148,8 @@ impl PtxBuilder {
     pub fn new(crate_path: impl AsRef<Path>) -> Self {
         Self {
             crate_path: crate_path.as_ref().to_path_buf(),
-            target_cpu: env::var("GPUHEAP_PTX_ARCH")
-                .unwrap_or_else(|_| DEFAULT_TARGET_CPU.to_string()),
-            toolchain: env::var("GPUHEAP_KERNEL_TOOLCHAIN")
-                .ok()
-                .filter(|s| !s.is_empty()),
+            target_cpu: env::var("GPUHEAP_PTX_ARCH").unwrap_or_else(|_| DEFAULT_TARGET_CPU.to_string()),
+            toolchain: env::var("GPUHEAP_KERNEL_TOOLCHAIN").ok().filter(|s| !s.is_empty()),
             target_dir: None,
             features: Vec::new(),
         }
@@ -203,12 +200,10 @@ impl PtxBuilder {
             }
             None => Command::new(env::var_os("RUSTC").unwrap_or_else(|| "rustc".into())),
         };
-        let out =
-            c.args(["--print", "sysroot"])
-                .output()
-                .map_err(|e| BuildError::ToolchainMissing {
-                    detail: format!("cannot run rustc: {e}"),
-                })?;
+        let out = c
+            .args(["--print", "sysroot"])
+            .output()
+            .map_err(|e| BuildError::ToolchainMissing { detail: format!("cannot run rustc: {e}") })?;
         if !out.status.success() {
             return Err(BuildError::ToolchainMissing {
                 detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
@@ -224,9 +219,7 @@ impl PtxBuilder {
         if core.is_file() {
             Ok(())
         } else {
-            Err(BuildError::ToolchainMissing {
-                detail: format!("rust-src not found at {}", core.display()),
-            })
+            Err(BuildError::ToolchainMissing { detail: format!("rust-src not found at {}", core.display()) })
         }
     }
 
@@ -251,10 +244,7 @@ impl PtxBuilder {
                 }
             }
         }
-        Err(BuildError::BadCrate {
-            path: self.crate_path.clone(),
-            detail: "no [package] name".into(),
-        })
+        Err(BuildError::BadCrate { path: self.crate_path.clone(), detail: "no [package] name".into() })
     }
 
     /// Runs the nested build and copies the PTX to `out`.
@@ -281,18 +271,8 @@ impl PtxBuilder {
             ])
             .arg("--target-dir")
             .arg(&target_dir)
-            .args([
-                "--config",
-                "profile.release.lto=\"fat\"",
-                "--config",
-                "profile.release.codegen-units=1",
-            ])
-            .args([
-                "--config",
-                "profile.release.panic=\"abort\"",
-                "--config",
-                "profile.release.debug=false",
-            ])
+            .args(["--config", "profile.release.lto=\"fat\"", "--config", "profile.release.codegen-units=1"])
+            .args(["--config", "profile.release.panic=\"abort\"", "--config", "profile.release.debug=false"])
             .args(["--config", "profile.release.opt-level=3"]);
         if !self.features.is_empty() {
             cmd.arg("--features").arg(self.features.join(","));
@@ -314,9 +294,7 @@ impl PtxBuilder {
                 stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
             });
         }
-        let ptx = target_dir
-            .join("nvptx64-nvidia-cuda/release/deps")
-            .join(format!("{name}.s"));
+        let ptx = target_dir.join("nvptx64-nvidia-cuda/release/deps").join(format!("{name}.s"));
         fs::copy(&ptx, out).map_err(|e| BuildError::BadCrate {
             path: self.crate_path.clone(),
             detail: format!("no PTX at {}: {e}", ptx.display()),
@@ -331,30 +309,19 @@ impl PtxBuilder {
     /// (a build-script panic is cargo's way to fail the build).
     pub fn build_in_build_script(&self) -> BuiltPtx {
         let out_dir = PathBuf::from(
-            env::var_os("OUT_DIR")
-                .expect("build_in_build_script runs only inside a build script (OUT_DIR is unset)"),
+            env::var_os("OUT_DIR").expect("build_in_build_script runs only inside a build script (OUT_DIR is unset)"),
         );
         let name = self.crate_name().unwrap_or_else(|e| panic!("{e}"));
         let out = out_dir.join(format!("{name}.ptx"));
         for p in ["src", "Cargo.toml", "build.rs"] {
-            println!(
-                "cargo:rerun-if-changed={}",
-                self.crate_path.join(p).display()
-            );
+            println!("cargo:rerun-if-changed={}", self.crate_path.join(p).display());
         }
-        for v in [
-            "GPUHEAP_KERNEL_TOOLCHAIN",
-            "GPUHEAP_PTX_ARCH",
-            "GPUHEAP_REQUIRE_PTX",
-        ] {
+        for v in ["GPUHEAP_KERNEL_TOOLCHAIN", "GPUHEAP_PTX_ARCH", "GPUHEAP_REQUIRE_PTX"] {
             println!("cargo:rerun-if-env-changed={v}");
         }
         let required = env::var("GPUHEAP_REQUIRE_PTX").is_ok_and(|v| v == "1");
         match self.build_to(&out) {
-            Ok(()) => BuiltPtx {
-                path: out,
-                missing: None,
-            },
+            Ok(()) => BuiltPtx { path: out, missing: None },
             Err(e) => {
                 if required {
                     panic!("GPUHEAP_REQUIRE_PTX=1 and the PTX build failed: {e}");
@@ -362,12 +329,8 @@ impl PtxBuilder {
                 let reason = e.to_string();
                 let first = reason.lines().next().unwrap_or_default();
                 println!("cargo:warning=gpuheap: building {name} without PTX (GPU backend disabled): {first}");
-                fs::write(&out, "")
-                    .unwrap_or_else(|e| panic!("cannot write {}: {e}", out.display()));
-                BuiltPtx {
-                    path: out,
-                    missing: Some(reason),
-                }
+                fs::write(&out, "").unwrap_or_else(|e| panic!("cannot write {}: {e}", out.display()));
+                BuiltPtx { path: out, missing: Some(reason) }
             }
         }
     }

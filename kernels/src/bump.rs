@@ -29,10 +29,7 @@ pub fn bump_alloc(cursor: &AtomicU64, capacity: u64, size: u64) -> Option<u64> {
     let rank = (peers & lanemask_lt()).count_ones() as u64;
     let mut base = 0;
     if lane_id() == leader {
-        base = cursor.fetch_add(
-            size.saturating_mul(peers.count_ones() as u64),
-            Ordering::Relaxed,
-        );
+        base = cursor.fetch_add(size.saturating_mul(peers.count_ones() as u64), Ordering::Relaxed);
     }
     let base = shfl_u64(peers, base, leader);
     let off = base + rank * size;

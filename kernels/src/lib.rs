@@ -20,10 +20,7 @@
 //! The crate is `#![no_std]`. On the host it links `std` only for the emulator
 //! ([`arch::emu`]): thread-local indices and the CPU warp rendezvous.
 #![no_std]
-#![cfg_attr(
-    target_arch = "nvptx64",
-    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
-)]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch, stdarch_nvptx))]
 #![warn(missing_docs)]
 
 #[cfg(not(target_arch = "nvptx64"))]

@@ -43,8 +43,5 @@ pub fn dyn_shared() -> (*mut u8, usize) {
         (p as *mut u8, n as usize)
     }
     #[cfg(not(target_arch = "nvptx64"))]
-    super::emu::with_block(|b| {
-        b.map(|b| b.shared_ptr())
-            .unwrap_or((core::ptr::null_mut(), 0))
-    })
+    super::emu::with_block(|b| b.map(|b| b.shared_ptr()).unwrap_or((core::ptr::null_mut(), 0)))
 }

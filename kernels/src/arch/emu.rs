@@ -84,11 +84,7 @@ std::thread_local! {
 /// Reads this thread's context. Outside [`run_thread`], a 1×1 grid.
 pub fn ctx<R>(f: impl FnOnce(&ThreadCtx) -> R) -> R {
     let i = INDICES.with(|c| c.get());
-    let warp = if i.lockstep {
-        WARP.with(|w| w.borrow().clone())
-    } else {
-        None
-    };
+    let warp = if i.lockstep { WARP.with(|w| w.borrow().clone()) } else { None };
     f(&ThreadCtx {
         thread_idx: i.thread_idx,
         block_idx: i.block_idx,
@@ -122,15 +118,8 @@ pub fn run_thread<R>(ctx: ThreadCtx, f: impl FnOnce() -> R) -> R {
             }
             WARP.with(|w| *w.borrow_mut() = None);
             BLOCK.with(|b| *b.borrow_mut() = None);
-            INDICES.with(|c| {
-                c.set(Indices {
-                    thread_idx: 0,
-                    block_idx: 0,
-                    block_dim: 1,
-                    grid_dim: 1,
-                    lockstep: false,
-                })
-            });
+            INDICES
+                .with(|c| c.set(Indices { thread_idx: 0, block_idx: 0, block_dim: 1, grid_dim: 1, lockstep: false }));
         }
     }
     let lane = ctx.lane_id();
@@ -242,9 +231,7 @@ impl BlockShared {
             Some(b) => {
                 b.wait();
             }
-            None => panic!(
-                "sync_threads() in a sequential CPU launch: launch this kernel in lockstep mode"
-            ),
+            None => panic!("sync_threads() in a sequential CPU launch: launch this kernel in lockstep mode"),
         }
     }
 

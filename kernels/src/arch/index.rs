@@ -31,18 +31,14 @@ mod imp {
     pub fn lane_id() -> u32 {
         let r: u32;
         // SAFETY: reads the %laneid special register; no memory is touched.
-        unsafe {
-            core::arch::asm!("mov.u32 {r}, %laneid;", r = out(reg32) r, options(pure, nomem, nostack))
-        };
+        unsafe { core::arch::asm!("mov.u32 {r}, %laneid;", r = out(reg32) r, options(pure, nomem, nostack)) };
         r
     }
     #[inline(always)]
     pub fn sm_id() -> u32 {
         let r: u32;
         // SAFETY: reads the %smid special register; no memory is touched.
-        unsafe {
-            core::arch::asm!("mov.u32 {r}, %smid;", r = out(reg32) r, options(nomem, nostack))
-        };
+        unsafe { core::arch::asm!("mov.u32 {r}, %smid;", r = out(reg32) r, options(nomem, nostack)) };
         r
     }
 }

@@ -31,18 +31,13 @@ pub fn clock64() -> u64 {
     {
         let r: u64;
         // SAFETY: reads a special register.
-        unsafe {
-            core::arch::asm!("mov.u64 {r}, %clock64;", r = out(reg64) r, options(nomem, nostack))
-        };
+        unsafe { core::arch::asm!("mov.u64 {r}, %clock64;", r = out(reg64) r, options(nomem, nostack)) };
         r
     }
     #[cfg(not(target_arch = "nvptx64"))]
     {
         use std::sync::OnceLock;
         static ORIGIN: OnceLock<std::time::Instant> = OnceLock::new();
-        ORIGIN
-            .get_or_init(std::time::Instant::now)
-            .elapsed()
-            .as_nanos() as u64
+        ORIGIN.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
     }
 }

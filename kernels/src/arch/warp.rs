@@ -14,9 +14,7 @@ pub fn active_mask() -> u32 {
     {
         let r: u32;
         // SAFETY: reads the active mask; no memory is touched.
-        unsafe {
-            core::arch::asm!("activemask.b32 {r};", r = out(reg32) r, options(nomem, nostack))
-        };
+        unsafe { core::arch::asm!("activemask.b32 {r};", r = out(reg32) r, options(nomem, nostack)) };
         r
     }
     #[cfg(not(target_arch = "nvptx64"))]
@@ -47,9 +45,7 @@ pub fn ballot(mask: u32, pred: bool) -> u32 {
         None => (pred as u32) & mask & 1,
         Some(w) => {
             let (vals, part) = w.exchange(lane, pred as u64);
-            (0..32)
-                .filter(|&l| part & mask & (1 << l) != 0 && vals[l as usize] != 0)
-                .fold(0, |m, l| m | 1 << l)
+            (0..32).filter(|&l| part & mask & (1 << l) != 0 && vals[l as usize] != 0).fold(0, |m, l| m | 1 << l)
         }
     })
 }
@@ -109,9 +105,7 @@ pub fn match_any(mask: u32, v: u32) -> u32 {
         None => mask & 1,
         Some(w) => {
             let (vals, part) = w.exchange(lane, v as u64);
-            (0..32)
-                .filter(|&l| part & mask & (1 << l) != 0 && vals[l as usize] as u32 == v)
-                .fold(0, |m, l| m | 1 << l)
+            (0..32).filter(|&l| part & mask & (1 << l) != 0 && vals[l as usize] as u32 == v).fold(0, |m, l| m | 1 << l)
         }
     })
 }
