@@ -1,1 +1,110 @@
+//! Assembles the embedded PTX with `ptxas` for sm_80 and sm_90 and checks
+//! every kernel's resource report: no spills, no stack frame, no local memory.
+//!
+//! `ptxas` comes from the PyPI wheel `nvidia-cuda-nvcc-cu12` (it runs without a
+//! GPU). It is found through `GPUHEAP_PTXAS`, then `PATH`, then the workspace's
+//! `.venv`. Without it the test is skipped with a printed reason, unless
+//! `GPUHEAP_REQUIRE_PTX=1`, when a missing ptxas or PTX fails it.
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Kernels that must be present in the PTX (each new kernel is added here).
+const REQUIRED_KERNELS: &[&str] = &["gpuheap_fill", "gpuheap_verify", "gpuheap_bump_alloc"];
+
+fn required() -> bool {
+    std::env::var("GPUHEAP_REQUIRE_PTX").is_ok_and(|v| v == "1")
+}
+
+fn skip(why: &str) {
+    assert!(!required(), "GPUHEAP_REQUIRE_PTX=1 but {why}");
+    eprintln!("ptx_check skipped: {why}");
+}
+
+fn find_ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("GPUHEAP_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    if Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Some(PathBuf::from("ptxas"));
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let lib = root.join(".venv/lib");
+    std::fs::read_dir(lib).ok()?.flatten().find_map(|py| {
+        let p = py.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas");
+        p.is_file().then_some(p)
+    })
+}
+
+/// Per-kernel resource figures parsed from `ptxas -v`.
+#[derive(Debug, Default)]
+struct Report {
+    registers: u32,
+    stack: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+    lmem: u32,
+}
+
+fn parse(stderr: &str) -> BTreeMap<String, Report> {
+    let mut out = BTreeMap::new();
+    let mut current = None::<String>;
+    let num_before = |s: &str, key: &str| -> Option<u32> {
+        let i = s.find(key)?;
+        s[..i].split_whitespace().last()?.parse().ok()
+    };
+    for line in stderr.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            out.insert(name.clone(), Report::default());
+            current = Some(name);
+        } else if let Some(r) = current.as_ref().and_then(|c| out.get_mut(c)) {
+            if line.contains("stack frame") {
+                r.stack = num_before(line, "bytes stack frame").unwrap_or(u32::MAX);
+                r.spill_stores = num_before(line, "bytes spill stores").unwrap_or(u32::MAX);
+                r.spill_loads = num_before(line, "bytes spill loads").unwrap_or(u32::MAX);
+            } else if line.contains("Used") && line.contains("registers") {
+                r.registers = num_before(line, "registers").unwrap_or(u32::MAX);
+                r.lmem = num_before(line, "bytes lmem").unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn ptx_assembles_for_sm80_and_sm90_without_spills() {
+    let ptx = match gpuheap::ptx::kernels_ptx() {
+        Ok(p) => p,
+        Err(e) => return skip(&format!("no PTX was built: {e}")),
+    };
+    let Some(ptxas) = find_ptxas() else {
+        return skip("ptxas not found (set GPUHEAP_PTXAS or pip install nvidia-cuda-nvcc-cu12)");
+    };
+    let dir = std::env::temp_dir().join(format!("gpuheap-ptx-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gpuheap_kernels.ptx");
+    std::fs::write(&file, ptx).unwrap();
+    for arch in ["sm_80", "sm_90"] {
+        let out = Command::new(&ptxas)
+            .args([&format!("-arch={arch}"), "-v", "-warn-spills", "-warn-lmem-usage"])
+            .arg(&file)
+            .args(["-o", "/dev/null"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.display()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "ptxas -arch={arch} failed:\n{stderr}");
+        let reports = parse(&stderr);
+        for k in REQUIRED_KERNELS {
+            assert!(reports.contains_key(*k), "{arch}: kernel {k} missing from the PTX; ptxas said:\n{stderr}");
+        }
+        for (name, r) in &reports {
+            eprintln!("{arch} {name}: {} registers, {} B stack, {} B lmem", r.registers, r.stack, r.lmem);
+            assert_eq!((r.spill_stores, r.spill_loads), (0, 0), "{arch} {name} spills: {r:?}");
+            assert_eq!(r.stack, 0, "{arch} {name} has a stack frame: {r:?}");
+            assert_eq!(r.lmem, 0, "{arch} {name} uses local memory: {r:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,8 +1,22 @@
 //! # gpuheap
 //!
-//! The host side of gpuheap (work in progress: see README.md).
+//! The host side of gpuheap (see README.md for the overview):
+//!
+//! * [`backend`]: where kernels run — the GPU (CUDA driver through `cudarc`)
+//!   or the CPU emulation of the same kernel code;
+//! * [`ptx`]: the embedded PTX of `gpuheap-kernels`;
+//! * [`ops`]: safe host wrappers of the basic kernels (fill/verify, bump);
+//! * [`reference`]: host reference allocators (first-fit, best-fit, buddy,
+//!   TLSF, slab, tiered, PyTorch-style caching);
+//! * [`analysis`]: fragmentation metrics;
+//! * [`trace`]: allocation trace readers.
 #![warn(missing_docs)]
 
 pub mod analysis;
+pub mod backend;
+pub mod ops;
+pub mod ptx;
 pub mod reference;
 pub mod trace;
+
+pub use backend::{Backend, BackendChoice, BackendError, DeviceBuffer, LaunchConfig, LaunchTiming};

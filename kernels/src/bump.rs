@@ -41,7 +41,7 @@ pub fn bump_alloc(cursor: &AtomicU64, capacity: u64, size: u64) -> Option<u64> {
 
 /// Parameters of [`BUMP_ALLOC`].
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BumpParams {
     /// Device address of the `u64` cursor (bytes handed out so far).
     pub cursor: u64,

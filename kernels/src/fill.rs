@@ -19,7 +19,7 @@ pub fn pattern(seed: u64, i: u64) -> u32 {
 
 /// Parameters of [`FILL`].
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct FillParams {
     /// Device address of `words` `u32` words (4-byte aligned).
     pub data: u64,
@@ -47,7 +47,7 @@ pub unsafe fn fill(p: &FillParams) {
 
 /// Parameters of [`VERIFY`].
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct VerifyParams {
     /// Device address of the words to check.
     pub data: u64,

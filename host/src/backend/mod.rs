@@ -1,0 +1,295 @@
+//! Backends: where kernels run.
+//!
+//! A [`Backend`] is either the **GPU** (CUDA driver API through `cudarc`,
+//! loaded dynamically, so nothing CUDA is needed to build or to run without a
+//! GPU) or the **CPU** (the same kernel bodies, compiled for the host, run on a
+//! thread pool with emulated grid/block/thread indices; see
+//! [`gpuheap_kernels::arch::emu`]).
+//!
+//! Selection: [`Backend::select`] takes a [`BackendChoice`] (`auto`, `cpu`,
+//! `gpu`), which the command line's `--backend` flag and the `GPUHEAP_BACKEND`
+//! environment variable set. `auto` picks the GPU when a driver and a device
+//! are present and the PTX was built, else the CPU.
+//!
+//! Memory is a [`DeviceBuffer`]: device memory on the GPU, a 256-byte aligned
+//! host allocation on the CPU. Kernels see it through its device address
+//! ([`DeviceBuffer::device_ptr`]), a `u64` in their parameter struct.
+
+mod buffer;
+pub mod cpu;
+pub mod gpu;
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use buffer::DeviceBuffer;
+pub use cpu::{CpuBackend, CpuMode};
+pub use gpu::{GpuBackend, KernelModule};
+use gpuheap_kernels::Kernel;
+
+/// Errors of the backends.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// No NVIDIA driver library (`libcuda.so`) could be loaded.
+    #[error("no NVIDIA driver found (libcuda.so is not loadable); use the CPU backend (--backend cpu)")]
+    NoDriver,
+    /// The driver is present but reports no usable device.
+    #[error("the NVIDIA driver reports no CUDA device ({0})")]
+    NoDevice(String),
+    /// The crate was built without PTX (the nvptx toolchain was missing).
+    #[error("gpuheap was built without its PTX kernels ({reason}); rebuild after: {install}")]
+    NoPtx {
+        /// Why the build skipped the PTX.
+        reason: String,
+        /// The command that installs the toolchain.
+        install: &'static str,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call {call} failed: {error}")]
+    Driver {
+        /// What was being done.
+        call: &'static str,
+        /// The driver's error (name and description).
+        error: String,
+    },
+    /// A kernel body panicked on the CPU backend (a bug in the kernel).
+    #[error("kernel {kernel} panicked on the CPU backend: {message}")]
+    KernelPanic {
+        /// Kernel name.
+        kernel: &'static str,
+        /// The panic message.
+        message: String,
+    },
+    /// A launch or copy was given an invalid argument.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A `GPUHEAP_BACKEND` / `--backend` value other than auto, cpu or gpu.
+    #[error("unknown backend {0:?} (expected auto, cpu or gpu)")]
+    UnknownBackend(String),
+}
+
+/// Result of backend operations.
+pub type Result<T, E = BackendError> = std::result::Result<T, E>;
+
+/// Which backend to use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// The GPU when usable, else the CPU.
+    #[default]
+    Auto,
+    /// The CPU backend.
+    Cpu,
+    /// The GPU backend (an error when no GPU is usable).
+    Gpu,
+}
+
+impl FromStr for BackendChoice {
+    type Err = BackendError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "gpu" | "cuda" => Ok(Self::Gpu),
+            _ => Err(BackendError::UnknownBackend(s.to_string())),
+        }
+    }
+}
+
+impl BackendChoice {
+    /// The choice in `GPUHEAP_BACKEND`, `Auto` when unset.
+    pub fn from_env() -> Result<Self> {
+        std::env::var("GPUHEAP_BACKEND").map_or(Ok(Self::Auto), |v| v.parse())
+    }
+}
+
+/// Launch geometry of a 1-D grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in the grid (≥ 1).
+    pub grid: u32,
+    /// Threads per block (1..=1024).
+    pub block: u32,
+    /// Dynamic shared memory per block, bytes.
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// Enough blocks of `block` threads to cover `threads` threads.
+    pub fn for_threads(threads: u64, block: u32) -> Result<Self> {
+        let block = block.clamp(1, 1024);
+        let grid = threads.div_ceil(block as u64).max(1);
+        let grid = u32::try_from(grid)
+            .map_err(|_| BackendError::InvalidArgument(format!("{threads} threads need more than 2^32 blocks")))?;
+        Ok(Self { grid, block, shared_bytes: 0 })
+    }
+
+    /// Total threads launched.
+    pub fn threads(&self) -> u64 {
+        self.grid as u64 * self.block as u64
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.grid == 0 || self.block == 0 || self.block > 1024 {
+            return Err(BackendError::InvalidArgument(format!(
+                "launch of {} blocks x {} threads (need grid >= 1, 1 <= block <= 1024)",
+                self.grid, self.block
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// How long a launch took: CUDA events around the kernel on the GPU, wall
+/// clock around the whole launch on the CPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LaunchTiming {
+    /// Kernel time.
+    pub elapsed: Duration,
+}
+
+impl LaunchTiming {
+    /// Kernel time in milliseconds.
+    pub fn ms(&self) -> f64 {
+        self.elapsed.as_secs_f64() * 1e3
+    }
+}
+
+/// Where kernels run: the GPU or the CPU emulation.
+pub enum Backend {
+    /// The CPU backend.
+    Cpu(CpuBackend),
+    /// The GPU backend.
+    Gpu(GpuBackend),
+}
+
+impl fmt::Debug for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl Backend {
+    /// The CPU backend (sequential blocks of one-lane warps; see [`CpuMode`]).
+    pub fn cpu() -> Self {
+        Backend::Cpu(CpuBackend::new(CpuMode::Sequential))
+    }
+
+    /// The CPU backend in lockstep mode: 32-lane warps of OS threads that meet
+    /// at every warp intrinsic (slower; exercises warp-cooperative code).
+    pub fn cpu_lockstep() -> Self {
+        Backend::Cpu(CpuBackend::new(CpuMode::Lockstep))
+    }
+
+    /// The first GPU, or why there is none usable.
+    pub fn gpu() -> Result<Self> {
+        Ok(Backend::Gpu(GpuBackend::new(0)?))
+    }
+
+    /// The backend for `choice`. `Auto` falls back to the CPU when the GPU is
+    /// not usable; `Gpu` returns the reason instead.
+    pub fn select(choice: BackendChoice) -> Result<Self> {
+        match choice {
+            BackendChoice::Cpu => Ok(Self::cpu()),
+            BackendChoice::Gpu => Self::gpu(),
+            BackendChoice::Auto => Ok(Self::gpu().unwrap_or_else(|_| Self::cpu())),
+        }
+    }
+
+    /// The backend chosen by `GPUHEAP_BACKEND` (default `auto`).
+    pub fn from_env() -> Result<Self> {
+        Self::select(BackendChoice::from_env()?)
+    }
+
+    /// `true` for the GPU backend.
+    pub fn is_gpu(&self) -> bool {
+        matches!(self, Backend::Gpu(_))
+    }
+
+    /// One line: the device name and key properties.
+    pub fn describe(&self) -> String {
+        match self {
+            Backend::Cpu(c) => c.describe(),
+            Backend::Gpu(g) => g.describe(),
+        }
+    }
+
+    /// A zero-filled buffer of `bytes` bytes (at least 256-byte aligned).
+    pub fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer> {
+        match self {
+            Backend::Cpu(_) => DeviceBuffer::cpu_zeroed(bytes),
+            Backend::Gpu(g) => g.alloc_zeroed(bytes),
+        }
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn upload<T: bytemuck::Pod>(&self, data: &[T]) -> Result<DeviceBuffer> {
+        let mut b = self.alloc_zeroed(std::mem::size_of_val(data))?;
+        b.write(data)?;
+        Ok(b)
+    }
+
+    /// Waits for all launched work to finish.
+    pub fn synchronize(&self) -> Result<()> {
+        match self {
+            Backend::Cpu(_) => Ok(()),
+            Backend::Gpu(g) => g.synchronize(),
+        }
+    }
+
+    /// Runs kernel `k` of gpuheap's own PTX module with `params` and waits for
+    /// it to finish.
+    ///
+    /// # Safety
+    /// Every device address in `params` must be valid for what the kernel
+    /// body does with it (each kernel documents this), on this backend: a
+    /// [`DeviceBuffer`] of the same backend, alive until the launch returns.
+    pub unsafe fn launch<P: bytemuck::Pod + Sync>(
+        &self,
+        k: &Kernel<P>,
+        cfg: LaunchConfig,
+        params: &P,
+    ) -> Result<LaunchTiming> {
+        cfg.validate()?;
+        match self {
+            // SAFETY: forwarded contract.
+            Backend::Cpu(c) => unsafe { c.launch(k, cfg, params) },
+            // SAFETY: forwarded contract.
+            Backend::Gpu(g) => unsafe { g.launch(g.builtin_module()?, k, cfg, params) },
+        }
+    }
+
+    /// Loads a user PTX module (built by `gpuheap-builder` from a crate that
+    /// depends on `gpuheap-kernels`). On the CPU backend there is nothing to
+    /// load: kernels run from their [`Kernel`] descriptors.
+    pub fn load_module(&self, ptx: &str) -> Result<Option<KernelModule>> {
+        match self {
+            Backend::Cpu(_) => Ok(None),
+            Backend::Gpu(g) => g.load_module(ptx).map(Some),
+        }
+    }
+
+    /// Like [`Backend::launch`], for a kernel of a user module from
+    /// [`Backend::load_module`] (`None` on the CPU backend).
+    ///
+    /// # Safety
+    /// As for [`Backend::launch`].
+    pub unsafe fn launch_in<P: bytemuck::Pod + Sync>(
+        &self,
+        module: Option<&KernelModule>,
+        k: &Kernel<P>,
+        cfg: LaunchConfig,
+        params: &P,
+    ) -> Result<LaunchTiming> {
+        cfg.validate()?;
+        match (self, module) {
+            // SAFETY: forwarded contract.
+            (Backend::Cpu(c), _) => unsafe { c.launch(k, cfg, params) },
+            // SAFETY: forwarded contract.
+            (Backend::Gpu(g), Some(m)) => unsafe { g.launch(m, k, cfg, params) },
+            (Backend::Gpu(_), None) => {
+                Err(BackendError::InvalidArgument(format!("kernel {}: no module given on the GPU backend", k.name)))
+            }
+        }
+    }
+}
