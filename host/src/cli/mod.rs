@@ -1,0 +1,71 @@
+//! Command-line interface: one module per subcommand.
+//!
+//! Exit codes: 0 success; 1 a run-time failure (a kernel, the driver, a
+//! failed self-check); 2 bad input or usage (clap's own usage errors are 2 too).
+
+mod check;
+mod info;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use gpuheap::backend::{Backend, BackendChoice};
+
+/// gpuheap: GPU memory allocation, compaction and fragmentation analysis.
+#[derive(Parser)]
+#[command(name = "gpuheap", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The GPU's memory as NVML (or the driver) reports it; the backends available.
+    Info(info::Args),
+    /// Runs the basic kernels (fill/verify, bump allocator) on a backend and checks them.
+    Check(check::Args),
+}
+
+/// Options shared by every command that runs kernels.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct BackendArgs {
+    /// Where kernels run: auto (the GPU when usable), cpu or gpu.
+    #[arg(long, value_enum, env = "GPUHEAP_BACKEND", default_value = "auto")]
+    pub backend: BackendChoice,
+}
+
+impl BackendArgs {
+    /// The selected backend (an error for `gpu` without a usable GPU).
+    pub fn backend(&self) -> Result<Backend, CliError> {
+        Backend::select(self.backend).map_err(|e| CliError::Runtime(e.to_string()))
+    }
+}
+
+/// A command's failure, mapped to the exit code.
+#[derive(Debug)]
+pub enum CliError {
+    /// Bad input: exit code 2.
+    Input(String),
+    /// Run-time failure: exit code 1.
+    Runtime(String),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Info(a) => info::run(a),
+        Command::Check(a) => check::run(a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Input(m)) => {
+            eprintln!("gpuheap: error: {m}");
+            ExitCode::from(2)
+        }
+        Err(CliError::Runtime(m)) => {
+            eprintln!("gpuheap: error: {m}");
+            ExitCode::from(1)
+        }
+    }
+}
