@@ -5,7 +5,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuheap_kernels::arch::emu::{run_thread, BlockShared, ThreadCtx, WarpRendezvous};
+use gpuheap_kernels::arch::emu::{run_block_sequential, run_thread, BlockShared, ThreadCtx, WarpRendezvous};
 use gpuheap_kernels::arch::WARP_SIZE;
 use gpuheap_kernels::Kernel;
 use rayon::prelude::*;
@@ -71,16 +71,8 @@ impl CpuBackend {
                 (0..cfg.grid).into_par_iter().for_each(|b| {
                     let block =
                         (cfg.shared_bytes > 0).then(|| Arc::new(BlockShared::new(None, cfg.shared_bytes as usize)));
-                    for t in 0..cfg.block {
-                        run(ThreadCtx {
-                            thread_idx: t,
-                            block_idx: b,
-                            block_dim: cfg.block,
-                            grid_dim: cfg.grid,
-                            warp: None,
-                            block: block.clone(),
-                        });
-                    }
+                    // SAFETY: the caller upholds the kernel's contract for `params`.
+                    run_block_sequential(b, cfg.block, cfg.grid, block, || unsafe { body(params) });
                 });
             }
         }));

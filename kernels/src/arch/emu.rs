@@ -138,6 +138,34 @@ pub fn run_thread<R>(ctx: ThreadCtx, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Runs the `block_dim` threads of block `block_idx` one after another on
+/// this OS thread (sequential mode: one-lane warps), calling `f` once per
+/// thread with that thread's indices installed. Cheaper than calling
+/// [`run_thread`] per thread: the block's state is installed once.
+pub fn run_block_sequential(
+    block_idx: u32,
+    block_dim: u32,
+    grid_dim: u32,
+    block: Option<Arc<BlockShared>>,
+    mut f: impl FnMut(),
+) {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            BLOCK.with(|b| *b.borrow_mut() = None);
+            INDICES
+                .with(|c| c.set(Indices { thread_idx: 0, block_idx: 0, block_dim: 1, grid_dim: 1, lockstep: false }));
+        }
+    }
+    WARP.with(|w| *w.borrow_mut() = None);
+    BLOCK.with(|b| *b.borrow_mut() = block);
+    let _reset = Reset;
+    for t in 0..block_dim {
+        INDICES.with(|c| c.set(Indices { thread_idx: t, block_idx, block_dim, grid_dim, lockstep: false }));
+        f();
+    }
+}
+
 /// Where the live lanes of one emulated warp meet at each warp intrinsic.
 ///
 /// Each collective deposits one 64-bit value per lane; when every live lane
