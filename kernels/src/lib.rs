@@ -15,7 +15,7 @@
 //! |---|---|---|
 //! | architecture primitives | [`arch`] | indices, scoped atomics, fences, warp vote/shuffle, block barrier, shared memory, back-off; inline PTX on the GPU, `core::sync::atomic` (or loom) plus an emulator on the host |
 //! | kernel ABI | [`kernel`] | the [`Kernel`] descriptor and the [`kernel_entry!`] macro that turns a kernel body into a PTX `.entry` |
-//! | kernels | [`fill`], [`bump`] | fill/verify, the warp-aggregated bump allocator |
+//! | kernels | [`fill`], [`bump`], [`compact`] | fill/verify, the warp-aggregated bump allocator, the handle table and the in-place compaction |
 //!
 //! The crate is `#![no_std]`. On the host it links `std` only for the emulator
 //! ([`arch::emu`]): thread-local indices and the CPU warp rendezvous.
@@ -28,6 +28,7 @@ extern crate std;
 
 pub mod arch;
 pub mod bump;
+pub mod compact;
 pub mod fill;
 pub mod kernel;
 
