@@ -132,6 +132,7 @@ pub mod handle;
 pub mod mover;
 pub mod plan;
 
+use crate::arch::mem::{load_v4, store_v4};
 use crate::arch::warp::{active_mask, lanemask_lt, shfl_u64};
 
 /// Alignment and size unit of every block in a compactable layout, bytes.
@@ -235,30 +236,32 @@ pub(crate) unsafe fn warp_copy(w: &Warp, dst: *mut Word16, src: *const Word16, n
         return;
     }
     let step = w.lanes as usize;
+    let (s, d) = (src as *const [u32; 4], dst as *mut [u32; 4]);
     let mut i = w.rank as usize;
-    // SAFETY (whole loop): every index read or written is `< n`.
+    // SAFETY (whole loop): every index read or written is `< n`; `Word16` is
+    // a 16-byte aligned `[u32; 4]`.
     unsafe {
         while i + 7 * step < n {
-            let a0 = src.add(i).read();
-            let a1 = src.add(i + step).read();
-            let a2 = src.add(i + 2 * step).read();
-            let a3 = src.add(i + 3 * step).read();
-            let a4 = src.add(i + 4 * step).read();
-            let a5 = src.add(i + 5 * step).read();
-            let a6 = src.add(i + 6 * step).read();
-            let a7 = src.add(i + 7 * step).read();
-            dst.add(i).write(a0);
-            dst.add(i + step).write(a1);
-            dst.add(i + 2 * step).write(a2);
-            dst.add(i + 3 * step).write(a3);
-            dst.add(i + 4 * step).write(a4);
-            dst.add(i + 5 * step).write(a5);
-            dst.add(i + 6 * step).write(a6);
-            dst.add(i + 7 * step).write(a7);
+            let a0 = load_v4(s.add(i));
+            let a1 = load_v4(s.add(i + step));
+            let a2 = load_v4(s.add(i + 2 * step));
+            let a3 = load_v4(s.add(i + 3 * step));
+            let a4 = load_v4(s.add(i + 4 * step));
+            let a5 = load_v4(s.add(i + 5 * step));
+            let a6 = load_v4(s.add(i + 6 * step));
+            let a7 = load_v4(s.add(i + 7 * step));
+            store_v4(d.add(i), a0);
+            store_v4(d.add(i + step), a1);
+            store_v4(d.add(i + 2 * step), a2);
+            store_v4(d.add(i + 3 * step), a3);
+            store_v4(d.add(i + 4 * step), a4);
+            store_v4(d.add(i + 5 * step), a5);
+            store_v4(d.add(i + 6 * step), a6);
+            store_v4(d.add(i + 7 * step), a7);
             i += 8 * step;
         }
         while i < n {
-            dst.add(i).write(src.add(i).read());
+            store_v4(d.add(i), load_v4(s.add(i)));
             i += step;
         }
     }

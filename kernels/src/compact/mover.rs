@@ -78,7 +78,8 @@ unsafe fn stream_below(p: &MoveParams, a: u64) -> u64 {
 /// Calls `f(src_offset, dst_offset, tile_offset, bytes)` for the runs of the
 /// tile `[pos0, pos1)` of the stream, starting at block `i0`; consecutive
 /// pieces are merged while their sources (`by_src`) or their destinations
-/// (`!by_src`) are contiguous. Returns the end of the tile's last destination.
+/// (`!by_src`) are contiguous (contiguous sources imply contiguous
+/// destinations).
 #[inline(always)]
 unsafe fn for_each_run(
     p: &MoveParams,
@@ -87,7 +88,7 @@ unsafe fn for_each_run(
     pos1: u64,
     by_src: bool,
     mut f: impl FnMut(u64, u64, u64, u64),
-) -> u64 {
+) {
     let mut i = i0;
     let mut pos = pos0;
     let (mut rs, mut rd, mut rt, mut rn) = (0u64, 0u64, 0u64, 0u64);
@@ -115,7 +116,35 @@ unsafe fn for_each_run(
     if rn != 0 {
         f(rs, rd, rt, rn);
     }
-    rd + rn
+}
+
+/// The tiles `[lo, hi)` that tile `t` of a stream of `m` bytes must see
+/// loaded before it stores (itself excepted): every tile whose sources lie
+/// in the address range `[dst_lo, dst_hi)` that tile `t` writes. `hi ≤ t + 1`
+/// (hazard F2: a tile never waits for a later one).
+///
+/// # Safety
+/// The addresses in `p` are valid and hold a plan of `m` moving bytes;
+/// `t < ceil(m / p.tile_bytes)`.
+#[inline(always)]
+pub unsafe fn wait_range(p: &MoveParams, m: u64, t: u64) -> (u64, u64) {
+    let tb = p.tile_bytes;
+    let pos0 = t * tb;
+    let pos1 = (pos0 + tb).min(m);
+    let sp = p.stream_pos as *const u64;
+    // SAFETY: `pos0 < pos1 ≤ m`, so both positions lie in moving blocks: the
+    // last block whose stream position is ≤ them.
+    let (lo, hi) = unsafe {
+        let (_, d0, b0, _) = moving(p, upper_bound(sp, p.count, pos0) - 1);
+        let (_, d1, b1, _) = moving(p, upper_bound(sp, p.count, pos1 - 1) - 1);
+        let dst_lo = d0 + (pos0 - b0);
+        let dst_hi = d1 + (pos1 - b1);
+        (stream_below(p, dst_lo), stream_below(p, dst_hi))
+    };
+    if hi <= lo {
+        return (0, 0);
+    }
+    (lo / tb, ((hi - 1) / tb).min(t) + 1)
 }
 
 /// The tile mover (see [`super`]).
@@ -162,7 +191,7 @@ pub unsafe fn move_tiles(p: &MoveParams) {
         let i0 = unsafe { upper_bound(p.stream_pos as *const u64, p.count, pos0) } - 1;
         // 1. Load the tile's sources into this warp's stage.
         // SAFETY: runs lie inside moving blocks (sources) and the tile (stage).
-        let dst_hi = unsafe {
+        unsafe {
             for_each_run(p, i0, pos0, pos1, true, |s, _, t_off, n| {
                 warp_copy(
                     &w,
@@ -179,25 +208,18 @@ pub unsafe fn move_tiles(p: &MoveParams) {
         }
         // 3. Wait for the earlier tiles whose sources this tile overwrites.
         if w.is_leader() {
-            // SAFETY: `i0 < count`.
-            let (_, d0, bpos, _) = unsafe { moving(p, i0) };
-            let dst_lo = d0 + (pos0 - bpos);
-            // SAFETY: the layout is valid.
-            let (q_lo, q_hi) = unsafe { (stream_below(p, dst_lo), stream_below(p, dst_hi)) };
-            if q_hi > q_lo {
-                // Tiles u with sources in [dst_lo, dst_hi); u ≤ t by F2.
-                let mut u = q_lo / tb;
-                let last = ((q_hi - 1) / tb).min(t);
-                while u <= last {
-                    if u != t {
-                        let mut attempt = 0;
-                        while flag(u).load(Ordering::Acquire) != p.epoch {
-                            backoff(attempt);
-                            attempt += 1;
-                        }
+            // SAFETY: the plan is valid and `t < tiles`.
+            let (lo, hi) = unsafe { wait_range(p, m, t) };
+            let mut u = lo;
+            while u < hi {
+                if u != t {
+                    let mut attempt = 0;
+                    while flag(u).load(Ordering::Acquire) != p.epoch {
+                        backoff(attempt);
+                        attempt += 1;
                     }
-                    u += 1;
                 }
+                u += 1;
             }
         }
         sync_warp(w.mask);
