@@ -386,7 +386,10 @@ fn bl_16_pending_op_sees_data_after_compaction() {
         assert!(heap.read(h).unwrap().iter().all(|&v| v == 0xAB), "{what}: P's write is not in H");
         let img = image(&heap);
         let words: &[u32] = bytemuck::cast_slice(&img[o as usize..(o + MIB) as usize]);
-        assert!(words.iter().enumerate().all(|(i, &w)| w == pattern(other.0, i as u64)), "{what}: P wrote H's old range");
+        assert!(
+            words.iter().enumerate().all(|(i, &w)| w == pattern(other.0, i as u64)),
+            "{what}: P wrote H's old range"
+        );
         // A freed handle no longer resolves on the device.
         heap.free(other).unwrap();
         assert!(matches!(heap.fill_on_device(other, 1), Err(CompactionError::InvalidHandle(_))));
@@ -530,7 +533,10 @@ fn tile_wait_ranges_cover_every_overwritten_source() {
             for (i, s) in src.iter().enumerate() {
                 let u = tile_of(i);
                 if u != t && writes.contains(s) {
-                    assert!((lo..hi).contains(&u), "seed {seed}: tile {t} overwrites a source of tile {u}, waits for {lo}..{hi}");
+                    assert!(
+                        (lo..hi).contains(&u),
+                        "seed {seed}: tile {t} overwrites a source of tile {u}, waits for {lo}..{hi}"
+                    );
                 }
             }
         }

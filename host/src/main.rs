@@ -1,1 +1,7 @@
-fn main() {}
+//! The `gpuheap` command line; see [`cli`].
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

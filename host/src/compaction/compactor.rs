@@ -59,13 +59,13 @@ impl CompactTuning {
 
     fn validate(&self, backend: &Backend) -> Result<(), CompactionError> {
         let bad = |why: String| Err(CompactionError::InvalidTuning(why));
-        if self.block_threads == 0 || self.block_threads % 32 != 0 || self.block_threads > 1024 {
+        if self.block_threads == 0 || !self.block_threads.is_multiple_of(32) || self.block_threads > 1024 {
             return bad(format!("block_threads {} is not a multiple of 32 in 32..=1024", self.block_threads));
         }
         if self.grid == 0 || self.items_per_lane == 0 {
             return bad("grid and items_per_lane must be ≥ 1".into());
         }
-        if self.tile_bytes == 0 || self.tile_bytes as u64 % GRANULE != 0 {
+        if self.tile_bytes == 0 || !(self.tile_bytes as u64).is_multiple_of(GRANULE) {
             return bad(format!("tile_bytes {} is not a nonzero multiple of 16", self.tile_bytes));
         }
         let limit = if backend.is_gpu() { MAX_SHARED_BYTES as u64 } else { u32::MAX as u64 };
@@ -172,7 +172,7 @@ impl Compactor {
         let move_tiles = movable.div_ceil(t.tile_bytes as u64) as usize;
         let scan_tiles = k.div_ceil(t.items_per_lane as usize) + 1;
 
-        ensure(backend, &mut self.blocks, k * size_of::<LiveBlock>())?.write(layout)?;
+        ensure(backend, &mut self.blocks, std::mem::size_of_val(layout))?.write(layout)?;
         let new_offset = ensure(backend, &mut self.new_offset, k * 8)?.device_ptr();
         let stream_pos = ensure(backend, &mut self.stream_pos, k * 8)?.device_ptr();
         let status = ensure(backend, &mut self.status, 2 * scan_tiles * 8)?;
@@ -240,12 +240,7 @@ impl Compactor {
         let c = unsafe { backend.launch(&MOVE, t.config(t.shared_bytes() as u32), &m)? };
         let mut new_offsets = vec![0u64; k];
         self.new_offset.as_ref().expect("ensured").read_into(0, bytemuck::cast_slice_mut(&mut new_offsets))?;
-        Ok(LayoutCompaction {
-            new_offsets,
-            plan_time: a.elapsed + b.elapsed,
-            move_time: c.elapsed,
-            launches: 3,
-        })
+        Ok(LayoutCompaction { new_offsets, plan_time: a.elapsed + b.elapsed, move_time: c.elapsed, launches: 3 })
     }
 
     /// The plain-copy baseline: copies `bytes` (a multiple of 16) from `src`
@@ -263,7 +258,7 @@ impl Compactor {
         bytes: u64,
     ) -> Result<LaunchTiming, CompactionError> {
         self.tuning.validate(backend)?;
-        if bytes % GRANULE != 0 || bytes > dst.len() as u64 || bytes > src.len() as u64 {
+        if !bytes.is_multiple_of(GRANULE) || bytes > dst.len() as u64 || bytes > src.len() as u64 {
             return Err(crate::backend::BackendError::InvalidArgument(format!(
                 "copy of {bytes} bytes between buffers of {} and {} bytes",
                 src.len(),

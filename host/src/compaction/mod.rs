@@ -43,8 +43,7 @@ use std::time::{Duration, Instant};
 
 pub use compactor::{CompactTuning, Compactor, LayoutCompaction, MAX_SHARED_BYTES};
 use gpuheap_kernels::compact::handle::{
-    make_handle, split_handle, DeviceHandleTable, HandleEntry, HandleFillParams, ENTRY_LIVE, ENTRY_PINNED,
-    HANDLE_FILL,
+    make_handle, split_handle, DeviceHandleTable, HandleEntry, HandleFillParams, ENTRY_LIVE, ENTRY_PINNED, HANDLE_FILL,
 };
 pub use gpuheap_kernels::compact::{LiveBlock, BLOCK_PINNED, GRANULE};
 

@@ -23,7 +23,7 @@ pub fn validate(layout: &[LiveBlock], capacity: u64) -> Result<(), CompactionErr
         if b.size == 0 {
             return bad("zero size");
         }
-        if b.offset % GRANULE != 0 || b.size % GRANULE != 0 {
+        if !b.offset.is_multiple_of(GRANULE) || !b.size.is_multiple_of(GRANULE) {
             return bad("offset or size not a multiple of 16");
         }
         if b.offset < end {
@@ -91,11 +91,8 @@ pub fn moved(layout: &[LiveBlock], new_offsets: &[u64]) -> (u64, u64) {
 /// Free ranges `(offset, len)` of a region of `capacity` bytes holding
 /// `layout` (at new offsets `offsets`, or the layout's own when `None`).
 pub fn free_ranges(layout: &[LiveBlock], offsets: Option<&[u64]>, capacity: u64) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = layout
-        .iter()
-        .enumerate()
-        .map(|(i, b)| (offsets.map_or(b.offset, |o| o[i]), b.size))
-        .collect();
+    let mut v: Vec<(u64, u64)> =
+        layout.iter().enumerate().map(|(i, b)| (offsets.map_or(b.offset, |o| o[i]), b.size)).collect();
     v.sort_unstable();
     let mut out = Vec::new();
     let mut end = 0;

@@ -196,7 +196,12 @@ impl Warp {
     #[inline(always)]
     pub fn current() -> Self {
         let mask = active_mask();
-        Warp { mask, rank: (mask & lanemask_lt()).count_ones(), lanes: mask.count_ones(), leader: mask.trailing_zeros() }
+        Warp {
+            mask,
+            rank: (mask & lanemask_lt()).count_ones(),
+            lanes: mask.count_ones(),
+            leader: mask.trailing_zeros(),
+        }
     }
 
     /// `true` on rank 0.
@@ -238,7 +243,7 @@ pub(crate) unsafe fn warp_copy(w: &Warp, dst: *mut Word16, src: *const Word16, n
     let step = w.lanes as usize;
     let (s, d) = (src as *const [u32; 4], dst as *mut [u32; 4]);
     let mut i = w.rank as usize;
-    // SAFETY (whole loop): every index read or written is `< n`; `Word16` is
+    // SAFETY: (whole loop) every index read or written is `< n`; `Word16` is
     // a 16-byte aligned `[u32; 4]`.
     unsafe {
         while i + 7 * step < n {

@@ -159,7 +159,7 @@ pub unsafe fn move_tiles(p: &MoveParams) {
     let tb = p.tile_bytes;
     let (smem, smem_len) = dyn_shared();
     let slot = (thread_idx_x() / WARP_SIZE) as u64;
-    if tb == 0 || tb % GRANULE != 0 || (slot + 1) * tb > smem_len as u64 {
+    if tb == 0 || !tb.is_multiple_of(GRANULE) || (slot + 1) * tb > smem_len as u64 {
         return; // misconfigured launch: take no tile (the host validates).
     }
     // SAFETY: `slot * tb + tb ≤ smem_len`.
@@ -270,7 +270,7 @@ pub struct CopyParams {
 pub unsafe fn copy(p: &CopyParams) {
     let w = Warp::current();
     let cb = p.chunk_bytes;
-    if cb == 0 || cb % GRANULE != 0 {
+    if cb == 0 || !cb.is_multiple_of(GRANULE) {
         return;
     }
     let chunks = p.bytes.div_ceil(cb);
@@ -288,14 +288,7 @@ pub unsafe fn copy(p: &CopyParams) {
         let off = c * cb;
         let n = cb.min(p.bytes - off);
         // SAFETY: `[off, off + n)` is inside both buffers.
-        unsafe {
-            warp_copy(
-                &w,
-                (p.dst + off) as *mut Word16,
-                (p.src + off) as *const Word16,
-                (n / GRANULE) as usize,
-            )
-        };
+        unsafe { warp_copy(&w, (p.dst + off) as *mut Word16, (p.src + off) as *const Word16, (n / GRANULE) as usize) };
     }
 }
 
