@@ -7,7 +7,7 @@
 //! * [`ptx`]: the embedded PTX of `gpuheap-kernels`;
 //! * [`ops`]: safe host wrappers of the basic kernels (fill/verify, bump);
 //! * [`compaction`]: relocatable blocks (handles) and in-place compaction;
-//! * [`bench`]: benchmarks behind `gpuheap bench`;
+//! * [`mod@bench`]: benchmarks behind `gpuheap bench`;
 //! * [`reference`]: host reference allocators (first-fit, best-fit, buddy,
 //!   TLSF, slab, tiered, PyTorch-style caching);
 //! * [`analysis`]: fragmentation metrics;

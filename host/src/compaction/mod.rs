@@ -5,7 +5,7 @@
 //!   device handle table, and which [`compact`] defragments in place.
 //! * [`Compactor`]: the compaction core (plan and move kernels over any
 //!   region and layout), which the device heap will reuse.
-//! * [`reference`]: the host reference layout ([`reference::plan`]) and bytes.
+//! * [`mod@reference`]: the host reference layout ([`reference::plan`]) and bytes.
 //!
 //! # Handle model and guarantees
 //!

@@ -261,7 +261,7 @@ pub struct CopyParams {
 }
 
 /// The plain-copy baseline of the compaction benchmark: the same persistent
-/// warps, chunk ids and [`warp_copy`] as [`MOVE`], copying `bytes` directly
+/// warps, chunk ids and 16-byte copy loop as [`MOVE`], copying `bytes` directly
 /// from `src` to `dst` (no staging, no flags, no layout).
 ///
 /// # Safety
