@@ -11,7 +11,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Kernels that must be present in the PTX (each new kernel is added here).
-const REQUIRED_KERNELS: &[&str] = &["gpuheap_fill", "gpuheap_verify", "gpuheap_bump_alloc"];
+const REQUIRED_KERNELS: &[&str] = &[
+    "gpuheap_fill",
+    "gpuheap_verify",
+    "gpuheap_bump_alloc",
+    "gpuheap_compact_plan",
+    "gpuheap_compact_move",
+    "gpuheap_copy",
+    "gpuheap_handle_fill",
+];
 
 fn required() -> bool {
     std::env::var("GPUHEAP_REQUIRE_PTX").is_ok_and(|v| v == "1")

@@ -6,6 +6,8 @@
 //!   or the CPU emulation of the same kernel code;
 //! * [`ptx`]: the embedded PTX of `gpuheap-kernels`;
 //! * [`ops`]: safe host wrappers of the basic kernels (fill/verify, bump);
+//! * [`compaction`]: relocatable blocks (handles) and in-place compaction;
+//! * [`mod@bench`]: benchmarks behind `gpuheap bench`;
 //! * [`reference`]: host reference allocators (first-fit, best-fit, buddy,
 //!   TLSF, slab, tiered, PyTorch-style caching);
 //! * [`analysis`]: fragmentation metrics;
@@ -14,6 +16,8 @@
 
 pub mod analysis;
 pub mod backend;
+pub mod bench;
+pub mod compaction;
 pub mod ops;
 pub mod ptx;
 pub mod reference;

@@ -15,7 +15,7 @@
 //! |---|---|---|
 //! | architecture primitives | [`arch`] | indices, scoped atomics, fences, warp vote/shuffle, block barrier, shared memory, back-off; inline PTX on the GPU, `core::sync::atomic` (or loom) plus an emulator on the host |
 //! | kernel ABI | [`kernel`] | the [`Kernel`] descriptor and the [`kernel_entry!`] macro that turns a kernel body into a PTX `.entry` |
-//! | kernels | [`fill`], [`bump`] | fill/verify, the warp-aggregated bump allocator |
+//! | kernels | [`fill`], [`bump`], [`compact`] | fill/verify, the warp-aggregated bump allocator, the handle table and the in-place compaction |
 //!
 //! The crate is `#![no_std]`. On the host it links `std` only for the emulator
 //! ([`arch::emu`]): thread-local indices and the CPU warp rendezvous.
@@ -31,6 +31,8 @@ pub mod arch;
 // atomics cannot offer; model-checking builds keep the protocol cores only.
 #[cfg(not(any(loom, shuttle)))]
 pub mod bump;
+#[cfg(not(any(loom, shuttle)))]
+pub mod compact;
 #[cfg(not(any(loom, shuttle)))]
 pub mod fill;
 pub mod kernel;

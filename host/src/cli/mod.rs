@@ -3,6 +3,7 @@
 //! Exit codes: 0 success; 1 a run-time failure (a kernel, the driver, a
 //! failed self-check); 2 bad input or usage (clap's own usage errors are 2 too).
 
+mod bench_compact;
 mod check;
 mod info;
 
@@ -25,6 +26,15 @@ enum Command {
     Info(info::Args),
     /// Runs the basic kernels (fill/verify, bump allocator) on a backend and checks them.
     Check(check::Args),
+    /// Benchmarks, each side by side with its baseline in the same run.
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Compaction throughput against a plain copy of the same bytes.
+    Compact(bench_compact::Args),
 }
 
 /// Options shared by every command that runs kernels.
@@ -56,6 +66,7 @@ pub fn main() -> ExitCode {
     let r = match cli.command {
         Command::Info(a) => info::run(a),
         Command::Check(a) => check::run(a),
+        Command::Bench(Bench::Compact(a)) => bench_compact::run(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,12 +13,14 @@
 //! * [`warp`]: active mask, ballot, shuffle, match, warp barrier.
 //! * [`block`]: block barrier and dynamic shared memory.
 //! * [`time`]: `nanosleep` back-off and a cycle counter.
+//! * [`mem`]: 16-byte vector loads and stores.
 
 pub mod atomic;
 pub mod block;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emu;
 pub mod index;
+pub mod mem;
 pub mod time;
 pub mod warp;
 

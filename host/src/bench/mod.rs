@@ -1,0 +1,3 @@
+//! Benchmarks run by `gpuheap bench …` (one file per benchmark).
+
+pub mod compact;

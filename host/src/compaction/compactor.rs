@@ -1,0 +1,283 @@
+//! The compaction core: runs the plan and move kernels over a region and a
+//! layout, independent of who manages the layout (the host [`super::CompactHeap`]
+//! now, the device heap later).
+
+use std::time::Duration;
+
+use gpuheap_kernels::compact::mover::{CopyParams, MoveParams, COPY, MOVE};
+use gpuheap_kernels::compact::plan::{PlanParams, MODE_DST, MODE_STREAM, PLAN};
+use gpuheap_kernels::compact::{LiveBlock, GRANULE};
+
+use super::{reference, CompactionError};
+use crate::backend::{Backend, CpuMode, DeviceBuffer, LaunchConfig, LaunchTiming};
+
+/// Largest dynamic shared memory per block without an opt-in, bytes.
+pub const MAX_SHARED_BYTES: u32 = 48 * 1024;
+
+/// Launch geometry and tile sizes of the compaction kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompactTuning {
+    /// Threads per block (a multiple of 32).
+    pub block_threads: u32,
+    /// Blocks in the grid (the kernels are persistent: any number ≥ 1 works).
+    pub grid: u32,
+    /// Bytes per move tile and per copy chunk (a multiple of 16). Each warp
+    /// stages one tile in shared memory.
+    pub tile_bytes: u32,
+    /// Blocks per lane in a plan-scan tile.
+    pub items_per_lane: u32,
+}
+
+impl CompactTuning {
+    /// Defaults for `backend`: on the GPU 256 threads, 4 blocks per SM,
+    /// 4 KiB tiles (32 KiB of shared memory per block), 8 items per lane; on
+    /// the CPU in sequential mode one 32-thread block per worker thread and
+    /// 256 KiB tiles (one-lane warps stage whole tiles in cache); in lockstep
+    /// mode 2 blocks of 64 threads and 16 KiB tiles.
+    pub fn for_backend(backend: &Backend) -> Self {
+        match backend {
+            Backend::Gpu(g) => {
+                let sms = g.sm_count().unwrap_or(132).max(1) as u32;
+                Self { block_threads: 256, grid: sms * 4, tile_bytes: 4096, items_per_lane: 8 }
+            }
+            Backend::Cpu(c) if c.mode() == CpuMode::Lockstep => {
+                Self { block_threads: 64, grid: 2, tile_bytes: 16 << 10, items_per_lane: 256 }
+            }
+            Backend::Cpu(_) => Self {
+                block_threads: 32,
+                grid: rayon::current_num_threads().max(1) as u32,
+                tile_bytes: 256 << 10,
+                items_per_lane: 4096,
+            },
+        }
+    }
+
+    /// Dynamic shared memory of a move block: one tile per warp, bytes.
+    pub fn shared_bytes(&self) -> u64 {
+        self.tile_bytes as u64 * self.block_threads.div_ceil(32) as u64
+    }
+
+    fn validate(&self, backend: &Backend) -> Result<(), CompactionError> {
+        let bad = |why: String| Err(CompactionError::InvalidTuning(why));
+        if self.block_threads == 0 || !self.block_threads.is_multiple_of(32) || self.block_threads > 1024 {
+            return bad(format!("block_threads {} is not a multiple of 32 in 32..=1024", self.block_threads));
+        }
+        if self.grid == 0 || self.items_per_lane == 0 {
+            return bad("grid and items_per_lane must be ≥ 1".into());
+        }
+        if self.tile_bytes == 0 || !(self.tile_bytes as u64).is_multiple_of(GRANULE) {
+            return bad(format!("tile_bytes {} is not a nonzero multiple of 16", self.tile_bytes));
+        }
+        let limit = if backend.is_gpu() { MAX_SHARED_BYTES as u64 } else { u32::MAX as u64 };
+        if self.shared_bytes() > limit {
+            return bad(format!("{} bytes of shared memory per block (limit {limit})", self.shared_bytes()));
+        }
+        Ok(())
+    }
+
+    fn config(&self, shared_bytes: u32) -> LaunchConfig {
+        LaunchConfig { grid: self.grid, block: self.block_threads, shared_bytes }
+    }
+}
+
+/// What one run of the kernels did.
+#[derive(Clone, Debug, Default)]
+pub struct LayoutCompaction {
+    /// New offset of each block of the layout.
+    pub new_offsets: Vec<u64>,
+    /// Time of the two plan launches.
+    pub plan_time: Duration,
+    /// Time of the move launch.
+    pub move_time: Duration,
+    /// Kernels launched.
+    pub launches: u32,
+}
+
+/// Device buffers reused across compactions (grown on demand), and the
+/// tuning.
+pub struct Compactor {
+    tuning: CompactTuning,
+    blocks: Option<DeviceBuffer>,
+    new_offset: Option<DeviceBuffer>,
+    stream_pos: Option<DeviceBuffer>,
+    status: Option<DeviceBuffer>,
+    flags: Option<DeviceBuffer>,
+    control: Option<DeviceBuffer>,
+    epoch: u32,
+}
+
+/// `buf` holding at least `bytes`, reallocated (zeroed) when too small.
+fn ensure<'a>(
+    backend: &Backend,
+    buf: &'a mut Option<DeviceBuffer>,
+    bytes: usize,
+) -> Result<&'a mut DeviceBuffer, CompactionError> {
+    if buf.as_ref().is_none_or(|b| b.len() < bytes) {
+        *buf = Some(backend.alloc_zeroed(bytes.max(16).next_power_of_two())?);
+        return Ok(buf.as_mut().expect("just set"));
+    }
+    Ok(buf.as_mut().expect("checked"))
+}
+
+// Control words: [scan counter 0, scan counter 1, move counter, total M].
+const CONTROL_WORDS: usize = 4;
+
+impl Compactor {
+    /// A compactor with `tuning` (see [`CompactTuning::for_backend`]).
+    pub fn new(tuning: CompactTuning) -> Self {
+        Self {
+            tuning,
+            blocks: None,
+            new_offset: None,
+            stream_pos: None,
+            status: None,
+            flags: None,
+            control: None,
+            epoch: 0,
+        }
+    }
+
+    /// The tuning.
+    pub fn tuning(&self) -> CompactTuning {
+        self.tuning
+    }
+
+    /// Replaces the tuning.
+    pub fn set_tuning(&mut self, tuning: CompactTuning) {
+        self.tuning = tuning;
+    }
+
+    /// Compacts `region` in place: uploads `layout`, runs the plan (updating
+    /// the handle table `table`, an array of `table_len` entries, when given)
+    /// and the move, and returns the new offsets read back from the device.
+    ///
+    /// # Errors
+    /// [`CompactionError::InvalidLayout`] / [`CompactionError::InvalidTuning`]
+    /// before anything runs; backend errors.
+    pub fn compact(
+        &mut self,
+        backend: &Backend,
+        region: &mut DeviceBuffer,
+        layout: &[LiveBlock],
+        table: Option<(&mut DeviceBuffer, u32)>,
+    ) -> Result<LayoutCompaction, CompactionError> {
+        reference::validate(layout, region.len() as u64)?;
+        self.tuning.validate(backend)?;
+        let t = self.tuning;
+        let k = layout.len();
+        if k == 0 {
+            return Ok(LayoutCompaction::default());
+        }
+        let movable: u64 = layout.iter().filter(|b| !b.pinned()).map(|b| b.size).sum();
+        let move_tiles = movable.div_ceil(t.tile_bytes as u64) as usize;
+        let scan_tiles = k.div_ceil(t.items_per_lane as usize) + 1;
+
+        ensure(backend, &mut self.blocks, std::mem::size_of_val(layout))?.write(layout)?;
+        let new_offset = ensure(backend, &mut self.new_offset, k * 8)?.device_ptr();
+        let stream_pos = ensure(backend, &mut self.stream_pos, k * 8)?.device_ptr();
+        let status = ensure(backend, &mut self.status, 2 * scan_tiles * 8)?;
+        status.zero()?;
+        let status = status.device_ptr();
+        let control = ensure(backend, &mut self.control, CONTROL_WORDS * 8)?;
+        control.write(&[0u64; CONTROL_WORDS])?;
+        let control = control.device_ptr();
+        let flags_len = move_tiles.max(1) * 4;
+        let fresh = self.flags.as_ref().is_none_or(|b| b.len() < flags_len);
+        let flags = ensure(backend, &mut self.flags, flags_len)?;
+        if fresh {
+            self.epoch = 0;
+        }
+        if self.epoch == u32::MAX {
+            flags.zero()?;
+            self.epoch = 0;
+        }
+        self.epoch += 1;
+        let flags = flags.device_ptr();
+        let blocks = self.blocks.as_ref().expect("ensured").device_ptr();
+        let (table_ptr, table_len) = table.map_or((0, 0), |(b, n)| (b.device_ptr(), n as u64));
+
+        let mut p = PlanParams {
+            blocks,
+            count: k as u64,
+            new_offset,
+            stream_pos,
+            tile_status: status,
+            tile_counter: control,
+            table: table_ptr,
+            table_len,
+            total: control + 24,
+            mode: MODE_DST,
+            items_per_lane: t.items_per_lane,
+        };
+        // SAFETY: every address in `p` is a live buffer of `backend` sized as
+        // `PlanParams` documents: `k` blocks and offsets, `scan_tiles` status
+        // words per pass (≥ ceil(k / items_per_lane)), the control words, the
+        // handle table of `table_len` entries; the launch is synchronous.
+        let a = unsafe { backend.launch(&PLAN, t.config(0), &p)? };
+        p.mode = MODE_STREAM;
+        p.tile_status = status + scan_tiles as u64 * 8;
+        p.tile_counter = control + 8;
+        // SAFETY: as above (the second half of the status words, zeroed).
+        let b = unsafe { backend.launch(&PLAN, t.config(0), &p)? };
+        let m = MoveParams {
+            region: region.device_ptr(),
+            blocks,
+            new_offset,
+            stream_pos,
+            count: k as u64,
+            total: control + 24,
+            tile_bytes: t.tile_bytes as u64,
+            flags,
+            tile_counter: control + 16,
+            epoch: self.epoch,
+            reserved: 0,
+        };
+        // SAFETY: the region holds the validated layout; the plan wrote
+        // `new_offset`, `stream_pos` and the total; `flags` holds a flag for
+        // each of the ≤ ceil(movable / tile_bytes) tiles, none equal to the
+        // fresh epoch; shared memory holds one tile per warp; `region` is
+        // borrowed mutably, so nothing else touches it.
+        let c = unsafe { backend.launch(&MOVE, t.config(t.shared_bytes() as u32), &m)? };
+        let mut new_offsets = vec![0u64; k];
+        self.new_offset.as_ref().expect("ensured").read_into(0, bytemuck::cast_slice_mut(&mut new_offsets))?;
+        Ok(LayoutCompaction { new_offsets, plan_time: a.elapsed + b.elapsed, move_time: c.elapsed, launches: 3 })
+    }
+
+    /// The plain-copy baseline: copies `bytes` (a multiple of 16) from `src`
+    /// to `dst` with [`COPY`], the same persistent warps and chunk size as
+    /// the mover.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `bytes` exceeds a buffer or is not a multiple
+    /// of 16; backend errors.
+    pub fn copy(
+        &mut self,
+        backend: &Backend,
+        dst: &mut DeviceBuffer,
+        src: &DeviceBuffer,
+        bytes: u64,
+    ) -> Result<LaunchTiming, CompactionError> {
+        self.tuning.validate(backend)?;
+        if !bytes.is_multiple_of(GRANULE) || bytes > dst.len() as u64 || bytes > src.len() as u64 {
+            return Err(crate::backend::BackendError::InvalidArgument(format!(
+                "copy of {bytes} bytes between buffers of {} and {} bytes",
+                src.len(),
+                dst.len()
+            ))
+            .into());
+        }
+        let control = ensure(backend, &mut self.control, CONTROL_WORDS * 8)?;
+        control.write(&[0u64; CONTROL_WORDS])?;
+        let p = CopyParams {
+            dst: dst.device_ptr(),
+            src: src.device_ptr(),
+            bytes,
+            chunk_bytes: self.tuning.tile_bytes as u64,
+            chunk_counter: control.device_ptr(),
+        };
+        // SAFETY: two distinct live buffers of at least `bytes` bytes (`dst`
+        // is borrowed mutably, so it is not `src`), 256-byte aligned; a zeroed
+        // counter.
+        Ok(unsafe { backend.launch(&COPY, self.tuning.config(0), &p)? })
+    }
+}

@@ -1,0 +1,238 @@
+//! The compaction plan: new offsets and destination-stream positions by a
+//! single-pass segmented exclusive prefix sum with decoupled look-back
+//! (Merrill & Garland, NVIDIA technical report NVR-2016-002; the pattern of
+//! CUB's `DeviceScan`).
+//!
+//! # Scan elements
+//!
+//! An element is a `u64`: bit [`RESET`] and a 61-bit value. The operator
+//! `a ⊕ b = b` if `b` has `RESET`, else `(a.reset, a.value + b.value)` is
+//! associative with identity 0, so a pinned block (element `RESET | end`)
+//! restarts the sums at its end: a *segmented* scan.
+//!
+//! * [`MODE_DST`]: element of an unpinned block = its size; of a pinned block
+//!   = `RESET | (offset + size)`. The exclusive prefix of an unpinned block is
+//!   its new offset; a pinned block keeps its offset. Writes `new_offset[i]`
+//!   and the handle table's offset of each block with a handle.
+//! * [`MODE_STREAM`]: element = the block's size if it moves (`new_offset[i]
+//!   != offset`), else 0. Writes the stream position `stream_pos[i]` and the
+//!   total `M` of moving bytes to `*total`.
+//!
+//! # Tiles and look-back
+//!
+//! Warps take scan tiles (`lanes × items_per_lane` consecutive blocks) from an
+//! atomic counter. A tile reduces its items (each lane a run of
+//! `items_per_lane`, then a warp scan by shuffles), publishes its aggregate
+//! (status `A`) with a release store, looks back with acquire loads over
+//! tiles `t−1, t−2, …` adding their aggregates until it meets an inclusive
+//! prefix (status `P`) or an aggregate with `RESET` (a pinned block: nothing
+//! before it matters), publishes its own inclusive prefix, and writes its
+//! outputs. The look-back only waits for tiles with smaller ids, which have
+//! started and publish their aggregate without waiting: see the forward
+//! progress argument in [`super`].
+
+use super::handle::HandleEntry;
+use super::{LiveBlock, Warp, NO_HANDLE};
+use crate::arch::atomic::{AtomicU64, Ordering};
+use crate::arch::time::backoff;
+
+/// Scan-element flag: restart the running sum (a pinned block).
+pub const RESET: u64 = 1 << 61;
+/// Scan-element value bits.
+pub const VALUE: u64 = RESET - 1;
+/// Tile status: aggregate available.
+const STATUS_A: u64 = 1 << 62;
+/// Tile status: inclusive prefix available.
+const STATUS_P: u64 = 2 << 62;
+const ELEMENT: u64 = RESET | VALUE;
+
+/// [`PlanParams::mode`]: compute new offsets (and update the handle table).
+pub const MODE_DST: u32 = 0;
+/// [`PlanParams::mode`]: compute destination-stream positions and the total.
+pub const MODE_STREAM: u32 = 1;
+
+/// The scan operator (see the module docs).
+#[inline(always)]
+pub fn combine(a: u64, b: u64) -> u64 {
+    if b & RESET != 0 {
+        b
+    } else {
+        (a & RESET) | ((a & VALUE) + (b & VALUE))
+    }
+}
+
+/// Parameters of [`PLAN`]. Device addresses as `u64`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct PlanParams {
+    /// `count` [`LiveBlock`]s sorted by offset.
+    pub blocks: u64,
+    /// Number of blocks.
+    pub count: u64,
+    /// `count` `u64`: written in [`MODE_DST`], read in [`MODE_STREAM`].
+    pub new_offset: u64,
+    /// `count` `u64`: written in [`MODE_STREAM`].
+    pub stream_pos: u64,
+    /// One `u64` status word per scan tile (at least `ceil(count /
+    /// items_per_lane)`), zeroed before the launch.
+    pub tile_status: u64,
+    /// A `u64` tile counter, zeroed before the launch.
+    pub tile_counter: u64,
+    /// [`HandleEntry`] array updated in [`MODE_DST`] (0: none).
+    pub table: u64,
+    /// Entries in `table`.
+    pub table_len: u64,
+    /// A `u64` receiving the total moving bytes in [`MODE_STREAM`].
+    pub total: u64,
+    /// [`MODE_DST`] or [`MODE_STREAM`].
+    pub mode: u32,
+    /// Consecutive blocks per lane in a tile (≥ 1).
+    pub items_per_lane: u32,
+}
+
+#[inline(always)]
+unsafe fn element(p: &PlanParams, i: u64) -> u64 {
+    // SAFETY: `i < count` (caller).
+    let b = unsafe { (p.blocks as *const LiveBlock).add(i as usize).read() };
+    if p.mode == MODE_DST {
+        if b.pinned() {
+            RESET | (b.offset + b.size)
+        } else {
+            b.size
+        }
+    } else {
+        // SAFETY: `i < count`.
+        let d = unsafe { (p.new_offset as *const u64).add(i as usize).read() };
+        if d != b.offset {
+            b.size
+        } else {
+            0
+        }
+    }
+}
+
+/// Writes the outputs of block `i` whose exclusive prefix is `excl`.
+#[inline(always)]
+unsafe fn output(p: &PlanParams, i: u64, excl: u64) {
+    if p.mode == MODE_DST {
+        // SAFETY: `i < count` (caller).
+        let b = unsafe { (p.blocks as *const LiveBlock).add(i as usize).read() };
+        let dst = if b.pinned() { b.offset } else { excl & VALUE };
+        // SAFETY: `i < count`; each block's slot is written by one lane.
+        unsafe { (p.new_offset as *mut u64).add(i as usize).write(dst) };
+        if p.table != 0 && b.handle != NO_HANDLE && (b.handle as u64) < p.table_len {
+            // SAFETY: in range; handles of distinct blocks are distinct.
+            unsafe { (*(p.table as *mut HandleEntry).add(b.handle as usize)).offset = dst };
+        }
+    } else {
+        // SAFETY: as above.
+        unsafe { (p.stream_pos as *mut u64).add(i as usize).write(excl & VALUE) };
+    }
+}
+
+/// The plan scan (see the module docs).
+///
+/// # Safety
+/// The addresses in `p` are valid as documented on [`PlanParams`] and not
+/// accessed by anyone else during the launch; blocks are launched with whole
+/// warps (or one-lane warps on the CPU).
+pub unsafe fn plan(p: &PlanParams) {
+    let w = Warp::current();
+    let ipl = p.items_per_lane.max(1) as u64;
+    let per_tile = ipl * w.lanes as u64;
+    let tiles = p.count.div_ceil(per_tile);
+    // SAFETY: the caller provides the counter and status words.
+    let counter = unsafe { AtomicU64::from_ptr(p.tile_counter as *mut u64) };
+    let status = |t: u64| {
+        // SAFETY: `t < tiles ≤` the status words the caller provides.
+        unsafe { AtomicU64::from_ptr((p.tile_status as *mut u64).add(t as usize)) }
+    };
+    loop {
+        let mut t = 0;
+        if w.is_leader() {
+            t = counter.fetch_add(1, Ordering::Relaxed);
+        }
+        let t = w.broadcast(t);
+        if t >= tiles {
+            break;
+        }
+        let first = t * per_tile + w.rank as u64 * ipl;
+        let end = (first + ipl).min(p.count);
+        // Lane aggregate.
+        let mut agg = 0u64;
+        let mut i = first;
+        while i < end {
+            // SAFETY: `i < count`.
+            agg = combine(agg, unsafe { element(p, i) });
+            i += 1;
+        }
+        // Inclusive warp scan of the lane aggregates (Hillis–Steele).
+        let mut incl = agg;
+        let mut d = 1;
+        while d < w.lanes {
+            let src = if w.rank >= d { w.lane_of(w.rank - d) } else { w.lane_of(w.rank) };
+            let y = crate::arch::warp::shfl_u64(w.mask, incl, src);
+            if w.rank >= d {
+                incl = combine(y, incl);
+            }
+            d *= 2;
+        }
+        let below = crate::arch::warp::shfl_u64(w.mask, incl, w.lane_of(w.rank.saturating_sub(1)));
+        let lane_excl = if w.rank == 0 { 0 } else { below };
+        let tile_agg = crate::arch::warp::shfl_u64(w.mask, incl, w.lane_of(w.lanes - 1));
+        // Decoupled look-back by the leader.
+        let mut prefix = 0u64;
+        if w.is_leader() {
+            if t == 0 {
+                status(0).store(STATUS_P | tile_agg, Ordering::Release);
+            } else {
+                status(t).store(STATUS_A | tile_agg, Ordering::Release);
+                let mut acc = 0u64;
+                let mut u = t - 1;
+                loop {
+                    let mut s = status(u).load(Ordering::Acquire);
+                    let mut attempt = 0;
+                    while s == 0 {
+                        backoff(attempt);
+                        attempt += 1;
+                        s = status(u).load(Ordering::Acquire);
+                    }
+                    acc = combine(s & ELEMENT, acc);
+                    // Tile 0 always publishes P, so `u` never goes below 0.
+                    if s & STATUS_P != 0 || acc & RESET != 0 || u == 0 {
+                        break;
+                    }
+                    u -= 1;
+                }
+                prefix = acc;
+                status(t).store(STATUS_P | combine(prefix, tile_agg), Ordering::Release);
+            }
+        }
+        let prefix = w.broadcast(prefix);
+        // Outputs.
+        let mut run = combine(prefix, lane_excl);
+        let mut i = first;
+        while i < end {
+            // SAFETY: `i < count`.
+            unsafe {
+                let e = element(p, i);
+                output(p, i, run);
+                run = combine(run, e);
+            }
+            i += 1;
+        }
+        if p.mode == MODE_STREAM && t == tiles - 1 && w.is_leader() {
+            // SAFETY: the caller provides `total`.
+            unsafe { (p.total as *mut u64).write(combine(prefix, tile_agg) & VALUE) };
+        }
+    }
+    if p.count == 0 && p.mode == MODE_STREAM && crate::arch::index::global_thread_id() == 0 {
+        // SAFETY: the caller provides `total`.
+        unsafe { (p.total as *mut u64).write(0) };
+    }
+}
+
+crate::kernel_entry! {
+    /// [`plan`] as a kernel.
+    pub static PLAN: PlanParams = gpuheap_compact_plan => plan;
+}
