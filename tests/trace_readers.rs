@@ -292,3 +292,27 @@ I100\nsVtime_us\np26\nF12.0\nsa(dp27\ng20\nVoom\np28\nsg11\nI99999\nsVdevice_fre
     assert!(d.initial_blocks.is_empty(), "the final block is the one the trace allocates");
     check_ids(d);
 }
+
+#[test]
+fn fuzz_seed_pickles_are_valid_traces() {
+    let dir = workspace().join("fuzz/seeds/pickle");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let trace = read_trace(&path).unwrap_or_else(|e| panic!("{e}"));
+        let d = &trace.devices[0];
+        assert!(!d.events.is_empty());
+        check_ids(d);
+        if path.to_string_lossy().contains("recent") {
+            assert_eq!(d.count(EventKind::Alloc), 2);
+            assert_eq!(d.ooms[0].device_free, Some(5));
+            assert_eq!(d.allocator_settings.as_ref().unwrap().roundup_power2_divisions, [(1, 0), (2, 4)]);
+            check_seeds_against_final_state(d);
+        } else {
+            assert_eq!(trace.format, TraceFormat::PytorchSnapshot(SnapshotLayout::Legacy2_0));
+            assert_eq!(d.initial_blocks.len(), 2);
+        }
+        n += 1;
+    }
+    assert_eq!(n, 4);
+}

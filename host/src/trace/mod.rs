@@ -608,3 +608,11 @@ pub fn detect(path: &Path, bytes: &[u8]) -> Result<TraceFormat, TraceError> {
     let start = one_line(String::from_utf8_lossy(&bytes[..bytes.len().min(24)]).into_owned());
     Err(TraceError::UnknownFormat { path: path.to_path_buf(), start })
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn event_is_compact() {
+        assert_eq!(std::mem::size_of::<super::Event>(), 48);
+    }
+}

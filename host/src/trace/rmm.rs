@@ -96,11 +96,11 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
             .ok_or_else(|| bad(format!("column `Time`: cannot read {:?} as a time", &record[1])))?;
         if let Some(prev) = last {
             // A time of day that jumps back by more than 12 h crossed midnight.
-            if t + day < prev - DAY_US / 2 {
-                day += DAY_US;
+            if t.saturating_add(day) < prev.saturating_sub(DAY_US / 2) {
+                day = day.saturating_add(DAY_US);
             }
         }
-        let t = t + day;
+        let t = t.saturating_add(day);
         last = Some(t);
         let kind = match record[2].to_ascii_lowercase().as_str() {
             "allocate" => EventKind::Alloc,
