@@ -1,0 +1,402 @@
+//! Reader for PyTorch CUDA memory snapshots (`torch.cuda.memory._dump_snapshot` pickles).
+//!
+//! Both schema generations are read (see `shared/research/compaction-defrag.md` §5.1):
+//!
+//! * PyTorch 2.0: blocks have `size`, `requested_size`, `state` and `history`, but no `address`:
+//!   a block's address is its segment's `address` plus the sizes of the blocks before it;
+//! * PyTorch 2.1 and later: blocks have `address`; `device_traces` events carry `time_us`
+//!   (≥ 2.2); `allocator_settings` (≥ 2.3).
+//!
+//! Every key is optional except the ones an event or block cannot do without (`action`;
+//! `addr` and `size` of block and segment events; a segment's `address` and `total_size`; a
+//! block's `size` and `state`). Unknown keys and actions are ignored (unknown actions become
+//! [`EventKind::Other`] so that event indices match the file). Stack frames are skipped.
+//!
+//! The pickle is decoded by a data-only decoder that refuses every opcode that imports or calls
+//! Python code (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ`...).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use super::pickle::{self, Node, NodeId, Pickle, PickleErrorKind};
+use super::validate::{seed_and_link, ValidationErrorKind};
+use super::{
+    AddressKind, AllocatorSettings, BlockState, BlockStatus, DeviceTrace, Event, EventKind, Location, OomInfo, Pool,
+    SegmentState, SnapshotLayout, SnapshotState, TimeUnit, Trace, TraceError, TraceFormat, NO_ID,
+};
+
+/// Parses the snapshot pickle `bytes` (the content of `path`, used in messages).
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
+    if bytes.is_empty() {
+        return Err(TraceError::Empty { path: path.to_path_buf() });
+    }
+    let p = pickle::decode(bytes).map_err(|e| match e.kind {
+        PickleErrorKind::Truncated => TraceError::PickleTruncated { path: path.to_path_buf(), offset: e.offset },
+        PickleErrorKind::RunsCode { opcode, global } => TraceError::PickleRunsCode {
+            path: path.to_path_buf(),
+            offset: e.offset,
+            what: match global {
+                Some(g) => super::one_line(format!("global `{g}`")),
+                None => format!("opcode {opcode}"),
+            },
+        },
+        PickleErrorKind::UnknownOpcode(op) => TraceError::PickleCorrupt {
+            path: path.to_path_buf(),
+            offset: e.offset,
+            message: format!("unknown opcode {op:#04x}"),
+        },
+        PickleErrorKind::Malformed(m) => {
+            TraceError::PickleCorrupt { path: path.to_path_buf(), offset: e.offset, message: super::one_line(m) }
+        }
+    })?;
+    Reader { p: &p, path }.snapshot()
+}
+
+struct Reader<'p, 'a> {
+    p: &'p Pickle<'a>,
+    path: &'p Path,
+}
+
+/// A raw segment before it is split by device.
+struct RawSegment {
+    device: i64,
+    state: SegmentState,
+}
+
+impl<'p, 'a> Reader<'p, 'a> {
+    fn node(&self, id: NodeId) -> &'p Node<'a> {
+        self.p.node(id)
+    }
+
+    fn bad(&self, at: Location, msg: impl Into<String>) -> TraceError {
+        TraceError::schema(self.path, at, msg)
+    }
+
+    fn expected(&self, at: Location, what: &str, id: NodeId) -> TraceError {
+        let found = match self.node(id) {
+            Node::Str(s) if s.len() <= 40 => format!("str {:?}", String::from_utf8_lossy(s)),
+            n => n.type_name().to_string(),
+        };
+        self.bad(at, format!("expected {what}, found {found}"))
+    }
+
+    fn dict(&self, id: NodeId, at: impl Fn() -> Location) -> Result<&'p [(NodeId, NodeId)], TraceError> {
+        match self.node(id) {
+            Node::Dict(d) => Ok(d),
+            _ => Err(self.expected(at(), "a dict", id)),
+        }
+    }
+
+    fn list(&self, id: NodeId, at: impl Fn() -> Location) -> Result<&'p [NodeId], TraceError> {
+        match self.node(id) {
+            Node::List(l) | Node::Tuple(l) => Ok(l),
+            _ => Err(self.expected(at(), "a list", id)),
+        }
+    }
+
+    fn int(&self, id: NodeId, at: &Location) -> Result<i128, TraceError> {
+        match self.node(id) {
+            Node::Int(v) => Ok(*v),
+            Node::BigInt => Err(self.bad(at.clone(), "integer does not fit in 64 bits")),
+            _ => Err(self.expected(at.clone(), "an integer", id)),
+        }
+    }
+
+    /// A size or address: a non-negative integer below 2^64.
+    fn u64(&self, id: NodeId, at: Location) -> Result<u64, TraceError> {
+        let v = self.int(id, &at)?;
+        if v < 0 {
+            return Err(self.bad(at, format!("negative value {v} where a size or address belongs")));
+        }
+        u64::try_from(v).map_err(|_| self.bad(at, format!("value {v} does not fit in 64 bits")))
+    }
+
+    /// A signed 64-bit integer; a value in `2^63..2^64` (a pointer-sized handle) wraps.
+    fn i64(&self, id: NodeId, at: Location) -> Result<i64, TraceError> {
+        let v = self.int(id, &at)?;
+        i64::try_from(v)
+            .or_else(|_| u64::try_from(v).map(|u| u as i64))
+            .map_err(|_| self.bad(at, format!("value {v} does not fit in 64 bits")))
+    }
+
+    fn str(&self, id: NodeId, at: Location) -> Result<&'p [u8], TraceError> {
+        match self.node(id) {
+            Node::Str(s) => Ok(s),
+            _ => Err(self.expected(at, "a string", id)),
+        }
+    }
+
+    fn bool(&self, id: NodeId, at: Location) -> Result<bool, TraceError> {
+        match self.node(id) {
+            Node::Bool(b) => Ok(*b),
+            Node::Int(v @ (0 | 1)) => Ok(*v == 1),
+            _ => Err(self.expected(at, "a bool", id)),
+        }
+    }
+
+    fn key(&self, k: NodeId) -> &'p [u8] {
+        match self.node(k) {
+            Node::Str(s) => s,
+            _ => b"",
+        }
+    }
+
+    fn snapshot(&self) -> Result<Trace, TraceError> {
+        let root = self.p.root;
+        let (segments_node, traces_node, settings_node) = match self.node(root) {
+            Node::Dict(d) => {
+                (self.p.get(d, "segments"), self.p.get(d, "device_traces"), self.p.get(d, "allocator_settings"))
+            }
+            // `torch.cuda.memory_snapshot()` (a bare list of segments) pickled on its own.
+            Node::List(_) => (Some(root), None, None),
+            _ => return Err(self.expected(Location::Byte(0), "a dict (a memory snapshot) at the top level", root)),
+        };
+
+        let mut legacy = false;
+        let mut segments = Vec::new();
+        if let Some(n) = segments_node {
+            for (si, &s) in self.list(n, || Location::Key("segments"))?.iter().enumerate() {
+                segments.push(self.segment(si, s, &mut legacy)?);
+            }
+        }
+
+        let mut traces: Vec<Vec<Event>> = Vec::new();
+        let mut ooms: Vec<Vec<OomInfo>> = Vec::new();
+        if let Some(n) = traces_node {
+            for (d, &t) in self.list(n, || Location::Key("device_traces"))?.iter().enumerate() {
+                let entries = self.list(t, || Location::Key("device_traces"))?;
+                let mut events = Vec::with_capacity(entries.len());
+                let mut dev_ooms = Vec::new();
+                for (i, &e) in entries.iter().enumerate() {
+                    events.push(self.event(d as i64, i, e, &mut dev_ooms)?);
+                }
+                traces.push(events);
+                ooms.push(dev_ooms);
+            }
+        }
+
+        let settings = match settings_node {
+            Some(n) if !matches!(self.node(n), Node::None) => Some(self.settings(n)?),
+            _ => None,
+        };
+
+        let mut devices: BTreeSet<i64> = segments.iter().map(|s| s.device).collect();
+        devices.extend(traces.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(d, _)| d as i64));
+        let mut out = Vec::with_capacity(devices.len());
+        for device in devices {
+            let idx = usize::try_from(device).ok().filter(|&d| d < traces.len());
+            let mut dt = DeviceTrace::new(device);
+            if let Some(d) = idx {
+                dt.events = std::mem::take(&mut traces[d]);
+                dt.ooms = std::mem::take(&mut ooms[d]);
+            }
+            if segments_node.is_some() {
+                let segs = segments.iter().filter(|s| s.device == device).map(|s| s.state.clone()).collect();
+                dt.final_state = Some(SnapshotState { segments: segs });
+            }
+            dt.allocator_settings = settings.clone();
+            seed_and_link(&mut dt).map_err(|e| match e.kind {
+                ValidationErrorKind::DuplicateSeed { addr } => self.bad(
+                    Location::Key("segments"),
+                    format!("device {device}: two allocated blocks or two segments at address {addr:#x}"),
+                ),
+                _ => TraceError::Event {
+                    path: self.path.to_path_buf(),
+                    at: Location::Event { device, index: e.index, field: None },
+                    source: e,
+                },
+            })?;
+            out.push(dt);
+        }
+
+        let layout = if legacy { SnapshotLayout::Legacy2_0 } else { SnapshotLayout::Recent };
+        Ok(Trace {
+            source: self.path.to_path_buf(),
+            format: TraceFormat::PytorchSnapshot(layout),
+            addresses: AddressKind::Device,
+            time_unit: TimeUnit::Microseconds,
+            devices: out,
+        })
+    }
+
+    fn segment(&self, si: usize, s: NodeId, legacy: &mut bool) -> Result<RawSegment, TraceError> {
+        let at = |field| Location::Segment { segment: si, block: None, field };
+        let d = self.dict(s, || at(None))?;
+        let (mut device, mut addr, mut size, mut stream, mut pool, mut expandable, mut blocks) =
+            (0i64, None, None, 0i64, Pool::Unknown, false, None);
+        for &(k, v) in d {
+            match self.key(k) {
+                b"device" => device = self.i64(v, at(Some("device")))?,
+                b"address" => addr = Some(self.u64(v, at(Some("address")))?),
+                b"total_size" => size = Some(self.u64(v, at(Some("total_size")))?),
+                b"stream" => stream = self.i64(v, at(Some("stream")))?,
+                b"segment_type" => {
+                    pool = match self.str(v, at(Some("segment_type")))? {
+                        b"small" => Pool::Small,
+                        b"large" => Pool::Large,
+                        _ => Pool::Unknown,
+                    }
+                }
+                b"is_expandable" => expandable = self.bool(v, at(Some("is_expandable")))?,
+                b"blocks" => blocks = Some(v),
+                _ => {}
+            }
+        }
+        let addr = addr.ok_or_else(|| self.bad(at(None), "missing `address`"))?;
+        let size = size.ok_or_else(|| self.bad(at(None), "missing `total_size`"))?;
+        if addr.checked_add(size).is_none() {
+            return Err(self.bad(at(None), format!("address {addr:#x} + total_size {size} overflows 64 bits")));
+        }
+        let mut out = Vec::new();
+        if let Some(b) = blocks {
+            let list = self.list(b, || at(Some("blocks")))?;
+            out.reserve(list.len());
+            let mut cursor = addr;
+            for (bi, &b) in list.iter().enumerate() {
+                let at = |field| Location::Segment { segment: si, block: Some(bi), field };
+                let bd = self.dict(b, || at(None))?;
+                let (mut baddr, mut bsize, mut req, mut state) = (None, None, None, None);
+                for &(k, v) in bd {
+                    match self.key(k) {
+                        b"address" => baddr = Some(self.u64(v, at(Some("address")))?),
+                        b"size" => bsize = Some(self.u64(v, at(Some("size")))?),
+                        b"requested_size" => req = Some(self.u64(v, at(Some("requested_size")))?),
+                        b"state" => {
+                            state = Some(match self.str(v, at(Some("state")))? {
+                                b"active_allocated" => BlockStatus::ActiveAllocated,
+                                b"active_pending_free" | b"active_awaiting_free" => BlockStatus::ActivePendingFree,
+                                b"inactive" => BlockStatus::Inactive,
+                                other => {
+                                    let s = String::from_utf8_lossy(other);
+                                    return Err(self.bad(at(Some("state")), format!("unknown block state {s:?}")));
+                                }
+                            })
+                        }
+                        b"history" => *legacy = true,
+                        _ => {}
+                    }
+                }
+                let bsize = bsize.ok_or_else(|| self.bad(at(None), "missing `size`"))?;
+                let state = state.ok_or_else(|| self.bad(at(None), "missing `state`"))?;
+                let baddr = match baddr {
+                    Some(a) => a,
+                    None => {
+                        *legacy = true;
+                        cursor
+                    }
+                };
+                cursor = baddr.checked_add(bsize).ok_or_else(|| {
+                    self.bad(at(None), format!("address {baddr:#x} + size {bsize} overflows 64 bits"))
+                })?;
+                out.push(BlockState { addr: baddr, size: bsize, requested_size: req.unwrap_or(0), state });
+            }
+        }
+        Ok(RawSegment {
+            device,
+            state: SegmentState { addr, size, stream, pool, is_expandable: expandable, blocks: out },
+        })
+    }
+
+    fn event(&self, device: i64, index: usize, e: NodeId, ooms: &mut Vec<OomInfo>) -> Result<Event, TraceError> {
+        let at = |field| Location::Event { device, index, field };
+        let d = self.dict(e, || at(None))?;
+        let (mut kind, mut addr, mut size, mut stream, mut time, mut device_free) =
+            (None, None, None, 0i64, None, None);
+        for &(k, v) in d {
+            match self.key(k) {
+                b"action" => {
+                    kind = Some(match self.str(v, at(Some("action")))? {
+                        b"alloc" => EventKind::Alloc,
+                        b"free_requested" => EventKind::FreeRequested,
+                        b"free_completed" => EventKind::Free,
+                        b"segment_alloc" => EventKind::SegmentAlloc,
+                        b"segment_free" => EventKind::SegmentFree,
+                        b"segment_map" => EventKind::SegmentMap,
+                        b"segment_unmap" => EventKind::SegmentUnmap,
+                        b"oom" => EventKind::Oom,
+                        b"snapshot" => EventKind::Snapshot,
+                        _ => EventKind::Other,
+                    })
+                }
+                b"addr" => addr = Some(v),
+                b"size" => size = Some(v),
+                b"stream" => stream = self.i64(v, at(Some("stream")))?,
+                b"time_us" => {
+                    time = match self.node(v) {
+                        Node::None => None,
+                        Node::Float(f) if f.is_finite() => Some(*f as i64),
+                        _ => Some(self.i64(v, at(Some("time_us")))?),
+                    }
+                }
+                b"device_free" => device_free = Some(v),
+                _ => {}
+            }
+        }
+        let kind = kind.ok_or_else(|| self.bad(at(None), "missing `action`"))?;
+        let needs_both = kind.is_block() || kind.is_segment();
+        let addr = match addr {
+            Some(v) if needs_both => self.u64(v, at(Some("addr")))?,
+            Some(v) => self.u64(v, at(Some("addr"))).unwrap_or(0),
+            None if needs_both => return Err(self.bad(at(None), "missing `addr`")),
+            None => 0,
+        };
+        let size = match size {
+            Some(v) if needs_both || kind == EventKind::Oom => self.u64(v, at(Some("size")))?,
+            Some(v) => self.u64(v, at(Some("size"))).unwrap_or(0),
+            None if needs_both => return Err(self.bad(at(None), "missing `size`")),
+            None => 0,
+        };
+        if kind == EventKind::Oom {
+            let device_free = device_free.map(|v| self.u64(v, at(Some("device_free")))).transpose()?;
+            ooms.push(OomInfo { event: index, device_free });
+        }
+        let addr = if kind == EventKind::Oom { 0 } else { addr };
+        Ok(Event { kind, id: NO_ID, addr, size, stream, time_us: time })
+    }
+
+    fn settings(&self, n: NodeId) -> Result<AllocatorSettings, TraceError> {
+        let at = || Location::Key("allocator_settings");
+        let d = self.dict(n, at)?;
+        let mut s = AllocatorSettings::default();
+        for &(k, v) in d {
+            match self.key(k) {
+                b"PYTORCH_CUDA_ALLOC_CONF" => {
+                    if let Node::Str(t) = self.node(v) {
+                        s.alloc_conf = Some(String::from_utf8_lossy(t).into_owned());
+                    }
+                }
+                b"max_split_size" => s.max_split_size = Some(self.i64(v, at())?),
+                b"garbage_collection_threshold" => {
+                    s.garbage_collection_threshold = Some(match self.node(v) {
+                        Node::Float(f) => *f,
+                        _ => self.i64(v, at())? as f64,
+                    })
+                }
+                b"expandable_segments" => s.expandable_segments = Some(self.bool(v, at())?),
+                b"roundup_power2_divisions" => {
+                    if let Node::Dict(pairs) = self.node(v) {
+                        for &(rk, rv) in pairs {
+                            let interval = std::str::from_utf8(self.key(rk)).ok().and_then(|t| t.parse::<u64>().ok());
+                            if let Some(interval) = interval {
+                                s.roundup_power2_divisions.push((interval, self.u64(rv, at())?));
+                            }
+                        }
+                        s.roundup_power2_divisions.sort_unstable();
+                    }
+                }
+                key => {
+                    let value = match self.node(v) {
+                        Node::None => "None".to_string(),
+                        Node::Bool(b) => if *b { "True" } else { "False" }.to_string(),
+                        Node::Int(i) => i.to_string(),
+                        Node::Float(f) => f.to_string(),
+                        Node::Str(t) => String::from_utf8_lossy(t).into_owned(),
+                        other => format!("<{}>", other.type_name()),
+                    };
+                    s.other.push((String::from_utf8_lossy(key).into_owned(), value));
+                }
+            }
+        }
+        Ok(s)
+    }
+}

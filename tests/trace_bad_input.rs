@@ -1,0 +1,319 @@
+//! Bad input: every case yields a typed `TraceError` whose message is one line naming the file
+//! and the byte, event or line at fault; nothing panics.
+
+use std::path::{Path, PathBuf};
+
+use gpuheap::trace::{read_trace, Location, TraceError, ValidationErrorKind};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Writes `content` to a fresh file `name` in a per-process temporary folder.
+fn temp_file(name: &str, content: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpuheap-bad-input-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, content).unwrap();
+    p
+}
+
+/// Reads `content` as file `name`, expects an error, and checks the common contract: one line,
+/// names the file, exit code 2, and contains every `needle`.
+fn read_err(name: &str, content: &[u8], needles: &[&str]) -> TraceError {
+    let path = temp_file(name, content);
+    let err = read_trace(&path).expect_err("bad input must be rejected");
+    std::fs::remove_file(&path).ok();
+    check_message(&err, &path, needles);
+    err
+}
+
+fn check_message(err: &TraceError, path: &Path, needles: &[&str]) {
+    let msg = err.to_string();
+    println!("{msg}");
+    assert!(!msg.contains('\n') && !msg.contains('\r'), "one line: {msg:?}");
+    assert!(msg.starts_with(&format!("{}: ", path.display())), "names the file: {msg}");
+    assert_eq!(err.path(), path);
+    assert_eq!(err.exit_code(), 2);
+    for n in needles {
+        assert!(msg.contains(n), "{msg:?} should contain {n:?}");
+    }
+}
+
+/// A minimal pickle writer (protocol 4 opcodes) for hand-made snapshots.
+enum V<'a> {
+    Int(i128),
+    Str(&'a str),
+    List(Vec<V<'a>>),
+    Dict(Vec<(&'a str, V<'a>)>),
+}
+
+fn emit(v: &V, out: &mut Vec<u8>) {
+    match v {
+        V::Int(i) => {
+            if let Ok(small) = i32::try_from(*i) {
+                out.push(b'J');
+                out.extend_from_slice(&small.to_le_bytes());
+            } else {
+                // LONG1: little-endian two's complement, 16 bytes then trimmed to 9.. as needed.
+                let bytes = i.to_le_bytes();
+                let mut n = 16;
+                while n > 1
+                    && ((bytes[n - 1] == 0 && bytes[n - 2] & 0x80 == 0)
+                        || (bytes[n - 1] == 0xff && bytes[n - 2] & 0x80 != 0))
+                {
+                    n -= 1;
+                }
+                out.push(0x8a);
+                out.push(n as u8);
+                out.extend_from_slice(&bytes[..n]);
+            }
+        }
+        V::Str(s) => {
+            out.push(b'X');
+            out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            out.extend_from_slice(s.as_bytes());
+        }
+        V::List(items) => {
+            out.extend_from_slice(b"](");
+            items.iter().for_each(|i| emit(i, out));
+            out.push(b'e');
+        }
+        V::Dict(items) => {
+            out.extend_from_slice(b"}(");
+            for (k, v) in items {
+                emit(&V::Str(k), out);
+                emit(v, out);
+            }
+            out.push(b'u');
+        }
+    }
+}
+
+fn pickle(v: &V) -> Vec<u8> {
+    let mut out = vec![0x80, 4];
+    emit(v, &mut out);
+    out.push(b'.');
+    out
+}
+
+fn ev<'a>(action: &'a str, addr: i128, size: V<'a>) -> V<'a> {
+    V::Dict(vec![("action", V::Str(action)), ("addr", V::Int(addr)), ("size", size), ("stream", V::Int(0))])
+}
+
+/// A snapshot with one 1 MiB segment at 0x100000 (and no live blocks) and device 0's `events`.
+fn snapshot(events: Vec<V>) -> Vec<u8> {
+    let seg = V::Dict(vec![
+        ("device", V::Int(0)),
+        ("address", V::Int(0x100000)),
+        ("total_size", V::Int(0x100000)),
+        ("blocks", V::List(vec![V::Dict(vec![("size", V::Int(0x100000)), ("state", V::Str("inactive"))])])),
+    ]);
+    pickle(&V::Dict(vec![("segments", V::List(vec![seg])), ("device_traces", V::List(vec![V::List(events)]))]))
+}
+
+#[test]
+fn well_formed_hand_made_snapshot_reads() {
+    let ok = snapshot(vec![
+        ev("alloc", 0x100000, V::Int(512)),
+        ev("free_requested", 0x100000, V::Int(512)),
+        ev("free_completed", 0x100000, V::Int(512)),
+    ]);
+    let path = temp_file("ok.pickle", &ok);
+    let t = read_trace(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    assert_eq!(t.devices[0].events.len(), 3);
+}
+
+#[test]
+fn truncated_pickle() {
+    let full = std::fs::read(workspace().join("data/1.3b_snapshot.pickle")).unwrap();
+    let err = read_err("truncated.pickle", &full[..full.len() / 2], &["truncated pickle", "byte "]);
+    assert!(matches!(err, TraceError::PickleTruncated { .. }), "{err:?}");
+}
+
+#[test]
+fn truncated_anywhere_is_an_error_never_a_panic() {
+    let full = std::fs::read(workspace().join("data/1.3b_snapshot.pickle")).unwrap();
+    let path = Path::new("cut.pickle");
+    for cut in (0..full.len()).step_by(1499).chain([full.len() - 1]) {
+        let err = gpuheap::trace::parse_trace(path, &full[..cut]).expect_err("a cut pickle is rejected");
+        check_message(&err, path, &[]);
+    }
+}
+
+#[test]
+fn corrupt_pickle() {
+    // An unknown opcode (0xff) where the first dict item should start.
+    let err = read_err("corrupt.pickle", b"\x80\x04}\x94(\xff.", &["byte 5", "corrupt pickle", "unknown opcode 0xff"]);
+    assert!(matches!(err, TraceError::PickleCorrupt { offset: 5, .. }), "{err:?}");
+    // A structurally broken stream: APPEND with nothing to append to.
+    let err = read_err("underflow.pickle", b"\x80\x04a.", &["byte 2", "corrupt pickle", "stack underflow"]);
+    assert!(matches!(err, TraceError::PickleCorrupt { .. }));
+    // Flipped bytes in the middle of the real file.
+    let mut real = std::fs::read(workspace().join("data/1.3b_snapshot.pickle")).unwrap();
+    let mid = real.len() / 3;
+    real[mid..mid + 16].fill(0xfe);
+    let err = read_err("flipped.pickle", &real, &["byte "]);
+    assert!(matches!(err, TraceError::PickleCorrupt { .. } | TraceError::PickleTruncated { .. }), "{err:?}");
+}
+
+#[test]
+fn pickle_that_asks_to_run_code() {
+    // Protocol 0: GLOBAL os.system, then REDUCE with ('echo hi',).
+    let err = read_err(
+        "evil.pickle",
+        b"cos\nsystem\n(S'echo hi'\ntR.",
+        &["the pickle asks to run code (global `os.system`)", "byte 0"],
+    );
+    assert!(matches!(err, TraceError::PickleRunsCode { offset: 0, .. }));
+    // Protocol 4: STACK_GLOBAL inside an otherwise valid snapshot dict.
+    let mut p = b"\x80\x04}\x94(\x8c\x08segments\x94".to_vec();
+    p.extend_from_slice(b"\x8c\x08builtins\x94\x8c\x04eval\x94\x93\x94\x8c\x05print\x94\x85R\x94u.");
+    read_err("evil4.pickle", &p, &["the pickle asks to run code (global `builtins.eval`)"]);
+    // A REDUCE on its own is refused too (the callable could come from anywhere).
+    read_err("reduce.pickle", b"\x80\x04)R.", &["the pickle asks to run code (opcode REDUCE)", "byte 3"]);
+    // BUILD (calls __setstate__) likewise.
+    read_err("build.pickle", b"\x80\x04}}b.", &["opcode BUILD"]);
+}
+
+#[test]
+fn wrong_type_where_a_number_belongs() {
+    let p = snapshot(vec![ev("alloc", 0x100000, V::Int(512)), ev("free_completed", 0x100000, V::Str("512"))]);
+    let err = read_err(
+        "wrongtype.pickle",
+        &p,
+        &["device 0, event 1, field `size`", "expected an integer, found str \"512\""],
+    );
+    assert!(matches!(err, TraceError::Schema { at: Location::Event { device: 0, index: 1, field: Some("size") }, .. }));
+    // In the segment list too.
+    let seg = V::Dict(vec![("address", V::List(vec![])), ("total_size", V::Int(1))]);
+    let p = pickle(&V::Dict(vec![("segments", V::List(vec![seg]))]));
+    read_err("wrongtype_seg.pickle", &p, &["segment 0, field `address`", "expected an integer, found list"]);
+    // And in the lifetime CSV.
+    read_err("wrongtype.csv", b"id,lower,upper,size\n0,0,10,16\n1,5,x7,16\n", &["line 3", "column `upper`", "\"x7\""]);
+}
+
+#[test]
+fn free_of_unknown_address() {
+    // 0x900000 is in no segment and was never allocated.
+    let p = snapshot(vec![ev("alloc", 0x100000, V::Int(512)), ev("free_completed", 0x900000, V::Int(512))]);
+    let err = read_err("unknown.pickle", &p, &["device 0, event 1", "free_completed of unknown address 0x900000"]);
+    let TraceError::Event { at: Location::Event { index: 1, .. }, source, .. } = &err else { panic!("{err:?}") };
+    assert!(matches!(source.kind, ValidationErrorKind::UnknownAddress { addr: 0x900000, .. }));
+    // RMM logs start with the adaptor, so any unknown free is an error; reported by line.
+    let log = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000001,allocate,0x1000,64,0x0\n\
+                1,10:00:00.000002,free,0x2000,64,0x0\n";
+    read_err("unknown_free.rmm.csv", log, &["line 3", "free_completed of unknown address 0x2000"]);
+}
+
+#[test]
+fn double_free() {
+    let p = snapshot(vec![
+        ev("alloc", 0x100000, V::Int(512)),
+        ev("free_requested", 0x100000, V::Int(512)),
+        ev("free_completed", 0x100000, V::Int(512)),
+        ev("free_completed", 0x100000, V::Int(512)),
+    ]);
+    let err = read_err("double.pickle", &p, &["device 0, event 3", "double free", "already freed by event 2"]);
+    let TraceError::Event { source, .. } = &err else { panic!("{err:?}") };
+    assert_eq!(
+        source.kind,
+        ValidationErrorKind::DoubleFree { event: gpuheap::trace::EventKind::Free, addr: 0x100000, freed_at: 2 }
+    );
+    // Two free_requested for one alloc.
+    let p = snapshot(vec![
+        ev("alloc", 0x100000, V::Int(512)),
+        ev("free_requested", 0x100000, V::Int(512)),
+        ev("free_requested", 0x100000, V::Int(512)),
+    ]);
+    read_err("double_req.pickle", &p, &["device 0, event 2", "double free"]);
+    // RMM.
+    let log = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.1,allocate,0x1000,64,0\n\
+                1,10:00:00.2,free,0x1000,64,0\n1,10:00:00.3,free,0x1000,64,0\n";
+    read_err("double.rmm.csv", log, &["line 4", "double free", "already freed by event 1"]);
+    // Alloc of a live address.
+    let p = snapshot(vec![ev("alloc", 0x100000, V::Int(512)), ev("alloc", 0x100000, V::Int(64))]);
+    read_err("alloc_live.pickle", &p, &["device 0, event 1", "alloc at live address 0x100000 (allocated by event 0"]);
+}
+
+#[test]
+fn negative_or_overflowing_size_in_pickle() {
+    let p = snapshot(vec![ev("alloc", 0x100000, V::Int(-5))]);
+    read_err("negative.pickle", &p, &["device 0, event 0, field `size`", "negative value -5"]);
+    let p = snapshot(vec![ev("alloc", 0x100000, V::Int(1 << 64))]);
+    read_err("overflow.pickle", &p, &["device 0, event 0, field `size`", "does not fit in 64 bits"]);
+    // Beyond 128 bits (a 20-byte LONG1).
+    let mut big =
+        b"\x80\x04}(\x8c\x0ddevice_traces]]}(\x8c\x06action\x8c\x05alloc\x8c\x04addrK\x01\x8c\x04size\x8a\x14".to_vec();
+    big.extend_from_slice(&[0x11; 19]);
+    big.extend_from_slice(b"\x01uaau.");
+    read_err("huge.pickle", &big, &["device 0, event 0, field `size`", "integer does not fit in 64 bits"]);
+    // Fits, but addr + size passes 2^64.
+    let p = snapshot(vec![ev("alloc", (1i128 << 64) - 16, V::Int(512))]);
+    read_err("wrap.pickle", &p, &["device 0, event 0", "overflows 64 bits"]);
+}
+
+#[test]
+fn negative_or_overflowing_size_in_csv() {
+    read_err(
+        "negative.csv",
+        b"id,lower,upper,size\n0,0,10,16\n1,2,4,-5\n",
+        &["line 3", "column `size`", "negative value -5"],
+    );
+    read_err(
+        "overflow.csv",
+        b"id,lower,upper,size\n0,0,10,18446744073709551616\n",
+        &["line 2", "column `size`", "does not fit in 64 bits"],
+    );
+    read_err("overflow_time.csv", b"id,lower,upper,size\n0,0,9223372036854775808,1\n", &["line 2", "column `upper`"]);
+    let log = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.1,allocate,0x1000,-64,0\n";
+    read_err("negative.rmm.csv", log, &["line 2", "column `Size`", "negative value -64"]);
+    let log = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.1,allocate,0xffffffffffffff00,4096,0\n";
+    read_err("wrap.rmm.csv", log, &["line 2", "overflows 64 bits"]);
+}
+
+#[test]
+fn other_csv_problems() {
+    read_err("ragged.csv", b"id,lower,upper,size\n0,0,10\n", &["line 2", "expected 4 fields, found 3"]);
+    read_err(
+        "dup.csv",
+        b"id,lower,upper,size\n7,0,10,1\n7,3,4,1\n",
+        &["line 3", "duplicate id \"7\" (first on line 2)"],
+    );
+    read_err("empty_life.csv", b"id,lower,upper,size\n0,10,10,1\n", &["line 2", "empty lifetime"]);
+    read_err(
+        "action.rmm.csv",
+        b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.1,steal,0x1,1,0\n",
+        &["line 2", "unknown action \"steal\""],
+    );
+}
+
+#[test]
+fn empty_file() {
+    let err = read_err("empty.pickle", b"", &["empty file"]);
+    assert!(matches!(err, TraceError::Empty { .. }));
+}
+
+#[test]
+fn unknown_format() {
+    let err = read_err("notes.txt", b"hello, world\nthis is not a trace\n", &["unknown trace format", "hello, world"]);
+    assert!(matches!(err, TraceError::UnknownFormat { .. }));
+}
+
+#[test]
+fn directory_given_as_the_path() {
+    let dir = std::env::temp_dir().join(format!("gpuheap-bad-input-dir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let err = read_trace(&dir).unwrap_err();
+    check_message(&err, &dir, &["is a directory"]);
+    assert!(matches!(err, TraceError::IsDirectory { .. }));
+    std::fs::remove_dir(&dir).ok();
+}
+
+#[test]
+fn missing_file() {
+    let p = std::env::temp_dir().join("gpuheap-no-such-trace.pickle");
+    let err = read_trace(&p).unwrap_err();
+    check_message(&err, &p, &["cannot read"]);
+}
