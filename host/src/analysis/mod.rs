@@ -272,7 +272,7 @@ pub fn diagnose(requested: u64, free: u64, largest_free: u64) -> OomDiagnosis {
         OomClass::Fragmentation => {
             "enough memory is free but not in one piece: compact, release cached segments, or use expandable segments"
         }
-        OomClass::Capacity => "not enough memory even after perfect compaction: reduce the working set or add memory",
+        OomClass::Capacity => "not enough free memory in total: reduce the working set or add memory",
     };
     OomDiagnosis {
         class,
