@@ -21,40 +21,34 @@ use super::{
 /// No node.
 pub(crate) const NIL: u32 = u32::MAX;
 
-/// One block of the arena. `a`, `b`, `aux` and `prio` belong to the free index (free-list links for TLSF,
-/// children / subtree maximum / priority for the treap).
+/// Marks a live node in `b` (a free node uses `a`/`b` for its index's links).
+pub(crate) const USED: u32 = u32::MAX - 1;
+
+/// One block of the arena: 32 bytes plus the index's extra data `X`, so the node array stays cache-friendly.
+/// For a free block `a`, `b` and `x` belong to the free index (free-list links for TLSF, children and
+/// subtree maximum for the treap). A live block has `b == USED` and keeps log2 of its requested alignment
+/// in `a` (preserved across compaction); its requested size lives in the `used` map.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Node {
+pub(crate) struct Node<X> {
     pub offset: u64,
     pub size: u64,
-    /// Requested bytes when live, 0 when free.
-    pub requested: u64,
-    pub aux: u64,
     pub prev: u32,
     pub next: u32,
     pub a: u32,
     pub b: u32,
-    pub prio: u32,
-    /// log2 of the alignment the block was requested with (kept across compaction).
-    pub align_log2: u8,
-    pub free: bool,
+    pub x: X,
 }
 
-impl Node {
-    fn new(offset: u64, size: u64) -> Node {
-        Node {
-            offset,
-            size,
-            requested: 0,
-            aux: 0,
-            prev: NIL,
-            next: NIL,
-            a: NIL,
-            b: NIL,
-            prio: 0,
-            align_log2: 0,
-            free: true,
-        }
+impl<X: Default> Node<X> {
+    fn new(offset: u64, size: u64) -> Self {
+        Node { offset, size, prev: NIL, next: NIL, a: NIL, b: NIL, x: X::default() }
+    }
+}
+
+impl<X> Node<X> {
+    #[inline]
+    pub(crate) fn is_free(&self) -> bool {
+        self.b != USED
     }
 }
 
@@ -69,26 +63,29 @@ pub(crate) enum Placement {
 
 /// The search structure over free blocks.
 pub(crate) trait FreeIndex: Send {
+    /// Per-node data of the index (`()` when the links `a`/`b` suffice).
+    type Extra: Copy + Default + Send + std::fmt::Debug;
     /// Adds free node `n` (its offset and size are final while it stays in the index).
-    fn insert(&mut self, nodes: &mut [Node], n: u32);
+    fn insert(&mut self, nodes: &mut [Node<Self::Extra>], n: u32);
     /// Removes free node `n`.
-    fn remove(&mut self, nodes: &mut [Node], n: u32);
+    fn remove(&mut self, nodes: &mut [Node<Self::Extra>], n: u32);
     /// A free node that holds `size` bytes (a granule multiple) at an `align`-aligned start, and where.
-    fn find(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)>;
+    fn find(&mut self, nodes: &[Node<Self::Extra>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)>;
     /// Size of the largest free block in bytes.
-    fn largest(&self, nodes: &[Node]) -> u64;
+    fn largest(&self, nodes: &[Node<Self::Extra>]) -> u64;
     /// Forgets every block.
     fn clear(&mut self);
 }
 
 /// Generic arena allocator over a [`FreeIndex`].
 #[derive(Debug)]
-pub(crate) struct Arena<I> {
+pub(crate) struct Arena<I: FreeIndex> {
     capacity: u64,
     granule: u64,
-    nodes: Vec<Node>,
+    nodes: Vec<Node<I::Extra>>,
     spare: Vec<u32>,
-    used: OffsetMap<u32>,
+    /// Live blocks: offset -> (node, requested bytes).
+    used: OffsetMap<(u32, u64)>,
     pub(crate) index: I,
     allocated: u64,
     reserved_in_use: u64,
@@ -204,10 +201,9 @@ impl<I: FreeIndex> Arena<I> {
             self.free_count += 1;
         }
         let node = &mut self.nodes[live as usize];
-        node.free = false;
-        node.requested = requested;
-        node.align_log2 = align_log2;
-        self.used.insert(start, live);
+        node.b = USED;
+        node.a = align_log2 as u32;
+        self.used.insert(start, (live, requested));
         self.free_bytes -= size;
         self.reserved_in_use += size;
         self.allocated += requested;
@@ -240,26 +236,26 @@ impl<I: FreeIndex> Arena<I> {
     }
 
     pub(crate) fn free(&mut self, offset: u64) -> Result<(), AllocError> {
-        let Some(mut n) = self.used.remove(&offset) else {
+        let Some((mut n, requested)) = self.used.remove(&offset) else {
             return Err(self.classify_bad_free(offset));
         };
         let node = &mut self.nodes[n as usize];
-        node.free = true;
-        self.allocated -= node.requested;
-        node.requested = 0;
+        node.a = NIL;
+        node.b = NIL;
+        self.allocated -= requested;
         let size = node.size;
         self.reserved_in_use -= size;
         self.free_bytes += size;
         self.free_count += 1;
         let next = self.nodes[n as usize].next;
-        if next != NIL && self.nodes[next as usize].free {
+        if next != NIL && self.nodes[next as usize].is_free() {
             self.index.remove(&mut self.nodes, next);
             self.nodes[n as usize].size += self.nodes[next as usize].size;
             self.unlink(next);
             self.free_count -= 1;
         }
         let prev = self.nodes[n as usize].prev;
-        if prev != NIL && self.nodes[prev as usize].free {
+        if prev != NIL && self.nodes[prev as usize].is_free() {
             self.index.remove(&mut self.nodes, prev);
             self.nodes[prev as usize].size += self.nodes[n as usize].size;
             self.unlink(n);
@@ -276,7 +272,7 @@ impl<I: FreeIndex> Arena<I> {
         while n != NIL {
             let node = &self.nodes[n as usize];
             if offset < node.offset + node.size {
-                return if node.free && offset >= node.offset {
+                return if node.is_free() && offset >= node.offset {
                     AllocError::DoubleFree { offset }
                 } else {
                     AllocError::InvalidFree { offset }
@@ -301,7 +297,7 @@ impl<I: FreeIndex> Arena<I> {
         }
     }
 
-    fn physical(&self) -> impl Iterator<Item = &Node> + '_ {
+    fn physical(&self) -> impl Iterator<Item = &Node<I::Extra>> + '_ {
         let mut n = 0u32;
         std::iter::from_fn(move || {
             if n == NIL {
@@ -314,25 +310,29 @@ impl<I: FreeIndex> Arena<I> {
     }
 
     pub(crate) fn free_blocks(&self) -> Box<dyn Iterator<Item = (u64, u64)> + '_> {
-        Box::new(self.physical().filter(|n| n.free).map(|n| (n.offset, n.size)))
+        Box::new(self.physical().filter(|n| n.is_free()).map(|n| (n.offset, n.size)))
     }
 
     pub(crate) fn live_blocks(&self) -> Vec<LiveBlock> {
         self.physical()
-            .filter(|n| !n.free)
-            .map(|n| LiveBlock { offset: n.offset, size: n.size, requested: n.requested })
+            .filter(|n| !n.is_free())
+            .map(|n| LiveBlock {
+                offset: n.offset,
+                size: n.size,
+                requested: self.used.get(&n.offset).map_or(0, |u| u.1),
+            })
             .collect()
     }
 
     pub(crate) fn compaction_layout(&self) -> CompactionLayout {
         let blocks = self
             .physical()
-            .filter(|n| !n.free)
+            .filter(|n| !n.is_free())
             .map(|n| CompactBlock {
                 id: n.offset,
                 offset: n.offset,
                 len: n.size,
-                align: (1u64 << n.align_log2).max(self.granule),
+                align: (1u64 << n.a.min(63)).max(self.granule),
                 pinned: false,
             })
             .collect();
@@ -341,7 +341,7 @@ impl<I: FreeIndex> Arena<I> {
 
     pub(crate) fn apply_relocation(&mut self, plan: &CompactionPlan) -> Result<(), AllocError> {
         let layout = self.compaction_layout();
-        let aligns: OffsetMap<u8> = self.physical().filter(|n| !n.free).map(|n| (n.offset, n.align_log2)).collect();
+        let aligns: OffsetMap<u8> = self.physical().filter(|n| !n.is_free()).map(|n| (n.offset, n.a as u8)).collect();
         let moved = relocate_live(&self.live_blocks(), &layout, plan)?;
         let with_align: Vec<(LiveBlock, u8)> =
             moved.into_iter().map(|(old, new)| (new, aligns.get(&old).copied().unwrap_or(0))).collect();
@@ -380,15 +380,15 @@ impl<I: FreeIndex> Arena<I> {
             assert_eq!(node.offset, expect, "gap or overlap at node {n}");
             assert_eq!(node.prev, prev);
             assert!(node.size > 0 && node.size % self.granule == 0);
-            assert!(!(prev_free && node.free), "adjacent free blocks at {}", node.offset);
-            if node.free {
+            assert!(!(prev_free && node.is_free()), "adjacent free blocks at {}", node.offset);
+            if node.is_free() {
                 free += node.size;
                 count += 1;
             } else {
                 used += 1;
-                assert_eq!(self.used.get(&node.offset), Some(&n));
+                assert_eq!(self.used.get(&node.offset).map(|u| u.0), Some(n));
             }
-            prev_free = node.free;
+            prev_free = node.is_free();
             expect += node.size;
             prev = n;
             n = node.next;

@@ -64,8 +64,10 @@ impl BestFitIndex {
 }
 
 impl FreeIndex for BestFitIndex {
+    type Extra = ();
+
     #[inline]
-    fn insert(&mut self, nodes: &mut [Node], n: u32) {
+    fn insert(&mut self, nodes: &mut [Node<()>], n: u32) {
         let Node { size, offset, .. } = nodes[n as usize];
         let (fl, sl) = self.bin_of(size);
         self.bins[fl * SL_COUNT + sl].insert((size, offset), n);
@@ -74,7 +76,7 @@ impl FreeIndex for BestFitIndex {
     }
 
     #[inline]
-    fn remove(&mut self, nodes: &mut [Node], n: u32) {
+    fn remove(&mut self, nodes: &mut [Node<()>], n: u32) {
         let Node { size, offset, .. } = nodes[n as usize];
         let (fl, sl) = self.bin_of(size);
         let bin = &mut self.bins[fl * SL_COUNT + sl];
@@ -87,7 +89,7 @@ impl FreeIndex for BestFitIndex {
         }
     }
 
-    fn find(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
+    fn find(&mut self, nodes: &[Node<()>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
         let (mut fl, mut sl) = self.bin_of(size);
         let fits = |n: u32| {
             let node = &nodes[n as usize];
@@ -110,7 +112,7 @@ impl FreeIndex for BestFitIndex {
         None
     }
 
-    fn largest(&self, _nodes: &[Node]) -> u64 {
+    fn largest(&self, _nodes: &[Node<()>]) -> u64 {
         if self.fl_bitmap == 0 {
             return 0;
         }

@@ -9,7 +9,7 @@
 //!
 //! # Invariants
 //! - In-order traversal of the treap lists the free blocks by ascending offset; priorities are max-heap
-//!   ordered; `aux` of a node is the maximum size in its subtree.
+//!   ordered; `x.max` of a node is the maximum size in its subtree.
 //! - No two physically adjacent blocks are free.
 //!
 //! # Time complexity
@@ -29,23 +29,30 @@ pub(crate) struct AddressIndex {
     high_threshold: u64,
 }
 
+/// Treap data of a free node: subtree maximum size (bytes) and heap priority.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TreapExtra {
+    max: u64,
+    prio: u32,
+}
+
 #[inline]
-fn max_of(nodes: &[Node], t: u32) -> u64 {
+fn max_of(nodes: &[Node<TreapExtra>], t: u32) -> u64 {
     if t == NIL {
         0
     } else {
-        nodes[t as usize].aux
+        nodes[t as usize].x.max
     }
 }
 
 #[inline]
-fn update(nodes: &mut [Node], t: u32) {
+fn update(nodes: &mut [Node<TreapExtra>], t: u32) {
     let n = nodes[t as usize];
-    nodes[t as usize].aux = n.size.max(max_of(nodes, n.a)).max(max_of(nodes, n.b));
+    nodes[t as usize].x.max = n.size.max(max_of(nodes, n.a)).max(max_of(nodes, n.b));
 }
 
 /// Splits `t` into keys `< key` and keys `>= key`.
-fn split(nodes: &mut [Node], t: u32, key: u64) -> (u32, u32) {
+fn split(nodes: &mut [Node<TreapExtra>], t: u32, key: u64) -> (u32, u32) {
     if t == NIL {
         return (NIL, NIL);
     }
@@ -63,14 +70,14 @@ fn split(nodes: &mut [Node], t: u32, key: u64) -> (u32, u32) {
 }
 
 /// Joins `l` and `r` where every key of `l` is below every key of `r`.
-fn merge(nodes: &mut [Node], l: u32, r: u32) -> u32 {
+fn merge(nodes: &mut [Node<TreapExtra>], l: u32, r: u32) -> u32 {
     if l == NIL {
         return r;
     }
     if r == NIL {
         return l;
     }
-    if nodes[l as usize].prio > nodes[r as usize].prio {
+    if nodes[l as usize].x.prio > nodes[r as usize].x.prio {
         let m = merge(nodes, nodes[l as usize].b, r);
         nodes[l as usize].b = m;
         update(nodes, l);
@@ -83,11 +90,11 @@ fn merge(nodes: &mut [Node], l: u32, r: u32) -> u32 {
     }
 }
 
-fn insert(nodes: &mut [Node], t: u32, n: u32) -> u32 {
+fn insert(nodes: &mut [Node<TreapExtra>], t: u32, n: u32) -> u32 {
     if t == NIL {
         return n;
     }
-    if nodes[n as usize].prio > nodes[t as usize].prio {
+    if nodes[n as usize].x.prio > nodes[t as usize].x.prio {
         let (l, r) = split(nodes, t, nodes[n as usize].offset);
         nodes[n as usize].a = l;
         nodes[n as usize].b = r;
@@ -105,7 +112,7 @@ fn insert(nodes: &mut [Node], t: u32, n: u32) -> u32 {
     t
 }
 
-fn remove(nodes: &mut [Node], t: u32, key: u64) -> u32 {
+fn remove(nodes: &mut [Node<TreapExtra>], t: u32, key: u64) -> u32 {
     if t == NIL {
         debug_assert!(false, "treap remove of a missing key");
         return NIL;
@@ -126,8 +133,8 @@ fn remove(nodes: &mut [Node], t: u32, key: u64) -> u32 {
 }
 
 /// Lowest-offset node with `offset >= lo` and `size >= need`.
-fn find_first(nodes: &[Node], t: u32, lo: u64, need: u64) -> Option<u32> {
-    if t == NIL || nodes[t as usize].aux < need {
+fn find_first(nodes: &[Node<TreapExtra>], t: u32, lo: u64, need: u64) -> Option<u32> {
+    if t == NIL || nodes[t as usize].x.max < need {
         return None;
     }
     let n = &nodes[t as usize];
@@ -145,8 +152,8 @@ fn find_first(nodes: &[Node], t: u32, lo: u64, need: u64) -> Option<u32> {
 }
 
 /// Highest-offset node with `offset < hi` and `size >= need`.
-fn find_last(nodes: &[Node], t: u32, hi: u64, need: u64) -> Option<u32> {
-    if t == NIL || nodes[t as usize].aux < need {
+fn find_last(nodes: &[Node<TreapExtra>], t: u32, hi: u64, need: u64) -> Option<u32> {
+    if t == NIL || nodes[t as usize].x.max < need {
         return None;
     }
     let n = &nodes[t as usize];
@@ -178,21 +185,23 @@ impl AddressIndex {
 }
 
 impl FreeIndex for AddressIndex {
-    fn insert(&mut self, nodes: &mut [Node], n: u32) {
+    type Extra = TreapExtra;
+
+    fn insert(&mut self, nodes: &mut [Node<TreapExtra>], n: u32) {
         let prio = self.next_prio();
         let node = &mut nodes[n as usize];
         node.a = NIL;
         node.b = NIL;
-        node.aux = node.size;
-        node.prio = prio;
+        node.x.max = node.size;
+        node.x.prio = prio;
         self.root = insert(nodes, self.root, n);
     }
 
-    fn remove(&mut self, nodes: &mut [Node], n: u32) {
+    fn remove(&mut self, nodes: &mut [Node<TreapExtra>], n: u32) {
         self.root = remove(nodes, self.root, nodes[n as usize].offset);
     }
 
-    fn find(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
+    fn find(&mut self, nodes: &[Node<TreapExtra>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
         let slack = align - granule.min(align);
         // The first block of this length always fits; no later candidate needs checking.
         let sure = size.checked_add(slack);
@@ -226,7 +235,7 @@ impl FreeIndex for AddressIndex {
         None
     }
 
-    fn largest(&self, nodes: &[Node]) -> u64 {
+    fn largest(&self, nodes: &[Node<TreapExtra>]) -> u64 {
         max_of(nodes, self.root)
     }
 

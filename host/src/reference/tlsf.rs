@@ -69,8 +69,10 @@ impl TlsfIndex {
 }
 
 impl FreeIndex for TlsfIndex {
+    type Extra = ();
+
     #[inline]
-    fn insert(&mut self, nodes: &mut [Node], n: u32) {
+    fn insert(&mut self, nodes: &mut [Node<()>], n: u32) {
         let (fl, sl) = size_class(nodes[n as usize].size >> self.granule_log2);
         let head = self.heads[fl][sl];
         nodes[n as usize].a = NIL;
@@ -84,7 +86,7 @@ impl FreeIndex for TlsfIndex {
     }
 
     #[inline]
-    fn remove(&mut self, nodes: &mut [Node], n: u32) {
+    fn remove(&mut self, nodes: &mut [Node<()>], n: u32) {
         let Node { a: prev, b: next, size, .. } = nodes[n as usize];
         if prev != NIL {
             nodes[prev as usize].b = next;
@@ -103,7 +105,7 @@ impl FreeIndex for TlsfIndex {
         }
     }
 
-    fn find(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
+    fn find(&mut self, nodes: &[Node<()>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
         let need = size.checked_add(align - granule.min(align))?;
         let g = need >> self.granule_log2;
         if let Some(r) = round_to_class(g) {
@@ -125,7 +127,7 @@ impl FreeIndex for TlsfIndex {
         None
     }
 
-    fn largest(&self, nodes: &[Node]) -> u64 {
+    fn largest(&self, nodes: &[Node<()>]) -> u64 {
         if self.fl_bitmap == 0 {
             return 0;
         }
