@@ -1,1 +1,356 @@
-//! analysis (to be written).
+//! Fragmentation analysis: metrics, levels, free-block histograms and out-of-memory classification.
+//!
+//! Metrics follow `shared/research/compaction-defrag.md` §4 and are meant to be reported together:
+//! - external fragmentation `F_ext = 1 - largest_free / total_free` ([`external_fragmentation`]), with the
+//!   absolute largest free block;
+//! - reserved-but-unallocated bytes split into rounding waste and free holes ([`FragmentationReport`]);
+//! - peak utilisation `peak allocated / peak reserved` and Johnstone–Wilson fragmentation #4
+//!   `(max footprint - max live) / max live` ([`PeakTracker`]);
+//! - the RMS metric `1 - sqrt(Σ f_i²) / Σ f_i`, a free-block size [`Histogram`], and a [`FragLevel`].
+//!
+//! A failed request is classified by [`diagnose`] as a capacity or a fragmentation failure: it is a
+//! fragmentation failure iff the free bytes would hold it after a perfect compaction (`free >= requested`)
+//! but no single free extent does. The compaction oracle itself is [`crate::reference::compact`].
+
+use std::fmt;
+
+use crate::reference::{AllocError, SubAllocator};
+
+/// Fragmentation levels of a ratio in `[0, 1]`: low (< 0.1), medium (< 0.3), high (< 0.6), severe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FragLevel {
+    /// Below 0.1.
+    Low,
+    /// In `[0.1, 0.3)`.
+    Medium,
+    /// In `[0.3, 0.6)`.
+    High,
+    /// 0.6 and above.
+    Severe,
+}
+
+impl FragLevel {
+    /// Level of `ratio` (NaN counts as low).
+    pub fn of(ratio: f64) -> FragLevel {
+        if ratio >= 0.6 {
+            FragLevel::Severe
+        } else if ratio >= 0.3 {
+            FragLevel::High
+        } else if ratio >= 0.1 {
+            FragLevel::Medium
+        } else {
+            FragLevel::Low
+        }
+    }
+}
+
+impl fmt::Display for FragLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FragLevel::Low => "low",
+            FragLevel::Medium => "medium",
+            FragLevel::High => "high",
+            FragLevel::Severe => "severe",
+        })
+    }
+}
+
+/// `1 - largest / total` over free block lengths (bytes); 0 when nothing is free.
+pub fn external_fragmentation(lengths: impl IntoIterator<Item = u64>) -> f64 {
+    let (total, largest) = lengths.into_iter().fold((0u128, 0u64), |(t, m), l| (t + l as u128, m.max(l)));
+    if total == 0 {
+        0.0
+    } else {
+        1.0 - largest as f64 / total as f64
+    }
+}
+
+/// `1 - sqrt(Σ f_i²) / Σ f_i` over free block lengths (bytes); 0 when nothing is free.
+pub fn rms_fragmentation(lengths: impl IntoIterator<Item = u64>) -> f64 {
+    let (sum, sq) = lengths.into_iter().fold((0f64, 0f64), |(s, q), l| (s + l as f64, q + (l as f64) * (l as f64)));
+    if sum == 0.0 {
+        0.0
+    } else {
+        1.0 - sq.sqrt() / sum
+    }
+}
+
+/// One power-of-two bucket of a [`Histogram`]: blocks with `lower <= len < 2 * lower` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    /// Lower bound in bytes (a power of two).
+    pub lower: u64,
+    /// Number of free blocks.
+    pub count: usize,
+    /// Their total bytes.
+    pub bytes: u64,
+}
+
+/// Free-block sizes in power-of-two buckets, ascending; empty buckets are omitted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Histogram {
+    /// Non-empty buckets, ascending.
+    pub buckets: Vec<Bucket>,
+}
+
+impl Histogram {
+    /// Histogram of free block lengths (bytes); zero lengths are ignored.
+    pub fn of(lengths: impl IntoIterator<Item = u64>) -> Histogram {
+        let mut counts = [(0usize, 0u64); 64];
+        for l in lengths.into_iter().filter(|&l| l > 0) {
+            let k = 63 - l.leading_zeros() as usize;
+            counts[k].0 += 1;
+            counts[k].1 += l;
+        }
+        let buckets = counts
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.0 > 0)
+            .map(|(k, &(count, bytes))| Bucket { lower: 1 << k, count, bytes })
+            .collect();
+        Histogram { buckets }
+    }
+}
+
+/// A snapshot analysis of one allocator. Bytes unless named otherwise.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FragmentationReport {
+    /// Managed bytes.
+    pub capacity: u64,
+    /// Requested bytes live.
+    pub allocated: u64,
+    /// Bytes of live blocks, rounding included.
+    pub in_use: u64,
+    /// Footprint: reserved bytes for strategies that reserve (caching segments, slab pages), else the end
+    /// of the highest live block (the address high-water mark).
+    pub footprint: u64,
+    /// `footprint - allocated`: reserved but unallocated.
+    pub reserved_unallocated: u64,
+    /// `in_use - allocated`: internal (rounding) waste.
+    pub rounding_waste: u64,
+    /// `footprint - in_use`: free holes inside the footprint.
+    pub holes: u64,
+    /// Total free bytes.
+    pub free: u64,
+    /// Largest free block.
+    pub largest_free: u64,
+    /// Number of free blocks.
+    pub free_blocks: usize,
+    /// `1 - largest_free / free`.
+    pub external: f64,
+    /// RMS fragmentation of the free blocks.
+    pub rms: f64,
+    /// Level of `external`.
+    pub level: FragLevel,
+    /// Free-block sizes.
+    pub histogram: Histogram,
+}
+
+/// End of the highest live block in bytes (0 when nothing is live). O(n).
+pub fn address_high_water(alloc: &dyn SubAllocator) -> u64 {
+    alloc.live_blocks().iter().map(|b| b.offset + b.size).max().unwrap_or(0)
+}
+
+/// Analyses the current state of `alloc`. O(n log n) in the number of blocks.
+pub fn analyze(alloc: &dyn SubAllocator) -> FragmentationReport {
+    let s = alloc.stats();
+    let lens: Vec<u64> = alloc.free_blocks().map(|b| b.1).collect();
+    let footprint = if s.reserved > s.reserved_in_use { s.reserved } else { address_high_water(alloc) };
+    let external = external_fragmentation(lens.iter().copied());
+    FragmentationReport {
+        capacity: s.capacity,
+        allocated: s.allocated,
+        in_use: s.reserved_in_use,
+        footprint,
+        reserved_unallocated: footprint.saturating_sub(s.allocated),
+        rounding_waste: s.reserved_in_use.saturating_sub(s.allocated),
+        holes: footprint.saturating_sub(s.reserved_in_use),
+        free: s.free,
+        largest_free: s.largest_free,
+        free_blocks: s.free_blocks,
+        external,
+        rms: rms_fragmentation(lens.iter().copied()),
+        level: FragLevel::of(external),
+        histogram: Histogram::of(lens),
+    }
+}
+
+/// Tracks peaks over a run (trace replay): feed it after every operation. Bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeakTracker {
+    /// Highest live (allocated) bytes seen.
+    pub max_live: u64,
+    /// Highest footprint (reserved) bytes seen.
+    pub max_footprint: u64,
+}
+
+impl PeakTracker {
+    /// Records one observation of live and footprint bytes.
+    pub fn observe(&mut self, live: u64, footprint: u64) {
+        self.max_live = self.max_live.max(live);
+        self.max_footprint = self.max_footprint.max(footprint);
+    }
+
+    /// Records the state of `alloc` (live = requested bytes, footprint as in [`FragmentationReport`]).
+    pub fn observe_allocator(&mut self, alloc: &dyn SubAllocator) {
+        let s = alloc.stats();
+        let footprint = if s.reserved > s.reserved_in_use { s.reserved } else { address_high_water(alloc) };
+        self.observe(s.allocated, footprint);
+    }
+
+    /// Peak utilisation `max_live / max_footprint` (1 when nothing was reserved).
+    pub fn utilisation(&self) -> f64 {
+        if self.max_footprint == 0 {
+            1.0
+        } else {
+            self.max_live as f64 / self.max_footprint as f64
+        }
+    }
+
+    /// Johnstone–Wilson fragmentation #4: `(max_footprint - max_live) / max_live` (0 when nothing was live).
+    pub fn johnstone_wilson(&self) -> f64 {
+        if self.max_live == 0 {
+            0.0
+        } else {
+            (self.max_footprint as f64 - self.max_live as f64) / self.max_live as f64
+        }
+    }
+}
+
+/// Why a request does or does not fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OomClass {
+    /// The largest free extent holds the request: not an out-of-memory condition.
+    Fits,
+    /// Enough free bytes in total, but no extent large enough: compaction (or releasing cached holes,
+    /// or expandable segments) would let it succeed.
+    Fragmentation,
+    /// Not enough free bytes even after a perfect compaction; defragmenting cannot help.
+    Capacity,
+}
+
+impl fmt::Display for OomClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OomClass::Fits => "fits",
+            OomClass::Fragmentation => "fragmentation",
+            OomClass::Capacity => "capacity",
+        })
+    }
+}
+
+/// Diagnosis of a request against free memory. Bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OomDiagnosis {
+    /// The class.
+    pub class: OomClass,
+    /// Requested bytes.
+    pub requested: u64,
+    /// Total free bytes (device-free plus cached holes).
+    pub free: u64,
+    /// Largest free extent.
+    pub largest_free: u64,
+    /// Bytes missing even after compaction (`requested - free`, 0 unless [`OomClass::Capacity`]).
+    pub shortfall: u64,
+    /// Whether a perfect compaction would let the request succeed.
+    pub fits_after_compaction: bool,
+    /// One line of advice; never suggests defragmentation for a capacity failure.
+    pub advice: &'static str,
+}
+
+/// Classifies `requested` bytes against `free` total bytes whose largest extent is `largest_free`.
+pub fn diagnose(requested: u64, free: u64, largest_free: u64) -> OomDiagnosis {
+    let class = if largest_free >= requested {
+        OomClass::Fits
+    } else if free >= requested {
+        OomClass::Fragmentation
+    } else {
+        OomClass::Capacity
+    };
+    let advice = match class {
+        OomClass::Fits => "the request fits in the largest free extent",
+        OomClass::Fragmentation => {
+            "enough memory is free but not in one piece: compact, release cached segments, or use expandable segments"
+        }
+        OomClass::Capacity => "not enough free memory in total: reduce the working set or add memory",
+    };
+    OomDiagnosis {
+        class,
+        requested,
+        free,
+        largest_free,
+        shortfall: requested.saturating_sub(free),
+        fits_after_compaction: free >= requested,
+        advice,
+    }
+}
+
+/// [`diagnose`] for a heap described by its device-free extents and its cached (reserved but unallocated)
+/// holes, as PyTorch's OOM message reports them. Bytes.
+pub fn diagnose_heap(requested: u64, device_free: &[u64], holes: &[u64]) -> OomDiagnosis {
+    let all = device_free.iter().chain(holes);
+    let free = all.clone().fold(0u64, |a, &b| a.saturating_add(b));
+    diagnose(requested, free, all.copied().max().unwrap_or(0))
+}
+
+/// The diagnosis carried by an [`AllocError::OutOfMemory`]; `None` for other errors.
+pub fn diagnose_error(err: &AllocError) -> Option<OomDiagnosis> {
+    match *err {
+        AllocError::OutOfMemory { requested, free, largest_free } => Some(diagnose(requested, free, largest_free)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::{build, StrategyKind};
+
+    #[test]
+    fn levels_and_metrics() {
+        assert_eq!(
+            [0.0, 0.1, 0.29, 0.3, 0.59, 0.6, 1.0].map(FragLevel::of),
+            [
+                FragLevel::Low,
+                FragLevel::Medium,
+                FragLevel::Medium,
+                FragLevel::High,
+                FragLevel::High,
+                FragLevel::Severe,
+                FragLevel::Severe
+            ]
+        );
+        assert_eq!(external_fragmentation([]), 0.0);
+        assert_eq!(external_fragmentation([10, 30]), 0.25);
+        assert_eq!(rms_fragmentation([5]), 0.0);
+        assert!((rms_fragmentation([1, 1, 1, 1]) - 0.5).abs() < 1e-12);
+        let h = Histogram::of([1, 3, 2, 1024, 1500, 0]);
+        assert_eq!(
+            h.buckets,
+            vec![
+                Bucket { lower: 1, count: 1, bytes: 1 },
+                Bucket { lower: 2, count: 2, bytes: 5 },
+                Bucket { lower: 1024, count: 2, bytes: 2524 }
+            ]
+        );
+        let mut p = PeakTracker::default();
+        p.observe(100, 150);
+        p.observe(80, 200);
+        assert_eq!((p.utilisation(), p.johnstone_wilson()), (0.5, 1.0));
+    }
+
+    #[test]
+    fn report_splits_waste_and_holes() {
+        let mut a = build(StrategyKind::FirstFit, 1 << 20);
+        let x = a.alloc(100, 1).unwrap(); // 256 reserved
+        let _y = a.alloc(1000, 1).unwrap(); // 1024
+        a.free(x.offset).unwrap();
+        let r = analyze(&*a);
+        assert_eq!((r.footprint, r.allocated, r.in_use, r.rounding_waste, r.holes), (1280, 1000, 1024, 24, 256));
+        assert_eq!(r.free_blocks, 2);
+        assert_eq!(r.level, FragLevel::Low);
+        let d = diagnose_error(&a.alloc(1 << 20, 1).unwrap_err()).unwrap();
+        assert_eq!(d.class, OomClass::Capacity);
+        assert_eq!(d.shortfall, (1 << 20) - r.free);
+    }
+}

@@ -1,0 +1,186 @@
+//! Best-fit: the smallest free block that fits, ties broken by the lowest address, O(log n).
+//!
+//! Free blocks are segregated into the TLSF size classes (32 per power of two, see
+//! [`tlsf`](super::tlsf)), and *within* a class ordered exactly by `(size, offset)` in a `BTreeMap`. A
+//! two-level bitmap finds the next non-empty class in O(1), so the search is one ordered-map lookup in the
+//! request's class (`range((size, 0)..)`) and, if that class has nothing large enough, the minimum of the
+//! next non-empty class: exact best fit, with maps that stay small because each class holds only the blocks
+//! of one narrow size band.
+//!
+//! Blocks live in the shared [arena](super::arena) (address-ordered physical list, immediate coalescing).
+//!
+//! # Invariants
+//! - Free block `n` is in `bins[class(n.size)]` under key `(n.size, n.offset)`; bitmaps mirror bin emptiness.
+//! - No two physically adjacent blocks are free.
+//!
+//! # Time complexity
+//! - `alloc`: O(log k) for a bin of k blocks, plus O(1) to find the next class (k ≤ n). With an alignment
+//!   above the granule, candidates that do not fit only because of alignment are skipped one by one.
+//! - `free`: O(1) expected hash lookup + O(log k) map updates for the merged neighbours.
+//! - `stats`: O(log k) (`largest_free` is the last key of the highest non-empty bin).
+
+use std::collections::BTreeMap;
+
+use super::arena::{arena_strategy, size_class, Arena, FreeIndex, Node, Placement, FL_COUNT, SL_COUNT};
+use super::{fit_front, AllocError, DEFAULT_GRANULE};
+
+/// Size-class bins of exact `(size, offset)`-ordered maps.
+#[derive(Debug)]
+pub(crate) struct BestFitIndex {
+    fl_bitmap: u64,
+    sl_bitmap: [u32; FL_COUNT],
+    bins: Vec<BTreeMap<(u64, u64), u32>>,
+    granule_log2: u32,
+}
+
+impl BestFitIndex {
+    fn new(granule: u64) -> Self {
+        BestFitIndex {
+            fl_bitmap: 0,
+            sl_bitmap: [0; FL_COUNT],
+            bins: (0..FL_COUNT * SL_COUNT).map(|_| BTreeMap::new()).collect(),
+            granule_log2: granule.trailing_zeros(),
+        }
+    }
+
+    #[inline]
+    fn bin_of(&self, size: u64) -> (usize, usize) {
+        size_class(size >> self.granule_log2)
+    }
+
+    /// Next non-empty bin strictly after `(fl, sl)`.
+    fn next_bin(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
+        let sl_map = if sl + 1 >= SL_COUNT { 0 } else { self.sl_bitmap[fl] & (u32::MAX << (sl + 1)) };
+        if sl_map != 0 {
+            return Some((fl, sl_map.trailing_zeros() as usize));
+        }
+        let fl_map = if fl + 1 >= 64 { 0 } else { self.fl_bitmap & (u64::MAX << (fl + 1)) };
+        if fl_map == 0 {
+            return None;
+        }
+        let fl = fl_map.trailing_zeros() as usize;
+        Some((fl, self.sl_bitmap[fl].trailing_zeros() as usize))
+    }
+}
+
+impl FreeIndex for BestFitIndex {
+    type Extra = ();
+
+    #[inline]
+    fn insert(&mut self, nodes: &mut [Node<()>], n: u32) {
+        let Node { size, offset, .. } = nodes[n as usize];
+        let (fl, sl) = self.bin_of(size);
+        self.bins[fl * SL_COUNT + sl].insert((size, offset), n);
+        self.sl_bitmap[fl] |= 1 << sl;
+        self.fl_bitmap |= 1 << fl;
+    }
+
+    #[inline]
+    fn remove(&mut self, nodes: &mut [Node<()>], n: u32) {
+        let Node { size, offset, .. } = nodes[n as usize];
+        let (fl, sl) = self.bin_of(size);
+        let bin = &mut self.bins[fl * SL_COUNT + sl];
+        bin.remove(&(size, offset));
+        if bin.is_empty() {
+            self.sl_bitmap[fl] &= !(1 << sl);
+            if self.sl_bitmap[fl] == 0 {
+                self.fl_bitmap &= !(1 << fl);
+            }
+        }
+    }
+
+    fn find(&mut self, nodes: &[Node<()>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
+        let (mut fl, mut sl) = self.bin_of(size);
+        let fits = |n: u32| {
+            let node = &nodes[n as usize];
+            align <= granule || fit_front(node.offset, node.size, size, align).is_some()
+        };
+        // The request's own bin: first key >= (size, 0).
+        let first = &self.bins[fl * SL_COUNT + sl];
+        if !first.is_empty() {
+            if let Some((_, &n)) = first.range((size, 0)..).find(|(_, &n)| fits(n)) {
+                return Some((n, Placement::Front));
+            }
+        }
+        // Every block of a later bin is larger than `size`; the first key of each bin is its best fit.
+        while let Some((f, s)) = self.next_bin(fl, sl) {
+            (fl, sl) = (f, s);
+            if let Some((_, &n)) = self.bins[fl * SL_COUNT + sl].iter().find(|(_, &n)| fits(n)) {
+                return Some((n, Placement::Front));
+            }
+        }
+        None
+    }
+
+    fn largest(&self, _nodes: &[Node<()>]) -> u64 {
+        if self.fl_bitmap == 0 {
+            return 0;
+        }
+        let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
+        let sl = 31 - self.sl_bitmap[fl].leading_zeros() as usize;
+        self.bins[fl * SL_COUNT + sl].last_key_value().map_or(0, |(k, _)| k.0)
+    }
+
+    fn clear(&mut self) {
+        self.fl_bitmap = 0;
+        self.sl_bitmap = [0; FL_COUNT];
+        for b in &mut self.bins {
+            b.clear();
+        }
+    }
+}
+
+/// Best-fit sub-allocator over `[0, capacity)`. See the [module docs](self) for invariants and complexity.
+#[derive(Debug)]
+pub struct BestFit(pub(crate) Arena<BestFitIndex>);
+
+impl BestFit {
+    /// Best-fit over `capacity` bytes with the [default granule](super::DEFAULT_GRANULE).
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidConfig`] if `capacity` is below one granule or above 2^48.
+    pub fn new(capacity: u64) -> Result<Self, AllocError> {
+        Self::with_granule(capacity, DEFAULT_GRANULE)
+    }
+
+    /// Best-fit whose offsets and sizes are multiples of `granule` bytes (a power of two); `capacity` is
+    /// rounded down to it.
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidConfig`] for a bad granule or capacity.
+    pub fn with_granule(capacity: u64, granule: u64) -> Result<Self, AllocError> {
+        if granule == 0 || !granule.is_power_of_two() {
+            return Err(AllocError::InvalidConfig("granule must be a power of two"));
+        }
+        Ok(BestFit(Arena::new(capacity, granule, BestFitIndex::new(granule))?))
+    }
+
+    /// Granule in bytes.
+    pub fn granule(&self) -> u64 {
+        self.0.granule()
+    }
+}
+
+arena_strategy!(BestFit, "best-fit");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::SubAllocator;
+
+    #[test]
+    fn picks_the_smallest_fitting_hole_then_lowest_address() {
+        let mut h = BestFit::with_granule(100, 1).unwrap();
+        // Layout: [a 10][hole 30][b 10][hole 12][c 10][hole 12][d 16]
+        let offs: Vec<u64> = [10, 30, 10, 12, 10, 12, 16].iter().map(|&s| h.alloc(s, 1).unwrap().offset).collect();
+        for i in [1, 3, 5] {
+            h.free(offs[i]).unwrap();
+        }
+        h.0.check_invariants();
+        assert_eq!(h.alloc(11, 1).unwrap().offset, offs[3]);
+        assert_eq!(h.alloc(12, 1).unwrap().offset, offs[5]);
+        assert_eq!(h.alloc(12, 1).unwrap().offset, offs[1]);
+        assert_eq!(h.stats().largest_free, 18);
+        h.0.check_invariants();
+    }
+}

@@ -1,0 +1,319 @@
+//! Address-ordered first-fit: the lowest-address free block that fits, O(log n).
+//!
+//! Free blocks are kept in a treap (randomised balanced search tree) keyed by offset and augmented with
+//! the largest block size in each subtree. The search descends left whenever the left subtree's maximum is
+//! large enough, so it finds the lowest fitting address without scanning. The same tree answers
+//! "highest-address fit" for the [tiered](super::tiered) strategy's large tier.
+//!
+//! Blocks live in the shared [arena](super::arena) (address-ordered physical list, immediate coalescing).
+//!
+//! # Invariants
+//! - In-order traversal of the treap lists the free blocks by ascending offset; priorities are max-heap
+//!   ordered; `x.max` of a node is the maximum size in its subtree.
+//! - No two physically adjacent blocks are free.
+//!
+//! # Time complexity
+//! Expected O(log n) for `alloc` and `free` (n = free blocks); `largest_free` is O(1) (the root's maximum).
+//! With an alignment above the granule a candidate may not fit; the search then resumes after it, and
+//! stops at the first block of length `size + align - granule` (which always fits).
+
+use super::arena::{arena_strategy, Arena, FreeIndex, Node, Placement, NIL};
+use super::{fit_back, fit_front, AllocError, DEFAULT_GRANULE};
+
+/// Max-augmented treap over free arena nodes, keyed by offset. Requests of at least `high_threshold` bytes
+/// are placed at the highest fitting address (carved from the back of the block); others at the lowest.
+#[derive(Debug)]
+pub(crate) struct AddressIndex {
+    root: u32,
+    rng: u64,
+    high_threshold: u64,
+}
+
+/// Treap data of a free node: subtree maximum size (bytes) and heap priority.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TreapExtra {
+    max: u64,
+    prio: u32,
+}
+
+#[inline]
+fn max_of(nodes: &[Node<TreapExtra>], t: u32) -> u64 {
+    if t == NIL {
+        0
+    } else {
+        nodes[t as usize].x.max
+    }
+}
+
+#[inline]
+fn update(nodes: &mut [Node<TreapExtra>], t: u32) {
+    let n = nodes[t as usize];
+    nodes[t as usize].x.max = n.size.max(max_of(nodes, n.a)).max(max_of(nodes, n.b));
+}
+
+/// Splits `t` into keys `< key` and keys `>= key`.
+fn split(nodes: &mut [Node<TreapExtra>], t: u32, key: u64) -> (u32, u32) {
+    if t == NIL {
+        return (NIL, NIL);
+    }
+    if nodes[t as usize].offset < key {
+        let (l, r) = split(nodes, nodes[t as usize].b, key);
+        nodes[t as usize].b = l;
+        update(nodes, t);
+        (t, r)
+    } else {
+        let (l, r) = split(nodes, nodes[t as usize].a, key);
+        nodes[t as usize].a = r;
+        update(nodes, t);
+        (l, t)
+    }
+}
+
+/// Joins `l` and `r` where every key of `l` is below every key of `r`.
+fn merge(nodes: &mut [Node<TreapExtra>], l: u32, r: u32) -> u32 {
+    if l == NIL {
+        return r;
+    }
+    if r == NIL {
+        return l;
+    }
+    if nodes[l as usize].x.prio > nodes[r as usize].x.prio {
+        let m = merge(nodes, nodes[l as usize].b, r);
+        nodes[l as usize].b = m;
+        update(nodes, l);
+        l
+    } else {
+        let m = merge(nodes, l, nodes[r as usize].a);
+        nodes[r as usize].a = m;
+        update(nodes, r);
+        r
+    }
+}
+
+fn insert(nodes: &mut [Node<TreapExtra>], t: u32, n: u32) -> u32 {
+    if t == NIL {
+        return n;
+    }
+    if nodes[n as usize].x.prio > nodes[t as usize].x.prio {
+        let (l, r) = split(nodes, t, nodes[n as usize].offset);
+        nodes[n as usize].a = l;
+        nodes[n as usize].b = r;
+        update(nodes, n);
+        return n;
+    }
+    if nodes[n as usize].offset < nodes[t as usize].offset {
+        let c = insert(nodes, nodes[t as usize].a, n);
+        nodes[t as usize].a = c;
+    } else {
+        let c = insert(nodes, nodes[t as usize].b, n);
+        nodes[t as usize].b = c;
+    }
+    update(nodes, t);
+    t
+}
+
+fn remove(nodes: &mut [Node<TreapExtra>], t: u32, key: u64) -> u32 {
+    if t == NIL {
+        debug_assert!(false, "treap remove of a missing key");
+        return NIL;
+    }
+    let off = nodes[t as usize].offset;
+    if key == off {
+        return merge(nodes, nodes[t as usize].a, nodes[t as usize].b);
+    }
+    if key < off {
+        let c = remove(nodes, nodes[t as usize].a, key);
+        nodes[t as usize].a = c;
+    } else {
+        let c = remove(nodes, nodes[t as usize].b, key);
+        nodes[t as usize].b = c;
+    }
+    update(nodes, t);
+    t
+}
+
+/// Lowest-offset node with `offset >= lo` and `size >= need`.
+fn find_first(nodes: &[Node<TreapExtra>], t: u32, lo: u64, need: u64) -> Option<u32> {
+    if t == NIL || nodes[t as usize].x.max < need {
+        return None;
+    }
+    let n = &nodes[t as usize];
+    if n.offset < lo {
+        return find_first(nodes, n.b, lo, need);
+    }
+    // Every key of the right subtree is >= lo; the left subtree may straddle lo.
+    if let Some(x) = find_first(nodes, n.a, lo, need) {
+        return Some(x);
+    }
+    if n.size >= need {
+        return Some(t);
+    }
+    find_first(nodes, n.b, 0, need)
+}
+
+/// Highest-offset node with `offset < hi` and `size >= need`.
+fn find_last(nodes: &[Node<TreapExtra>], t: u32, hi: u64, need: u64) -> Option<u32> {
+    if t == NIL || nodes[t as usize].x.max < need {
+        return None;
+    }
+    let n = &nodes[t as usize];
+    if n.offset >= hi {
+        return find_last(nodes, n.a, hi, need);
+    }
+    if let Some(x) = find_last(nodes, n.b, hi, need) {
+        return Some(x);
+    }
+    if n.size >= need {
+        return Some(t);
+    }
+    find_last(nodes, n.a, u64::MAX, need)
+}
+
+impl AddressIndex {
+    pub(crate) fn new(high_threshold: u64) -> Self {
+        AddressIndex { root: NIL, rng: 0x853c_49e6_748f_ea9b, high_threshold }
+    }
+
+    #[inline]
+    fn next_prio(&mut self) -> u32 {
+        // xorshift64*: deterministic, so runs are reproducible.
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
+    }
+}
+
+impl FreeIndex for AddressIndex {
+    type Extra = TreapExtra;
+
+    fn insert(&mut self, nodes: &mut [Node<TreapExtra>], n: u32) {
+        let prio = self.next_prio();
+        let node = &mut nodes[n as usize];
+        node.a = NIL;
+        node.b = NIL;
+        node.x.max = node.size;
+        node.x.prio = prio;
+        self.root = insert(nodes, self.root, n);
+    }
+
+    fn remove(&mut self, nodes: &mut [Node<TreapExtra>], n: u32) {
+        self.root = remove(nodes, self.root, nodes[n as usize].offset);
+    }
+
+    fn find(&mut self, nodes: &[Node<TreapExtra>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
+        let slack = align - granule.min(align);
+        // The first block of this length always fits; no later candidate needs checking.
+        let sure = size.checked_add(slack);
+        if size >= self.high_threshold {
+            let stop = sure.and_then(|s| find_last(nodes, self.root, u64::MAX, s)).map(|n| nodes[n as usize].offset);
+            let mut hi = u64::MAX;
+            while let Some(c) = find_last(nodes, self.root, hi, size) {
+                let node = &nodes[c as usize];
+                if fit_back(node.offset, node.size, size, align).is_some() {
+                    return Some((c, Placement::Back));
+                }
+                if stop.is_some_and(|s| node.offset <= s) {
+                    break;
+                }
+                hi = node.offset;
+            }
+            return None;
+        }
+        let stop = sure.and_then(|s| find_first(nodes, self.root, 0, s)).map(|n| nodes[n as usize].offset);
+        let mut lo = 0;
+        while let Some(c) = find_first(nodes, self.root, lo, size) {
+            let node = &nodes[c as usize];
+            if slack == 0 || fit_front(node.offset, node.size, size, align).is_some() {
+                return Some((c, Placement::Front));
+            }
+            if stop.is_some_and(|s| node.offset >= s) {
+                break;
+            }
+            lo = node.offset + 1;
+        }
+        None
+    }
+
+    fn largest(&self, nodes: &[Node<TreapExtra>]) -> u64 {
+        max_of(nodes, self.root)
+    }
+
+    fn clear(&mut self) {
+        self.root = NIL;
+    }
+}
+
+/// Address-ordered first-fit sub-allocator over `[0, capacity)`. See the [module docs](self).
+#[derive(Debug)]
+pub struct FirstFit(pub(crate) Arena<AddressIndex>);
+
+impl FirstFit {
+    /// First-fit over `capacity` bytes with the [default granule](super::DEFAULT_GRANULE).
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidConfig`] if `capacity` is below one granule or above 2^48.
+    pub fn new(capacity: u64) -> Result<Self, AllocError> {
+        Self::with_granule(capacity, DEFAULT_GRANULE)
+    }
+
+    /// First-fit whose offsets and sizes are multiples of `granule` bytes (a power of two); `capacity` is
+    /// rounded down to it.
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidConfig`] for a bad granule or capacity.
+    pub fn with_granule(capacity: u64, granule: u64) -> Result<Self, AllocError> {
+        Ok(FirstFit(Arena::new(capacity, granule, AddressIndex::new(u64::MAX))?))
+    }
+
+    /// Granule in bytes.
+    pub fn granule(&self) -> u64 {
+        self.0.granule()
+    }
+}
+
+arena_strategy!(FirstFit, "first-fit");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::SubAllocator;
+
+    #[test]
+    fn picks_the_lowest_fitting_hole() {
+        let mut h = FirstFit::with_granule(100, 1).unwrap();
+        let offs: Vec<u64> = [10, 12, 10, 30, 10, 12, 16].iter().map(|&s| h.alloc(s, 1).unwrap().offset).collect();
+        for i in [1, 3, 5] {
+            h.free(offs[i]).unwrap();
+        }
+        assert_eq!(h.alloc(13, 1).unwrap().offset, offs[3]);
+        assert_eq!(h.alloc(5, 1).unwrap().offset, offs[1]);
+        assert_eq!(h.alloc(8, 1).unwrap().offset, offs[3] + 13, "7 bytes left in the first hole");
+        assert_eq!(h.alloc(7, 1).unwrap().offset, offs[1] + 5);
+        h.0.check_invariants();
+    }
+
+    #[test]
+    fn alignment_skips_misaligned_candidates() {
+        let mut h = FirstFit::with_granule(1 << 16, 16).unwrap();
+        let a = h.alloc(16, 1).unwrap(); // [0,16)
+        let b = h.alloc(64, 1).unwrap(); // [16,80)
+        let _c = h.alloc(16, 1).unwrap(); // [80,96)
+        h.free(b.offset).unwrap(); // hole [16,80): 64 long but no 64-aligned 64-byte start
+        let d = h.alloc(64, 64).unwrap();
+        assert_eq!(d.offset, 128);
+        let e = h.alloc(32, 32).unwrap();
+        assert_eq!(e.offset, 32);
+        assert_eq!(a.offset, 0);
+        h.0.check_invariants();
+    }
+
+    #[test]
+    fn high_threshold_places_at_the_top() {
+        let mut h = Arena::new(1024, 16, AddressIndex::new(256)).unwrap();
+        assert_eq!(h.alloc(16, 1).unwrap().offset, 0);
+        assert_eq!(h.alloc(256, 1).unwrap().offset, 768);
+        assert_eq!(h.alloc(300, 128).unwrap().offset, 384);
+        h.check_invariants();
+    }
+}

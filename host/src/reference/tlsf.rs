@@ -1,0 +1,226 @@
+//! Two-level segregated fit (TLSF), O(1) allocation and free.
+//!
+//! ```text
+//!  fl_bitmap: bit fl set  <=>  sl_bitmap[fl] != 0
+//!  sl_bitmap[fl]: bit sl set  <=>  heads[fl][sl] != NIL
+//!
+//!  fl 0 : [g=0][g=1] ... [g=31]            (exact sizes below 32 granules)
+//!  fl k : [2^(k+4) .. +2^(k-1)) ... 32 sub-classes per power of two
+//!            |
+//!            v  doubly linked free list through the arena nodes (a = prev, b = next)
+//! ```
+//!
+//! Blocks live in the shared [arena](super::arena) (address-ordered physical list, immediate coalescing).
+//! Sizes are counted in granules (default 256 B) and classed with 5 second-level bits, so a class spans at
+//! most 1/32 of its size.
+//!
+//! # Invariants
+//! - A free block of `g` granules is in the list `heads[size_class(g)]`; the bitmaps mirror list emptiness.
+//! - No two physically adjacent blocks are free.
+//!
+//! # Time complexity
+//! - `alloc`: O(1): the request is rounded up to a class boundary (good fit), and two `trailing_zeros` find
+//!   the first non-empty class that is guaranteed to fit. Only if that fails is the request's own class list
+//!   scanned for an exact fit, O(k) in that list's length (this keeps "the whole free block is allocatable").
+//! - `free`: O(1) (hash lookup of the offset, neighbour merge, list insert).
+//! - `stats`: O(k) for `largest_free` (scan of the highest non-empty class).
+//!
+//! Alignment above the granule is served by searching for `size + align - granule` and leaving the front
+//! padding as a free block.
+
+use super::arena::{
+    arena_strategy, round_to_class, size_class, Arena, FreeIndex, Node, Placement, FL_COUNT, NIL, SL_COUNT,
+};
+use super::{fit_front, AllocError, DEFAULT_GRANULE};
+
+/// The TLSF free index: bitmaps and segregated free lists.
+#[derive(Debug)]
+pub(crate) struct TlsfIndex {
+    fl_bitmap: u64,
+    sl_bitmap: [u32; FL_COUNT],
+    heads: Vec<[u32; SL_COUNT]>,
+    granule_log2: u32,
+}
+
+impl TlsfIndex {
+    fn new(granule: u64) -> Self {
+        TlsfIndex {
+            fl_bitmap: 0,
+            sl_bitmap: [0; FL_COUNT],
+            heads: vec![[NIL; SL_COUNT]; FL_COUNT],
+            granule_log2: granule.trailing_zeros(),
+        }
+    }
+
+    /// First non-empty class at or above `(fl, sl)`.
+    #[inline]
+    fn first_at_or_above(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
+        let sl_map = self.sl_bitmap[fl] & (u32::MAX << sl);
+        if sl_map != 0 {
+            return Some((fl, sl_map.trailing_zeros() as usize));
+        }
+        let fl_map = if fl + 1 >= 64 { 0 } else { self.fl_bitmap & (u64::MAX << (fl + 1)) };
+        if fl_map == 0 {
+            return None;
+        }
+        let fl = fl_map.trailing_zeros() as usize;
+        Some((fl, self.sl_bitmap[fl].trailing_zeros() as usize))
+    }
+}
+
+impl FreeIndex for TlsfIndex {
+    type Extra = ();
+
+    #[inline]
+    fn insert(&mut self, nodes: &mut [Node<()>], n: u32) {
+        let (fl, sl) = size_class(nodes[n as usize].size >> self.granule_log2);
+        let head = self.heads[fl][sl];
+        nodes[n as usize].a = NIL;
+        nodes[n as usize].b = head;
+        if head != NIL {
+            nodes[head as usize].a = n;
+        }
+        self.heads[fl][sl] = n;
+        self.sl_bitmap[fl] |= 1 << sl;
+        self.fl_bitmap |= 1 << fl;
+    }
+
+    #[inline]
+    fn remove(&mut self, nodes: &mut [Node<()>], n: u32) {
+        let Node { a: prev, b: next, size, .. } = nodes[n as usize];
+        if prev != NIL {
+            nodes[prev as usize].b = next;
+        } else {
+            let (fl, sl) = size_class(size >> self.granule_log2);
+            self.heads[fl][sl] = next;
+            if next == NIL {
+                self.sl_bitmap[fl] &= !(1 << sl);
+                if self.sl_bitmap[fl] == 0 {
+                    self.fl_bitmap &= !(1 << fl);
+                }
+            }
+        }
+        if next != NIL {
+            nodes[next as usize].a = prev;
+        }
+    }
+
+    fn find(&mut self, nodes: &[Node<()>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
+        let need = size.checked_add(align - granule.min(align))?;
+        let g = need >> self.granule_log2;
+        if let Some(r) = round_to_class(g) {
+            let (fl, sl) = size_class(r);
+            if let Some((fl, sl)) = self.first_at_or_above(fl, sl) {
+                return Some((self.heads[fl][sl], Placement::Front));
+            }
+        }
+        // Slow path: an exact fit may still sit in the request's own class.
+        let (fl, sl) = size_class((size >> self.granule_log2).max(1));
+        let mut n = self.heads[fl][sl];
+        while n != NIL {
+            let node = &nodes[n as usize];
+            if fit_front(node.offset, node.size, size, align).is_some() {
+                return Some((n, Placement::Front));
+            }
+            n = node.b;
+        }
+        None
+    }
+
+    fn largest(&self, nodes: &[Node<()>]) -> u64 {
+        if self.fl_bitmap == 0 {
+            return 0;
+        }
+        let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
+        let sl = 31 - self.sl_bitmap[fl].leading_zeros() as usize;
+        let mut n = self.heads[fl][sl];
+        let mut best = 0;
+        while n != NIL {
+            best = best.max(nodes[n as usize].size);
+            n = nodes[n as usize].b;
+        }
+        best
+    }
+
+    fn clear(&mut self) {
+        self.fl_bitmap = 0;
+        self.sl_bitmap = [0; FL_COUNT];
+        for h in &mut self.heads {
+            *h = [NIL; SL_COUNT];
+        }
+    }
+}
+
+/// TLSF sub-allocator over `[0, capacity)`. See the [module docs](self) for invariants and complexity.
+#[derive(Debug)]
+pub struct Tlsf(pub(crate) Arena<TlsfIndex>);
+
+impl Tlsf {
+    /// TLSF over `capacity` bytes with the [default granule](super::DEFAULT_GRANULE).
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidConfig`] if `capacity` is below one granule or above 2^48.
+    pub fn new(capacity: u64) -> Result<Self, AllocError> {
+        Self::with_granule(capacity, DEFAULT_GRANULE)
+    }
+
+    /// TLSF whose offsets and sizes are multiples of `granule` bytes (a power of two); `capacity` is rounded
+    /// down to it.
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidConfig`] for a bad granule or capacity.
+    pub fn with_granule(capacity: u64, granule: u64) -> Result<Self, AllocError> {
+        if granule == 0 || !granule.is_power_of_two() {
+            return Err(AllocError::InvalidConfig("granule must be a power of two"));
+        }
+        Ok(Tlsf(Arena::new(capacity, granule, TlsfIndex::new(granule))?))
+    }
+
+    /// Granule in bytes.
+    pub fn granule(&self) -> u64 {
+        self.0.granule()
+    }
+}
+
+arena_strategy!(Tlsf, "tlsf");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::SubAllocator;
+
+    #[test]
+    fn whole_capacity_is_allocatable_even_off_class_boundary() {
+        // 1000 granules is not a class boundary: the good-fit search fails, the exact-class scan succeeds.
+        let mut t = Tlsf::with_granule(1000 * 256, 256).unwrap();
+        let a = t.alloc(1000 * 256, 1).unwrap();
+        assert_eq!(a, crate::reference::Allocation { offset: 0, size: 256_000 });
+        t.0.check_invariants();
+        t.free(0).unwrap();
+        t.0.check_invariants();
+    }
+
+    #[test]
+    fn aligned_requests_leave_front_padding_free() {
+        let mut t = Tlsf::with_granule(1 << 20, 256).unwrap();
+        let a = t.alloc(256, 1).unwrap();
+        let b = t.alloc(1000, 4096).unwrap();
+        assert_eq!((a.offset, b.offset % 4096), (0, 0));
+        t.0.check_invariants();
+        assert_eq!(t.free(a.offset + 256), Err(AllocError::DoubleFree { offset: 256 }));
+        assert_eq!(t.free(b.offset + 256), Err(AllocError::InvalidFree { offset: b.offset + 256 }));
+        t.free(b.offset).unwrap();
+        t.free(a.offset).unwrap();
+        assert_eq!(t.free(0), Err(AllocError::DoubleFree { offset: 0 }));
+        assert_eq!(t.free_blocks().collect::<Vec<_>>(), vec![(0, 1 << 20)]);
+    }
+
+    #[test]
+    fn sizes_up_to_2_pow_48() {
+        let mut t = Tlsf::new(1 << 48).unwrap();
+        let a = t.alloc((1 << 47) + 1, 1 << 40).unwrap();
+        assert_eq!(a.offset % (1 << 40), 0);
+        assert!(matches!(t.alloc(1 << 47, 1), Err(AllocError::OutOfMemory { .. })));
+        t.0.check_invariants();
+    }
+}
