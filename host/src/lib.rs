@@ -5,6 +5,8 @@
 //! * [`backend`]: where kernels run — the GPU (CUDA driver through `cudarc`)
 //!   or the CPU emulation of the same kernel code;
 //! * [`ptx`]: the embedded PTX of `gpuheap-kernels`;
+//! * [`device_heap`]: the device heap (`malloc`/`free` inside kernels):
+//!   creation, statistics, live blocks, reset, and its kernels' wrappers;
 //! * [`ops`]: safe host wrappers of the basic kernels (fill/verify, bump);
 //! * [`reference`]: host reference allocators (first-fit, best-fit, buddy,
 //!   TLSF, slab, tiered, PyTorch-style caching);
@@ -14,6 +16,7 @@
 
 pub mod analysis;
 pub mod backend;
+pub mod device_heap;
 pub mod ops;
 pub mod ptx;
 pub mod reference;

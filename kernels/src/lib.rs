@@ -16,6 +16,7 @@
 //! | architecture primitives | [`arch`] | indices, scoped atomics, fences, warp vote/shuffle, block barrier, shared memory, back-off; inline PTX on the GPU, `core::sync::atomic` (or loom) plus an emulator on the host |
 //! | kernel ABI | [`kernel`] | the [`Kernel`] descriptor and the [`kernel_entry!`] macro that turns a kernel body into a PTX `.entry` |
 //! | kernels | [`fill`], [`bump`] | fill/verify, the warp-aggregated bump allocator |
+//! | device heap | [`heap`] | `malloc`/`free` for kernels: slabs + lock-free buddy (see its docs) |
 //!
 //! The crate is `#![no_std]`. On the host it links `std` only for the emulator
 //! ([`arch::emu`]): thread-local indices and the CPU warp rendezvous.
@@ -27,8 +28,11 @@
 extern crate std;
 
 pub mod arch;
+#[cfg(not(any(loom, shuttle)))]
 pub mod bump;
+#[cfg(not(any(loom, shuttle)))]
 pub mod fill;
+pub mod heap;
 pub mod kernel;
 
 pub use kernel::Kernel;
