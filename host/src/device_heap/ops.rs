@@ -3,8 +3,8 @@
 //! the benchmarks are written against these.
 
 use gpuheap_kernels::heap::kernels::{
-    ChurnParams, FreeParams, MallocParams, TouchParams, CHURN_LIVE, CUDA_FREE, CUDA_MALLOC, HEAP_CHURN, HEAP_FREE,
-    HEAP_MALLOC, HEAP_TOUCH, NOOP,
+    ChurnParams, FreeParams, LoopParams, MallocParams, TouchParams, CHURN_LIVE, CUDA_FREE, CUDA_MALLOC, HEAP_CHURN,
+    HEAP_FREE, HEAP_LOOP, HEAP_MALLOC, HEAP_TOUCH, NOOP,
 };
 
 use super::DeviceHeap;
@@ -228,4 +228,48 @@ pub fn noop(backend: &Backend, heap: &DeviceHeap, threads: u64) -> Result<Launch
     let p = MallocParams { heap: heap.handle(), sizes: 0, size: 0, threads, out: 0, warp_mode: 0 };
     // SAFETY: the kernel touches nothing.
     unsafe { backend.launch(&NOOP, LaunchConfig::for_threads(threads.max(1), BLOCK)?, &p) }
+}
+
+/// Result of [`alloc_free_loop`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoopReport {
+    /// Highest number of blocks outstanding at once.
+    pub max_outstanding: u64,
+    /// Outstanding counts above the limit or below zero, and overwritten stamps.
+    pub violations: u64,
+    /// Successful allocations.
+    pub successes: u64,
+    /// Null results.
+    pub failures: u64,
+    /// Outstanding blocks at the end (must be 0).
+    pub outstanding_at_end: u64,
+    /// Kernel time.
+    pub timing: LaunchTiming,
+}
+
+/// BL-10(b): `threads` threads (in blocks of `block`) each allocate and free
+/// a `size`-byte block `iters` times, counting outstanding blocks against
+/// `limit` (see `gpuheap_kernels::heap::kernels::loop_kernel`).
+pub fn alloc_free_loop(
+    backend: &Backend,
+    heap: &DeviceHeap,
+    threads: u64,
+    block: u32,
+    iters: u64,
+    size: u64,
+    limit: u64,
+) -> Result<LoopReport> {
+    let counters = backend.upload(&[0u64, 0, 0, 0, 0, limit])?;
+    let p = LoopParams { heap: heap.handle(), threads, iters, size, counters: counters.device_ptr() };
+    // SAFETY: the heap is alive; `counters` holds six u64s.
+    let timing = unsafe { backend.launch(&HEAP_LOOP, LaunchConfig::for_threads(threads.max(1), block)?, &p)? };
+    let c: Vec<u64> = counters.read()?;
+    Ok(LoopReport {
+        max_outstanding: c[1],
+        violations: c[2],
+        successes: c[3],
+        failures: c[4],
+        outstanding_at_end: c[0],
+        timing,
+    })
 }

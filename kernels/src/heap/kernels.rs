@@ -93,6 +93,25 @@ pub struct ChurnParams {
     pub free_at_end: u64,
 }
 
+/// Parameters of [`HEAP_LOOP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct LoopParams {
+    /// The heap.
+    pub heap: Heap,
+    /// Threads that take part.
+    pub threads: u64,
+    /// Iterations per thread.
+    pub iters: u64,
+    /// Bytes per allocation.
+    pub size: u64,
+    /// Device address of `[u64; 6]`: outstanding (live) blocks, the highest
+    /// outstanding count seen, violations (outstanding below 0, or a block
+    /// whose first word another thread overwrote), successes, nulls, and the
+    /// limit above which an outstanding count is a violation (input).
+    pub counters: u64,
+}
+
 /// Blocks each churn thread keeps alive (a ring).
 pub const CHURN_LIVE: u64 = 4;
 
@@ -262,6 +281,49 @@ pub unsafe fn churn_kernel(p: &ChurnParams) {
     }
 }
 
+/// BL-10(b): each thread loops `iters` times: allocate `size` bytes; on
+/// success count it outstanding (a violation if that exceeds the limit),
+/// stamp the block with the thread id, check the stamp, un-count, free.
+///
+/// # Safety
+/// `heap` is live; `counters` addresses six `u64`s (the sixth is the limit).
+pub unsafe fn loop_kernel(p: &LoopParams) {
+    let i = global_thread_id();
+    if i >= p.threads {
+        return;
+    }
+    // SAFETY: `counters` addresses six aligned u64s used only atomically.
+    let counter = |k: usize| unsafe { AtomicU64::from_ptr((p.counters as *mut u64).add(k)) };
+    let limit = counter(5).load(Ordering::Relaxed);
+    let mut n = 0;
+    while n < p.iters {
+        // SAFETY: live heap.
+        let ptr = unsafe { super::malloc(&p.heap, p.size) } as u64;
+        if ptr == 0 {
+            counter(4).fetch_add(1, Ordering::Relaxed);
+        } else {
+            counter(3).fetch_add(1, Ordering::Relaxed);
+            let out = counter(0).fetch_add(1, Ordering::AcqRel) + 1;
+            counter(1).fetch_max(out, Ordering::Relaxed);
+            let stamp = (ptr as *mut u64, i + 1);
+            // SAFETY: a fresh block of at least 8 bytes, ours.
+            unsafe { stamp.0.write_volatile(stamp.1) };
+            crate::arch::time::nanosleep(0);
+            // SAFETY: as above.
+            let seen = unsafe { stamp.0.read_volatile() };
+            if out > limit || seen != stamp.1 {
+                counter(2).fetch_add(1, Ordering::Relaxed);
+            }
+            if counter(0).fetch_sub(1, Ordering::AcqRel) == 0 {
+                counter(2).fetch_add(1, Ordering::Relaxed);
+            }
+            // SAFETY: our live block, freed once.
+            unsafe { super::free(&p.heap, ptr as *mut u8) };
+        }
+        n += 1;
+    }
+}
+
 /// Does nothing: the launch floor of a grid (benchmarks).
 ///
 /// # Safety
@@ -338,6 +400,10 @@ crate::kernel_entry! {
 crate::kernel_entry! {
     /// [`churn_kernel`] as a kernel.
     pub static HEAP_CHURN: ChurnParams = gpuheap_heap_churn => churn_kernel;
+}
+crate::kernel_entry! {
+    /// [`loop_kernel`] as a kernel.
+    pub static HEAP_LOOP: LoopParams = gpuheap_heap_loop => loop_kernel;
 }
 crate::kernel_entry! {
     /// [`noop_kernel`] as a kernel.
