@@ -84,7 +84,11 @@ fn bl_10a_seventeen_requests_for_sixteen_blocks() {
             assert_eq!(ok.len(), 16, "{what} round {round}: {ptrs:x?}");
             let mut offs: Vec<u64> = ok.iter().map(|p| p - heap.base()).collect();
             offs.sort_unstable();
-            assert_eq!(offs, (0..16).map(|i| i * (64 << 10)).collect::<Vec<_>>(), "{what}: the 16 blocks tile the heap");
+            assert_eq!(
+                offs,
+                (0..16).map(|i| i * (64 << 10)).collect::<Vec<_>>(),
+                "{what}: the 16 blocks tile the heap"
+            );
             assert_eq!(heap.stats().unwrap().failed_requests, 1, "{what}");
             ops::free_batch(&b, &heap, batch, 1).unwrap();
             let s = heap.stats().unwrap();

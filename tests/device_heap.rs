@@ -66,9 +66,9 @@ fn check_stats_against_model(stats: &HeapStats, ptrs: &[u64], sizes: &[u64], wha
             }
         }
     }
-    for c in 0..CLASSES as usize {
-        assert_eq!(stats.classes[c].slots_in_use, slots[c], "{what}: class {c} slots");
-        assert!(stats.classes[c].pages * PAGE >= slots[c] * stats.classes[c].size, "{what}: class {c} pages");
+    for (c, (cs, &n)) in stats.classes.iter().zip(&slots).enumerate() {
+        assert_eq!(cs.slots_in_use, n, "{what}: class {c} slots");
+        assert!(cs.pages * PAGE >= n * cs.size, "{what}: class {c} pages");
     }
     assert_eq!((stats.large_blocks, stats.large_bytes), (large, large_bytes), "{what}: large blocks");
     assert_eq!(stats.accounted_bytes(), stats.capacity, "{what}: every byte is free, a page or a block: {stats:?}");
@@ -93,7 +93,7 @@ fn mixed_sizes(n: usize, seed: u64) -> Vec<u64> {
     (0..n as u64)
         .map(|i| {
             let h = (i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
-            if h % 97 == 0 {
+            if h.is_multiple_of(97) {
                 0
             } else {
                 SIZES[(h % SIZES.len() as u64) as usize]
@@ -168,8 +168,11 @@ fn exhaustion_returns_null_then_free_all_then_other_sizes_reuse_at_least_95_perc
         let what = format!("{b:?}");
         let lockstep = matches!(b, Backend::Cpu(ref c) if c.mode() == gpuheap::backend::CpuMode::Lockstep);
         // Lockstep launches are an OS thread per GPU thread: keep them small.
-        let (cap, sizes): (u64, &[u64]) =
-            if lockstep { (1 << 20, &[64, 4096, 1 << 17]) } else { (4 << 20, &[64, 4096, 16, 1 << 18, 256, 12_000, 1024]) };
+        let (cap, sizes): (u64, &[u64]) = if lockstep {
+            (1 << 20, &[64, 4096, 1 << 17])
+        } else {
+            (4 << 20, &[64, 4096, 16, 1 << 18, 256, 12_000, 1024])
+        };
         let heap = DeviceHeap::new(&b, cap).unwrap();
         for &size in sizes {
             let threads = (cap / size / 8).clamp(16, if lockstep { 512 } else { 4096 });

@@ -11,7 +11,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Kernels that must be present in the PTX (each new kernel is added here).
-const REQUIRED_KERNELS: &[&str] = &["gpuheap_fill", "gpuheap_verify", "gpuheap_bump_alloc"];
+const REQUIRED_KERNELS: &[&str] = &[
+    "gpuheap_fill",
+    "gpuheap_verify",
+    "gpuheap_bump_alloc",
+    "gpuheap_heap_malloc",
+    "gpuheap_heap_free",
+    "gpuheap_heap_touch",
+    "gpuheap_heap_churn",
+    "gpuheap_heap_loop",
+    "gpuheap_noop",
+    "gpuheap_cuda_malloc",
+    "gpuheap_cuda_free",
+];
 
 fn required() -> bool {
     std::env::var("GPUHEAP_REQUIRE_PTX").is_ok_and(|v| v == "1")

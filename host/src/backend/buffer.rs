@@ -138,7 +138,7 @@ impl DeviceBuffer {
 
     fn elems<T>(&self) -> Result<usize> {
         let s = std::mem::size_of::<T>().max(1);
-        if self.len % s != 0 {
+        if !self.len.is_multiple_of(s) {
             return Err(BackendError::InvalidArgument(format!(
                 "{}-byte buffer is not a whole number of {s}-byte items",
                 self.len

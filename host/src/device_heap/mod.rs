@@ -20,9 +20,9 @@
 
 pub mod ops;
 
-pub use gpuheap_kernels::heap::Heap;
 use gpuheap_kernels::heap::layout::*;
 use gpuheap_kernels::heap::slab;
+pub use gpuheap_kernels::heap::Heap;
 pub use ops::Sizes;
 
 use crate::backend::{Backend, BackendError, DeviceBuffer, Result};
@@ -119,8 +119,8 @@ impl DeviceHeap {
     /// # Errors
     /// `InvalidArgument` when `bytes < 4096`; allocation errors of the backend.
     pub fn new(backend: &Backend, bytes: u64) -> Result<Self> {
-        let layout =
-            Heap::layout(bytes).ok_or_else(|| invalid(format!("a device heap needs at least 4096 bytes, got {bytes}")))?;
+        let layout = Heap::layout(bytes)
+            .ok_or_else(|| invalid(format!("a device heap needs at least 4096 bytes, got {bytes}")))?;
         let arena_len = usize::try_from(layout.capacity + PAGE)
             .map_err(|_| invalid(format!("{bytes} bytes do not fit the host's address space")))?;
         // One extra page so that the base can be aligned to a page: pages and
@@ -302,7 +302,13 @@ impl DeviceHeap {
 
 impl std::fmt::Debug for DeviceHeap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceHeap({} bytes @ {:#x}, {} metadata bytes)", self.capacity(), self.base(), self.handle.meta_bytes)
+        write!(
+            f,
+            "DeviceHeap({} bytes @ {:#x}, {} metadata bytes)",
+            self.capacity(),
+            self.base(),
+            self.handle.meta_bytes
+        )
     }
 }
 

@@ -157,7 +157,7 @@ pub unsafe fn malloc_kernel(p: &MallocParams) {
         return;
     }
     let out = (p.out as *mut u64).wrapping_add(i as usize);
-    if p.warp_mode != 0 && i % 32 != 0 {
+    if p.warp_mode != 0 && !i.is_multiple_of(32) {
         // SAFETY: `i < threads`, inside `out`.
         unsafe { out.write(0) };
         return;
@@ -341,7 +341,7 @@ pub unsafe fn cuda_malloc_kernel(p: &MallocParams) {
         return;
     }
     let out = (p.out as *mut u64).wrapping_add(i as usize);
-    if p.warp_mode != 0 && i % 32 != 0 {
+    if p.warp_mode != 0 && !i.is_multiple_of(32) {
         // SAFETY: inside `out`.
         unsafe { out.write(0) };
         return;

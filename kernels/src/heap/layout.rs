@@ -66,6 +66,10 @@ pub const CTRL_FAILED: usize = 2;
 pub const CTRL_DOUBLE_FREES: usize = 3;
 /// Control word: invalid frees detected (feature `debug-free`).
 pub const CTRL_INVALID_FREES: usize = 4;
+/// Control word: empty pages kept formatted because they were current (a
+/// hint that [`super::slab::scavenge`] has something to find; it is reset by
+/// each scavenge, so failing requests do not rescan for nothing).
+pub const CTRL_KEPT: usize = 5;
 /// Control words `CTRL_LEVELS + k`: word offset of buddy level `k` in the
 /// buddy region (written by the host at init, read-only afterwards).
 pub const CTRL_LEVELS: usize = 8;
@@ -612,7 +616,7 @@ mod tests {
             assert!(h.hdr_off >= h.current_off + (CLASSES * CURRENT_SLOTS) as u64 * 4);
             assert!(h.bits_off >= h.hdr_off + h.pages * 8);
             assert!(h.tags_off + h.units * 4 <= h.meta_bytes);
-            assert_eq!(1u64 << h.max_order <= h.units, true);
+            assert!(1u64 << h.max_order <= h.units);
             assert!(2 * (1u64 << h.max_order) > h.units);
         }
         assert!(Heap::layout(4095).is_none());

@@ -160,8 +160,8 @@ fn slab_claim_free_and_retire() {
     loom::model(|| {
         let h = new_heap(2 * PAGE);
         let class = CLASSES - 1; // 4 KiB slots, 16 per page, one bitmap word
-        // Carve a page (slot 0 of `current`, then un-install it so that
-        // emptying retires it).
+                                 // Carve a page (slot 0 of `current`, then un-install it so that
+                                 // emptying retires it).
         let (page, got) = slab::acquire(&*h, class, 0, 1, 0).get().unwrap();
         assert_eq!(got, 1);
         let mut cur = 0;

@@ -81,8 +81,8 @@ mod loom_tests;
 #[cfg(all(test, not(loom), not(shuttle)))]
 mod tests;
 
-pub use layout::{DevHeap, Heap, HeapMem};
 use layout::*;
+pub use layout::{DevHeap, Heap, HeapMem};
 use slab::SlotFree;
 
 use crate::arch::atomic::Ordering;

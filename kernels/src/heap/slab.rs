@@ -207,6 +207,8 @@ pub fn after_release<M: HeapMem>(m: &M, page: u64, old: u64, n: u32) {
         let h = old - n as u64;
         if current(m, class, hdr_slot(h)).load(Ordering::Acquire) != page as u32 + 1 {
             retire(m, page, h);
+        } else {
+            m.word(Region::Ctrl, CTRL_KEPT as u64).fetch_add(1, Ordering::AcqRel);
         }
     }
 }
@@ -285,8 +287,14 @@ fn from_avail<M: HeapMem>(m: &M, class: u32, need: u32, hint: u64) -> Grant {
 }
 
 /// Retires every empty current page (on buddy exhaustion); returns whether
-/// any page went back to the buddy.
+/// any page went back to the buddy. Scans only when some page was kept
+/// since the last scan (`CTRL_KEPT`), so a heap that is really full fails
+/// fast: the swap reads from the increment of every keep it resets, whose
+/// header RMW therefore happens-before the scan's loads.
 pub fn scavenge<M: HeapMem>(m: &M) -> bool {
+    if m.word(Region::Ctrl, CTRL_KEPT as u64).swap(0, Ordering::AcqRel) == 0 {
+        return false;
+    }
     let mut any = false;
     let mut i = 0;
     while i < CLASSES * CURRENT_SLOTS {
