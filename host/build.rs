@@ -3,7 +3,11 @@
 //! (`GPUHEAP_PTX_MISSING`).
 
 fn main() {
-    let ptx = gpuheap_builder::PtxBuilder::new("../kernels").build_in_build_script();
+    let mut builder = gpuheap_builder::PtxBuilder::new("../kernels");
+    if std::env::var_os("CARGO_FEATURE_DEBUG_FREE").is_some() {
+        builder = builder.feature("debug-free");
+    }
+    let ptx = builder.build_in_build_script();
     println!("cargo:rustc-env=GPUHEAP_PTX_PATH={}", ptx.path().display());
     let reason = ptx.missing_reason().unwrap_or("").lines().next().unwrap_or("").to_string();
     println!("cargo:rustc-env=GPUHEAP_PTX_MISSING={reason}");

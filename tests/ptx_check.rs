@@ -19,6 +19,14 @@ const REQUIRED_KERNELS: &[&str] = &[
     "gpuheap_compact_move",
     "gpuheap_copy",
     "gpuheap_handle_fill",
+    "gpuheap_heap_malloc",
+    "gpuheap_heap_free",
+    "gpuheap_heap_touch",
+    "gpuheap_heap_churn",
+    "gpuheap_heap_loop",
+    "gpuheap_noop",
+    "gpuheap_cuda_malloc",
+    "gpuheap_cuda_free",
 ];
 
 fn required() -> bool {

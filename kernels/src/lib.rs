@@ -15,7 +15,9 @@
 //! |---|---|---|
 //! | architecture primitives | [`arch`] | indices, scoped atomics, fences, warp vote/shuffle, block barrier, shared memory, back-off; inline PTX on the GPU, `core::sync::atomic` (or loom) plus an emulator on the host |
 //! | kernel ABI | [`kernel`] | the [`Kernel`] descriptor and the [`kernel_entry!`] macro that turns a kernel body into a PTX `.entry` |
-//! | kernels | [`fill`], [`bump`], [`compact`] | fill/verify, the warp-aggregated bump allocator, the handle table and the in-place compaction |
+//! | basic kernels | [`fill`], [`bump`] | fill/verify, the warp-aggregated bump allocator (the allocation baseline) |
+//! | device heap | [`heap`] | `malloc`/`free` for kernels: slabs + lock-free buddy (see its docs) |
+//! | compaction | [`compact`] | the handle table and the in-place parallel compaction |
 //!
 //! The crate is `#![no_std]`. On the host it links `std` only for the emulator
 //! ([`arch::emu`]): thread-local indices and the CPU warp rendezvous.
@@ -35,6 +37,7 @@ pub mod bump;
 pub mod compact;
 #[cfg(not(any(loom, shuttle)))]
 pub mod fill;
+pub mod heap;
 pub mod kernel;
 
 pub use kernel::Kernel;

@@ -3,6 +3,7 @@
 //! Exit codes: 0 success; 1 a run-time failure (a kernel, the driver, a
 //! failed self-check); 2 bad input or usage (clap's own usage errors are 2 too).
 
+mod bench_alloc;
 mod bench_compact;
 mod check;
 mod info;
@@ -33,6 +34,9 @@ enum Command {
 
 #[derive(Subcommand)]
 enum Bench {
+    /// The device allocator on the survey's workloads, with the bump allocator
+    /// (and CUDA's device malloc on a GPU) side by side.
+    Alloc(bench_alloc::Args),
     /// Compaction throughput against a plain copy of the same bytes.
     Compact(bench_compact::Args),
 }
@@ -66,6 +70,7 @@ pub fn main() -> ExitCode {
     let r = match cli.command {
         Command::Info(a) => info::run(a),
         Command::Check(a) => check::run(a),
+        Command::Bench(Bench::Alloc(a)) => bench_alloc::run(&a),
         Command::Bench(Bench::Compact(a)) => bench_compact::run(&a),
     };
     match r {

@@ -10,10 +10,21 @@ pub fn nanosleep(ns: u32) {
     unsafe {
         core::arch::asm!("nanosleep.u32 {ns};", ns = in(reg32) ns, options(nomem, nostack))
     };
-    #[cfg(not(target_arch = "nvptx64"))]
+    #[cfg(all(not(target_arch = "nvptx64"), not(loom), not(shuttle)))]
     {
         let _ = ns;
         std::thread::yield_now();
+    }
+    // Under the model checkers a spinning thread must yield to the scheduler.
+    #[cfg(all(not(target_arch = "nvptx64"), loom))]
+    {
+        let _ = ns;
+        loom::thread::yield_now();
+    }
+    #[cfg(all(not(target_arch = "nvptx64"), shuttle, not(loom)))]
+    {
+        let _ = ns;
+        shuttle::thread::yield_now();
     }
 }
 

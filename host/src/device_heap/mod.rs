@@ -1,0 +1,340 @@
+//! The device heap from the host: create it, hand its [`Heap`] handle to
+//! kernels, read statistics back, list live blocks, reset it.
+//!
+//! ```no_run
+//! use gpuheap::backend::Backend;
+//! use gpuheap::device_heap::{DeviceHeap, Sizes};
+//! let backend = Backend::cpu();
+//! let heap = DeviceHeap::new(&backend, 64 << 20)?;
+//! let batch = gpuheap::device_heap::ops::malloc_batch(&backend, &heap, &Sizes::Uniform(48), 10_000, false)?;
+//! assert_eq!(heap.stats()?.classes[2].slots_in_use, 10_000); // 48 B -> 64 B class
+//! # Ok::<(), gpuheap::backend::BackendError>(())
+//! ```
+//!
+//! The same code runs on the CPU and the GPU backend: the heap is two
+//! [`DeviceBuffer`]s (the arena and the metadata), initialised from an image
+//! computed on the host by the kernels crate's own init code
+//! (`gpuheap_kernels::heap::init`), and everything this module reports is
+//! decoded from a copy of the metadata (no counters are kept on the hot
+//! paths of the device code).
+
+pub mod ops;
+
+use gpuheap_kernels::heap::layout::*;
+use gpuheap_kernels::heap::slab;
+pub use gpuheap_kernels::heap::Heap;
+pub use ops::Sizes;
+
+use crate::backend::{Backend, BackendError, DeviceBuffer, Result};
+
+/// A heap in device memory that kernels allocate from with
+/// `gpuheap_kernels::heap::{malloc, free}`.
+pub struct DeviceHeap {
+    arena: DeviceBuffer,
+    meta: DeviceBuffer,
+    handle: Heap,
+}
+
+/// Per-class figures of [`HeapStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Slot size, bytes.
+    pub size: u64,
+    /// Pages formatted for this class.
+    pub pages: u64,
+    /// Slots allocated (bits set in the pages' bitmaps).
+    pub slots_in_use: u64,
+    /// `slots_in_use * size`.
+    pub bytes_in_use: u64,
+}
+
+/// A snapshot of the heap's state, decoded from its metadata. Exact when no
+/// kernel is running on the heap.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeapStats {
+    /// Arena bytes.
+    pub capacity: u64,
+    /// The 9 slab classes (16 B .. 4 KiB).
+    pub classes: Vec<ClassStats>,
+    /// Live large blocks.
+    pub large_blocks: u64,
+    /// Bytes of live large blocks (their power-of-two block sizes).
+    pub large_bytes: u64,
+    /// Bytes free in the buddy levels.
+    pub free_bytes: u64,
+    /// `malloc` calls that returned null for a non-zero size.
+    pub failed_requests: u64,
+    /// Double frees detected (counted with the `debug-free` feature only).
+    pub double_frees: u64,
+    /// Invalid frees detected (counted with the `debug-free` feature only).
+    pub invalid_frees: u64,
+    /// Buddy splits/merges in flight (0 when no kernel runs).
+    pub transit_in_flight: u32,
+}
+
+impl HeapStats {
+    /// Bytes handed out: slots of every class plus large blocks.
+    pub fn bytes_in_use(&self) -> u64 {
+        self.classes.iter().map(|c| c.bytes_in_use).sum::<u64>() + self.large_bytes
+    }
+
+    /// Slab pages in total.
+    pub fn slab_pages(&self) -> u64 {
+        self.classes.iter().map(|c| c.pages).sum()
+    }
+
+    /// `slab pages * 64 KiB + large bytes + free bytes`: equals
+    /// [`capacity`](Self::capacity) in a consistent heap (nothing lost,
+    /// nothing counted twice).
+    pub fn accounted_bytes(&self) -> u64 {
+        self.slab_pages() * PAGE + self.large_bytes + self.free_bytes
+    }
+}
+
+/// A live large block (a buddy allocation of more than 4 KiB).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LiveBlock {
+    /// Byte offset from the arena base (a multiple of `size`).
+    pub offset: u64,
+    /// Block size, bytes (`4096 << order`; the request was rounded up to it).
+    pub size: u64,
+}
+
+impl LiveBlock {
+    /// Buddy order (`size = 4096 << order`).
+    pub fn order(&self) -> u32 {
+        (self.size >> UNIT_SHIFT).trailing_zeros()
+    }
+}
+
+/// Errors of [`DeviceHeap::rebuild`].
+fn invalid(msg: String) -> BackendError {
+    BackendError::InvalidArgument(msg)
+}
+
+impl DeviceHeap {
+    /// A heap with an arena of `bytes` bytes (rounded down to 4 KiB; at least
+    /// 4 KiB), every byte free.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `bytes < 4096`; allocation errors of the backend.
+    pub fn new(backend: &Backend, bytes: u64) -> Result<Self> {
+        let layout = Heap::layout(bytes)
+            .ok_or_else(|| invalid(format!("a device heap needs at least 4096 bytes, got {bytes}")))?;
+        let arena_len = usize::try_from(layout.capacity + PAGE)
+            .map_err(|_| invalid(format!("{bytes} bytes do not fit the host's address space")))?;
+        // One extra page so that the base can be aligned to a page: pages and
+        // large blocks are then aligned to their size in absolute addresses.
+        let arena = backend.alloc_zeroed(arena_len)?;
+        let meta = backend.alloc_zeroed(layout.meta_bytes as usize)?;
+        let base = (arena.device_ptr() + PAGE - 1) & !(PAGE - 1);
+        let handle = Heap { base, meta: meta.device_ptr(), ..layout };
+        let mut heap = DeviceHeap { arena, meta, handle };
+        heap.write_initial_metadata()?;
+        Ok(heap)
+    }
+
+    fn write_initial_metadata(&mut self) -> Result<()> {
+        let img = InitImage::new(self.handle);
+        self.meta.write_at(0, &img.ctrl_bytes())?;
+        self.meta.write_at(self.handle.buddy_off as usize, &img.buddy_bytes())?;
+        Ok(())
+    }
+
+    /// The handle to put in kernel parameter structs. Valid while `self` lives.
+    pub fn handle(&self) -> Heap {
+        self.handle
+    }
+
+    /// Arena bytes.
+    pub fn capacity(&self) -> u64 {
+        self.handle.capacity
+    }
+
+    /// Device address of the arena (page aligned).
+    pub fn base(&self) -> u64 {
+        self.handle.base
+    }
+
+    /// The arena buffer (for copying block contents back).
+    pub fn arena(&self) -> &DeviceBuffer {
+        &self.arena
+    }
+
+    /// Byte offset of the arena base inside [`arena`](Self::arena).
+    pub fn arena_offset(&self) -> usize {
+        (self.handle.base - self.arena.device_ptr()) as usize
+    }
+
+    /// Frees everything: the heap returns to the state of [`DeviceHeap::new`]
+    /// (counters included). Pointers from before are invalid afterwards.
+    pub fn reset(&mut self) -> Result<()> {
+        self.meta.zero()?;
+        self.write_initial_metadata()
+    }
+
+    /// Copies the metadata to the host.
+    fn read_meta(&self) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; self.handle.meta_bytes as usize];
+        self.meta.read_into(0, &mut v)?;
+        Ok(v)
+    }
+
+    /// Statistics decoded from a copy of the metadata.
+    pub fn stats(&self) -> Result<HeapStats> {
+        let m = MetaView { h: self.handle, bytes: self.read_meta()? };
+        let h = &self.handle;
+        let mut classes: Vec<ClassStats> =
+            (0..CLASSES).map(|c| ClassStats { size: class_size(c), ..Default::default() }).collect();
+        for p in 0..h.pages {
+            let hdr = m.u64(h.hdr_off, p);
+            if let Some(c) = slab::hdr_class(hdr) {
+                let cs = &mut classes[c as usize];
+                cs.pages += 1;
+                let used: u64 = (0..class_words(c) as u64)
+                    .map(|w| m.u64(h.bits_off, p * WORDS_PER_PAGE + w).count_ones() as u64)
+                    .sum();
+                cs.slots_in_use += used;
+            }
+        }
+        for c in &mut classes {
+            c.bytes_in_use = c.slots_in_use * c.size;
+        }
+        let live = m.live_blocks();
+        let mut free_bytes = 0;
+        for k in 0..=h.max_order as u32 {
+            let off = m.u64(0, (CTRL_LEVELS as u32 + k) as u64);
+            let words = level_bits(h.units, k).div_ceil(64);
+            for w in 0..words {
+                free_bytes += m.u64(h.buddy_off, off + w).count_ones() as u64 * (UNIT << k);
+            }
+        }
+        Ok(HeapStats {
+            capacity: h.capacity,
+            classes,
+            large_blocks: live.len() as u64,
+            large_bytes: live.iter().map(|b| b.size).sum(),
+            free_bytes,
+            failed_requests: m.u64(0, CTRL_FAILED as u64),
+            double_frees: m.u64(0, CTRL_DOUBLE_FREES as u64),
+            invalid_frees: m.u64(0, CTRL_INVALID_FREES as u64),
+            transit_in_flight: m.u64(0, CTRL_TRANSIT as u64) as u32,
+        })
+    }
+
+    /// The live large blocks in address order, read from the tags (unit `u`
+    /// starts a live block of order `k` iff `tags[u] = k + 1`). This is the
+    /// list a compaction pass relocates; slab pages (listed by
+    /// [`slab_pages`](Self::slab_pages)) are not in it.
+    pub fn live_blocks(&self) -> Result<Vec<LiveBlock>> {
+        Ok(MetaView { h: self.handle, bytes: self.read_meta()? }.live_blocks())
+    }
+
+    /// Byte offsets of the formatted slab pages (64 KiB each) and their slot
+    /// sizes, in address order.
+    pub fn slab_pages(&self) -> Result<Vec<(u64, u64)>> {
+        let m = MetaView { h: self.handle, bytes: self.read_meta()? };
+        Ok((0..self.handle.pages)
+            .filter_map(|p| slab::hdr_class(m.u64(self.handle.hdr_off, p)).map(|c| (p * PAGE, class_size(c))))
+            .collect())
+    }
+
+    /// Rewrites the large-block metadata after a relocation: afterwards the
+    /// live large blocks are exactly `blocks` and every unit that is neither
+    /// in one of them nor in a slab page is free (decomposed into maximal
+    /// buddy blocks by `gpuheap_kernels::heap::init::free_runs`). Slab pages,
+    /// their bitmaps and the counters are kept. Run it while no kernel uses
+    /// the heap.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when a block is not a power-of-two multiple of 4 KiB,
+    /// is not aligned to its size, overlaps another block or a slab page, or
+    /// lies outside the arena.
+    pub fn rebuild(&mut self, blocks: &[LiveBlock]) -> Result<()> {
+        let h = self.handle;
+        let mut occupied: Vec<(u64, u64)> = Vec::with_capacity(blocks.len());
+        for b in blocks {
+            let ok = b.size >= 2 * UNIT
+                && b.size.is_power_of_two()
+                && b.offset % b.size == 0
+                && b.offset.checked_add(b.size).is_some_and(|e| e <= h.capacity);
+            if !ok {
+                return Err(invalid(format!("{b:?} is not an aligned power-of-two block inside the arena")));
+            }
+            occupied.push((b.offset >> UNIT_SHIFT, (b.offset + b.size) >> UNIT_SHIFT));
+        }
+        let meta = self.read_meta()?;
+        let m = MetaView { h, bytes: meta };
+        for p in 0..h.pages {
+            if slab::hdr_class(m.u64(h.hdr_off, p)).is_some() {
+                occupied.push((p << PAGE_ORDER, (p + 1) << PAGE_ORDER));
+            }
+        }
+        occupied.sort_unstable();
+        for w in occupied.windows(2) {
+            if w[0].1 > w[1].0 {
+                return Err(invalid(format!("units {:?} and {:?} overlap", w[0], w[1])));
+            }
+        }
+        let mut runs = Vec::new();
+        let mut at = 0;
+        for &(s, e) in &occupied {
+            if s > at {
+                runs.push((at, s));
+            }
+            at = e;
+        }
+        if at < h.units {
+            runs.push((at, h.units));
+        }
+        let img = InitImage::with_free_runs(h, runs.into_iter());
+        self.meta.write_at(h.buddy_off as usize, &img.buddy_bytes())?;
+        let mut tags = vec![0u8; h.units as usize * 4];
+        for b in blocks {
+            let u = (b.offset >> UNIT_SHIFT) as usize;
+            tags[4 * u..4 * u + 4].copy_from_slice(&(b.order() + 1).to_le_bytes());
+        }
+        self.meta.write_at(h.tags_off as usize, &tags)?;
+        self.meta.write_at(CTRL_TRANSIT * 8, &0u64.to_le_bytes())?;
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for DeviceHeap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceHeap({} bytes @ {:#x}, {} metadata bytes)",
+            self.capacity(),
+            self.base(),
+            self.handle.meta_bytes
+        )
+    }
+}
+
+/// A host copy of the metadata, decoded by offsets.
+struct MetaView {
+    h: Heap,
+    bytes: Vec<u8>,
+}
+
+impl MetaView {
+    fn u64(&self, region_off: u64, i: u64) -> u64 {
+        let o = (region_off + 8 * i) as usize;
+        u64::from_le_bytes(self.bytes[o..o + 8].try_into().expect("8 bytes"))
+    }
+
+    fn u32(&self, region_off: u64, i: u64) -> u32 {
+        let o = (region_off + 4 * i) as usize;
+        u32::from_le_bytes(self.bytes[o..o + 4].try_into().expect("4 bytes"))
+    }
+
+    fn live_blocks(&self) -> Vec<LiveBlock> {
+        (0..self.h.units)
+            .filter_map(|u| {
+                let t = self.u32(self.h.tags_off, u);
+                (t != 0).then(|| LiveBlock { offset: u << UNIT_SHIFT, size: UNIT << (t - 1) })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,419 @@
+//! Thin kernels over [`super::malloc`] and [`super::free`], used by the host
+//! wrappers (`gpuheap::device_heap`), the tests, the benchmarks and the PTX
+//! budget check (`gpuheap_heap_malloc` and `gpuheap_heap_free` are the
+//! register counts to watch).
+//!
+//! Every kernel is a grid over `threads` threads (extra threads return at
+//! once); device addresses travel as `u64`.
+
+use super::Heap;
+use crate::arch::atomic::{AtomicU64, Ordering};
+use crate::arch::index::global_thread_id;
+use crate::fill::pattern;
+
+/// Parameters of [`HEAP_MALLOC`] (and of the CUDA-malloc baseline kernels).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct MallocParams {
+    /// The heap.
+    pub heap: Heap,
+    /// Device address of `threads` `u64` sizes, or 0 to use `size` for all.
+    pub sizes: u64,
+    /// Bytes per allocation when `sizes` is 0.
+    pub size: u64,
+    /// Threads in the grid that take part.
+    pub threads: u64,
+    /// Device address of `threads` `u64` results (pointer or 0).
+    pub out: u64,
+    /// 1: warp-based (only threads `i % 32 == 0` allocate; the others store 0).
+    pub warp_mode: u64,
+}
+
+/// Parameters of [`HEAP_FREE`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct FreeParams {
+    /// The heap.
+    pub heap: Heap,
+    /// Device address of `threads` `u64` pointers (0 entries are skipped by `free`).
+    pub ptrs: u64,
+    /// Threads that take part.
+    pub threads: u64,
+    /// Thread `i` frees `ptrs[(i * stride) % threads]` (`stride` coprime with
+    /// `threads` makes it a permutation: frees by other threads and blocks
+    /// than the allocating ones).
+    pub stride: u64,
+}
+
+/// Parameters of [`HEAP_TOUCH`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct TouchParams {
+    /// Device address of `threads` `u64` pointers (0 = skip).
+    pub ptrs: u64,
+    /// Device address of `threads` `u64` sizes, or 0 to use `size`.
+    pub sizes: u64,
+    /// Bytes per block when `sizes` is 0.
+    pub size: u64,
+    /// Threads that take part.
+    pub threads: u64,
+    /// Pattern seed (thread `i` uses `seed ^ i`).
+    pub seed: u64,
+    /// 0: write the pattern over the whole block; 1: count mismatching words.
+    pub verify: u64,
+    /// Device address of a `u64` mismatch counter (verify mode).
+    pub errors: u64,
+}
+
+/// Parameters of [`HEAP_CHURN`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ChurnParams {
+    /// The heap.
+    pub heap: Heap,
+    /// Threads that take part.
+    pub threads: u64,
+    /// Rounds per thread.
+    pub rounds: u64,
+    /// Smallest request, bytes (≥ 4).
+    pub min_size: u64,
+    /// Largest request, bytes.
+    pub max_size: u64,
+    /// Seed of the size sequence and the patterns.
+    pub seed: u64,
+    /// Device address of `threads * CHURN_LIVE` `u64` pointers (zeroed): the
+    /// blocks each thread keeps alive across rounds.
+    pub live: u64,
+    /// Device address of `threads * CHURN_LIVE` `u64` sizes.
+    pub live_sizes: u64,
+    /// Device address of `[u64; 3]`: successful allocations, null results,
+    /// corrupted words found.
+    pub counters: u64,
+    /// 1: free every live block at the end (the heap should then be empty).
+    pub free_at_end: u64,
+}
+
+/// Parameters of [`HEAP_LOOP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct LoopParams {
+    /// The heap.
+    pub heap: Heap,
+    /// Threads that take part.
+    pub threads: u64,
+    /// Iterations per thread.
+    pub iters: u64,
+    /// Bytes per allocation.
+    pub size: u64,
+    /// Device address of `[u64; 6]`: outstanding (live) blocks, the highest
+    /// outstanding count seen, violations (outstanding below 0, or a block
+    /// whose first word another thread overwrote), successes, nulls, and the
+    /// limit above which an outstanding count is a violation (input).
+    pub counters: u64,
+}
+
+/// Blocks each churn thread keeps alive (a ring).
+pub const CHURN_LIVE: u64 = 4;
+
+#[inline(always)]
+fn hash(x: u64) -> u64 {
+    super::hash(x)
+}
+
+/// Writes (`verify == false`) or checks the pattern of `bytes` bytes at `p`;
+/// returns mismatching words.
+///
+/// # Safety
+/// `p` addresses `bytes` bytes owned by the caller, 4-byte aligned.
+#[inline(always)]
+unsafe fn touch(p: u64, bytes: u64, seed: u64, verify: bool) -> u64 {
+    let words = bytes / 4;
+    let mut bad = 0;
+    let mut w = 0;
+    while w < words {
+        let q = (p + 4 * w) as *mut u32;
+        let v = pattern(seed, w);
+        if verify {
+            // SAFETY: `w < words`, inside the caller's block.
+            if unsafe { q.read_volatile() } != v {
+                bad += 1;
+            }
+        } else {
+            // SAFETY: as above.
+            unsafe { q.write_volatile(v) };
+        }
+        w += 1;
+    }
+    bad
+}
+
+/// Thread `i < threads` stores `malloc(size_i)` in `out[i]`.
+///
+/// # Safety
+/// `heap` is live; `sizes` (if non-zero) and `out` address `threads` `u64`s.
+pub unsafe fn malloc_kernel(p: &MallocParams) {
+    let i = global_thread_id();
+    if i >= p.threads {
+        return;
+    }
+    let out = (p.out as *mut u64).wrapping_add(i as usize);
+    if p.warp_mode != 0 && !i.is_multiple_of(32) {
+        // SAFETY: `i < threads`, inside `out`.
+        unsafe { out.write(0) };
+        return;
+    }
+    let size = if p.sizes != 0 {
+        // SAFETY: `i < threads`, inside `sizes`.
+        unsafe { (p.sizes as *const u64).add(i as usize).read() }
+    } else {
+        p.size
+    };
+    // SAFETY: the caller guarantees a live heap.
+    let ptr = unsafe { super::malloc(&p.heap, size) };
+    // SAFETY: `i < threads`, inside `out`.
+    unsafe { out.write(ptr as u64) };
+}
+
+/// Thread `i < threads` frees `ptrs[(i * stride) % threads]`.
+///
+/// # Safety
+/// `heap` is live; `ptrs` addresses `threads` `u64`s, each null or a live
+/// allocation of `heap` freed by no one else.
+pub unsafe fn free_kernel(p: &FreeParams) {
+    let i = global_thread_id();
+    if i >= p.threads {
+        return;
+    }
+    let j = ((i as u128 * p.stride.max(1) as u128) % p.threads as u128) as usize;
+    // SAFETY: `j < threads`, inside `ptrs`.
+    let ptr = unsafe { (p.ptrs as *const u64).add(j).read() };
+    // SAFETY: the caller guarantees the pointer's provenance.
+    unsafe { super::free(&p.heap, ptr as *mut u8) };
+}
+
+/// Thread `i < threads` writes or verifies `pattern(seed ^ i, w)` over every
+/// word `w` of its block `ptrs[i]`.
+///
+/// # Safety
+/// `ptrs`/`sizes` address `threads` `u64`s; each non-null block has at least
+/// its size in bytes and belongs to thread `i` alone; `errors` is a `u64`.
+pub unsafe fn touch_kernel(p: &TouchParams) {
+    let i = global_thread_id();
+    if i >= p.threads {
+        return;
+    }
+    // SAFETY: `i < threads`.
+    let ptr = unsafe { (p.ptrs as *const u64).add(i as usize).read() };
+    if ptr == 0 {
+        return;
+    }
+    let size = if p.sizes != 0 {
+        // SAFETY: `i < threads`.
+        unsafe { (p.sizes as *const u64).add(i as usize).read() }
+    } else {
+        p.size
+    };
+    // SAFETY: the block is this thread's and has `size` bytes.
+    let bad = unsafe { touch(ptr, size, p.seed ^ i, p.verify != 0) };
+    if bad != 0 {
+        // SAFETY: `errors` is an aligned `u64` used only atomically.
+        unsafe { AtomicU64::from_ptr(p.errors as *mut u64) }.fetch_add(bad, Ordering::Relaxed);
+    }
+}
+
+/// Gallatin-style churn: each thread, for `rounds` rounds, verifies and frees
+/// the block in ring slot `r % CHURN_LIVE` (written rounds ago, so other
+/// threads had time to overwrite it if a slot were handed out twice), then
+/// allocates a block of a pseudo-random size in `[min_size, max_size]` and
+/// writes its pattern over all of it.
+///
+/// # Safety
+/// `heap` is live; `live`/`live_sizes` address `threads * CHURN_LIVE` zeroed
+/// `u64`s; `counters` addresses three `u64`s.
+pub unsafe fn churn_kernel(p: &ChurnParams) {
+    let i = global_thread_id();
+    if i >= p.threads {
+        return;
+    }
+    // SAFETY: `counters` addresses three aligned u64s used only atomically.
+    let counter = |k: usize| unsafe { AtomicU64::from_ptr((p.counters as *mut u64).add(k)) };
+    let span = p.max_size.saturating_sub(p.min_size) + 1;
+    let mut r = 0;
+    while r < p.rounds + if p.free_at_end != 0 { CHURN_LIVE } else { 0 } {
+        let j = (i * CHURN_LIVE + r % CHURN_LIVE) as usize;
+        let slot = (p.live as *mut u64).wrapping_add(j);
+        let slot_size = (p.live_sizes as *mut u64).wrapping_add(j);
+        // SAFETY: `j < threads * CHURN_LIVE`, this thread's ring.
+        let old = unsafe { slot.read() };
+        if old != 0 {
+            // SAFETY: our block, of the recorded size.
+            let (bytes, seed) = unsafe { (slot_size.read(), p.seed ^ (i << 24) ^ (r - CHURN_LIVE)) };
+            // SAFETY: the block is ours until the free below.
+            let bad = unsafe { touch(old, bytes, seed, true) };
+            if bad != 0 {
+                counter(2).fetch_add(bad, Ordering::Relaxed);
+            }
+            // SAFETY: a live allocation of this heap, freed once.
+            unsafe { super::free(&p.heap, old as *mut u8) };
+            // SAFETY: our ring slot.
+            unsafe { slot.write(0) };
+        }
+        // Every thread calls malloc every round (warp-uniform); the final
+        // drain rounds ask for 0 bytes.
+        let size = if r < p.rounds { p.min_size + hash(p.seed ^ (i << 24) ^ r) % span } else { 0 };
+        // SAFETY: live heap.
+        let ptr = unsafe { super::malloc(&p.heap, size) } as u64;
+        if size != 0 {
+            if ptr == 0 {
+                counter(1).fetch_add(1, Ordering::Relaxed);
+            } else {
+                counter(0).fetch_add(1, Ordering::Relaxed);
+                // SAFETY: a fresh block of `size` bytes, ours.
+                unsafe { touch(ptr, size, p.seed ^ (i << 24) ^ r, false) };
+                // SAFETY: our ring slot.
+                unsafe {
+                    slot.write(ptr);
+                    slot_size.write(size);
+                }
+            }
+        }
+        r += 1;
+    }
+}
+
+/// BL-10(b): each thread loops `iters` times: allocate `size` bytes; on
+/// success count it outstanding (a violation if that exceeds the limit),
+/// stamp the block with the thread id, check the stamp, un-count, free.
+///
+/// # Safety
+/// `heap` is live; `counters` addresses six `u64`s (the sixth is the limit).
+pub unsafe fn loop_kernel(p: &LoopParams) {
+    let i = global_thread_id();
+    if i >= p.threads {
+        return;
+    }
+    // SAFETY: `counters` addresses six aligned u64s used only atomically.
+    let counter = |k: usize| unsafe { AtomicU64::from_ptr((p.counters as *mut u64).add(k)) };
+    let limit = counter(5).load(Ordering::Relaxed);
+    let mut n = 0;
+    while n < p.iters {
+        // SAFETY: live heap.
+        let ptr = unsafe { super::malloc(&p.heap, p.size) } as u64;
+        if ptr == 0 {
+            counter(4).fetch_add(1, Ordering::Relaxed);
+        } else {
+            counter(3).fetch_add(1, Ordering::Relaxed);
+            let out = counter(0).fetch_add(1, Ordering::AcqRel) + 1;
+            counter(1).fetch_max(out, Ordering::Relaxed);
+            let stamp = (ptr as *mut u64, i + 1);
+            // SAFETY: a fresh block of at least 8 bytes, ours.
+            unsafe { stamp.0.write_volatile(stamp.1) };
+            crate::arch::time::nanosleep(0);
+            // SAFETY: as above.
+            let seen = unsafe { stamp.0.read_volatile() };
+            if out > limit || seen != stamp.1 {
+                counter(2).fetch_add(1, Ordering::Relaxed);
+            }
+            if counter(0).fetch_sub(1, Ordering::AcqRel) == 0 {
+                counter(2).fetch_add(1, Ordering::Relaxed);
+            }
+            // SAFETY: our live block, freed once.
+            unsafe { super::free(&p.heap, ptr as *mut u8) };
+        }
+        n += 1;
+    }
+}
+
+/// Does nothing: the launch floor of a grid (benchmarks).
+///
+/// # Safety
+/// None needed; `unsafe` for the kernel ABI.
+pub unsafe fn noop_kernel(_: &MallocParams) {}
+
+/// CUDA's device `malloc` (the built-in heap; raise its limit first) for the
+/// benchmark baseline. On the CPU backend it stores 0 (there is no CUDA heap).
+///
+/// # Safety
+/// As for [`malloc_kernel`].
+pub unsafe fn cuda_malloc_kernel(p: &MallocParams) {
+    let i = global_thread_id();
+    if i >= p.threads {
+        return;
+    }
+    let out = (p.out as *mut u64).wrapping_add(i as usize);
+    if p.warp_mode != 0 && !i.is_multiple_of(32) {
+        // SAFETY: inside `out`.
+        unsafe { out.write(0) };
+        return;
+    }
+    let size = if p.sizes != 0 {
+        // SAFETY: `i < threads`, inside `sizes`.
+        unsafe { (p.sizes as *const u64).add(i as usize).read() }
+    } else {
+        p.size
+    };
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: CUDA's device malloc has no preconditions.
+    let ptr = unsafe { core::arch::nvptx::malloc(size as usize) } as u64;
+    #[cfg(not(target_arch = "nvptx64"))]
+    let ptr = {
+        let _ = size;
+        0u64
+    };
+    // SAFETY: inside `out`.
+    unsafe { out.write(ptr) };
+}
+
+/// CUDA's device `free` of `ptrs[(i * stride) % threads]` (no-op on the CPU).
+///
+/// # Safety
+/// As for [`free_kernel`], with pointers from [`cuda_malloc_kernel`].
+pub unsafe fn cuda_free_kernel(p: &FreeParams) {
+    let i = global_thread_id();
+    if i >= p.threads {
+        return;
+    }
+    let j = ((i as u128 * p.stride.max(1) as u128) % p.threads as u128) as usize;
+    // SAFETY: `j < threads`, inside `ptrs`.
+    let ptr = unsafe { (p.ptrs as *const u64).add(j).read() };
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a pointer from CUDA's malloc (or null, which it ignores).
+    unsafe {
+        core::arch::nvptx::free(ptr as *mut core::ffi::c_void)
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let _ = ptr;
+}
+
+crate::kernel_entry! {
+    /// [`malloc_kernel`] as a kernel.
+    pub static HEAP_MALLOC: MallocParams = gpuheap_heap_malloc => malloc_kernel;
+}
+crate::kernel_entry! {
+    /// [`free_kernel`] as a kernel.
+    pub static HEAP_FREE: FreeParams = gpuheap_heap_free => free_kernel;
+}
+crate::kernel_entry! {
+    /// [`touch_kernel`] as a kernel.
+    pub static HEAP_TOUCH: TouchParams = gpuheap_heap_touch => touch_kernel;
+}
+crate::kernel_entry! {
+    /// [`churn_kernel`] as a kernel.
+    pub static HEAP_CHURN: ChurnParams = gpuheap_heap_churn => churn_kernel;
+}
+crate::kernel_entry! {
+    /// [`loop_kernel`] as a kernel.
+    pub static HEAP_LOOP: LoopParams = gpuheap_heap_loop => loop_kernel;
+}
+crate::kernel_entry! {
+    /// [`noop_kernel`] as a kernel.
+    pub static NOOP: MallocParams = gpuheap_noop => noop_kernel;
+}
+crate::kernel_entry! {
+    /// [`cuda_malloc_kernel`] as a kernel.
+    pub static CUDA_MALLOC: MallocParams = gpuheap_cuda_malloc => cuda_malloc_kernel;
+}
+crate::kernel_entry! {
+    /// [`cuda_free_kernel`] as a kernel.
+    pub static CUDA_FREE: FreeParams = gpuheap_cuda_free => cuda_free_kernel;
+}

@@ -1,0 +1,624 @@
+//! Geometry of the device heap: units, pages, size classes, the [`Heap`]
+//! handle and where each piece of metadata lives.
+//!
+//! # Why these numbers
+//!
+//! * **Unit = 4 KiB** is the smallest buddy block. Large requests (> 4 KiB)
+//!   round up to a power of two of units, so a power-of-two request of any
+//!   size uses 100 % of its block (the survey's out-of-memory test uses powers
+//!   of two; the worst case for other sizes is the usual buddy 2x).
+//! * **Page = 64 KiB** (buddy order 4) is what a size class carves. A page of
+//!   16-byte slots has 4096 of them, which is 64 `u64` bitmap words; a page of
+//!   4 KiB slots has 16. Gallatin uses 4096 slices per block and a block size
+//!   that grows with the slice size; a fixed page keeps one bitmap stride and
+//!   one header per page, and makes `ptr -> page` a shift.
+//! * **Classes = 16 B .. 4 KiB, powers of two** (9 classes, like Gallatin and
+//!   Ouroboros). Power-of-two slots keep every slot 16-byte aligned and make
+//!   `size -> class` a leading-zero count.
+//! * **Metadata lives outside the arena** (headers, bitmaps and the buddy tree
+//!   are in a separate buffer). The arena is only ever written by the users of
+//!   the blocks: the allocator never touches it, so a failing request writes
+//!   nothing into the heap (BL-11) and a page of 16-byte slots is 100 % usable.
+
+use crate::arch::atomic::{AtomicU32, AtomicU64};
+
+/// log2 of [`UNIT`].
+pub const UNIT_SHIFT: u32 = 12;
+/// Smallest buddy block, bytes.
+pub const UNIT: u64 = 1 << UNIT_SHIFT;
+/// log2 of [`PAGE`].
+pub const PAGE_SHIFT: u32 = 16;
+/// Bytes of one slab page.
+pub const PAGE: u64 = 1 << PAGE_SHIFT;
+/// Buddy order of a slab page (`PAGE = UNIT << PAGE_ORDER`).
+pub const PAGE_ORDER: u32 = PAGE_SHIFT - UNIT_SHIFT;
+/// log2 of the smallest slot (16 B, the CUDA alignment contract).
+pub const MIN_CLASS_SHIFT: u32 = 4;
+/// Number of slab size classes (16 B, 32 B, ..., 4 KiB).
+pub const CLASSES: u32 = 9;
+/// Largest request served by a slab; larger ones go to the buddy allocator.
+pub const MAX_SMALL: u64 = 1 << (MIN_CLASS_SHIFT + CLASSES - 1);
+/// `u64` bitmap words per page (enough for 4096 slots of 16 B).
+pub const WORDS_PER_PAGE: u64 = (PAGE >> MIN_CLASS_SHIFT) / 64;
+/// "Current page" slots per class. Warps pick one by SM id (a hint), so up to
+/// this many pages of one class are carved from concurrently (Gallatin pins
+/// one block per SM and class; an H200 has 132 SMs).
+pub const CURRENT_SLOTS: u32 = 128;
+/// Largest supported buddy order (2^40 units = 4 EiB; a bound for the level table).
+pub const MAX_ORDER_LIMIT: u32 = 40;
+/// Alignment of every pointer `malloc` returns, bytes.
+pub const ALIGN: u64 = 16;
+
+/// Words of the control block at the start of the metadata.
+pub const CTRL_WORDS: u64 = 96;
+/// Control words `CTRL_GEOM ..`: a copy of the [`Heap`] handle (19 words),
+/// so that device code can carry one address ([`DevHeap`]) instead of the
+/// whole handle.
+pub const CTRL_GEOM: usize = 64;
+/// Control word: a magic number (`MAGIC`) written by the host at init.
+pub const CTRL_MAGIC: usize = 0;
+/// Control word: buddy transit counter (low 32 bits: operations in flight that
+/// hide free memory; high 32 bits: completed ones). See [`super::buddy`].
+pub const CTRL_TRANSIT: usize = 1;
+/// Control word: requests that returned null although their size was valid.
+pub const CTRL_FAILED: usize = 2;
+/// Control word: double frees detected (feature `debug-free`).
+pub const CTRL_DOUBLE_FREES: usize = 3;
+/// Control word: invalid frees detected (feature `debug-free`).
+pub const CTRL_INVALID_FREES: usize = 4;
+/// Control word: empty pages kept formatted because they were current (a
+/// hint that [`super::slab::scavenge`] has something to find; it is reset by
+/// each scavenge, so failing requests do not rescan for nothing).
+pub const CTRL_KEPT: usize = 5;
+/// Control words `CTRL_LEVELS + k`: word offset of buddy level `k` in the
+/// buddy region (written by the host at init, read-only afterwards).
+pub const CTRL_LEVELS: usize = 8;
+/// The value of `CTRL_MAGIC` in an initialised heap ("gpuheap1").
+pub const MAGIC: u64 = 0x3170_6165_6875_7067;
+
+/// Size of slot class `c`, bytes.
+#[inline(always)]
+pub const fn class_size(c: u32) -> u64 {
+    1 << (MIN_CLASS_SHIFT + c)
+}
+
+/// Slots in one page of class `c`.
+#[inline(always)]
+pub const fn class_slots(c: u32) -> u32 {
+    (PAGE >> (MIN_CLASS_SHIFT + c)) as u32
+}
+
+/// Bitmap words used by a page of class `c`.
+#[inline(always)]
+pub const fn class_words(c: u32) -> u32 {
+    let s = class_slots(c);
+    if s >= 64 {
+        s / 64
+    } else {
+        1
+    }
+}
+
+/// The slab class serving `size` bytes, `None` for 0 and for sizes above
+/// [`MAX_SMALL`].
+#[inline(always)]
+pub const fn class_of(size: u64) -> Option<u32> {
+    if size == 0 || size > MAX_SMALL {
+        return None;
+    }
+    if size <= 1 << MIN_CLASS_SHIFT {
+        return Some(0);
+    }
+    // ceil(log2(size)) - MIN_CLASS_SHIFT
+    Some(64 - (size - 1).leading_zeros() - MIN_CLASS_SHIFT)
+}
+
+/// Buddy order (log2 of units) of a large request of `size` bytes (any
+/// `size >= 1`; no overflow for `u64::MAX`).
+#[inline(always)]
+pub const fn order_of(size: u64) -> u32 {
+    let units = ((size.saturating_sub(1)) >> UNIT_SHIFT) + 1;
+    64 - (units - 1).leading_zeros()
+}
+
+/// Words of a hierarchical bitmap over `n` bits (see [`super::bitmap`]).
+pub const fn hb_words(n: u64) -> u64 {
+    let mut total = 0;
+    let mut m = n;
+    loop {
+        let w = if m == 0 { 1 } else { m.div_ceil(64) };
+        total += w;
+        if w <= 1 {
+            return total;
+        }
+        m = w;
+    }
+}
+
+/// Bit positions at buddy level `k` of a heap of `units` units.
+#[inline(always)]
+pub const fn level_bits(units: u64, k: u32) -> u64 {
+    (units + (1 << k) - 1) >> k
+}
+
+/// The handle kernels receive: where the arena and the metadata are, and the
+/// geometry. Plain old data, `#[repr(C)]`, passed by value in a kernel's
+/// parameter struct (152 bytes).
+///
+/// Build it on the host with `gpuheap::device_heap::DeviceHeap::handle`; any
+/// other value is a contract violation for [`super::malloc`] and
+/// [`super::free`]. All offsets are **bytes from `meta`**.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Heap {
+    /// Device address of the arena (aligned to [`PAGE`]).
+    pub base: u64,
+    /// Arena bytes (`units * UNIT`).
+    pub capacity: u64,
+    /// Device address of the metadata (8-byte aligned).
+    pub meta: u64,
+    /// Buddy units in the arena.
+    pub units: u64,
+    /// Pages (`ceil(units / 16)`; a trailing partial page is never a slab page).
+    pub pages: u64,
+    /// Largest buddy order present (`floor(log2(units))`).
+    pub max_order: u64,
+    /// `u32 current[CLASSES][CURRENT_SLOTS]`: page index + 1, 0 = none,
+    /// `u32::MAX` = being refilled.
+    pub current_off: u64,
+    /// `u64 header[pages]` (see [`super::slab`] for the bit layout).
+    pub hdr_off: u64,
+    /// `u64 bits[pages][WORDS_PER_PAGE]`: slot bitmaps, 1 = allocated.
+    pub bits_off: u64,
+    /// `u64 avail[CLASSES][avail_stride]`: per class, a hierarchical bitmap of
+    /// pages that may have free slots.
+    pub avail_off: u64,
+    /// Words per class in `avail` (`hb_words(pages)`).
+    pub avail_stride: u64,
+    /// Buddy levels `0..=max_order`, each a hierarchical bitmap of free blocks.
+    pub buddy_off: u64,
+    /// Words of the buddy region.
+    pub buddy_words: u64,
+    /// `u32 tags[units]`: `order + 1` at the first unit of every live large
+    /// block, 0 elsewhere. The live-block list for compaction.
+    pub tags_off: u64,
+    /// Bytes of metadata in total.
+    pub meta_bytes: u64,
+    /// Reserved (zero).
+    pub _reserved: [u64; 4],
+}
+
+const fn align8(x: u64) -> u64 {
+    (x + 7) & !7
+}
+
+impl Heap {
+    /// The geometry of a heap whose arena has `capacity` bytes (rounded down
+    /// to a multiple of [`UNIT`]), with `base` and `meta` left at 0. `None`
+    /// when fewer than one unit remains.
+    pub const fn layout(capacity: u64) -> Option<Heap> {
+        let units = capacity >> UNIT_SHIFT;
+        if units == 0 {
+            return None;
+        }
+        let pages = units.div_ceil(1 << PAGE_ORDER);
+        let max_order = 63 - units.leading_zeros() as u64;
+        if max_order > MAX_ORDER_LIMIT as u64 {
+            return None;
+        }
+        let current_off = CTRL_WORDS * 8;
+        let hdr_off = align8(current_off + (CLASSES * CURRENT_SLOTS) as u64 * 4);
+        let bits_off = hdr_off + pages * 8;
+        let avail_off = bits_off + pages * WORDS_PER_PAGE * 8;
+        let avail_stride = hb_words(pages);
+        let buddy_off = avail_off + CLASSES as u64 * avail_stride * 8;
+        let mut buddy_words = 0;
+        let mut k = 0;
+        while k <= max_order as u32 {
+            buddy_words += hb_words(level_bits(units, k));
+            k += 1;
+        }
+        let tags_off = buddy_off + buddy_words * 8;
+        let meta_bytes = align8(tags_off + units * 4);
+        Some(Heap {
+            base: 0,
+            capacity: units << UNIT_SHIFT,
+            meta: 0,
+            units,
+            pages,
+            max_order,
+            current_off,
+            hdr_off,
+            bits_off,
+            avail_off,
+            avail_stride,
+            buddy_off,
+            buddy_words,
+            tags_off,
+            meta_bytes,
+            _reserved: [0; 4],
+        })
+    }
+
+    /// Word offset of buddy level `k` inside the buddy region (the value the
+    /// host stores in control word `CTRL_LEVELS + k`).
+    pub const fn level_offset(&self, k: u32) -> u64 {
+        let mut off = 0;
+        let mut j = 0;
+        while j < k {
+            off += hb_words(level_bits(self.units, j));
+            j += 1;
+        }
+        off
+    }
+}
+
+/// The device-side [`HeapMem`]: just the metadata address. The geometry is
+/// read from the copy of the handle in the control block.
+///
+/// Why not the [`Heap`] handle itself: protocol functions that are not
+/// inlined take `&M`, and a reference to a 152-byte kernel parameter makes
+/// the compiler copy the parameter to local memory (a stack frame, which the
+/// PTX budget forbids). An 8-byte struct is passed in a register instead.
+#[derive(Clone, Copy, Debug)]
+pub struct DevHeap {
+    meta: u64,
+}
+
+impl DevHeap {
+    /// The device view of `heap`.
+    ///
+    /// # Safety
+    /// `heap` is the handle of a live, initialised heap (its metadata holds a
+    /// copy of `heap` at control word [`CTRL_GEOM`]).
+    #[inline(always)]
+    pub unsafe fn new(heap: &Heap) -> Self {
+        DevHeap { meta: heap.meta }
+    }
+}
+
+#[cfg(not(any(loom, shuttle)))]
+impl HeapMem for DevHeap {
+    #[inline(always)]
+    fn geom(&self) -> &Heap {
+        // SAFETY: `new`'s contract: the control block holds a `Heap` (8-byte
+        // aligned, never written while kernels run).
+        unsafe { &*((self.meta + CTRL_GEOM as u64 * 8) as *const Heap) }
+    }
+
+    #[inline(always)]
+    fn word(&self, r: Region, i: u64) -> &AtomicU64 {
+        let g = self.geom();
+        let off = match r {
+            Region::Ctrl => 0,
+            Region::Hdr => g.hdr_off,
+            Region::Bits => g.bits_off,
+            Region::Avail => g.avail_off,
+            Region::Buddy => g.buddy_off,
+        };
+        // SAFETY: as for `Heap`'s implementation: indices are inside their
+        // regions by construction, the metadata is live.
+        unsafe { AtomicU64::from_ptr((self.meta + off + i * 8) as *mut u64) }
+    }
+
+    #[inline(always)]
+    fn word32(&self, r: Region32, i: u64) -> &AtomicU32 {
+        let g = self.geom();
+        let off = match r {
+            Region32::Current => g.current_off,
+            Region32::Tags => g.tags_off,
+        };
+        // SAFETY: as for `word`.
+        unsafe { AtomicU32::from_ptr((self.meta + off + i * 4) as *mut u32) }
+    }
+}
+
+#[cfg(any(loom, shuttle))]
+impl HeapMem for DevHeap {
+    fn geom(&self) -> &Heap {
+        unreachable!("device handles are not used in model-checking builds; use VecHeap")
+    }
+    fn word(&self, _: Region, _: u64) -> &AtomicU64 {
+        unreachable!("device handles are not used in model-checking builds; use VecHeap")
+    }
+    fn word32(&self, _: Region32, _: u64) -> &AtomicU32 {
+        unreachable!("device handles are not used in model-checking builds; use VecHeap")
+    }
+}
+
+/// The metadata regions a protocol addresses ([`HeapMem::word`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Region {
+    /// The control block.
+    Ctrl,
+    /// Page headers.
+    Hdr,
+    /// Slot bitmaps.
+    Bits,
+    /// Per-class available-page bitmaps.
+    Avail,
+    /// Buddy levels.
+    Buddy,
+}
+
+/// The 32-bit metadata regions ([`HeapMem::word32`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Region32 {
+    /// Current page per class and slot.
+    Current,
+    /// Large-block tags per unit.
+    Tags,
+}
+
+/// Where the protocols find their atomics.
+///
+/// The allocator's protocols are written against this trait so that the same
+/// code runs on the device (the [`Heap`] handle, whose words are views of
+/// device memory) and in the model checkers, where loom's atomics cannot be
+/// made from raw pointers and live in `Vec`s instead ([`VecHeap`], host only).
+pub trait HeapMem {
+    /// The geometry (and, on the device, the addresses).
+    fn geom(&self) -> &Heap;
+    /// Word `i` of region `r`.
+    fn word(&self, r: Region, i: u64) -> &AtomicU64;
+    /// Word `i` of 32-bit region `r`.
+    fn word32(&self, r: Region32, i: u64) -> &AtomicU32;
+}
+
+impl HeapMem for Heap {
+    #[inline(always)]
+    fn geom(&self) -> &Heap {
+        self
+    }
+
+    #[cfg(not(any(loom, shuttle)))]
+    #[inline(always)]
+    fn word(&self, r: Region, i: u64) -> &AtomicU64 {
+        let off = match r {
+            Region::Ctrl => 0,
+            Region::Hdr => self.hdr_off,
+            Region::Bits => self.bits_off,
+            Region::Avail => self.avail_off,
+            Region::Buddy => self.buddy_off,
+        };
+        // SAFETY: the contract of `malloc`/`free` is that `self` is a handle
+        // made by the host for live metadata; every index the protocols
+        // compute is inside its region by construction of the layout.
+        unsafe { AtomicU64::from_ptr((self.meta + off + i * 8) as *mut u64) }
+    }
+
+    #[cfg(not(any(loom, shuttle)))]
+    #[inline(always)]
+    fn word32(&self, r: Region32, i: u64) -> &AtomicU32 {
+        let off = match r {
+            Region32::Current => self.current_off,
+            Region32::Tags => self.tags_off,
+        };
+        // SAFETY: as for `word`.
+        unsafe { AtomicU32::from_ptr((self.meta + off + i * 4) as *mut u32) }
+    }
+
+    #[cfg(any(loom, shuttle))]
+    fn word(&self, _: Region, _: u64) -> &AtomicU64 {
+        unreachable!("device handles are not used in model-checking builds; use VecHeap")
+    }
+
+    #[cfg(any(loom, shuttle))]
+    fn word32(&self, _: Region32, _: u64) -> &AtomicU32 {
+        unreachable!("device handles are not used in model-checking builds; use VecHeap")
+    }
+}
+
+/// Heap metadata in host `Vec`s: the model checkers' [`HeapMem`], and the
+/// host's way to build the initial metadata image ([`VecHeap::image`]).
+#[cfg(not(target_arch = "nvptx64"))]
+pub struct VecHeap {
+    /// Geometry; `base` is an arbitrary address (the allocator never
+    /// dereferences the arena), `meta` is 0.
+    pub heap: Heap,
+    ctrl: std::vec::Vec<AtomicU64>,
+    hdr: std::vec::Vec<AtomicU64>,
+    bits: std::vec::Vec<AtomicU64>,
+    avail: std::vec::Vec<AtomicU64>,
+    buddy: std::vec::Vec<AtomicU64>,
+    current: std::vec::Vec<AtomicU32>,
+    tags: std::vec::Vec<AtomicU32>,
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl VecHeap {
+    /// Initialised metadata (every unit free, see [`super::init`]) for an
+    /// arena of `capacity` bytes at address `base`. `None` if `capacity` is
+    /// below one unit.
+    pub fn new(capacity: u64, base: u64) -> Option<Self> {
+        let mut heap = Heap::layout(capacity)?;
+        heap.base = base;
+        let v64 = |n: u64| (0..n).map(|_| AtomicU64::new(0)).collect::<std::vec::Vec<_>>();
+        let v32 = |n: u64| (0..n).map(|_| AtomicU32::new(0)).collect::<std::vec::Vec<_>>();
+        let h = VecHeap {
+            ctrl: v64(CTRL_WORDS),
+            hdr: v64(heap.pages),
+            bits: v64(heap.pages * WORDS_PER_PAGE),
+            avail: v64(CLASSES as u64 * heap.avail_stride),
+            buddy: v64(heap.buddy_words),
+            current: v32((CLASSES * CURRENT_SLOTS) as u64),
+            tags: v32(heap.units),
+            heap,
+        };
+        super::init::init(&h);
+        Some(h)
+    }
+
+    /// The metadata as the bytes of the device buffer at `meta`
+    /// (`heap.meta_bytes` long), for upload.
+    pub fn image(&self) -> std::vec::Vec<u8> {
+        use crate::arch::atomic::Ordering::Relaxed;
+        let h = &self.heap;
+        let mut out = std::vec![0u8; h.meta_bytes as usize];
+        let mut put64 = |off: u64, v: &[AtomicU64]| {
+            for (i, w) in v.iter().enumerate() {
+                let x = w.load(Relaxed);
+                if x != 0 {
+                    let o = off as usize + i * 8;
+                    out[o..o + 8].copy_from_slice(&x.to_le_bytes());
+                }
+            }
+        };
+        put64(0, &self.ctrl);
+        put64(h.hdr_off, &self.hdr);
+        put64(h.bits_off, &self.bits);
+        put64(h.avail_off, &self.avail);
+        put64(h.buddy_off, &self.buddy);
+        let mut put32 = |off: u64, v: &[AtomicU32]| {
+            for (i, w) in v.iter().enumerate() {
+                let x = w.load(Relaxed);
+                if x != 0 {
+                    let o = off as usize + i * 4;
+                    out[o..o + 4].copy_from_slice(&x.to_le_bytes());
+                }
+            }
+        };
+        put32(h.current_off, &self.current);
+        put32(h.tags_off, &self.tags);
+        out
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl HeapMem for VecHeap {
+    fn geom(&self) -> &Heap {
+        &self.heap
+    }
+    fn word(&self, r: Region, i: u64) -> &AtomicU64 {
+        let v = match r {
+            Region::Ctrl => &self.ctrl,
+            Region::Hdr => &self.hdr,
+            Region::Bits => &self.bits,
+            Region::Avail => &self.avail,
+            Region::Buddy => &self.buddy,
+        };
+        &v[i as usize]
+    }
+    fn word32(&self, r: Region32, i: u64) -> &AtomicU32 {
+        let v = match r {
+            Region32::Current => &self.current,
+            Region32::Tags => &self.tags,
+        };
+        &v[i as usize]
+    }
+}
+
+/// The non-zero part of a fresh heap's metadata, computed on the host
+/// without materialising the (zero) page bitmaps: the control block and the
+/// buddy region. Only [`super::init::init`] runs over it.
+#[cfg(not(target_arch = "nvptx64"))]
+pub struct InitImage {
+    /// Geometry.
+    pub heap: Heap,
+    ctrl: std::vec::Vec<AtomicU64>,
+    buddy: std::vec::Vec<AtomicU64>,
+    current: std::vec::Vec<AtomicU32>,
+    tags: std::vec::Vec<AtomicU32>,
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl InitImage {
+    /// The initial image of heap `heap` (its geometry fields; addresses are
+    /// not used).
+    pub fn new(heap: Heap) -> Self {
+        Self::with_free_runs(heap, core::iter::once((0, heap.units)))
+    }
+
+    /// The control block and buddy levels of a heap whose free memory is
+    /// exactly the unit ranges `runs` (see [`super::init::free_runs`]): the
+    /// rebuild step after a compaction.
+    pub fn with_free_runs(heap: Heap, runs: impl Iterator<Item = (u64, u64)>) -> Self {
+        let v64 = |n: u64| (0..n).map(|_| AtomicU64::new(0)).collect::<std::vec::Vec<_>>();
+        let img = InitImage {
+            ctrl: v64(CTRL_WORDS),
+            buddy: v64(heap.buddy_words),
+            current: std::vec::Vec::new(),
+            tags: std::vec::Vec::new(),
+            heap,
+        };
+        super::init::write_ctrl(&img);
+        super::init::free_runs(&img, runs);
+        img
+    }
+
+    /// Little-endian bytes of the control block (offset 0 of the metadata).
+    pub fn ctrl_bytes(&self) -> std::vec::Vec<u8> {
+        Self::bytes(&self.ctrl)
+    }
+
+    /// Little-endian bytes of the buddy region (offset `heap.buddy_off`).
+    pub fn buddy_bytes(&self) -> std::vec::Vec<u8> {
+        Self::bytes(&self.buddy)
+    }
+
+    fn bytes(v: &[AtomicU64]) -> std::vec::Vec<u8> {
+        v.iter().flat_map(|w| w.load(crate::arch::atomic::Ordering::Relaxed).to_le_bytes()).collect()
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl HeapMem for InitImage {
+    fn geom(&self) -> &Heap {
+        &self.heap
+    }
+    fn word(&self, r: Region, i: u64) -> &AtomicU64 {
+        match r {
+            Region::Ctrl => &self.ctrl[i as usize],
+            Region::Buddy => &self.buddy[i as usize],
+            _ => unreachable!("initialisation writes only the control block and the buddy levels"),
+        }
+    }
+    fn word32(&self, r: Region32, i: u64) -> &AtomicU32 {
+        match r {
+            Region32::Current => &self.current[i as usize],
+            Region32::Tags => &self.tags[i as usize],
+        }
+    }
+}
+
+#[cfg(all(test, not(loom), not(shuttle)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_cover_16_to_4096_with_aligned_slots() {
+        assert_eq!(class_of(0), None);
+        assert_eq!(class_of(1), Some(0));
+        assert_eq!(class_of(16), Some(0));
+        assert_eq!(class_of(17), Some(1));
+        assert_eq!(class_of(4096), Some(8));
+        assert_eq!(class_of(4097), None);
+        for c in 0..CLASSES {
+            assert_eq!(class_size(c) % ALIGN, 0);
+            assert_eq!(class_slots(c) as u64 * class_size(c), PAGE);
+            assert!(class_words(c) as u64 <= WORDS_PER_PAGE);
+        }
+    }
+
+    #[test]
+    fn orders_round_up_without_overflow() {
+        assert_eq!(order_of(4097), 1);
+        assert_eq!(order_of(8192), 1);
+        assert_eq!(order_of(8193), 2);
+        assert_eq!(order_of(1 << 20), 8);
+        assert_eq!(order_of(u64::MAX), 52);
+    }
+
+    #[test]
+    fn layout_regions_do_not_overlap() {
+        for cap in [4096u64, 3 * 4096, 2 * PAGE, (1 << 20) + 12345, 1 << 30] {
+            let h = Heap::layout(cap).unwrap();
+            assert!(h.hdr_off >= h.current_off + (CLASSES * CURRENT_SLOTS) as u64 * 4);
+            assert!(h.bits_off >= h.hdr_off + h.pages * 8);
+            assert!(h.tags_off + h.units * 4 <= h.meta_bytes);
+            assert!(1u64 << h.max_order <= h.units);
+            assert!(2 * (1u64 << h.max_order) > h.units);
+        }
+        assert!(Heap::layout(4095).is_none());
+    }
+}

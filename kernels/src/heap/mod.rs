@@ -1,0 +1,307 @@
+//! The device heap: `malloc` and `free` callable from any kernel.
+//!
+//! ```ignore
+//! use gpuheap_kernels::heap::{self, Heap};
+//! // in a kernel body, with `p.heap: Heap` in the parameter struct:
+//! let ptr = unsafe { heap::malloc(&p.heap, 48) };   // 16-byte aligned or null
+//! if !ptr.is_null() { /* use it */ unsafe { heap::free(&p.heap, ptr) } }
+//! ```
+//!
+//! # Layers (one file each, lower layers never use higher ones)
+//!
+//! | file | what | why this way |
+//! |---|---|---|
+//! | [`layout`] | units (4 KiB), pages (64 KiB), classes (16 B..4 KiB), the [`Heap`] handle, the metadata map, [`layout::HeapMem`] | one handle of plain data; metadata outside the arena |
+//! | [`bitmap`] | hierarchical bitmaps with a summary-bit protocol | "find a set bit" in `depth` loads, exact at quiescence |
+//! | [`buddy`] | lock-free buddy levels, split/merge, the transit counter | large blocks and pages from one pool; no lost merges; no spurious null from splits in flight |
+//! | [`slab`] | page headers, slot bitmaps, reserve/claim/free, retire, current pages | one `fetch_add` per warp group, pages back to the buddy when empty |
+//! | this file | [`malloc`], [`free`]: size dispatch, warp aggregation | the warp is the unit of work on a GPU |
+//! | [`init`] | the initial state | host-built image, same code in the model tests |
+//! | [`kernels`] | thin kernels used by tests, benchmarks and the PTX budget check | |
+//!
+//! # Semantics
+//!
+//! * `malloc(0)` returns null. Sizes 1..=4096 are served by slabs (slot =
+//!   next power of two ≥ 16 B), larger sizes by the buddy allocator (next
+//!   power of two of 4 KiB units). Every pointer is 16-byte aligned; large
+//!   blocks are 4 KiB aligned. Sizes the heap can never hold return null at
+//!   once, without overflow, whatever the value (up to `u64::MAX`).
+//! * `malloc` returns null when the request cannot be met, after a bounded
+//!   amount of work: every loop in the allocator has a fixed bound, nothing
+//!   waits for another thread, and nothing is written into the arena.
+//!   Under heavy concurrent churn a request may fail while memory is being
+//!   freed elsewhere (as in Gallatin, whose retry bounds have the same
+//!   consequence); splits and merges in flight do not cause failures
+//!   ([`buddy`], the transit counter).
+//! * `free(null)` does nothing. Any thread of any block or later kernel may
+//!   free any pointer from `malloc` on the same heap. `free` uses no warp
+//!   collective, so it may be called divergently.
+//! * Double and invalid frees are undefined behaviour in release builds, but
+//!   every one that the free path can see for free (a slot bit already clear,
+//!   a tag already zero, a pointer outside the arena or off a slot boundary)
+//!   is ignored rather than corrupting the heap. With the cargo feature
+//!   `debug-free` they are also counted in control words that
+//!   `DeviceHeap::stats` reports. A double free is only detectable until the
+//!   address is handed out again.
+//! * `malloc` is warp-collective: the lanes of `active_mask()` call it
+//!   together (the usual case: every lane of a converged warp). On a GPU the
+//!   lanes may diverge before the call; in the CPU lockstep emulator they must
+//!   reach it at a warp-uniform point (see `arch::emu`).
+//!
+//! # Warp aggregation (the fast path)
+//!
+//! Lanes asking for the same class find each other with `match.any`; the
+//! lowest is the leader, reserves slots for the whole group with one header
+//! `fetch_add` and claims bitmap words with `fetch_or` (up to 64 slots per
+//! RMW), and hands each lane its slot with two 64-bit shuffles. The loop that
+//! distributes chunks is warp-uniform (its condition is a ballot), so groups
+//! of different classes in one warp proceed together. Large requests are
+//! served per lane (each is a separate buddy block anyway).
+//!
+//! # Compaction and the live-block list
+//!
+//! Large blocks are exactly the units `u` with `tags[u] = order + 1 != 0`
+//! (offset `u * 4096`, size `4096 << order`); slab pages are the pages whose
+//! header has a class; everything else is a set bit in some buddy level.
+//! That is the whole state: a relocation can rebuild it by zeroing the
+//! metadata, running [`init`]-like decomposition over the free gaps, and
+//! writing tags for the moved blocks. The host lists live blocks with
+//! `DeviceHeap::live_blocks` (reads the tags back).
+
+pub mod bitmap;
+pub mod buddy;
+pub mod init;
+#[cfg(not(any(loom, shuttle)))]
+pub mod kernels;
+pub mod layout;
+pub mod slab;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+#[cfg(all(test, not(loom), not(shuttle)))]
+mod tests;
+
+use layout::*;
+pub use layout::{DevHeap, Heap, HeapMem};
+use slab::SlotFree;
+
+use crate::arch::atomic::Ordering;
+use crate::arch::index::{global_warp_id, lane_id, sm_id};
+use crate::arch::warp::{active_mask, ballot, lanemask_lt, match_any, shfl_u64};
+
+#[inline(always)]
+fn hash(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[inline(always)]
+fn count_failed<M: HeapMem>(m: &M, n: u32) {
+    if n > 0 {
+        m.word(Region::Ctrl, CTRL_FAILED as u64).fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+#[inline(always)]
+fn count_bad_free<M: HeapMem>(m: &M, word: usize) {
+    #[cfg(feature = "debug-free")]
+    m.word(Region::Ctrl, word as u64).fetch_add(1, Ordering::Relaxed);
+    #[cfg(not(feature = "debug-free"))]
+    let _ = (m, word);
+}
+
+/// Allocates a large block (> 4 KiB) of order `k` for this lane alone.
+#[inline(always)]
+fn alloc_large<M: HeapMem>(m: &M, k: u32, hint: u64) -> u64 {
+    let g = m.geom();
+    let unit = match buddy::alloc(m, k, hint) {
+        Some(u) => Some(u),
+        None if slab::scavenge(m) => buddy::alloc(m, k, hint),
+        None => None,
+    };
+    match unit {
+        Some(u) => {
+            buddy::tag(m, u).store(k + 1, Ordering::Release);
+            g.base + (u << UNIT_SHIFT)
+        }
+        None => {
+            count_failed(m, 1);
+            0
+        }
+    }
+}
+
+/// `malloc` over any [`HeapMem`] (the device handle, or the model checkers'
+/// `VecHeap`). See [`malloc`].
+#[inline(always)]
+pub fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
+    let g = m.geom();
+    let mask = active_mask();
+    let lane = lane_id();
+    let class = class_of(size);
+    let order = order_of(size);
+    let large = class.is_none() && size != 0;
+    // Group key: the class for slab requests; unique per lane otherwise.
+    let key = match class {
+        Some(c) => c,
+        None => 0x100 | lane,
+    };
+    let peers = match_any(mask, key);
+    let leader = peers.trailing_zeros();
+    let rank = (peers & lanemask_lt()).count_ones();
+    let n = peers.count_ones();
+    let warp = global_warp_id();
+    let hint = hash(warp);
+
+    let mut result = 0u64;
+    if large {
+        if order as u64 > g.max_order {
+            count_failed(m, 1);
+        } else {
+            result = alloc_large(m, order, hint.wrapping_add(lane as u64));
+        }
+    }
+
+    let c = class.unwrap_or(0);
+    let size_shift = MIN_CLASS_SHIFT + c;
+    let slot = sm_id() % CURRENT_SLOTS;
+    let mut pending = class.is_some();
+    let mut assigned = 0u32;
+    // Leader state: the page reserved on, slots left, word cursor.
+    let mut page = 0u64;
+    let mut left = 0u32;
+    let mut cursor = (hint >> 32) as u32;
+    while ballot(mask, pending) != 0 {
+        let mut cbase = 0u64;
+        let mut cbits = 0u64;
+        if pending && lane == leader {
+            let need = n - assigned;
+            if left == 0 {
+                if let Some((p, got)) = slab::acquire(m, c, slot, need, hint).get() {
+                    page = p;
+                    left = got;
+                }
+            }
+            if left > 0 {
+                let (w, bits) = slab::claim_bits(m, page, c, &mut cursor, left.min(need));
+                if bits == 0 {
+                    slab::unreserve(m, page, left);
+                    left = 0;
+                } else {
+                    left -= bits.count_ones();
+                    cbits = bits;
+                    cbase = g.base + (page << PAGE_SHIFT) + ((w as u64 * 64) << size_shift);
+                }
+            }
+            if cbits == 0 {
+                count_failed(m, need);
+            }
+        }
+        let cbase = shfl_u64(mask, cbase, leader);
+        let cbits = shfl_u64(mask, cbits, leader);
+        if pending {
+            if cbits == 0 {
+                pending = false;
+            } else {
+                let k = cbits.count_ones();
+                if rank >= assigned && rank < assigned + k {
+                    let mut b = cbits;
+                    let mut j = rank - assigned;
+                    while j > 0 {
+                        b &= b - 1;
+                        j -= 1;
+                    }
+                    result = cbase + ((b.trailing_zeros() as u64) << size_shift);
+                }
+                assigned += k;
+                if assigned >= n {
+                    pending = false;
+                }
+            }
+        }
+    }
+    if class.is_some() && result != 0 {
+        // Acquire the slot's history ourselves (see slab: memory ordering of
+        // the payload): the leader's claim RMW is in the release sequence of
+        // the previous owner's free.
+        let off = result - g.base;
+        let slot_idx = (off & (PAGE - 1)) >> size_shift;
+        m.word(Region::Bits, (off >> PAGE_SHIFT) * WORDS_PER_PAGE + slot_idx / 64).load(Ordering::Acquire);
+    }
+    // A leftover reservation (cannot happen: a group takes what it reserves)
+    // is returned so the page can still empty.
+    if left > 0 {
+        slab::unreserve(m, page, left);
+    }
+    result
+}
+
+/// `free` over any [`HeapMem`]. See [`free`].
+#[inline(always)]
+pub fn free_in<M: HeapMem>(m: &M, ptr: u64) {
+    if ptr == 0 {
+        return;
+    }
+    let g = m.geom();
+    let off = ptr.wrapping_sub(g.base);
+    if ptr < g.base || off >= g.capacity {
+        count_bad_free(m, CTRL_INVALID_FREES);
+        return;
+    }
+    let page = off >> PAGE_SHIFT;
+    let h = m.word(Region::Hdr, page).load(Ordering::Acquire);
+    if slab::hdr_class(h).is_some() {
+        match slab::free_slot(m, page, h, off & (PAGE - 1)) {
+            SlotFree::Freed => {}
+            SlotFree::Double => count_bad_free(m, CTRL_DOUBLE_FREES),
+            SlotFree::Invalid => count_bad_free(m, CTRL_INVALID_FREES),
+        }
+        return;
+    }
+    if off & (UNIT - 1) != 0 {
+        count_bad_free(m, CTRL_INVALID_FREES);
+        return;
+    }
+    let unit = off >> UNIT_SHIFT;
+    let t = buddy::tag(m, unit).swap(0, Ordering::AcqRel);
+    if t == 0 || t as u64 > g.max_order + 1 {
+        // Never allocated here, or freed already (we cannot tell which once
+        // the tag is gone; a tag of 0 on a unit that starts a free buddy
+        // block is the common double-free case).
+        count_bad_free(m, if t == 0 { CTRL_DOUBLE_FREES } else { CTRL_INVALID_FREES });
+        return;
+    }
+    buddy::free(m, unit, t - 1);
+}
+
+/// Allocates `size` bytes from `heap`; returns a 16-byte aligned pointer, or
+/// null when `size` is 0 or the heap cannot provide it (see the module docs).
+///
+/// Warp-collective over `active_mask()`: call it from every lane that is
+/// active at this point (lanes that need nothing pass 0).
+///
+/// # Safety
+/// `heap` is the handle of a live, initialised heap on this device (from
+/// `DeviceHeap::handle`, used while the `DeviceHeap` lives).
+#[inline(always)]
+pub unsafe fn malloc(heap: &Heap, size: u64) -> *mut u8 {
+    // SAFETY: forwarded contract (a live, initialised heap).
+    let m = unsafe { DevHeap::new(heap) };
+    malloc_in(&m, size) as *mut u8
+}
+
+/// Frees `ptr` (from [`malloc`] on the same heap, by any thread); null is
+/// ignored. Not collective.
+///
+/// # Safety
+/// As for [`malloc`]; `ptr` is null or a live allocation of this heap that
+/// nobody uses after this call (double and foreign frees are detected on a
+/// best-effort basis only, see the module docs).
+#[inline(always)]
+pub unsafe fn free(heap: &Heap, ptr: *mut u8) {
+    // SAFETY: forwarded contract (a live, initialised heap).
+    let m = unsafe { DevHeap::new(heap) };
+    free_in(&m, ptr as u64)
+}

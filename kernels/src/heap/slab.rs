@@ -1,0 +1,445 @@
+//! Slab pages: 64 KiB pages carved into slots of one size class.
+//!
+//! # State of a page
+//!
+//! * a **header** word (`u64`): `used` (bits 0..32: slots reserved or
+//!   allocated, plus transient over-reservations), `class + 1` (bits 32..36;
+//!   0 = not a slab page: free in the buddy, part of a large block, or split),
+//!   `slot` (bits 36..44: the current-page slot it was installed in, a hint),
+//!   `gen` (bits 44..64: incremented on every format and retire; the ABA tag);
+//! * a **bitmap** of `slots` bits (1 = allocated) in up to 64 `u64` words;
+//! * a bit in its class's **available** bitmap (probably has free slots);
+//! * possibly an entry in `current[class][slot]` (the page warps of that slot
+//!   carve from first; Gallatin's per-SM pinned blocks).
+//!
+//! # Allocation: reserve, then claim (ScatterAlloc's counter + bitmap, with
+//! Gallatin's one-atomic-per-warp reservation)
+//!
+//! 1. **Reserve** `n` slots for a whole warp group with one `fetch_add(n)` on
+//!    the header. The returned old value says whether the page was of our
+//!    class and how many slots were left; we keep `min(n, slots - used)` and
+//!    give the excess back with `fetch_sub`. A reservation on a page that is
+//!    full, of another class, or not a slab page at all only touches the
+//!    header's `used` field and undoes itself, and every decrement (free or
+//!    give-back) runs the same [`after_release`] bookkeeping, so strays are
+//!    harmless. `fetch_add` never fails, unlike a CAS loop that would
+//!    serialise the warps of one SM on a hot header.
+//! 2. **Claim** that many bits: scan the page's words from a hashed start,
+//!    `fetch_or` the lowest free bits wanted; bits that were set already (by
+//!    another claimer) stay theirs (`got = take & !old`). The reservation
+//!    guarantees enough clear bits exist, so the scan always succeeds.
+//!
+//! Invariant: `used >= set bits` at all times (frees clear the bit before
+//! decrementing, allocations increment before setting the bit), hence a page
+//! whose `used` reaches 0 has an all-zero bitmap and nobody inside it.
+//!
+//! # Free
+//!
+//! `fetch_and` clears the slot's bit (its old value detects double frees),
+//! then `fetch_sub(1)` on the header. The decrement that takes `used` from
+//! `>= slots` to `< slots` sets the page's available bit; the decrement that
+//! takes it to 0 retires the page unless it is its slot's current page.
+//!
+//! # Retire (empty pages go back to the buddy: BL-09, mallocMC#256)
+//!
+//! A CAS from exactly `{used 0, class c, slot s, gen g}` to
+//! `{0, none, 0, g + 1}`, then a buddy free of the page. A concurrent
+//! reservation makes `used != 0` and the CAS fail (the reserver then owns the
+//! next "reached 0" event); the generation makes the CAS fail if the page was
+//! retired and re-formatted in between, so exactly one thread returns each
+//! incarnation to the buddy (BL-10: no allocation completes on a page that is
+//! being recycled, because allocation is decided by the same header word).
+//!
+//! Current pages are kept formatted when they empty (a warm heap does not
+//! re-carve its hot pages); whoever replaces a current page re-checks it and
+//! retires it if empty, and an allocation that finds the buddy exhausted
+//! retires every empty current page first ([`scavenge`]). The freer reads
+//! `current` after its header RMW and the replacer reads the header (with an
+//! RMW) after its `current` RMW: the header RMWs are ordered, so at least one
+//! of the two sees the other and retires.
+//!
+//! # Memory ordering of the payload
+//!
+//! A slot's previous owner writes its data, then frees with `AcqRel` RMWs;
+//! the next claimer's `fetch_or` (`AcqRel`) on the same word reads from that
+//! release sequence. In a warp-aggregated claim the leader does that RMW, so
+//! every lane that receives a slot then performs its own `Acquire` load of
+//! the slot's bitmap word ([`super::malloc`]), which reads from the same
+//! release sequence: the previous owner's writes happen-before the new
+//! owner's, with no reliance on shuffles ordering memory.
+
+use super::bitmap::Hb;
+use super::buddy;
+use super::layout::*;
+use crate::arch::atomic::Ordering;
+
+/// `used` field mask.
+pub const USED_MASK: u64 = 0xFFFF_FFFF;
+const CLASS_SHIFT: u32 = 32;
+const SLOT_SHIFT: u32 = 36;
+const GEN_SHIFT: u32 = 44;
+/// `current` entry of a slot being refilled.
+pub const REFILLING: u32 = u32::MAX;
+/// Probes of the available bitmap per refill.
+pub const AVAIL_PROBES: u32 = 4;
+/// Attempts to get a reservation through the current-page slot before
+/// falling back to a private page.
+pub const ACQUIRE_ATTEMPTS: u32 = 32;
+
+/// Slots reserved or allocated (plus transient over-reservations).
+#[inline(always)]
+pub const fn hdr_used(h: u64) -> u32 {
+    (h & USED_MASK) as u32
+}
+/// The page's class, `None` when it is not a slab page.
+#[inline(always)]
+pub const fn hdr_class(h: u64) -> Option<u32> {
+    let c = ((h >> CLASS_SHIFT) & 0xF) as u32;
+    if c == 0 {
+        None
+    } else {
+        Some(c - 1)
+    }
+}
+/// The current-page slot the page was installed in.
+#[inline(always)]
+pub const fn hdr_slot(h: u64) -> u32 {
+    ((h >> SLOT_SHIFT) & 0xFF) as u32
+}
+/// The generation (ABA tag).
+#[inline(always)]
+pub const fn hdr_gen(h: u64) -> u32 {
+    (h >> GEN_SHIFT) as u32
+}
+
+/// A reservation: `count` (1..=255) slots on `page`, packed in one `u64`
+/// (`page << 8 | count`, 0 = none) so that it is returned in a register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant(u64);
+
+impl Grant {
+    /// No reservation.
+    pub const NONE: Grant = Grant(0);
+
+    #[inline(always)]
+    fn new(page: u64, count: u32) -> Self {
+        Grant(page << 8 | count as u64)
+    }
+
+    /// The page.
+    #[inline(always)]
+    pub fn page(self) -> u64 {
+        self.0 >> 8
+    }
+
+    /// Slots reserved (0 for [`Grant::NONE`]).
+    #[inline(always)]
+    pub fn count(self) -> u32 {
+        (self.0 & 0xFF) as u32
+    }
+
+    /// `Some((page, count))`, `None` for [`Grant::NONE`].
+    #[inline(always)]
+    pub fn get(self) -> Option<(u64, u32)> {
+        if self.0 == 0 {
+            None
+        } else {
+            Some((self.page(), self.count()))
+        }
+    }
+
+    #[inline(always)]
+    fn or_else(self, f: impl FnOnce() -> Grant) -> Grant {
+        if self.0 == 0 {
+            f()
+        } else {
+            self
+        }
+    }
+}
+
+/// The class's available-page bitmap.
+#[inline(always)]
+pub fn avail<M: HeapMem>(m: &M, class: u32) -> Hb {
+    let g = m.geom();
+    Hb { region: Region::Avail, off: class as u64 * g.avail_stride, n: g.pages }
+}
+
+#[inline(always)]
+fn current<M: HeapMem>(m: &M, class: u32, slot: u32) -> &crate::arch::atomic::AtomicU32 {
+    m.word32(Region32::Current, (class * CURRENT_SLOTS + slot) as u64)
+}
+
+/// Reserves up to `need` slots of class `class` on `page`; returns how many.
+#[inline(always)]
+pub fn reserve<M: HeapMem>(m: &M, page: u64, class: u32, need: u32) -> u32 {
+    let hdr = m.word(Region::Hdr, page);
+    let slots = class_slots(class);
+    // A plain look first avoids stray reservations on pages that are
+    // obviously full or of another class.
+    let h = hdr.load(Ordering::Relaxed);
+    if hdr_class(h) != Some(class) || hdr_used(h) >= slots {
+        return 0;
+    }
+    let old = hdr.fetch_add(need as u64, Ordering::AcqRel);
+    let used = hdr_used(old);
+    let got = if hdr_class(old) == Some(class) && used < slots { need.min(slots - used) } else { 0 };
+    if got < need {
+        let excess = need - got;
+        let old2 = hdr.fetch_sub(excess as u64, Ordering::AcqRel);
+        after_release(m, page, old2, excess);
+    }
+    got
+}
+
+/// Bookkeeping after `n` was subtracted from a header whose previous value
+/// was `old`: the available bit on leaving "full", retirement on reaching 0.
+#[inline(always)]
+pub fn after_release<M: HeapMem>(m: &M, page: u64, old: u64, n: u32) {
+    let Some(class) = hdr_class(old) else { return };
+    let slots = class_slots(class);
+    let used = hdr_used(old);
+    let now = used.wrapping_sub(n);
+    if used >= slots && now < slots {
+        avail(m, class).set(m, page);
+    }
+    if now == 0 {
+        let h = old - n as u64;
+        if current(m, class, hdr_slot(h)).load(Ordering::Acquire) != page as u32 + 1 {
+            retire(m, page, h);
+        } else {
+            m.word(Region::Ctrl, CTRL_KEPT as u64).fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Returns the empty page whose header is exactly `h` to the buddy; `false`
+/// when the header changed (someone reserved, or it was retired already).
+pub fn retire<M: HeapMem>(m: &M, page: u64, h: u64) -> bool {
+    if hdr_used(h) != 0 || hdr_class(h).is_none() {
+        return false;
+    }
+    let new = ((hdr_gen(h) as u64 + 1) & 0xF_FFFF) << GEN_SHIFT;
+    if m.word(Region::Hdr, page).compare_exchange(h, new, Ordering::AcqRel).is_ok() {
+        buddy::free(m, page << PAGE_ORDER, PAGE_ORDER);
+        true
+    } else {
+        false
+    }
+}
+
+/// Formats a page just taken from the buddy for `class`, with `reserve`
+/// slots already reserved for the caller. An RMW, not a store, so that
+/// stray reservations in flight on the unformatted header stay balanced.
+#[inline(always)]
+pub fn format<M: HeapMem>(m: &M, page: u64, class: u32, slot: u32, reserve: u32) {
+    let delta = reserve as u64
+        + (((class + 1) as u64) << CLASS_SHIFT)
+        + ((slot as u64 & 0xFF) << SLOT_SHIFT)
+        + (1u64 << GEN_SHIFT);
+    m.word(Region::Hdr, page).fetch_add(delta, Ordering::AcqRel);
+    if reserve < class_slots(class) {
+        avail(m, class).set(m, page);
+    }
+}
+
+/// Takes a fresh page from the buddy (retiring empty current pages and
+/// retrying once if the buddy is exhausted) and formats it.
+fn fresh_page<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
+    let unit = match buddy::alloc(m, PAGE_ORDER, hint) {
+        Some(u) => u,
+        None => {
+            if !scavenge(m) {
+                return Grant::NONE;
+            }
+            match buddy::alloc(m, PAGE_ORDER, hint) {
+                Some(u) => u,
+                None => return Grant::NONE,
+            }
+        }
+    };
+    let page = unit >> PAGE_ORDER;
+    let got = need.min(class_slots(class));
+    format(m, page, class, slot, got);
+    Grant::new(page, got)
+}
+
+/// Looks for a page of `class` with free slots in the available bitmap.
+fn from_avail<M: HeapMem>(m: &M, class: u32, need: u32, hint: u64) -> Grant {
+    let av = avail(m, class);
+    let mut t = 0;
+    while t < AVAIL_PROBES {
+        let Some(page) = av.find(m, hint.wrapping_add(t as u64 * 0x9E37_79B9)) else { return Grant::NONE };
+        let got = reserve(m, page, class, need);
+        if got > 0 {
+            return Grant::new(page, got);
+        }
+        // Full or recycled: drop the hint, then re-check (a free that made it
+        // non-full between our reservation and our clear must not be lost).
+        av.clear(m, page);
+        let h = m.word(Region::Hdr, page).load(Ordering::Acquire);
+        if hdr_class(h) == Some(class) && hdr_used(h) < class_slots(class) {
+            av.set(m, page);
+        }
+        t += 1;
+    }
+    Grant::NONE
+}
+
+/// Retires every empty current page (on buddy exhaustion); returns whether
+/// any page went back to the buddy. Scans only when some page was kept
+/// since the last scan (`CTRL_KEPT`), so a heap that is really full fails
+/// fast: the swap reads from the increment of every keep it resets, whose
+/// header RMW therefore happens-before the scan's loads.
+pub fn scavenge<M: HeapMem>(m: &M) -> bool {
+    if m.word(Region::Ctrl, CTRL_KEPT as u64).swap(0, Ordering::AcqRel) == 0 {
+        return false;
+    }
+    let mut any = false;
+    let mut i = 0;
+    while i < CLASSES * CURRENT_SLOTS {
+        let v = m.word32(Region32::Current, i as u64).load(Ordering::Acquire);
+        if v != 0 && v != REFILLING {
+            let page = (v - 1) as u64;
+            let h = m.word(Region::Hdr, page).load(Ordering::Acquire);
+            if hdr_class(h) == Some(i / CURRENT_SLOTS) && hdr_used(h) == 0 {
+                any |= retire(m, page, h);
+            }
+        }
+        i += 1;
+    }
+    any
+}
+
+/// Reserves up to `need` (≥ 1) slots of `class` for the caller, through the
+/// current page of `slot`, the available pages, or a fresh page; returns the
+/// page and the count, or [`Grant::NONE`] when the heap cannot provide any.
+/// `need` is at most 32 (one warp).
+pub fn acquire<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
+    let cur = current(m, class, slot);
+    let mut attempt = 0;
+    while attempt < ACQUIRE_ATTEMPTS {
+        let v = cur.load(Ordering::Acquire);
+        if v == REFILLING {
+            // Another warp is refilling this slot: use any page with room,
+            // else wait a little.
+            let r = from_avail(m, class, need, hint);
+            if r != Grant::NONE {
+                return r;
+            }
+            crate::arch::time::backoff(attempt.min(5));
+        } else {
+            if v != 0 {
+                let got = reserve(m, (v - 1) as u64, class, need);
+                if got > 0 {
+                    return Grant::new((v - 1) as u64, got);
+                }
+            }
+            if cur.compare_exchange(v, REFILLING, Ordering::AcqRel).is_ok() {
+                return refill(m, class, slot, need, hint, v);
+            }
+        }
+        attempt += 1;
+    }
+    // The refiller is slow: do not wait longer, use a page of our own.
+    from_avail(m, class, need, hint).or_else(|| fresh_page(m, class, slot, need, hint))
+}
+
+/// The refill duty of a slot (`current` holds [`REFILLING`], set by us;
+/// `old` was the entry before).
+fn refill<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64, old: u32) -> Grant {
+    let r = from_avail(m, class, need, hint).or_else(|| fresh_page(m, class, slot, need, hint));
+    let new = match r.get() {
+        Some((page, _)) => page as u32 + 1,
+        None => 0,
+    };
+    current(m, class, slot).store(new, Ordering::Release);
+    if old != 0 && old != new {
+        // The page we un-installed may have emptied while it was current.
+        let page = (old - 1) as u64;
+        let h = m.word(Region::Hdr, page).fetch_add(0, Ordering::AcqRel);
+        if hdr_class(h) == Some(class) && hdr_used(h) == 0 {
+            retire(m, page, h);
+        }
+    }
+    r
+}
+
+/// Claims up to `want` reserved slots on `page` (class `class`), scanning
+/// from word `*cursor`: returns the word index and the bits obtained (never 0
+/// when the reservation holds). Updates `*cursor`.
+#[inline(always)]
+pub fn claim_bits<M: HeapMem>(m: &M, page: u64, class: u32, cursor: &mut u32, want: u32) -> (u32, u64) {
+    let words = class_words(class);
+    let slots = class_slots(class);
+    let valid = if slots >= 64 { u64::MAX } else { (1u64 << slots) - 1 };
+    let mut scanned = 0;
+    // The reservation guarantees `want` clear bits; each failed pass means
+    // other reservers progressed. Bound the scan anyway.
+    while scanned < words * 64 {
+        let idx = *cursor % words;
+        let word = m.word(Region::Bits, page * WORDS_PER_PAGE + idx as u64);
+        let v = word.load(Ordering::Relaxed);
+        let mut free = !v & valid;
+        if free != 0 {
+            let mut take = 0u64;
+            let mut k = 0;
+            while k < want && free != 0 {
+                let low = free & free.wrapping_neg();
+                take |= low;
+                free ^= low;
+                k += 1;
+            }
+            let old = word.fetch_or(take, Ordering::AcqRel);
+            let got = take & !old;
+            if got != 0 {
+                *cursor = idx;
+                return (idx, got);
+            }
+        } else {
+            *cursor = idx + 1;
+        }
+        scanned += 1;
+    }
+    (0, 0)
+}
+
+/// Outcome of [`free_slot`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotFree {
+    /// Freed.
+    Freed,
+    /// The slot was not allocated (double free).
+    Double,
+    /// The pointer is not a slot boundary of this page's class.
+    Invalid,
+}
+
+/// Frees the slot at byte `off_in_page` of `page`, whose header read `h`
+/// (a slab page of some class).
+#[inline(always)]
+pub fn free_slot<M: HeapMem>(m: &M, page: u64, h: u64, off_in_page: u64) -> SlotFree {
+    let Some(class) = hdr_class(h) else { return SlotFree::Invalid };
+    let size_shift = MIN_CLASS_SHIFT + class;
+    if off_in_page & ((1 << size_shift) - 1) != 0 {
+        return SlotFree::Invalid;
+    }
+    let slot = off_in_page >> size_shift;
+    let bit = 1u64 << (slot % 64);
+    let old = m.word(Region::Bits, page * WORDS_PER_PAGE + slot / 64).fetch_and(!bit, Ordering::AcqRel);
+    if old & bit == 0 {
+        return SlotFree::Double;
+    }
+    let old_h = m.word(Region::Hdr, page).fetch_sub(1, Ordering::AcqRel);
+    after_release(m, page, old_h, 1);
+    SlotFree::Freed
+}
+
+/// Gives back `n` reserved but unclaimed slots (never happens when the
+/// reservation invariant holds; kept so that every path is balanced).
+pub fn unreserve<M: HeapMem>(m: &M, page: u64, n: u32) {
+    if n > 0 {
+        let old = m.word(Region::Hdr, page).fetch_sub(n as u64, Ordering::AcqRel);
+        after_release(m, page, old, n);
+    }
+}

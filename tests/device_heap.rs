@@ -1,0 +1,383 @@
+//! The device heap end to end on every backend (CPU sequential, CPU lockstep
+//! warps, and the GPU when present): disjointness against a host model,
+//! pattern survival, exact statistics, exhaustion and reuse at other sizes,
+//! cross-kernel frees, churn, the live-block list and its rebuild.
+//!
+//! Sizes are chosen to run in seconds in debug builds on two cores; the
+//! heavy variants (`*_release`) scale up under `--release`.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use gpuheap::backend::Backend;
+use gpuheap::device_heap::ops::{self, Batch};
+use gpuheap::device_heap::{DeviceHeap, HeapStats, LiveBlock, Sizes};
+use gpuheap_kernels::heap::layout::{class_of, class_size, order_of, CLASSES, PAGE, UNIT};
+
+/// The block size a request really takes (the host model of the rounding).
+fn rounded(size: u64) -> u64 {
+    class_of(size).map(class_size).unwrap_or(UNIT << order_of(size))
+}
+
+/// Checks that the non-null pointers are aligned, inside the arena and
+/// pairwise disjoint (with their rounded sizes); returns how many were null.
+fn check_disjoint(heap: &DeviceHeap, ptrs: &[u64], sizes: &[u64], what: &str) -> usize {
+    let mut blocks = BTreeMap::new();
+    let mut nulls = 0;
+    for (&p, &s) in ptrs.iter().zip(sizes) {
+        if s == 0 {
+            assert_eq!(p, 0, "{what}: malloc(0) must be null");
+            continue;
+        }
+        if p == 0 {
+            nulls += 1;
+            continue;
+        }
+        assert_eq!(p % 16, 0, "{what}: {p:#x} not 16-byte aligned");
+        let r = rounded(s);
+        assert!(p >= heap.base() && p + r <= heap.base() + heap.capacity(), "{what}: {p:#x}+{r} outside the arena");
+        if s > 4096 {
+            assert_eq!((p - heap.base()) % r, 0, "{what}: large block {p:#x} not aligned to its size {r}");
+        }
+        assert!(blocks.insert(p, r).is_none(), "{what}: {p:#x} handed out twice");
+    }
+    let mut end = 0;
+    for (&p, &r) in &blocks {
+        assert!(p >= end, "{what}: block at {p:#x} overlaps the previous one (ends {end:#x})");
+        end = p + r;
+    }
+    nulls
+}
+
+/// The statistics a heap holding exactly these requests must report.
+fn check_stats_against_model(stats: &HeapStats, ptrs: &[u64], sizes: &[u64], what: &str) {
+    let mut slots = [0u64; CLASSES as usize];
+    let (mut large, mut large_bytes) = (0, 0);
+    for (&p, &s) in ptrs.iter().zip(sizes) {
+        if p == 0 {
+            continue;
+        }
+        match class_of(s) {
+            Some(c) => slots[c as usize] += 1,
+            None => {
+                large += 1;
+                large_bytes += rounded(s);
+            }
+        }
+    }
+    for (c, (cs, &n)) in stats.classes.iter().zip(&slots).enumerate() {
+        assert_eq!(cs.slots_in_use, n, "{what}: class {c} slots");
+        assert!(cs.pages * PAGE >= n * cs.size, "{what}: class {c} pages");
+    }
+    assert_eq!((stats.large_blocks, stats.large_bytes), (large, large_bytes), "{what}: large blocks");
+    assert_eq!(stats.accounted_bytes(), stats.capacity, "{what}: every byte is free, a page or a block: {stats:?}");
+    assert_eq!(stats.transit_in_flight, 0, "{what}");
+}
+
+/// After everything is freed, the whole arena must be allocatable as one block
+/// again (pages retired, buddies merged).
+fn check_fully_free(b: &Backend, heap: &DeviceHeap, what: &str) {
+    let s = heap.stats().unwrap();
+    assert_eq!(s.bytes_in_use(), 0, "{what}: {s:?}");
+    assert_eq!(s.accounted_bytes(), s.capacity, "{what}: {s:?}");
+    let pow2 = 1u64 << (63 - heap.capacity().leading_zeros());
+    let one = ops::malloc_batch(b, heap, &Sizes::Uniform(pow2), 1, false).unwrap();
+    let p = one.read_ptrs().unwrap()[0];
+    assert_eq!(p, heap.base(), "{what}: the largest block is whole again");
+    ops::free_batch(b, heap, one, 1).unwrap();
+}
+
+fn mixed_sizes(n: usize, seed: u64) -> Vec<u64> {
+    const SIZES: [u64; 14] = [1, 16, 17, 24, 64, 100, 256, 500, 1024, 2048, 4096, 4097, 8192, 20_000];
+    (0..n as u64)
+        .map(|i| {
+            let h = (i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+            if h.is_multiple_of(97) {
+                0
+            } else {
+                SIZES[(h % SIZES.len() as u64) as usize]
+            }
+        })
+        .collect()
+}
+
+fn run_mixed(b: &Backend, threads: usize, heap_bytes: u64) {
+    let what = format!("{b:?}");
+    let heap = DeviceHeap::new(b, heap_bytes).unwrap();
+    let sizes = mixed_sizes(threads, 7);
+    let batch = ops::malloc_batch(b, &heap, &Sizes::PerThread(sizes.clone()), threads as u64, false).unwrap();
+    let ptrs = batch.read_ptrs().unwrap();
+    assert_eq!(check_disjoint(&heap, &ptrs, &sizes, &what), 0, "{what}: the heap is large enough for all");
+    check_stats_against_model(&heap.stats().unwrap(), &ptrs, &sizes, &what);
+    // Each thread writes its pattern over its whole block, then all verify
+    // after everyone wrote: a slot handed out twice shows up as overwrites.
+    assert_eq!(ops::touch_batch(b, &batch, 11, false).unwrap(), 0);
+    assert_eq!(ops::touch_batch(b, &batch, 11, true).unwrap(), 0, "{what}: blocks overwrite each other");
+    // Free from other threads and blocks than the allocating ones.
+    ops::free_batch(b, &heap, batch, 7919).unwrap();
+    check_fully_free(b, &heap, &what);
+}
+
+#[test]
+fn mixed_sizes_are_disjoint_aligned_exactly_counted_and_all_come_back() {
+    for b in common::backends("mixed_sizes_are_disjoint_aligned_exactly_counted_and_all_come_back") {
+        let threads = if matches!(b, Backend::Gpu(_)) { 1 << 16 } else { 3000 };
+        run_mixed(&b, threads, 256 << 20);
+    }
+}
+
+#[test]
+fn warp_based_allocation_serves_one_lane_per_warp() {
+    for b in common::backends("warp_based_allocation_serves_one_lane_per_warp") {
+        let what = format!("{b:?}");
+        let heap = DeviceHeap::new(&b, 16 << 20).unwrap();
+        let threads = 32 * 100;
+        let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(48), threads, true).unwrap();
+        let ptrs = batch.read_ptrs().unwrap();
+        let sizes: Vec<u64> = (0..threads).map(|i| if i % 32 == 0 { 48 } else { 0 }).collect();
+        assert_eq!(check_disjoint(&heap, &ptrs, &sizes, &what), 0);
+        assert_eq!(ptrs.iter().filter(|&&p| p != 0).count(), 100, "{what}");
+        check_stats_against_model(&heap.stats().unwrap(), &ptrs, &sizes, &what);
+        ops::free_batch(&b, &heap, batch, 1).unwrap();
+        check_fully_free(&b, &heap, &what);
+    }
+}
+
+/// Allocates `size` in batches of `threads` without freeing until a batch
+/// comes back all null; returns every batch (the exhaustion phase of the
+/// survey's out-of-memory test, T6).
+fn fill_until_null(b: &Backend, heap: &DeviceHeap, size: u64, threads: u64) -> (Vec<Batch>, u64) {
+    let mut batches = Vec::new();
+    let mut ok = 0;
+    for _ in 0..10_000 {
+        let batch = ops::malloc_batch(b, heap, &Sizes::Uniform(size), threads, false).unwrap();
+        let got = batch.read_ptrs().unwrap().iter().filter(|&&p| p != 0).count() as u64;
+        ok += got;
+        batches.push(batch);
+        if got == 0 {
+            return (batches, ok);
+        }
+    }
+    panic!("{size} B never exhausted the heap");
+}
+
+#[test]
+fn exhaustion_returns_null_then_free_all_then_other_sizes_reuse_at_least_95_percent() {
+    for b in common::backends("exhaustion_returns_null_then_free_all_then_other_sizes_reuse_at_least_95_percent") {
+        let what = format!("{b:?}");
+        let lockstep = matches!(b, Backend::Cpu(ref c) if c.mode() == gpuheap::backend::CpuMode::Lockstep);
+        // Lockstep launches are an OS thread per GPU thread: keep them small.
+        let (cap, sizes): (u64, &[u64]) = if lockstep {
+            (1 << 20, &[64, 4096, 1 << 17])
+        } else {
+            (4 << 20, &[64, 4096, 16, 1 << 18, 256, 12_000, 1024])
+        };
+        let heap = DeviceHeap::new(&b, cap).unwrap();
+        for &size in sizes {
+            let threads = (cap / size / 8).clamp(16, if lockstep { 512 } else { 4096 });
+            let (batches, ok) = fill_until_null(&b, &heap, size, threads);
+            let usable = ok * rounded(size);
+            eprintln!("{what}: {size} B: {:.2} % of the pool usable", usable as f64 * 100.0 / cap as f64);
+            assert!(usable * 100 >= cap * 95, "{what}: {size} B: only {usable} of {cap} bytes usable");
+            let s = heap.stats().unwrap();
+            assert!(s.failed_requests > 0, "{what}");
+            assert_eq!(s.accounted_bytes(), s.capacity, "{what}: {s:?}");
+            // Everything handed out is disjoint, across all batches.
+            let (mut ptrs, mut sizes) = (Vec::new(), Vec::new());
+            for bt in &batches {
+                ptrs.extend(bt.read_ptrs().unwrap());
+                sizes.extend(bt.read_sizes().unwrap());
+            }
+            check_disjoint(&heap, &ptrs, &sizes, &what);
+            for bt in batches {
+                ops::free_batch(&b, &heap, bt, 3).unwrap();
+            }
+            check_fully_free(&b, &heap, &format!("{what} after {size} B"));
+        }
+    }
+}
+
+#[test]
+fn frees_in_a_later_kernel_by_other_threads_make_memory_reusable() {
+    for b in common::backends("frees_in_a_later_kernel_by_other_threads_make_memory_reusable") {
+        let what = format!("{b:?}");
+        let heap = DeviceHeap::new(&b, 8 << 20).unwrap();
+        let a = ops::malloc_batch(&b, &heap, &Sizes::Uniform(256), 1000, false).unwrap();
+        let pa = a.read_ptrs().unwrap();
+        let pages_a = heap.stats().unwrap().slab_pages();
+        ops::free_batch(&b, &heap, a, 7).unwrap();
+        let c = ops::malloc_batch(&b, &heap, &Sizes::Uniform(256), 1000, false).unwrap();
+        let pc = c.read_ptrs().unwrap();
+        assert!(pc.iter().all(|&p| p != 0), "{what}");
+        let range = |v: &[u64]| v.iter().max().unwrap() - v.iter().min().unwrap();
+        let pages_c = heap.stats().unwrap().slab_pages();
+        assert!(pages_c <= pages_a + 1, "{what}: reuse, not growth: {pages_a} pages then {pages_c}");
+        assert!(range(&pc) <= range(&pa) + 2 * PAGE, "{what}: address range grew");
+        ops::free_batch(&b, &heap, c, 1).unwrap();
+        check_fully_free(&b, &heap, &what);
+    }
+}
+
+#[test]
+fn churn_mixed_sizes_many_rounds_without_corruption() {
+    for b in common::backends("churn_mixed_sizes_many_rounds_without_corruption") {
+        let what = format!("{b:?}");
+        let (threads, rounds) = match b {
+            Backend::Gpu(_) => (1 << 16, 200),
+            Backend::Cpu(ref c) if c.mode() == gpuheap::backend::CpuMode::Lockstep => (256, 12),
+            _ => (2048, if cfg!(debug_assertions) { 30 } else { 200 }),
+        };
+        let heap = DeviceHeap::new(&b, 256 << 20).unwrap();
+        let r = ops::churn(&b, &heap, threads, rounds, (16, 6000), 99, true).unwrap();
+        assert_eq!(r.corrupted_words, 0, "{what}: {r:?}");
+        assert_eq!(r.failures, 0, "{what}: the heap holds 4 live blocks per thread easily: {r:?}");
+        assert_eq!(r.allocations, threads * rounds, "{what}");
+        check_fully_free(&b, &heap, &what);
+    }
+}
+
+#[test]
+fn churn_under_memory_pressure_fails_cleanly_and_recovers() {
+    for b in common::backends("churn_under_memory_pressure_fails_cleanly_and_recovers") {
+        let what = format!("{b:?}");
+        let (threads, rounds) = match b {
+            Backend::Cpu(ref c) if c.mode() == gpuheap::backend::CpuMode::Lockstep => (128, 8),
+            _ => (1024, 20),
+        };
+        // 1024 threads x 4 live blocks of up to 64 KiB cannot all fit in 8 MiB.
+        let heap = DeviceHeap::new(&b, 8 << 20).unwrap();
+        let r = ops::churn(&b, &heap, threads, rounds, (16, 64 << 10), 5, true).unwrap();
+        assert_eq!(r.corrupted_words, 0, "{what}: {r:?}");
+        assert_eq!(r.allocations + r.failures, threads * rounds, "{what}");
+        let s = heap.stats().unwrap();
+        assert_eq!(s.failed_requests, r.failures, "{what}");
+        check_fully_free(&b, &heap, &what);
+    }
+}
+
+#[test]
+fn malloc_zero_is_null_and_free_null_is_a_noop() {
+    for b in common::backends("malloc_zero_is_null_and_free_null_is_a_noop") {
+        let heap = DeviceHeap::new(&b, 1 << 20).unwrap();
+        let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(0), 100, false).unwrap();
+        assert!(batch.read_ptrs().unwrap().iter().all(|&p| p == 0));
+        ops::free_batch(&b, &heap, batch, 1).unwrap();
+        let s = heap.stats().unwrap();
+        assert_eq!((s.failed_requests, s.double_frees, s.invalid_frees), (0, 0, 0));
+        check_fully_free(&b, &heap, &format!("{b:?}"));
+    }
+}
+
+#[test]
+fn huge_and_boundary_sizes_return_null_without_overflow() {
+    for b in common::backends("huge_and_boundary_sizes_return_null_without_overflow") {
+        let heap = DeviceHeap::new(&b, 1 << 20).unwrap();
+        let sizes = vec![(1 << 20) + 1, 1 << 32, (1 << 32) + 16, u64::MAX, u64::MAX - 15, (1 << 32) - 1, 1 << 20];
+        let n = sizes.len() as u64;
+        let batch = ops::malloc_batch(&b, &heap, &Sizes::PerThread(sizes), n, false).unwrap();
+        let p = batch.read_ptrs().unwrap();
+        assert_eq!(&p[..6], &[0; 6]);
+        assert_eq!(p[6], heap.base(), "the whole heap is one block");
+        assert_eq!(heap.stats().unwrap().failed_requests, 6);
+        ops::free_batch(&b, &heap, batch, 1).unwrap();
+        check_fully_free(&b, &heap, &format!("{b:?}"));
+    }
+}
+
+#[test]
+fn double_and_invalid_frees_never_corrupt_the_heap() {
+    for b in common::backends("double_and_invalid_frees_never_corrupt_the_heap") {
+        let what = format!("{b:?}");
+        let mut heap = DeviceHeap::new(&b, 4 << 20).unwrap();
+        let batch = ops::malloc_batch(&b, &heap, &Sizes::PerThread(vec![32, 32, 10_000]), 3, false).unwrap();
+        let p = batch.read_ptrs().unwrap();
+        let base = heap.base();
+        // SAFETY: valid frees first, then deliberately bad ones to test detection.
+        unsafe {
+            ops::free_ptrs(&b, &heap, &[p[0]]).unwrap();
+            ops::free_ptrs(&b, &heap, &[p[0], p[1] + 8, p[2] + 4096, base - 16, base + (1 << 40)]).unwrap();
+            ops::free_ptrs(&b, &heap, &[p[1], p[2]]).unwrap();
+            ops::free_ptrs(&b, &heap, &[p[2]]).unwrap();
+        }
+        let s = heap.stats().unwrap();
+        if cfg!(feature = "debug-free") {
+            assert_eq!((s.double_frees, s.invalid_frees), (3, 3), "{what}: {s:?}");
+        } else {
+            assert_eq!((s.double_frees, s.invalid_frees), (0, 0), "{what}: counted only with debug-free");
+        }
+        check_fully_free(&b, &heap, &what);
+        heap.reset().unwrap();
+        let s = heap.stats().unwrap();
+        assert_eq!((s.failed_requests, s.double_frees, s.invalid_frees), (0, 0, 0), "{what}: reset clears counters");
+    }
+}
+
+#[test]
+fn live_blocks_list_large_allocations_and_rebuild_accepts_a_relocation() {
+    for b in common::backends("live_blocks_list_large_allocations_and_rebuild_accepts_a_relocation") {
+        let what = format!("{b:?}");
+        let mut heap = DeviceHeap::new(&b, 16 << 20).unwrap();
+        let sizes = vec![5000u64, 100_000, 16, 8192, 1 << 20, 40_000, 64];
+        let n = sizes.len() as u64;
+        let batch = ops::malloc_batch(&b, &heap, &Sizes::PerThread(sizes.clone()), n, false).unwrap();
+        let ptrs = batch.read_ptrs().unwrap();
+        let mut expect: Vec<LiveBlock> = ptrs
+            .iter()
+            .zip(&sizes)
+            .filter(|(_, &s)| s > 4096)
+            .map(|(&p, &s)| LiveBlock { offset: p - heap.base(), size: rounded(s) })
+            .collect();
+        expect.sort();
+        assert_eq!(heap.live_blocks().unwrap(), expect, "{what}");
+        // A "compaction": move the large blocks to the top of the arena,
+        // largest first, each aligned to its size; keep the slab pages.
+        let mut moved = Vec::new();
+        let mut top = heap.capacity();
+        let mut by_size = expect.clone();
+        by_size.sort_by_key(|b| std::cmp::Reverse(b.size));
+        for blk in &by_size {
+            top = (top - blk.size) & !(blk.size - 1);
+            moved.push(LiveBlock { offset: top, size: blk.size });
+        }
+        heap.rebuild(&moved).unwrap();
+        let mut sorted = moved.clone();
+        sorted.sort();
+        assert_eq!(heap.live_blocks().unwrap(), sorted, "{what}");
+        let s = heap.stats().unwrap();
+        assert_eq!(s.accounted_bytes(), s.capacity, "{what}: {s:?}");
+        // The moved blocks free at their new addresses; the slots at the old.
+        let mut all: Vec<u64> = moved.iter().map(|m| heap.base() + m.offset).collect();
+        all.extend(ptrs.iter().zip(&sizes).filter(|(_, &s)| s <= 4096).map(|(&p, _)| p));
+        // SAFETY: exactly the live allocations, each once.
+        unsafe { ops::free_ptrs(&b, &heap, &all).unwrap() };
+        check_fully_free(&b, &heap, &what);
+        assert!(heap.rebuild(&[LiveBlock { offset: 4096, size: 8192 }]).is_err(), "misaligned block rejected");
+    }
+}
+
+#[test]
+fn reset_restores_a_fresh_heap() {
+    for b in common::backends("reset_restores_a_fresh_heap") {
+        let mut heap = DeviceHeap::new(&b, 2 << 20).unwrap();
+        let fresh = heap.stats().unwrap();
+        let _ = ops::malloc_batch(&b, &heap, &Sizes::Uniform(100), 5000, false).unwrap();
+        assert_ne!(heap.stats().unwrap(), fresh);
+        heap.reset().unwrap();
+        assert_eq!(heap.stats().unwrap(), fresh);
+        check_fully_free(&b, &heap, &format!("{b:?}"));
+    }
+}
+
+/// The heavy variant: many threads, many rounds. Run with `--release`
+/// (`cargo test --release -p gpuheap --test device_heap -- --ignored`).
+#[test]
+#[ignore = "heavy; run with --release -- --ignored"]
+fn churn_heavy_release() {
+    let b = Backend::cpu();
+    let heap = DeviceHeap::new(&b, 1 << 30).unwrap();
+    let r = ops::churn(&b, &heap, 1 << 15, 500, (16, 16 << 10), 3, true).unwrap();
+    assert_eq!((r.corrupted_words, r.failures), (0, 0), "{r:?}");
+    check_fully_free(&b, &heap, "heavy churn");
+    run_mixed(&b, 1 << 17, 1 << 30);
+}
