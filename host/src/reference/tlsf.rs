@@ -52,6 +52,27 @@ impl TlsfIndex {
         }
     }
 
+    /// Unlinks `n`, which is filed under the class of `size` bytes.
+    #[inline]
+    fn unlink(&mut self, nodes: &mut [Node<()>], n: u32, size: u64) {
+        let Node { a: prev, b: next, .. } = nodes[n as usize];
+        if prev != NIL {
+            nodes[prev as usize].b = next;
+        } else {
+            let (fl, sl) = size_class(size >> self.granule_log2);
+            self.heads[fl][sl] = next;
+            if next == NIL {
+                self.sl_bitmap[fl] &= !(1 << sl);
+                if self.sl_bitmap[fl] == 0 {
+                    self.fl_bitmap &= !(1 << fl);
+                }
+            }
+        }
+        if next != NIL {
+            nodes[next as usize].a = prev;
+        }
+    }
+
     /// First non-empty class at or above `(fl, sl)`.
     #[inline]
     fn first_at_or_above(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
@@ -87,21 +108,17 @@ impl FreeIndex for TlsfIndex {
 
     #[inline]
     fn remove(&mut self, nodes: &mut [Node<()>], n: u32) {
-        let Node { a: prev, b: next, size, .. } = nodes[n as usize];
-        if prev != NIL {
-            nodes[prev as usize].b = next;
-        } else {
-            let (fl, sl) = size_class(size >> self.granule_log2);
-            self.heads[fl][sl] = next;
-            if next == NIL {
-                self.sl_bitmap[fl] &= !(1 << sl);
-                if self.sl_bitmap[fl] == 0 {
-                    self.fl_bitmap &= !(1 << fl);
-                }
-            }
-        }
-        if next != NIL {
-            nodes[next as usize].a = prev;
+        let size = nodes[n as usize].size;
+        self.unlink(nodes, n, size);
+    }
+
+    #[inline]
+    fn update(&mut self, nodes: &mut [Node<()>], n: u32, _old_offset: u64, old_size: u64) {
+        let new_size = nodes[n as usize].size;
+        // Lists are unordered: only a change of class moves the node.
+        if size_class(old_size >> self.granule_log2) != size_class(new_size >> self.granule_log2) {
+            self.unlink(nodes, n, old_size);
+            self.insert(nodes, n);
         }
     }
 
