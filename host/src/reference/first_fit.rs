@@ -5,7 +5,9 @@
 //! large enough, so it finds the lowest fitting address without scanning. The same tree answers
 //! "highest-address fit" for the [tiered](super::tiered) strategy's large tier.
 //!
-//! Blocks live in the shared [arena](super::arena) (address-ordered physical list, immediate coalescing).
+//! Blocks live in the shared block arena: out-of-band 32-byte nodes in an address-ordered doubly linked
+//! list (offset-allocator style), so merging with free neighbours on free is O(1) and immediate, and a split
+//! or merge that keeps a free block's address order updates the index in place.
 //!
 //! # Invariants
 //! - In-order traversal of the treap lists the free blocks by ascending offset; priorities are max-heap
