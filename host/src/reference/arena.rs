@@ -6,7 +6,7 @@
 //! free block for a request.
 //!
 //! Invariants (checked by `check_invariants` in debug tests):
-//! - The physical list starts at node 0 (offset 0), tiles `[0, capacity)` without gaps, ascending.
+//! - The physical list starts at `head` (offset 0), tiles `[0, capacity)` without gaps, ascending.
 //! - No two physically adjacent blocks are both free (immediate coalescing).
 //! - Every offset and size is a multiple of `granule`; sizes are non-zero.
 //! - A block is in the free index iff it is free; it is in `used` (keyed by offset) iff it is live.
@@ -69,6 +69,9 @@ pub(crate) trait FreeIndex: Send {
     fn insert(&mut self, nodes: &mut [Node<Self::Extra>], n: u32);
     /// Removes free node `n`.
     fn remove(&mut self, nodes: &mut [Node<Self::Extra>], n: u32);
+    /// Free node `n`, in the index, changed from `(old_offset, old_size)` to its current offset and size
+    /// without changing its address order among the free blocks (a split or merge in place).
+    fn update(&mut self, nodes: &mut [Node<Self::Extra>], n: u32, old_offset: u64, old_size: u64);
     /// A free node that holds `size` bytes (a granule multiple) at an `align`-aligned start, and where.
     fn find(&mut self, nodes: &[Node<Self::Extra>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)>;
     /// Size of the largest free block in bytes.
@@ -83,6 +86,8 @@ pub(crate) struct Arena<I: FreeIndex> {
     capacity: u64,
     granule: u64,
     nodes: Vec<Node<I::Extra>>,
+    /// The node at offset 0.
+    head: u32,
     spare: Vec<u32>,
     /// Live blocks: offset -> (node, requested bytes).
     used: OffsetMap<(u32, u64)>,
@@ -110,6 +115,7 @@ impl<I: FreeIndex> Arena<I> {
             capacity,
             granule,
             nodes: Vec::new(),
+            head: 0,
             spare: Vec::new(),
             used: offset_map(),
             index,
@@ -136,6 +142,7 @@ impl<I: FreeIndex> Arena<I> {
         self.used.clear();
         self.index.clear();
         self.nodes.push(Node::new(0, self.capacity));
+        self.head = 0;
         self.index.insert(&mut self.nodes, 0);
         self.allocated = 0;
         self.reserved_in_use = 0;
@@ -170,6 +177,8 @@ impl<I: FreeIndex> Arena<I> {
         let Node { prev, next, .. } = self.nodes[m as usize];
         if prev != NIL {
             self.nodes[prev as usize].next = next;
+        } else {
+            self.head = next;
         }
         if next != NIL {
             self.nodes[next as usize].prev = prev;
@@ -177,29 +186,49 @@ impl<I: FreeIndex> Arena<I> {
         self.spare.push(m);
     }
 
-    /// Carves the live block `[start, start + size)` out of free node `n` (already removed from the index).
-    /// Remainders become free nodes in the index. Returns the live node.
+    /// Links `m` physically right before `n`.
+    fn link_before(&mut self, n: u32, m: u32) {
+        let prev = self.nodes[n as usize].prev;
+        self.nodes[m as usize].prev = prev;
+        self.nodes[m as usize].next = n;
+        self.nodes[n as usize].prev = m;
+        if prev != NIL {
+            self.nodes[prev as usize].next = m;
+        } else {
+            self.head = m;
+        }
+    }
+
+    /// Carves the live block `[start, start + size)` out of free node `n` (in the index). Node `n` keeps a
+    /// free remainder when there is one (updated in place: its address order does not change), so most
+    /// carves cost one index update. Returns the live node.
     fn carve(&mut self, n: u32, start: u64, size: u64, requested: u64, align_log2: u8) -> u32 {
         let Node { offset, size: len, .. } = self.nodes[n as usize];
-        let end = offset + len;
-        let live = if start > offset {
-            // The front remainder keeps node `n` (so node 0 always starts at offset 0).
-            self.nodes[n as usize].size = start - offset;
-            self.index.insert(&mut self.nodes, n);
+        let (front, back) = (start - offset, offset + len - start - size);
+        let live = if front > 0 {
+            self.nodes[n as usize].size = front;
+            self.index.update(&mut self.nodes, n, offset, len);
             let u = self.new_node(start, size);
             self.link_after(n, u);
+            if back > 0 {
+                let t = self.new_node(start + size, back);
+                self.link_after(u, t);
+                self.index.insert(&mut self.nodes, t);
+                self.free_count += 1;
+            }
+            u
+        } else if back > 0 {
+            self.nodes[n as usize].offset = start + size;
+            self.nodes[n as usize].size = back;
+            self.index.update(&mut self.nodes, n, offset, len);
+            let u = self.new_node(start, size);
+            self.link_before(n, u);
             u
         } else {
+            self.index.remove(&mut self.nodes, n);
             self.free_count -= 1;
-            self.nodes[n as usize].size = size;
             n
         };
-        if start + size < end {
-            let t = self.new_node(start + size, end - start - size);
-            self.link_after(live, t);
-            self.index.insert(&mut self.nodes, t);
-            self.free_count += 1;
-        }
         let node = &mut self.nodes[live as usize];
         node.b = USED;
         node.a = align_log2 as u32;
@@ -230,45 +259,58 @@ impl<I: FreeIndex> Arena<I> {
             debug_assert!(false, "free index returned a block that does not fit");
             return Err(oom(size, self.free_bytes, self.index.largest(&self.nodes)));
         };
-        self.index.remove(&mut self.nodes, n);
         self.carve(n, start, rounded, size, align.trailing_zeros() as u8);
         Ok(Allocation { offset: start, size: rounded })
     }
 
     pub(crate) fn free(&mut self, offset: u64) -> Result<(), AllocError> {
-        let Some((mut n, requested)) = self.used.remove(&offset) else {
+        let Some((n, requested)) = self.used.remove(&offset) else {
             return Err(self.classify_bad_free(offset));
         };
-        let node = &mut self.nodes[n as usize];
-        node.a = NIL;
-        node.b = NIL;
+        let Node { size, prev, next, .. } = self.nodes[n as usize];
+        self.nodes[n as usize].a = NIL;
+        self.nodes[n as usize].b = NIL;
         self.allocated -= requested;
-        let size = node.size;
         self.reserved_in_use -= size;
         self.free_bytes += size;
-        self.free_count += 1;
-        let next = self.nodes[n as usize].next;
-        if next != NIL && self.nodes[next as usize].is_free() {
-            self.index.remove(&mut self.nodes, next);
-            self.nodes[n as usize].size += self.nodes[next as usize].size;
-            self.unlink(next);
-            self.free_count -= 1;
+        let next_free = next != NIL && self.nodes[next as usize].is_free();
+        let prev_free = prev != NIL && self.nodes[prev as usize].is_free();
+        match (prev_free, next_free) {
+            (false, false) => {
+                self.index.insert(&mut self.nodes, n);
+                self.free_count += 1;
+            }
+            (true, false) => {
+                let Node { offset: po, size: ps, .. } = self.nodes[prev as usize];
+                self.nodes[prev as usize].size = ps + size;
+                self.unlink(n);
+                self.index.update(&mut self.nodes, prev, po, ps);
+            }
+            (false, true) => {
+                // `next` absorbs `n` and keeps its place in the index.
+                let Node { offset: no, size: ns, .. } = self.nodes[next as usize];
+                self.nodes[next as usize].offset = offset;
+                self.nodes[next as usize].size = ns + size;
+                self.unlink(n);
+                self.index.update(&mut self.nodes, next, no, ns);
+            }
+            (true, true) => {
+                let Node { offset: po, size: ps, .. } = self.nodes[prev as usize];
+                let ns = self.nodes[next as usize].size;
+                self.index.remove(&mut self.nodes, next);
+                self.nodes[prev as usize].size = ps + size + ns;
+                self.unlink(n);
+                self.unlink(next);
+                self.index.update(&mut self.nodes, prev, po, ps);
+                self.free_count -= 1;
+            }
         }
-        let prev = self.nodes[n as usize].prev;
-        if prev != NIL && self.nodes[prev as usize].is_free() {
-            self.index.remove(&mut self.nodes, prev);
-            self.nodes[prev as usize].size += self.nodes[n as usize].size;
-            self.unlink(n);
-            self.free_count -= 1;
-            n = prev;
-        }
-        self.index.insert(&mut self.nodes, n);
         Ok(())
     }
 
     /// Error path only, O(n): double free if `offset` lies in a free block.
     fn classify_bad_free(&self, offset: u64) -> AllocError {
-        let mut n = 0u32;
+        let mut n = self.head;
         while n != NIL {
             let node = &self.nodes[n as usize];
             if offset < node.offset + node.size {
@@ -298,7 +340,7 @@ impl<I: FreeIndex> Arena<I> {
     }
 
     fn physical(&self) -> impl Iterator<Item = &Node<I::Extra>> + '_ {
-        let mut n = 0u32;
+        let mut n = self.head;
         std::iter::from_fn(move || {
             if n == NIL {
                 return None;
@@ -353,10 +395,9 @@ impl<I: FreeIndex> Arena<I> {
         let blocks: Vec<LiveBlock> = live.iter().map(|x| x.0).collect();
         check_layout(&blocks, self.capacity, self.granule)?;
         self.reset();
-        // Node 0 holds the whole range; every carve leaves the remaining tail as the last node.
-        let mut tail = 0u32;
+        // One node holds the whole range; every carve leaves the remaining tail as the last node.
+        let mut tail = self.head;
         for &(b, align_log2) in live {
-            self.index.remove(&mut self.nodes, tail);
             let live = self.carve(tail, b.offset, b.size, b.requested, align_log2);
             let next = self.nodes[live as usize].next;
             if next == NIL {
@@ -374,12 +415,12 @@ impl<I: FreeIndex> Arena<I> {
         let (mut free, mut count, mut used) = (0u64, 0usize, 0usize);
         let mut prev_free = false;
         let mut prev = NIL;
-        let mut n = 0u32;
+        let mut n = self.head;
         while n != NIL {
             let node = &self.nodes[n as usize];
             assert_eq!(node.offset, expect, "gap or overlap at node {n}");
             assert_eq!(node.prev, prev);
-            assert!(node.size > 0 && node.size % self.granule == 0);
+            assert!(node.size > 0 && node.size.is_multiple_of(self.granule));
             assert!(!(prev_free && node.is_free()), "adjacent free blocks at {}", node.offset);
             if node.is_free() {
                 free += node.size;

@@ -7,7 +7,9 @@
 //! next non-empty class: exact best fit, with maps that stay small because each class holds only the blocks
 //! of one narrow size band.
 //!
-//! Blocks live in the shared [arena](super::arena) (address-ordered physical list, immediate coalescing).
+//! Blocks live in the shared block arena: out-of-band 32-byte nodes in an address-ordered doubly linked
+//! list (offset-allocator style), so merging with free neighbours on free is O(1) and immediate, and a split
+//! or merge that keeps a free block's address order updates the index in place.
 //!
 //! # Invariants
 //! - Free block `n` is in `bins[class(n.size)]` under key `(n.size, n.offset)`; bitmaps mirror bin emptiness.
@@ -48,6 +50,20 @@ impl BestFitIndex {
         size_class(size >> self.granule_log2)
     }
 
+    /// Removes the entry `(size, offset)`.
+    #[inline]
+    fn remove_key(&mut self, size: u64, offset: u64) {
+        let (fl, sl) = self.bin_of(size);
+        let bin = &mut self.bins[fl * SL_COUNT + sl];
+        bin.remove(&(size, offset));
+        if bin.is_empty() {
+            self.sl_bitmap[fl] &= !(1 << sl);
+            if self.sl_bitmap[fl] == 0 {
+                self.fl_bitmap &= !(1 << fl);
+            }
+        }
+    }
+
     /// Next non-empty bin strictly after `(fl, sl)`.
     fn next_bin(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
         let sl_map = if sl + 1 >= SL_COUNT { 0 } else { self.sl_bitmap[fl] & (u32::MAX << (sl + 1)) };
@@ -78,15 +94,13 @@ impl FreeIndex for BestFitIndex {
     #[inline]
     fn remove(&mut self, nodes: &mut [Node<()>], n: u32) {
         let Node { size, offset, .. } = nodes[n as usize];
-        let (fl, sl) = self.bin_of(size);
-        let bin = &mut self.bins[fl * SL_COUNT + sl];
-        bin.remove(&(size, offset));
-        if bin.is_empty() {
-            self.sl_bitmap[fl] &= !(1 << sl);
-            if self.sl_bitmap[fl] == 0 {
-                self.fl_bitmap &= !(1 << fl);
-            }
-        }
+        self.remove_key(size, offset);
+    }
+
+    #[inline]
+    fn update(&mut self, nodes: &mut [Node<()>], n: u32, old_offset: u64, old_size: u64) {
+        self.remove_key(old_size, old_offset);
+        self.insert(nodes, n);
     }
 
     fn find(&mut self, nodes: &[Node<()>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {

@@ -5,7 +5,9 @@
 //! large enough, so it finds the lowest fitting address without scanning. The same tree answers
 //! "highest-address fit" for the [tiered](super::tiered) strategy's large tier.
 //!
-//! Blocks live in the shared [arena](super::arena) (address-ordered physical list, immediate coalescing).
+//! Blocks live in the shared block arena: out-of-band 32-byte nodes in an address-ordered doubly linked
+//! list (offset-allocator style), so merging with free neighbours on free is O(1) and immediate, and a split
+//! or merge that keeps a free block's address order updates the index in place.
 //!
 //! # Invariants
 //! - In-order traversal of the treap lists the free blocks by ascending offset; priorities are max-heap
@@ -25,6 +27,8 @@ use super::{fit_back, fit_front, AllocError, DEFAULT_GRANULE};
 #[derive(Debug)]
 pub(crate) struct AddressIndex {
     root: u32,
+    /// Scratch stack for `update`.
+    path: Vec<u32>,
     rng: u64,
     high_threshold: u64,
 }
@@ -171,7 +175,7 @@ fn find_last(nodes: &[Node<TreapExtra>], t: u32, hi: u64, need: u64) -> Option<u
 
 impl AddressIndex {
     pub(crate) fn new(high_threshold: u64) -> Self {
-        AddressIndex { root: NIL, rng: 0x853c_49e6_748f_ea9b, high_threshold }
+        AddressIndex { root: NIL, path: Vec::new(), rng: 0x853c_49e6_748f_ea9b, high_threshold }
     }
 
     #[inline]
@@ -199,6 +203,24 @@ impl FreeIndex for AddressIndex {
 
     fn remove(&mut self, nodes: &mut [Node<TreapExtra>], n: u32) {
         self.root = remove(nodes, self.root, nodes[n as usize].offset);
+    }
+
+    /// The key changed without changing the order: walk the old key's path and refresh the maxima, O(log n).
+    fn update(&mut self, nodes: &mut [Node<TreapExtra>], n: u32, old_offset: u64, _old_size: u64) {
+        self.path.clear();
+        let mut t = self.root;
+        while t != NIL && t != n {
+            self.path.push(t);
+            t = if old_offset < nodes[t as usize].offset { nodes[t as usize].a } else { nodes[t as usize].b };
+        }
+        debug_assert_eq!(t, n, "updated node not found on its old key's path");
+        if t == NIL {
+            return;
+        }
+        update(nodes, n);
+        for &p in self.path.iter().rev() {
+            update(nodes, p);
+        }
     }
 
     fn find(&mut self, nodes: &[Node<TreapExtra>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {

@@ -10,7 +10,9 @@
 //!            v  doubly linked free list through the arena nodes (a = prev, b = next)
 //! ```
 //!
-//! Blocks live in the shared [arena](super::arena) (address-ordered physical list, immediate coalescing).
+//! Blocks live in the shared block arena: out-of-band 32-byte nodes in an address-ordered doubly linked
+//! list (offset-allocator style), so merging with free neighbours on free is O(1) and immediate, and a split
+//! or merge that keeps a free block's address order updates the index in place.
 //! Sizes are counted in granules (default 256 B) and classed with 5 second-level bits, so a class spans at
 //! most 1/32 of its size.
 //!
@@ -52,6 +54,27 @@ impl TlsfIndex {
         }
     }
 
+    /// Unlinks `n`, which is filed under the class of `size` bytes.
+    #[inline]
+    fn unlink(&mut self, nodes: &mut [Node<()>], n: u32, size: u64) {
+        let Node { a: prev, b: next, .. } = nodes[n as usize];
+        if prev != NIL {
+            nodes[prev as usize].b = next;
+        } else {
+            let (fl, sl) = size_class(size >> self.granule_log2);
+            self.heads[fl][sl] = next;
+            if next == NIL {
+                self.sl_bitmap[fl] &= !(1 << sl);
+                if self.sl_bitmap[fl] == 0 {
+                    self.fl_bitmap &= !(1 << fl);
+                }
+            }
+        }
+        if next != NIL {
+            nodes[next as usize].a = prev;
+        }
+    }
+
     /// First non-empty class at or above `(fl, sl)`.
     #[inline]
     fn first_at_or_above(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
@@ -87,21 +110,17 @@ impl FreeIndex for TlsfIndex {
 
     #[inline]
     fn remove(&mut self, nodes: &mut [Node<()>], n: u32) {
-        let Node { a: prev, b: next, size, .. } = nodes[n as usize];
-        if prev != NIL {
-            nodes[prev as usize].b = next;
-        } else {
-            let (fl, sl) = size_class(size >> self.granule_log2);
-            self.heads[fl][sl] = next;
-            if next == NIL {
-                self.sl_bitmap[fl] &= !(1 << sl);
-                if self.sl_bitmap[fl] == 0 {
-                    self.fl_bitmap &= !(1 << fl);
-                }
-            }
-        }
-        if next != NIL {
-            nodes[next as usize].a = prev;
+        let size = nodes[n as usize].size;
+        self.unlink(nodes, n, size);
+    }
+
+    #[inline]
+    fn update(&mut self, nodes: &mut [Node<()>], n: u32, _old_offset: u64, old_size: u64) {
+        let new_size = nodes[n as usize].size;
+        // Lists are unordered: only a change of class moves the node.
+        if size_class(old_size >> self.granule_log2) != size_class(new_size >> self.granule_log2) {
+            self.unlink(nodes, n, old_size);
+            self.insert(nodes, n);
         }
     }
 
