@@ -189,6 +189,32 @@ pub unsafe fn move_tiles(p: &MoveParams) {
         // SAFETY: `stream_pos` has `count` ascending entries; `pos0 < M`
         // implies at least the first moving block has pos ≤ pos0.
         let i0 = unsafe { upper_bound(p.stream_pos as *const u64, p.count, pos0) } - 1;
+        // CPU emulator, one-lane warp: when every tile this one must wait for
+        // has already loaded, copy straight from the sources to the
+        // destinations (no staging) and publish "loaded" afterwards. This is
+        // correct because (F1) no earlier tile writes this tile's sources,
+        // the tiles whose sources this tile overwrites have read them, and
+        // within the tile each run's destination ends at or below the next
+        // run's source, so an ascending memmove per run reads every byte
+        // before it is overwritten. Publishing later only delays waiters.
+        // (On a GPU the lanes of a warp copy in parallel, so a run that
+        // overlaps itself needs the stage.)
+        #[cfg(not(target_arch = "nvptx64"))]
+        if w.lanes == 1 {
+            // SAFETY: the plan is valid and `t < tiles`.
+            let (lo, hi) = unsafe { wait_range(p, m, t) };
+            if (lo..hi).all(|u| u == t || flag(u).load(Ordering::Acquire) == p.epoch) {
+                // SAFETY: runs lie inside moving blocks (sources) and their
+                // destinations, both inside the region; `copy` is a memmove.
+                unsafe {
+                    for_each_run(p, i0, pos0, pos1, true, |s, d, _, n| {
+                        core::ptr::copy(region.add(s as usize), region.add(d as usize), n as usize)
+                    })
+                };
+                flag(t).store(p.epoch, Ordering::Release);
+                continue;
+            }
+        }
         // 1. Load the tile's sources into this warp's stage.
         // SAFETY: runs lie inside moving blocks (sources) and the tile (stage).
         unsafe {
