@@ -62,7 +62,7 @@ impl Rng {
 
 impl Workload {
     fn new() -> Self {
-        let mut rng = Rng(0x5eed_0f_6a11_0c);
+        let mut rng = Rng(0x5eed_0f6a_110c);
         let prefill = (0..LIVE).map(|_| rng.size()).collect();
         let victims = (0..STREAM).map(|_| (rng.next() % LIVE as u64) as u32).collect();
         let sizes = (0..STREAM).map(|_| rng.size()).collect();

@@ -379,7 +379,7 @@ impl<I: FreeIndex> Arena<I> {
             let node = &self.nodes[n as usize];
             assert_eq!(node.offset, expect, "gap or overlap at node {n}");
             assert_eq!(node.prev, prev);
-            assert!(node.size > 0 && node.size % self.granule == 0);
+            assert!(node.size > 0 && node.size.is_multiple_of(self.granule));
             assert!(!(prev_free && node.is_free()), "adjacent free blocks at {}", node.offset);
             if node.is_free() {
                 free += node.size;

@@ -38,7 +38,7 @@ impl SlabConfig {
     /// Defaults scaled to a backing of `capacity` bytes: 2 MiB pages (smaller for small capacities),
     /// classes from 64 B up to 64 KiB or `page_size / 8`.
     pub fn for_capacity(capacity: u64) -> Self {
-        let page = (capacity / 64).max(4096).min(2 << 20);
+        let page = (capacity / 64).clamp(4096, 2 << 20);
         let page = 1u64 << (63 - page.leading_zeros());
         SlabConfig { page_size: page, min_class: 64, max_class: (64 << 10).min(page / 8) }
     }

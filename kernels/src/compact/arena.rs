@@ -71,6 +71,12 @@
 //!   queued before a compaction that resolves its handle when it runs sees
 //!   the block at its new place (BL-16).
 //!
+//! # PTX budget
+//!
+//! `tests/ptx_check.rs` (ptxas 12.x, sm_80 and sm_90): `gpuheap_heap_halloc`
+//! 30 registers, `gpuheap_heap_hfree` 16, `gpuheap_heap_htouch` 32; no
+//! spills, no stack frame, no local memory.
+//!
 //! # Memory of the arena state
 //!
 //! One device buffer at `Heap::movable_ctrl`: [`ARENA_CTRL_BYTES`] of control
@@ -263,9 +269,13 @@ pub unsafe fn entry(heap: &Heap, handle: u64) -> Option<HandleEntry> {
         return None;
     }
     // SAFETY: as above; the acquire load orders these reads after the
-    // allocating thread's writes.
-    let e = unsafe { entry_ptr(heap, i).read() };
-    Some(HandleEntry { offset: e.offset, size: e.size, flags, generation: g })
+    // allocating thread's writes. Only `offset` and `size` are read plainly
+    // (the state word may be changed concurrently by `hfree`, atomically).
+    let (offset, size) = unsafe {
+        let e = entry_ptr(heap, i);
+        (core::ptr::addr_of!((*e).offset).read(), core::ptr::addr_of!((*e).size).read())
+    };
+    Some(HandleEntry { offset, size, flags, generation: g })
 }
 
 /// The current address of the block named by `handle`, or null when the
