@@ -3,9 +3,10 @@
 //! Every case fills each live block with a pattern derived from its handle,
 //! poisons the free ranges, compacts, and checks: every byte of every block,
 //! every handle (host mirror and device table), that no two blocks overlap,
-//! that the layout equals the reference sliding layout
-//! (`compaction::reference::plan`), and that the whole region equals the
-//! reference sequential `memmove` of the image taken before.
+//! that the layout equals the reference sliding compaction of the
+//! reference-allocator issue (`reference::compact::plan_slide`, the one
+//! oracle), and that the whole region equals the reference sequential
+//! `memmove` of the image taken before (`compaction::reference::apply`).
 
 mod common;
 
@@ -13,6 +14,7 @@ use gpuheap::backend::Backend;
 use gpuheap::compaction::{
     compact, reference, CompactHeap, CompactTuning, CompactionError, Compactor, Handle, LiveBlock, GRANULE,
 };
+use gpuheap::reference::compact::{plan_slide, CompactionPlan};
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;
 
@@ -31,6 +33,20 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+}
+
+/// The oracle: `plan_slide` of `layout` in a region of `capacity` bytes, as
+/// new offsets in layout order, and the plan itself.
+fn slide(layout: &[LiveBlock], capacity: u64) -> (Vec<u64>, CompactionPlan) {
+    let plan = plan_slide(&reference::slide_layout(layout, capacity)).expect("plan_slide rejects the layout");
+    let mut dst = vec![u64::MAX; layout.len()];
+    for m in &plan.moves {
+        let b = &layout[m.id as usize];
+        assert_eq!((m.src, m.len), (b.offset, b.size), "plan_slide lost a block");
+        dst[m.id as usize] = m.dst;
+    }
+    assert!(dst.iter().all(|&d| d != u64::MAX), "plan_slide dropped a block");
+    (dst, plan)
 }
 
 fn is_lockstep(b: &Backend) -> bool {
@@ -87,7 +103,7 @@ fn compact_and_check(heap: &mut CompactHeap<'_>, what: &str) -> gpuheap::compact
     let handles: Vec<Handle> = before_layout.iter().map(|b| heap.handle_of(b.handle).unwrap()).collect();
     let report = compact(heap).unwrap_or_else(|e| panic!("{what}: compaction failed: {e}"));
     let after_layout = heap.layout();
-    let expected = reference::plan(&before_layout);
+    let (expected, plan) = slide(&before_layout, heap.capacity());
 
     // Layout: same blocks, in the same order, at the reference offsets.
     assert_eq!(after_layout.len(), before_layout.len(), "{what}: live block count");
@@ -115,8 +131,11 @@ fn compact_and_check(heap: &mut CompactHeap<'_>, what: &str) -> gpuheap::compact
         panic!("{what}: region differs from the reference memmove at byte {i}");
     }
     // Report and free space.
-    let (bytes, moved) = reference::moved(&before_layout, &expected);
-    assert_eq!((report.bytes_moved, report.blocks_moved), (bytes, moved), "{what}: report");
+    assert_eq!(
+        (report.bytes_moved, report.blocks_moved),
+        (plan.bytes_moved, plan.blocks_moved as u64),
+        "{what}: report"
+    );
     assert_eq!(report.blocks, before_layout.len() as u64);
     let segments = 1 + before_layout.iter().filter(|b| b.pinned()).count() as u64;
     assert!(report.after.free_ranges <= segments, "{what}: {} free ranges after", report.after.free_ranges);
@@ -488,7 +507,7 @@ fn tile_wait_ranges_cover_every_overwritten_source() {
             layout.push(LiveBlock { offset: off, size, handle: 0, flags });
             off += size;
         }
-        let new_offset = reference::plan(&layout);
+        let (new_offset, _) = slide(&layout, off);
         let mut stream_pos = Vec::new();
         let mut m = 0;
         for (b, &d) in layout.iter().zip(&new_offset) {

@@ -213,8 +213,7 @@ pub fn measure(
     layout: &SyntheticLayout,
     reps: usize,
 ) -> Result<CompactBenchRow, CompactionError> {
-    let plan = reference::plan(&layout.blocks);
-    let (moved, _) = reference::moved(&layout.blocks, &plan);
+    let moved = reference::slide_plan(&layout.blocks)?.bytes_moved;
     let live: u64 = layout.blocks.iter().map(|b| b.size).sum();
     // Touch every page first (the CPU backend's buffers are lazily zeroed).
     let fill: Vec<u8> = (0..layout.capacity).map(|i| i as u8).collect();

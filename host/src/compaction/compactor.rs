@@ -161,7 +161,45 @@ impl Compactor {
         layout: &[LiveBlock],
         table: Option<(&mut DeviceBuffer, u32)>,
     ) -> Result<LayoutCompaction, CompactionError> {
-        reference::validate(layout, region.len() as u64)?;
+        let len = region.len() as u64;
+        self.compact_at(backend, region, 0, len, layout, table.map(|(b, n)| (b, 0, n)))
+    }
+
+    /// Like [`compact`](Self::compact), for the region `[at, at + len)` of
+    /// `buffer` (layout offsets are relative to `at`) and a handle table of
+    /// `n` entries starting `table_at` bytes into its buffer. The device
+    /// heap's movable arena is such a sub-range of the heap's arena, and its
+    /// table lives after a control block.
+    ///
+    /// # Errors
+    /// As for [`compact`](Self::compact); [`CompactionError::InvalidLayout`]
+    /// when the region or the table does not lie inside its buffer or is not
+    /// aligned (16 bytes for the region, 8 for the table).
+    pub fn compact_at(
+        &mut self,
+        backend: &Backend,
+        buffer: &mut DeviceBuffer,
+        at: u64,
+        len: u64,
+        layout: &[LiveBlock],
+        table: Option<(&mut DeviceBuffer, u64, u32)>,
+    ) -> Result<LayoutCompaction, CompactionError> {
+        let bad = |why: String| Err(CompactionError::InvalidLayout(why));
+        if at.checked_add(len).is_none_or(|e| e > buffer.len() as u64)
+            || !(buffer.device_ptr() + at).is_multiple_of(GRANULE)
+        {
+            return bad(format!(
+                "region [{at}, +{len}) does not lie 16-byte aligned in a {}-byte buffer",
+                buffer.len()
+            ));
+        }
+        let entry = std::mem::size_of::<gpuheap_kernels::compact::handle::HandleEntry>() as u64;
+        if let Some((b, t, n)) = &table {
+            if t.checked_add(*n as u64 * entry).is_none_or(|e| e > b.len() as u64) || !t.is_multiple_of(8) {
+                return bad(format!("a table of {n} entries at byte {t} does not fit a {}-byte buffer", b.len()));
+            }
+        }
+        reference::validate(layout, len)?;
         self.tuning.validate(backend)?;
         let t = self.tuning;
         let k = layout.len();
@@ -194,7 +232,7 @@ impl Compactor {
         self.epoch += 1;
         let flags = flags.device_ptr();
         let blocks = self.blocks.as_ref().expect("ensured").device_ptr();
-        let (table_ptr, table_len) = table.map_or((0, 0), |(b, n)| (b.device_ptr(), n as u64));
+        let (table_ptr, table_len) = table.map_or((0, 0), |(b, at, n)| (b.device_ptr() + at, n as u64));
 
         let mut p = PlanParams {
             blocks,
@@ -220,7 +258,7 @@ impl Compactor {
         // SAFETY: as above (the second half of the status words, zeroed).
         let b = unsafe { backend.launch(&PLAN, t.config(0), &p)? };
         let m = MoveParams {
-            region: region.device_ptr(),
+            region: buffer.device_ptr() + at,
             blocks,
             new_offset,
             stream_pos,
@@ -235,8 +273,9 @@ impl Compactor {
         // SAFETY: the region holds the validated layout; the plan wrote
         // `new_offset`, `stream_pos` and the total; `flags` holds a flag for
         // each of the ≤ ceil(movable / tile_bytes) tiles, none equal to the
-        // fresh epoch; shared memory holds one tile per warp; `region` is
-        // borrowed mutably, so nothing else touches it.
+        // fresh epoch; shared memory holds one tile per warp; the region lies
+        // inside `buffer` (checked), which is borrowed mutably, so nothing
+        // else touches it.
         let c = unsafe { backend.launch(&MOVE, t.config(t.shared_bytes() as u32), &m)? };
         let mut new_offsets = vec![0u64; k];
         self.new_offset.as_ref().expect("ensured").read_into(0, bytemuck::cast_slice_mut(&mut new_offsets))?;

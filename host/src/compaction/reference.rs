@@ -1,14 +1,19 @@
-//! The host reference of the sliding compaction: the expected layout
-//! ([`plan`]) and the expected bytes ([`apply`], a sequential ascending
-//! `memmove` per block).
+//! The host reference of the sliding compaction, as the kernels' layouts
+//! see it.
 //!
-//! [`plan`] is the single source of truth for the layout a compaction must
-//! produce; the device kernels and the reference-allocator oracle (issue 3)
-//! are compared against it.
+//! The single source of truth for the layout a compaction must produce is
+//! [`crate::reference::compact::plan_slide`] (the reference-allocator
+//! oracle: per-unit alignment, regions, pinned units). This module only
+//! converts a kernel layout ([`LiveBlock`]s: 16-byte granules, a pinned flag,
+//! one region starting at offset 0) into its input ([`slide_layout`]) and its
+//! plan back into new offsets ([`plan`]); it adds what the oracle does not
+//! have: the kernels' input rules ([`validate`]) and the byte-level executor
+//! ([`apply`], a sequential ascending `memmove` per block).
 
 use gpuheap_kernels::compact::{LiveBlock, GRANULE};
 
 use super::CompactionError;
+use crate::reference::compact::{plan_slide, CompactBlock, CompactionLayout, CompactionPlan, Region};
 
 /// Checks that `layout` is a valid compaction input for a region of
 /// `capacity` bytes: sorted by offset, disjoint, inside the region, offsets
@@ -37,25 +42,52 @@ pub fn validate(layout: &[LiveBlock], capacity: u64) -> Result<(), CompactionErr
     Ok(())
 }
 
+/// The oracle's input for `layout`: one [`CompactBlock`] per block (`id` =
+/// its index in `layout`, 16-byte alignment, its pinned flag) in one region
+/// `[0, region_end)` (`region_end` is raised to the end of the last block
+/// when smaller, so any valid layout fits).
+pub fn slide_layout(layout: &[LiveBlock], region_end: u64) -> CompactionLayout {
+    let end = layout.iter().map(|b| b.offset.saturating_add(b.size)).max().unwrap_or(0).max(region_end);
+    CompactionLayout {
+        blocks: layout
+            .iter()
+            .enumerate()
+            .map(|(i, b)| CompactBlock {
+                id: i as u64,
+                offset: b.offset,
+                len: b.size,
+                align: GRANULE,
+                pinned: b.pinned(),
+            })
+            .collect(),
+        regions: vec![Region::new(0, end)],
+    }
+}
+
+/// [`plan_slide`] of `layout` (see [`slide_layout`]).
+///
+/// # Errors
+/// Those of [`plan_slide`] (overlapping, empty or overflowing blocks), as
+/// [`CompactionError::InvalidLayout`].
+pub fn slide_plan(layout: &[LiveBlock]) -> Result<CompactionPlan, CompactionError> {
+    plan_slide(&slide_layout(layout, 0)).map_err(|e| CompactionError::InvalidLayout(e.to_string()))
+}
+
 /// The new offset of every block of `layout` (sorted by offset) after a
-/// sliding compaction: unpinned blocks slide, in order, to the start of their
-/// segment (the region start or the end of the previous pinned block);
-/// pinned blocks stay.
+/// sliding compaction, as [`plan_slide`] computes it: unpinned blocks slide,
+/// in order, to the start of their segment (the region start or the end of
+/// the previous pinned block); pinned blocks stay.
+///
+/// # Panics
+/// When `layout` is not a valid layout (see [`validate`]): overlapping,
+/// empty or overflowing blocks.
 pub fn plan(layout: &[LiveBlock]) -> Vec<u64> {
-    let mut cursor = 0u64;
-    layout
-        .iter()
-        .map(|b| {
-            if b.pinned() {
-                cursor = b.offset + b.size;
-                b.offset
-            } else {
-                let d = cursor;
-                cursor += b.size;
-                d
-            }
-        })
-        .collect()
+    let p = slide_plan(layout).unwrap_or_else(|e| panic!("reference plan of an invalid layout: {e}"));
+    let mut out = vec![0u64; layout.len()];
+    for m in &p.moves {
+        out[m.id as usize] = m.dst;
+    }
+    out
 }
 
 /// `true` when compacting `layout` moves nothing (no hole before any unpinned

@@ -17,12 +17,29 @@
 //! (`gpuheap_kernels::heap::init`), and everything this module reports is
 //! decoded from a copy of the metadata (no counters are kept on the hot
 //! paths of the device code).
+//!
+//! # Movable blocks
+//!
+//! A heap made by [`DeviceHeap::with_movable`] also has a *movable arena*: a
+//! span of its arena, taken out of the buddy allocator, whose blocks are
+//! named by [`Handle`](crate::compaction::Handle)s and which
+//! [`compact_heap`](crate::compaction::compact_heap) defragments in place.
+//! Kernels allocate them with `gpuheap_kernels::compact::arena::{halloc,
+//! hfree, resolve}` beside raw `malloc`/`free`; the host with
+//! [`DeviceHeap::halloc`], [`DeviceHeap::hfree`], [`DeviceHeap::pin`],
+//! [`DeviceHeap::unpin`] and [`DeviceHeap::resolve`]. The handle model, what
+//! moves and what never moves are documented in `gpuheap_kernels::compact::arena`
+//! and [`crate::compaction`]. The span is not a large block: it is not in
+//! [`DeviceHeap::live_blocks`], [`HeapStats::movable_bytes`] counts it, and
+//! [`DeviceHeap::rebuild`] and [`DeviceHeap::reset`] keep it.
 
+mod movable;
 pub mod ops;
 
 use gpuheap_kernels::heap::layout::*;
 use gpuheap_kernels::heap::slab;
 pub use gpuheap_kernels::heap::Heap;
+pub use movable::MovableStats;
 pub use ops::Sizes;
 
 use crate::backend::{Backend, BackendError, DeviceBuffer, Result};
@@ -33,6 +50,7 @@ pub struct DeviceHeap {
     arena: DeviceBuffer,
     meta: DeviceBuffer,
     handle: Heap,
+    movable: Option<movable::Movable>,
 }
 
 /// Per-class figures of [`HeapStats`].
@@ -70,6 +88,9 @@ pub struct HeapStats {
     pub invalid_frees: u64,
     /// Buddy splits/merges in flight (0 when no kernel runs).
     pub transit_in_flight: u32,
+    /// Bytes of the movable arena (taken out of the buddy for handle blocks,
+    /// see [`DeviceHeap::with_movable`]; 0 without one).
+    pub movable_bytes: u64,
 }
 
 impl HeapStats {
@@ -83,11 +104,11 @@ impl HeapStats {
         self.classes.iter().map(|c| c.pages).sum()
     }
 
-    /// `slab pages * 64 KiB + large bytes + free bytes`: equals
-    /// [`capacity`](Self::capacity) in a consistent heap (nothing lost,
-    /// nothing counted twice).
+    /// `slab pages * 64 KiB + large bytes + free bytes + movable bytes`:
+    /// equals [`capacity`](Self::capacity) in a consistent heap (nothing
+    /// lost, nothing counted twice).
     pub fn accounted_bytes(&self) -> u64 {
-        self.slab_pages() * PAGE + self.large_bytes + self.free_bytes
+        self.slab_pages() * PAGE + self.large_bytes + self.free_bytes + self.movable_bytes
     }
 }
 
@@ -129,13 +150,24 @@ impl DeviceHeap {
         let meta = backend.alloc_zeroed(layout.meta_bytes as usize)?;
         let base = (arena.device_ptr() + PAGE - 1) & !(PAGE - 1);
         let handle = Heap { base, meta: meta.device_ptr(), ..layout };
-        let mut heap = DeviceHeap { arena, meta, handle };
+        let mut heap = DeviceHeap { arena, meta, handle, movable: None };
         heap.write_initial_metadata()?;
         Ok(heap)
     }
 
+    /// Unit range `[start, end)` of the movable arena (empty without one).
+    fn movable_units(&self) -> (u64, u64) {
+        let h = &self.handle;
+        (h.movable_off >> UNIT_SHIFT, (h.movable_off + h.movable_bytes) >> UNIT_SHIFT)
+    }
+
     fn write_initial_metadata(&mut self) -> Result<()> {
-        let img = InitImage::new(self.handle);
+        let (s, e) = self.movable_units();
+        let img = if s == e {
+            InitImage::new(self.handle)
+        } else {
+            InitImage::with_free_runs(self.handle, [(0, s), (e, self.handle.units)].into_iter().filter(|r| r.0 < r.1))
+        };
         self.meta.write_at(0, &img.ctrl_bytes())?;
         self.meta.write_at(self.handle.buddy_off as usize, &img.buddy_bytes())?;
         Ok(())
@@ -167,10 +199,13 @@ impl DeviceHeap {
     }
 
     /// Frees everything: the heap returns to the state of [`DeviceHeap::new`]
-    /// (counters included). Pointers from before are invalid afterwards.
+    /// (counters included). Pointers from before are invalid afterwards. With
+    /// a movable arena, every handle is freed too (handles from before stay
+    /// invalid: entry generations are kept) and the arena stays reserved.
     pub fn reset(&mut self) -> Result<()> {
         self.meta.zero()?;
-        self.write_initial_metadata()
+        self.write_initial_metadata()?;
+        self.reset_movable()
     }
 
     /// Copies the metadata to the host.
@@ -219,6 +254,7 @@ impl DeviceHeap {
             double_frees: m.u64(0, CTRL_DOUBLE_FREES as u64),
             invalid_frees: m.u64(0, CTRL_INVALID_FREES as u64),
             transit_in_flight: m.u64(0, CTRL_TRANSIT as u64) as u32,
+            movable_bytes: h.movable_bytes,
         })
     }
 
@@ -243,13 +279,13 @@ impl DeviceHeap {
     /// live large blocks are exactly `blocks` and every unit that is neither
     /// in one of them nor in a slab page is free (decomposed into maximal
     /// buddy blocks by `gpuheap_kernels::heap::init::free_runs`). Slab pages,
-    /// their bitmaps and the counters are kept. Run it while no kernel uses
-    /// the heap.
+    /// their bitmaps, the counters and the movable arena are kept. Run it
+    /// while no kernel uses the heap.
     ///
     /// # Errors
     /// `InvalidArgument` when a block is not a power-of-two multiple of 4 KiB,
-    /// is not aligned to its size, overlaps another block or a slab page, or
-    /// lies outside the arena.
+    /// is not aligned to its size, overlaps another block, a slab page or the
+    /// movable arena, or lies outside the arena.
     pub fn rebuild(&mut self, blocks: &[LiveBlock]) -> Result<()> {
         let h = self.handle;
         let mut occupied: Vec<(u64, u64)> = Vec::with_capacity(blocks.len());
@@ -262,6 +298,10 @@ impl DeviceHeap {
                 return Err(invalid(format!("{b:?} is not an aligned power-of-two block inside the arena")));
             }
             occupied.push((b.offset >> UNIT_SHIFT, (b.offset + b.size) >> UNIT_SHIFT));
+        }
+        let (ms, me) = self.movable_units();
+        if ms < me {
+            occupied.push((ms, me));
         }
         let meta = self.read_meta()?;
         let m = MetaView { h, bytes: meta };

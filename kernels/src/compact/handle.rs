@@ -1,11 +1,20 @@
 //! The device handle table: handle → (offset, size, pinned), and
 //! [`resolve`] for user kernels.
 //!
-//! The table is an array of [`HandleEntry`] in device memory, owned by the
-//! host (which allocates, frees, pins and unpins handles and uploads the
-//! table before launches that use it) and rewritten by the compaction plan
-//! kernel (new offsets). A user kernel receives a [`DeviceHandleTable`] by
-//! value in its parameters and calls [`resolve`] when it runs.
+//! The table is an array of [`HandleEntry`] in device memory, rewritten by
+//! the compaction plan kernel (new offsets). Two owners use it:
+//!
+//! * a host-managed region (`gpuheap::compaction::CompactHeap`): the host
+//!   allocates, frees, pins and unpins handles and uploads the table before
+//!   launches that use it;
+//! * the device heap's movable arena ([`super::arena`]): kernels allocate
+//!   and free handles themselves (`halloc`, `hfree`), the host pins and
+//!   unpins between launches.
+//!
+//! A user kernel receives a [`DeviceHandleTable`] by value in its parameters
+//! and calls [`resolve`] when it runs (or, with the heap's `Heap` handle,
+//! [`super::arena::resolve`], which also orders its reads after a concurrent
+//! `halloc` in the same launch).
 //!
 //! # Rules for kernels
 //!

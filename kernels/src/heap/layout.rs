@@ -184,8 +184,18 @@ pub struct Heap {
     pub tags_off: u64,
     /// Bytes of metadata in total.
     pub meta_bytes: u64,
-    /// Reserved (zero).
-    pub _reserved: [u64; 4],
+    /// Device address of the movable arena's control block, handle table and
+    /// index pool (see `crate::compact::arena`); 0 when the heap has no
+    /// movable arena.
+    pub movable_ctrl: u64,
+    /// Entries of the movable arena's handle table (0 without an arena).
+    pub max_handles: u64,
+    /// Byte offset of the movable arena from `base` (a multiple of [`UNIT`]).
+    pub movable_off: u64,
+    /// Bytes of the movable arena (a multiple of [`UNIT`]; 0 without one).
+    /// Its units are never in the buddy levels, never tagged and never slab
+    /// pages: `malloc` never returns them and `free` ignores them.
+    pub movable_bytes: u64,
 }
 
 const fn align8(x: u64) -> u64 {
@@ -236,7 +246,10 @@ impl Heap {
             buddy_words,
             tags_off,
             meta_bytes,
-            _reserved: [0; 4],
+            movable_ctrl: 0,
+            max_handles: 0,
+            movable_off: 0,
+            movable_bytes: 0,
         })
     }
 

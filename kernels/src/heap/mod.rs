@@ -67,6 +67,14 @@
 //! metadata, running [`init`]-like decomposition over the free gaps, and
 //! writing tags for the moved blocks. The host lists live blocks with
 //! `DeviceHeap::live_blocks` (reads the tags back).
+//!
+//! Buddy blocks stay at offsets aligned to their size, so sliding them cannot
+//! make the free space contiguous. Blocks meant to be compacted are therefore
+//! allocated by handle in the heap's *movable arena*
+//! ([`crate::compact::arena`]): a span taken out of the buddy when the heap
+//! is created with one (`Heap::movable_bytes`), never in a buddy level,
+//! never tagged and never a slab page. Raw `malloc` blocks lie outside it and
+//! never move.
 
 pub mod bitmap;
 pub mod buddy;

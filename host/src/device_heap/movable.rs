@@ -1,0 +1,587 @@
+//! The movable arena of a [`DeviceHeap`], host side: creation, handle
+//! allocation, free, pin, unpin, resolve, and compaction.
+//!
+//! The device side, the design and the guarantees are documented in
+//! `gpuheap_kernels::compact::arena`; this file keeps no host mirror of the
+//! handle table (kernels allocate and free handles, so the device copy is
+//! the only truth): every query reads it back, every host allocation or free
+//! launches the same kernel code that user kernels call.
+//!
+//! Compaction reads the table back to list the live handles (the device has
+//! no sort by offset; the host sorts them): `O(max_handles)` bytes of
+//! transfer and `O(n log n)` host work per compaction, documented in
+//! [`DeviceHeap::compact`].
+
+use std::time::Instant;
+
+use gpuheap_kernels::compact::arena::{
+    self, buffer_bytes, pool_offset, HallocParams, HfreeParams, HtouchParams, ARENA_CTRL_BYTES, CTRL_CURSOR,
+    CTRL_FAILED, CTRL_POOL_LEN, CTRL_POOL_NEXT, HEAP_HALLOC, HEAP_HFREE, HEAP_HTOUCH, PIN_SHIFT, TABLE_OFFSET,
+};
+use gpuheap_kernels::compact::handle::{
+    make_handle, split_handle, DeviceHandleTable, HandleEntry, ENTRY_LIVE, ENTRY_PINNED,
+};
+use gpuheap_kernels::compact::{LiveBlock, BLOCK_PINNED, GRANULE};
+use gpuheap_kernels::heap::layout::{UNIT, UNIT_SHIFT};
+
+use super::ops::BLOCK;
+use super::DeviceHeap;
+use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig, Result as BackendResult};
+use crate::compaction::{
+    reference, BlockInfo, CompactTuning, CompactionError, CompactionReport, Compactor, Fragmentation, Handle, Result,
+};
+
+/// Host state of a movable arena: the device buffer of control words, table
+/// and pool, and the compaction core (its buffers are reused).
+pub(super) struct Movable {
+    buf: DeviceBuffer,
+    compactor: Compactor,
+}
+
+/// A snapshot of the movable arena, read back from the device. Exact when no
+/// kernel is running on the heap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MovableStats {
+    /// Bytes of the arena.
+    pub capacity: u64,
+    /// The bump cursor: bytes handed out since the last compaction (live and
+    /// freed blocks; may exceed `capacity` after failed requests).
+    pub cursor: u64,
+    /// Live handles.
+    pub live_handles: u64,
+    /// Bytes of live handle blocks (sizes rounded up to 16).
+    pub live_bytes: u64,
+    /// Entries of the handle table.
+    pub max_handles: u32,
+    /// Handle-table entries that can still be handed out before the next
+    /// compaction.
+    pub handles_available: u64,
+    /// `halloc` calls (device or host) that returned no handle for a nonzero
+    /// size.
+    pub failed_requests: u64,
+}
+
+fn round(size: u64) -> u64 {
+    size.div_ceil(GRANULE) * GRANULE
+}
+
+fn no_arena() -> CompactionError {
+    BackendError::InvalidArgument("the device heap has no movable arena (see DeviceHeap::with_movable)".into()).into()
+}
+
+const ENTRY_BYTES: usize = size_of::<HandleEntry>();
+
+impl DeviceHeap {
+    /// A heap with an arena of `bytes` bytes of which `movable_bytes`
+    /// (rounded up to 4 KiB) form the *movable arena* for handle blocks, with
+    /// a handle table of `max_handles` entries. The movable arena is taken out
+    /// of the buddy allocator (at the start of the arena); raw `malloc` serves
+    /// the rest.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `bytes < 4096`, `movable_bytes` is 0 or larger
+    /// than the arena, or `max_handles` is 0; allocation errors.
+    pub fn with_movable(backend: &Backend, bytes: u64, movable_bytes: u64, max_handles: u32) -> BackendResult<Self> {
+        let mut heap = DeviceHeap::new(backend, bytes)?;
+        let span = movable_bytes.div_ceil(UNIT) * UNIT;
+        if movable_bytes == 0 || span > heap.capacity() || max_handles == 0 {
+            return Err(BackendError::InvalidArgument(format!(
+                "a movable arena of {movable_bytes} bytes with {max_handles} handles in a {}-byte heap",
+                heap.capacity()
+            )));
+        }
+        let buf = backend.alloc_zeroed(buffer_bytes(max_handles as u64) as usize)?;
+        heap.handle.movable_ctrl = buf.device_ptr();
+        heap.handle.max_handles = max_handles as u64;
+        heap.handle.movable_off = 0;
+        heap.handle.movable_bytes = span;
+        debug_assert_eq!(span >> UNIT_SHIFT << UNIT_SHIFT, span);
+        heap.movable = Some(Movable { buf, compactor: Compactor::new(CompactTuning::for_backend(backend)) });
+        heap.meta.zero()?;
+        heap.write_initial_metadata()?;
+        heap.reset_movable()?;
+        Ok(heap)
+    }
+
+    /// `true` when the heap has a movable arena.
+    pub fn has_movable(&self) -> bool {
+        self.movable.is_some()
+    }
+
+    /// Bytes of the movable arena (0 without one).
+    pub fn movable_capacity(&self) -> u64 {
+        self.handle.movable_bytes
+    }
+
+    /// Entries of the handle table (0 without a movable arena).
+    pub fn max_handles(&self) -> u32 {
+        self.handle.max_handles as u32
+    }
+
+    /// Device address of the movable arena (handle offsets are relative to
+    /// it).
+    pub fn movable_base(&self) -> u64 {
+        self.handle.base + self.handle.movable_off
+    }
+
+    /// The handle table as a [`DeviceHandleTable`], for kernels written
+    /// against `gpuheap_kernels::compact::handle::resolve` (kernels that have
+    /// the [`Heap`](super::Heap) use `arena::resolve` instead).
+    pub fn handle_table(&self) -> DeviceHandleTable {
+        arena::table(&self.handle)
+    }
+
+    /// The compaction tuning of the movable arena.
+    ///
+    /// # Errors
+    /// When the heap has no movable arena.
+    pub fn compact_tuning(&self) -> Result<CompactTuning> {
+        Ok(self.movable.as_ref().ok_or_else(no_arena)?.compactor.tuning())
+    }
+
+    /// Replaces the compaction tuning (tile size, geometry).
+    ///
+    /// # Errors
+    /// When the heap has no movable arena.
+    pub fn set_compact_tuning(&mut self, t: CompactTuning) -> Result<()> {
+        self.movable.as_mut().ok_or_else(no_arena)?.compactor.set_tuning(t);
+        Ok(())
+    }
+
+    fn mv(&self) -> Result<&Movable> {
+        self.movable.as_ref().ok_or_else(no_arena)
+    }
+
+    fn ctrl_words(&self) -> Result<[u64; 8]> {
+        let mut w = [0u64; 8];
+        self.mv()?.buf.read_into(0, bytemuck::cast_slice_mut(&mut w))?;
+        Ok(w)
+    }
+
+    /// The handle table read back: one entry per index (flags: live, pinned,
+    /// pin count in bits 8.., see `arena::PIN_SHIFT`).
+    ///
+    /// # Errors
+    /// When the heap has no movable arena; backend errors.
+    pub fn read_handle_table(&self) -> Result<Vec<HandleEntry>> {
+        let mut v = vec![HandleEntry::default(); self.handle.max_handles as usize];
+        self.mv()?.buf.read_into(TABLE_OFFSET as usize, bytemuck::cast_slice_mut(&mut v))?;
+        Ok(v)
+    }
+
+    fn read_entry(&self, index: u32) -> Result<HandleEntry> {
+        let mut e = [HandleEntry::default()];
+        self.mv()?
+            .buf
+            .read_into(TABLE_OFFSET as usize + index as usize * ENTRY_BYTES, bytemuck::cast_slice_mut(&mut e))?;
+        Ok(e[0])
+    }
+
+    /// Index of a live handle and its entry.
+    fn live_entry(&self, h: Handle) -> Result<(u32, HandleEntry)> {
+        let (i, gen) = split_handle(h.0);
+        if i as u64 >= self.handle.max_handles {
+            self.mv()?;
+            return Err(CompactionError::InvalidHandle(h));
+        }
+        let e = self.read_entry(i)?;
+        if e.flags & ENTRY_LIVE == 0 || e.generation != gen {
+            return Err(CompactionError::InvalidHandle(h));
+        }
+        Ok((i, e))
+    }
+
+    /// Allocates one movable block of `size` bytes from the host (the device
+    /// `halloc` in a one-thread launch). Never moves anything.
+    ///
+    /// # Errors
+    /// [`CompactionError::ZeroSize`]; [`CompactionError::OutOfMemory`] when
+    /// the bytes after the bump cursor do not hold the request (compacting
+    /// may make room when `total_free ≥ requested`);
+    /// [`CompactionError::TooManyHandles`] when no table entry is available
+    /// before the next compaction; backend errors.
+    pub fn halloc(&self, backend: &Backend, size: u64) -> Result<Handle> {
+        if size == 0 {
+            return Err(CompactionError::ZeroSize);
+        }
+        let w = self.ctrl_words()?;
+        let cap = self.handle.movable_bytes;
+        let need = round(size);
+        if size > cap || need > cap.saturating_sub(w[CTRL_CURSOR as usize]) {
+            let f = self.movable_fragmentation()?;
+            return Err(CompactionError::OutOfMemory {
+                requested: need,
+                largest_free: f.largest_free,
+                total_free: f.total_free,
+            });
+        }
+        if w[CTRL_POOL_NEXT as usize] >= w[CTRL_POOL_LEN as usize] {
+            return Err(CompactionError::TooManyHandles(self.max_handles()));
+        }
+        match self.halloc_batch(backend, &[size])?[0] {
+            Some(h) => Ok(h),
+            None => Err(BackendError::InvalidArgument(format!("halloc of {size} bytes failed unexpectedly")).into()),
+        }
+    }
+
+    /// Thread `i` of one launch calls the device `halloc(sizes[i])`; `None`
+    /// where it returned 0 (0 bytes, arena or table exhausted).
+    ///
+    /// # Errors
+    /// When the heap has no movable arena; backend errors.
+    pub fn halloc_batch(&self, backend: &Backend, sizes: &[u64]) -> Result<Vec<Option<Handle>>> {
+        self.mv()?;
+        let n = sizes.len() as u64;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let sizes_buf = backend.upload(sizes)?;
+        let out = backend.alloc_zeroed(sizes.len() * 8)?;
+        let p = HallocParams {
+            heap: self.handle,
+            sizes: sizes_buf.device_ptr(),
+            size: 0,
+            threads: n,
+            out: out.device_ptr(),
+        };
+        // SAFETY: the heap (and its arena buffer) is alive, borrowed for the
+        // launch, which is synchronous, so no compaction runs; `sizes` and
+        // `out` hold `n` u64s.
+        unsafe { backend.launch(&HEAP_HALLOC, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
+        Ok(out.read::<u64>()?.into_iter().map(|h| (h != 0).then_some(Handle(h))).collect())
+    }
+
+    /// Frees the block of `h` from the host (the device `hfree`): the handle
+    /// stops resolving at once; its bytes and its table entry are reclaimed
+    /// by the next compaction.
+    ///
+    /// # Errors
+    /// [`CompactionError::InvalidHandle`] (stale, already freed, never
+    /// allocated), [`CompactionError::Pinned`]; backend errors.
+    pub fn hfree(&self, backend: &Backend, h: Handle) -> Result<()> {
+        let (_, e) = self.live_entry(h)?;
+        if e.flags & ENTRY_PINNED != 0 {
+            return Err(CompactionError::Pinned(h));
+        }
+        match self.hfree_batch(backend, &[h])?[0] {
+            true => Ok(()),
+            false => Err(CompactionError::InvalidHandle(h)),
+        }
+    }
+
+    /// Thread `i` of one launch calls the device `hfree(handles[i])`; `false`
+    /// where it was rejected (not live, or pinned).
+    ///
+    /// # Errors
+    /// When the heap has no movable arena; backend errors.
+    pub fn hfree_batch(&self, backend: &Backend, handles: &[Handle]) -> Result<Vec<bool>> {
+        self.mv()?;
+        let n = handles.len() as u64;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let raw: Vec<u64> = handles.iter().map(|h| h.0).collect();
+        let hbuf = backend.upload(&raw)?;
+        let out = backend.alloc_zeroed(handles.len() * 8)?;
+        let p = HfreeParams { heap: self.handle, handles: hbuf.device_ptr(), threads: n, out: out.device_ptr() };
+        // SAFETY: a live heap borrowed for a synchronous launch; `handles` and
+        // `out` hold `n` u64s; `hfree` rejects handles that are not live.
+        unsafe { backend.launch(&HEAP_HFREE, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
+        Ok(out.read::<u64>()?.into_iter().map(|r| r != 0).collect())
+    }
+
+    /// Runs the example user kernel `gpuheap_heap_htouch` over `handles`
+    /// now: thread `i` resolves `handles[i]` on the device when it runs and
+    /// writes (`verify = false`) or checks `pattern(handle ^ seed, word)` over
+    /// every word of the block (its size rounded up to 16). Returns the
+    /// mismatching words and the handles that did not resolve (stale, freed).
+    ///
+    /// # Errors
+    /// When the heap has no movable arena; `InvalidArgument` for a handle
+    /// listed twice in write mode; backend errors.
+    pub fn touch_handles(&self, backend: &Backend, handles: &[Handle], seed: u64, verify: bool) -> Result<(u64, u64)> {
+        self.mv()?;
+        if !verify {
+            let mut seen = std::collections::HashSet::new();
+            if let Some(h) = handles.iter().find(|h| !seen.insert(h.index())) {
+                return Err(BackendError::InvalidArgument(format!("{h:?}: two writers of one block")).into());
+            }
+        }
+        let n = handles.len() as u64;
+        if n == 0 {
+            return Ok((0, 0));
+        }
+        let raw: Vec<u64> = handles.iter().map(|h| h.0).collect();
+        let hbuf = backend.upload(&raw)?;
+        let counters = backend.alloc_zeroed(16)?;
+        let p = HtouchParams {
+            heap: self.handle,
+            handles: hbuf.device_ptr(),
+            threads: n,
+            seed,
+            verify: verify as u64,
+            counters: counters.device_ptr(),
+        };
+        // SAFETY: a live heap borrowed for a synchronous launch (no compaction
+        // runs); `handles` holds `n` u64s, distinct table indices when writing
+        // (checked), so each block has one writer; `counters` two u64s.
+        unsafe { backend.launch(&HEAP_HTOUCH, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
+        let c: Vec<u64> = counters.read()?;
+        Ok((c[0], c[1]))
+    }
+
+    fn write_state(&mut self, index: u32, flags: u32, generation: u32) -> Result<()> {
+        let word = (generation as u64) << 32 | flags as u64;
+        let at = TABLE_OFFSET as usize + index as usize * ENTRY_BYTES + 16;
+        self.movable.as_mut().ok_or_else(no_arena)?.buf.write_at(at, &word.to_le_bytes())?;
+        Ok(())
+    }
+
+    /// Pins the block of `h`: it never moves (and cannot be freed) until
+    /// unpinned as many times. Run between kernels (the heap is borrowed
+    /// mutably).
+    ///
+    /// # Errors
+    /// [`CompactionError::InvalidHandle`]; `InvalidArgument` past 2^24 − 1
+    /// nested pins; backend errors.
+    pub fn pin(&mut self, h: Handle) -> Result<()> {
+        let (i, e) = self.live_entry(h)?;
+        let pins = (e.flags >> PIN_SHIFT) + 1;
+        if pins >= 1 << (32 - PIN_SHIFT) {
+            return Err(BackendError::InvalidArgument(format!("too many nested pins of {h:?}")).into());
+        }
+        self.write_state(i, ENTRY_LIVE | ENTRY_PINNED | pins << PIN_SHIFT, e.generation)
+    }
+
+    /// Undoes one [`pin`](Self::pin).
+    ///
+    /// # Errors
+    /// [`CompactionError::InvalidHandle`], [`CompactionError::NotPinned`];
+    /// backend errors.
+    pub fn unpin(&mut self, h: Handle) -> Result<()> {
+        let (i, e) = self.live_entry(h)?;
+        let pins = e.flags >> PIN_SHIFT;
+        if pins == 0 {
+            return Err(CompactionError::NotPinned(h));
+        }
+        let flags = if pins == 1 { ENTRY_LIVE } else { ENTRY_LIVE | ENTRY_PINNED | (pins - 1) << PIN_SHIFT };
+        self.write_state(i, flags, e.generation)
+    }
+
+    /// Where the block of `h` is now: offset from [`movable_base`](Self::movable_base),
+    /// requested size, pinned (host side of `arena::resolve`).
+    ///
+    /// # Errors
+    /// [`CompactionError::InvalidHandle`]; backend errors.
+    pub fn resolve(&self, h: Handle) -> Result<BlockInfo> {
+        let (_, e) = self.live_entry(h)?;
+        Ok(BlockInfo { offset: e.offset, size: e.size, pinned: e.flags & ENTRY_PINNED != 0 })
+    }
+
+    /// The device address of the block of `h` now; valid until the next
+    /// compaction only, unless the block is pinned.
+    ///
+    /// # Errors
+    /// As for [`resolve`](Self::resolve).
+    pub fn handle_ptr(&self, h: Handle) -> Result<u64> {
+        Ok(self.movable_base() + self.resolve(h)?.offset)
+    }
+
+    /// The block of `h` (its size rounded up to 16 bytes), read back.
+    ///
+    /// # Errors
+    /// As for [`resolve`](Self::resolve).
+    pub fn read_handle(&self, h: Handle) -> Result<Vec<u8>> {
+        let b = self.resolve(h)?;
+        let mut v = vec![0u8; round(b.size) as usize];
+        self.arena.read_into(self.arena_offset() + (self.handle.movable_off + b.offset) as usize, &mut v)?;
+        Ok(v)
+    }
+
+    /// Writes `data` into the block of `h` at byte `at`.
+    ///
+    /// # Errors
+    /// As for [`resolve`](Self::resolve); `InvalidArgument` past the block's
+    /// rounded size.
+    pub fn write_handle(&mut self, h: Handle, at: u64, data: &[u8]) -> Result<()> {
+        let b = self.resolve(h)?;
+        if at.checked_add(data.len() as u64).is_none_or(|e| e > round(b.size)) {
+            return Err(BackendError::InvalidArgument(format!("write past a {}-byte block", b.size)).into());
+        }
+        let off = self.arena_offset() + (self.handle.movable_off + b.offset + at) as usize;
+        Ok(self.arena.write_at(off, data)?)
+    }
+
+    /// The live handle blocks in address order, as the compaction kernels take
+    /// them (offsets from [`movable_base`](Self::movable_base), sizes rounded
+    /// up to 16, `handle` = table index, pinned flag).
+    ///
+    /// # Errors
+    /// When the heap has no movable arena; backend errors.
+    pub fn movable_layout(&self) -> Result<Vec<LiveBlock>> {
+        let table = self.read_handle_table()?;
+        Ok(layout_of(&table))
+    }
+
+    /// The handle of the live block whose table index is `index`.
+    ///
+    /// # Errors
+    /// When the heap has no movable arena; backend errors.
+    pub fn handle_of(&self, index: u32) -> Result<Option<Handle>> {
+        if index as u64 >= self.handle.max_handles {
+            return Ok(None);
+        }
+        let e = self.read_entry(index)?;
+        Ok((e.flags & ENTRY_LIVE != 0).then(|| Handle(make_handle(index, e.generation))))
+    }
+
+    /// Free ranges `(offset, len)` of the movable arena in address order:
+    /// every byte not in a live handle block (freed blocks count as free:
+    /// the next compaction reclaims them).
+    ///
+    /// # Errors
+    /// When the heap has no movable arena; backend errors.
+    pub fn movable_free_ranges(&self) -> Result<Vec<(u64, u64)>> {
+        Ok(reference::free_ranges(&self.movable_layout()?, None, self.handle.movable_bytes))
+    }
+
+    /// External fragmentation of the movable arena's free space now (see
+    /// [`movable_free_ranges`](Self::movable_free_ranges)).
+    ///
+    /// # Errors
+    /// As for [`movable_free_ranges`](Self::movable_free_ranges).
+    pub fn movable_fragmentation(&self) -> Result<Fragmentation> {
+        Ok(Fragmentation::of_ranges(self.movable_free_ranges()?))
+    }
+
+    /// Counters of the movable arena.
+    ///
+    /// # Errors
+    /// When the heap has no movable arena; backend errors.
+    pub fn movable_stats(&self) -> Result<MovableStats> {
+        let w = self.ctrl_words()?;
+        let layout = self.movable_layout()?;
+        Ok(MovableStats {
+            capacity: self.handle.movable_bytes,
+            cursor: w[CTRL_CURSOR as usize],
+            live_handles: layout.len() as u64,
+            live_bytes: layout.iter().map(|b| b.size).sum(),
+            max_handles: self.max_handles(),
+            handles_available: w[CTRL_POOL_LEN as usize].saturating_sub(w[CTRL_POOL_NEXT as usize]),
+            failed_requests: w[CTRL_FAILED as usize],
+        })
+    }
+
+    /// Rewrites the arena's allocator state after a compaction (or a reset):
+    /// the cursor at `cursor`, the pool = every entry that is not live
+    /// (ascending), the failed counter kept unless `clear_failed`.
+    fn write_allocator_state(&mut self, table: &[HandleEntry], cursor: u64, clear_failed: bool) -> Result<()> {
+        let max = self.handle.max_handles;
+        let mut w = self.ctrl_words()?;
+        let pool: Vec<u32> = (0..max as u32).filter(|&i| table[i as usize].flags & ENTRY_LIVE == 0).collect();
+        w[CTRL_CURSOR as usize] = cursor;
+        w[CTRL_POOL_NEXT as usize] = 0;
+        w[CTRL_POOL_LEN as usize] = pool.len() as u64;
+        if clear_failed {
+            w[CTRL_FAILED as usize] = 0;
+        }
+        let mv = self.movable.as_mut().ok_or_else(no_arena)?;
+        mv.buf.write_at(pool_offset(max) as usize, bytemuck::cast_slice(&pool))?;
+        mv.buf.write_at(0, bytemuck::cast_slice(&w))?;
+        Ok(())
+    }
+
+    /// Frees every handle (generations kept, so old handles stay invalid) and
+    /// empties the arena.
+    pub(super) fn reset_movable(&mut self) -> BackendResult<()> {
+        if self.movable.is_none() {
+            return Ok(());
+        }
+        self.clear_handles().map_err(|e| match e {
+            CompactionError::Backend(b) => b,
+            other => BackendError::InvalidArgument(other.to_string()),
+        })
+    }
+
+    fn clear_handles(&mut self) -> Result<()> {
+        let mut table = self.read_handle_table()?;
+        for e in &mut table {
+            e.flags = 0;
+        }
+        let mv = self.movable.as_mut().ok_or_else(no_arena)?;
+        mv.buf.write_at(TABLE_OFFSET as usize, bytemuck::cast_slice(&table))?;
+        self.write_allocator_state(&table, 0, true)
+    }
+
+    /// Compacts the movable arena in place (see
+    /// [`compact_heap`](crate::compaction::compact_heap)).
+    ///
+    /// Steps: read the handle table back and list the live entries in
+    /// address order (a host read-back of `max_handles` entries and a host
+    /// sort: the device has no sort by offset); unless they are already
+    /// packed, run the plan kernels (which write the new offsets into the
+    /// device table) and the in-place mover over the arena; then, in the same
+    /// call, set the bump cursor to the end of the last live block and refill
+    /// the index pool with every entry that is not live. Afterwards the free
+    /// space of the arena is one range after the last block, plus one range
+    /// before each pinned block (its segment's tail).
+    ///
+    /// # Errors
+    /// When the heap has no movable arena; [`CompactionError::InvalidLayout`]
+    /// when the table read back is not a valid layout (a kernel wrote it
+    /// outside the API); [`CompactionError::InvalidTuning`]; backend errors.
+    pub fn compact(&mut self, backend: &Backend) -> Result<CompactionReport> {
+        let start = Instant::now();
+        self.mv()?;
+        let cap = self.handle.movable_bytes;
+        let table = self.read_handle_table()?;
+        let layout = layout_of(&table);
+        reference::validate(&layout, cap)?;
+        let before = Fragmentation::of_ranges(reference::free_ranges(&layout, None, cap));
+        let mut report = CompactionReport { blocks: layout.len() as u64, before, after: before, ..Default::default() };
+        let new_offsets = if reference::is_packed(&layout) {
+            layout.iter().map(|b| b.offset).collect()
+        } else {
+            let at = (self.arena_offset() as u64) + self.handle.movable_off;
+            let n = self.handle.max_handles as u32;
+            let DeviceHeap { arena, movable, .. } = self;
+            let mv = movable.as_mut().ok_or_else(no_arena)?;
+            let run =
+                mv.compactor.compact_at(backend, arena, at, cap, &layout, Some((&mut mv.buf, TABLE_OFFSET, n)))?;
+            report.plan_time = run.plan_time;
+            report.move_time = run.move_time;
+            report.kernel_time = run.plan_time + run.move_time;
+            report.launches = run.launches;
+            run.new_offsets
+        };
+        let (bytes, moved) = reference::moved(&layout, &new_offsets);
+        let end = layout.iter().zip(&new_offsets).map(|(b, &d)| d + b.size).max().unwrap_or(0);
+        self.write_allocator_state(&table, end, false)?;
+        report.blocks_moved = moved;
+        report.bytes_moved = bytes;
+        let secs = report.kernel_time.as_secs_f64();
+        report.gbps = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
+        report.after = Fragmentation::of_ranges(reference::free_ranges(&layout, Some(&new_offsets), cap));
+        report.wall_time = start.elapsed();
+        Ok(report)
+    }
+}
+
+/// Live entries of `table` as a layout sorted by offset.
+fn layout_of(table: &[HandleEntry]) -> Vec<LiveBlock> {
+    let mut v: Vec<LiveBlock> = table
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.flags & ENTRY_LIVE != 0)
+        .map(|(i, e)| LiveBlock {
+            offset: e.offset,
+            size: round(e.size),
+            handle: i as u32,
+            flags: if e.flags & ENTRY_PINNED != 0 { BLOCK_PINNED } else { 0 },
+        })
+        .collect();
+    v.sort_unstable_by_key(|b| b.offset);
+    v
+}
+
+const _: () = assert!(ARENA_CTRL_BYTES == 64 && ENTRY_BYTES == 24);

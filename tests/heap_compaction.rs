@@ -1,0 +1,489 @@
+//! Compaction of the device heap's movable arena (issue 5, integrated with
+//! the device heap of issue 4) on every backend.
+//!
+//! Handles are allocated by kernels (`arena::halloc`) and by the host, each
+//! block is filled by a kernel that resolves its handle with a pattern
+//! derived from the handle, raw `malloc` blocks of the same heap are filled
+//! with their own patterns, frees make holes, and after a compaction every
+//! test checks: every byte of every handle block (host read-back and a kernel
+//! that resolves the handle on the device), every handle (host resolve and
+//! the device table), that no two blocks overlap, that the layout equals the
+//! one oracle `reference::compact::plan_slide`, that the whole arena equals
+//! the reference sequential `memmove`, that raw `malloc` blocks and pinned
+//! handles are unchanged in place, that the free space outside pinned
+//! islands is one range at the end, that the bump cursor is there, and that
+//! a second compaction moves nothing.
+
+mod common;
+
+use gpuheap::backend::Backend;
+use gpuheap::compaction::{compact_heap, reference, CompactionError, CompactionReport, Handle, LiveBlock};
+use gpuheap::device_heap::ops::{self, Batch};
+use gpuheap::device_heap::{DeviceHeap, Sizes};
+use gpuheap::reference::compact::{plan_slide, CompactionPlan};
+use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
+use gpuheap_kernels::fill::pattern;
+
+/// SplitMix64, for reproducible sizes and choices.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Runs `case` on every backend.
+fn on_backends(test: &str, case: impl Fn(&Backend, &str)) {
+    for b in common::backends(test) {
+        let what = format!("{test} on {}", b.describe());
+        case(&b, &what);
+    }
+}
+
+/// The oracle: `plan_slide` of `layout` in an arena of `capacity` bytes, as
+/// new offsets in layout order, and the plan.
+fn slide(layout: &[LiveBlock], capacity: u64) -> (Vec<u64>, CompactionPlan) {
+    let plan = plan_slide(&reference::slide_layout(layout, capacity)).expect("plan_slide rejects the layout");
+    let mut dst = vec![u64::MAX; layout.len()];
+    for m in &plan.moves {
+        let b = &layout[m.id as usize];
+        assert_eq!((m.src, m.len), (b.offset, b.size), "plan_slide lost a block");
+        dst[m.id as usize] = m.dst;
+    }
+    assert!(dst.iter().all(|&d| d != u64::MAX), "plan_slide dropped a block");
+    (dst, plan)
+}
+
+/// The bytes of the movable arena.
+fn arena_image(heap: &DeviceHeap) -> Vec<u8> {
+    let mut img = vec![0u8; heap.movable_capacity() as usize];
+    heap.arena().read_into(heap.arena_offset() + (heap.movable_base() - heap.base()) as usize, &mut img).unwrap();
+    img
+}
+
+/// Every live handle, in address order.
+fn live_handles(heap: &DeviceHeap) -> Vec<Handle> {
+    heap.movable_layout().unwrap().iter().map(|b| heap.handle_of(b.handle).unwrap().unwrap()).collect()
+}
+
+/// Writes each handle's pattern over its block with the device kernel (which
+/// resolves the handle when it runs).
+fn fill_handles(b: &Backend, heap: &DeviceHeap, hs: &[Handle]) {
+    assert_eq!(heap.touch_handles(b, hs, 0, false).unwrap(), (0, 0), "fill: a live handle did not resolve");
+}
+
+/// Checks every word of every live handle block, on the device (resolving
+/// each handle) and on the host (read back through the host resolve).
+fn check_handles(b: &Backend, heap: &DeviceHeap, what: &str) {
+    let hs = live_handles(heap);
+    assert_eq!(heap.touch_handles(b, &hs, 0, true).unwrap(), (0, 0), "{what}: device check of the handle patterns");
+    for h in &hs {
+        let bytes = heap.read_handle(*h).unwrap();
+        let words: &[u32] = bytemuck::cast_slice(&bytes);
+        for (i, &w) in words.iter().enumerate() {
+            assert_eq!(w, pattern(h.0, i as u64), "{what}: handle {h:?} word {i}");
+        }
+    }
+}
+
+/// Raw `malloc` blocks of the heap, filled with a per-thread pattern.
+fn raw_blocks(b: &Backend, heap: &DeviceHeap, sizes: Vec<u64>, seed: u64) -> Batch {
+    let n = sizes.len() as u64;
+    let batch = ops::malloc_batch(b, heap, &Sizes::PerThread(sizes), n, false).unwrap();
+    assert!(batch.read_ptrs().unwrap().iter().all(|&p| p != 0), "raw malloc failed");
+    assert_eq!(ops::touch_batch(b, &batch, seed, false).unwrap(), 0);
+    batch
+}
+
+/// Raw blocks never lie in the movable arena.
+fn assert_outside_arena(heap: &DeviceHeap, batch: &Batch, what: &str) {
+    let (lo, hi) = (heap.movable_base(), heap.movable_base() + heap.movable_capacity());
+    for (p, s) in batch.read_ptrs().unwrap().into_iter().zip(batch.read_sizes().unwrap()) {
+        assert!(p == 0 || p + s <= lo || p >= hi, "{what}: raw block {p:#x}+{s} inside the movable arena");
+    }
+}
+
+/// Compacts and checks everything (see the file docs); returns the report.
+fn compact_and_check(b: &Backend, heap: &mut DeviceHeap, what: &str) -> CompactionReport {
+    let cap = heap.movable_capacity();
+    let before_layout = heap.movable_layout().unwrap();
+    let before = arena_image(heap);
+    let handles = live_handles(heap);
+    let report = compact_heap(b, heap).unwrap_or_else(|e| panic!("{what}: compaction failed: {e}"));
+    let after_layout = heap.movable_layout().unwrap();
+    let (expected, plan) = slide(&before_layout, cap);
+
+    // Layout: the same blocks in the same order at plan_slide's offsets.
+    assert_eq!(after_layout.len(), before_layout.len(), "{what}: live block count");
+    for ((bl, a), &d) in before_layout.iter().zip(&after_layout).zip(&expected) {
+        assert_eq!((a.handle, a.size, a.flags), (bl.handle, bl.size, bl.flags), "{what}: block order/identity");
+        assert_eq!(a.offset, d, "{what}: block of handle index {} at {} instead of {d}", bl.handle, a.offset);
+        if bl.pinned() {
+            assert_eq!(a.offset, bl.offset, "{what}: a pinned handle moved");
+        }
+    }
+    reference::validate(&after_layout, cap).unwrap_or_else(|e| panic!("{what}: overlap: {e}"));
+    // Handles: host resolve and the device table.
+    let table = heap.read_handle_table().unwrap();
+    for (h, &d) in handles.iter().zip(&expected) {
+        let info = heap.resolve(*h).unwrap();
+        assert_eq!(info.offset, d, "{what}: host resolve of {h:?}");
+        assert_eq!(heap.handle_ptr(*h).unwrap(), heap.movable_base() + d);
+        let e = table[h.index() as usize];
+        assert_eq!((e.offset, e.generation), (d, h.generation()), "{what}: device entry of {h:?}");
+        assert!(e.flags & ENTRY_LIVE != 0);
+        assert_eq!(e.flags & ENTRY_PINNED != 0, info.pinned, "{what}: pinned flag of {h:?}");
+    }
+    // Bytes: every handle block, and the whole arena against the reference memmove.
+    check_handles(b, heap, what);
+    let after = arena_image(heap);
+    let mut want = before.clone();
+    reference::apply(&mut want, &before_layout, &expected);
+    if let Some(i) = want.iter().zip(&after).position(|(a, b)| a != b) {
+        panic!("{what}: arena differs from the reference memmove at byte {i}");
+    }
+    // Report.
+    assert_eq!((report.bytes_moved, report.blocks_moved), (plan.bytes_moved, plan.blocks_moved as u64), "{what}");
+    assert_eq!(report.blocks, before_layout.len() as u64);
+    assert_eq!(report.after.total_free, report.before.total_free, "{what}: free bytes changed");
+    assert_eq!(report.launches == 0, plan.bytes_moved == 0, "{what}: launches");
+    // Free space: outside pinned islands, one range at the end; each other
+    // range ends where a pinned block starts.
+    let free = heap.movable_free_ranges().unwrap();
+    let pinned_starts: Vec<u64> = after_layout.iter().filter(|l| l.pinned()).map(|l| l.offset).collect();
+    let end = after_layout.iter().map(|l| l.offset + l.size).max().unwrap_or(0);
+    for &(o, l) in &free {
+        assert!(o + l == cap || pinned_starts.contains(&(o + l)), "{what}: free range {o}+{l} is not a segment tail");
+    }
+    assert_eq!(free.iter().filter(|&&(o, l)| o + l == cap).count(), (end < cap) as usize, "{what}: tail range");
+    if pinned_starts.is_empty() {
+        assert!(free.len() <= 1 && report.after.external == 0.0, "{what}: free space not contiguous: {free:?}");
+    }
+    // The bump cursor is at the end of the last block.
+    assert_eq!(heap.movable_stats().unwrap().cursor, end, "{what}: bump cursor");
+    report
+}
+
+/// Handle sizes from 1 byte to `max`, some of them large.
+fn sizes(rng: &mut Rng, n: usize, max: u64) -> Vec<u64> {
+    (0..n).map(|_| if rng.below(10) == 0 { 1 + rng.below(8 * max) } else { 1 + rng.below(max) }).collect()
+}
+
+#[test]
+fn kernel_and_host_handles_compact_to_plan_slide() {
+    on_backends("kernel_and_host_handles", |b, what| {
+        let mut rng = Rng(5);
+        let mut heap = DeviceHeap::with_movable(b, 16 << 20, 4 << 20, 8192).unwrap();
+        // Raw blocks before and after the handle allocations, every size class and large.
+        let raw1 = raw_blocks(b, &heap, (0..300).map(|i| 16 << (i % 10)).collect(), 77);
+        let from_kernel: Vec<Handle> = heap
+            .halloc_batch(b, &sizes(&mut rng, 3000, 1024))
+            .unwrap()
+            .into_iter()
+            .map(|h| h.expect("halloc"))
+            .collect();
+        let from_host: Vec<Handle> = (0..24).map(|i| heap.halloc(b, 100 + i * 333).unwrap()).collect();
+        let raw2 = raw_blocks(b, &heap, (0..200).map(|i| 48 + (i % 7) * 1000).collect(), 78);
+        let all: Vec<Handle> = from_kernel.iter().chain(&from_host).copied().collect();
+        fill_handles(b, &heap, &all);
+        check_handles(b, &heap, what);
+        // Holes: frees by a kernel and by the host; pins.
+        let (mut kfree, mut pins) = (Vec::new(), Vec::new());
+        for (i, h) in all.iter().enumerate() {
+            match rng.below(10) {
+                0..=3 => kfree.push(*h),
+                4 if i % 3 == 0 => heap.hfree(b, *h).unwrap(),
+                5 if pins.len() < 4 => pins.push(*h),
+                _ => {}
+            }
+        }
+        assert!(heap.hfree_batch(b, &kfree).unwrap().iter().all(|&ok| ok), "{what}: kernel frees");
+        for h in &pins {
+            heap.pin(*h).unwrap();
+        }
+        let pinned_at: Vec<u64> = pins.iter().map(|h| heap.resolve(*h).unwrap().offset).collect();
+        let r = compact_and_check(b, &mut heap, what);
+        assert!(r.blocks_moved > 0 && r.before.external > 0.0, "{what}: nothing to compact?");
+        for (h, &at) in pins.iter().zip(&pinned_at) {
+            assert_eq!(heap.resolve(*h).unwrap().offset, at, "{what}: pinned handle moved");
+        }
+        // Raw malloc blocks: unchanged in place, never inside the arena.
+        for (batch, seed) in [(&raw1, 77), (&raw2, 78)] {
+            assert_eq!(ops::touch_batch(b, batch, seed, true).unwrap(), 0, "{what}: a raw block changed");
+            assert_outside_arena(&heap, batch, what);
+        }
+        // A second compaction moves nothing.
+        let r2 = compact_and_check(b, &mut heap, &format!("{what}, again"));
+        assert_eq!((r2.blocks_moved, r2.bytes_moved, r2.launches), (0, 0, 0), "{what}");
+        // After unpinning, new allocations land after the last block and a
+        // compaction merges the islands.
+        for h in &pins {
+            heap.unpin(*h).unwrap();
+        }
+        let end = heap.movable_stats().unwrap().cursor;
+        let more: Vec<Handle> = heap.halloc_batch(b, &[64; 100]).unwrap().into_iter().map(|h| h.unwrap()).collect();
+        assert!(more.iter().all(|h| heap.resolve(*h).unwrap().offset >= end), "{what}: allocation below the cursor");
+        fill_handles(b, &heap, &more);
+        let r3 = compact_and_check(b, &mut heap, &format!("{what}, unpinned"));
+        assert_eq!(r3.after.free_ranges, 1, "{what}");
+        assert_eq!(ops::touch_batch(b, &raw1, 77, true).unwrap(), 0, "{what}");
+    });
+}
+
+#[test]
+fn pinned_handle_in_the_middle_with_holes_on_both_sides() {
+    on_backends("pinned_middle", |b, what| {
+        let mut heap = DeviceHeap::with_movable(b, 4 << 20, 1 << 20, 256).unwrap();
+        let hs: Vec<Handle> = (0..60).map(|i| heap.halloc(b, 256 + i * 32).unwrap()).collect();
+        fill_handles(b, &heap, &hs);
+        let pinned = hs[30];
+        heap.pin(pinned).unwrap();
+        heap.pin(pinned).unwrap();
+        assert!(matches!(heap.hfree(b, pinned), Err(CompactionError::Pinned(_))));
+        assert_eq!(heap.hfree_batch(b, &[pinned]).unwrap(), vec![false], "{what}: the device freed a pinned handle");
+        let frees: Vec<Handle> = [0, 5, 28, 29, 31, 32, 40, 59].iter().map(|&i| hs[i]).collect();
+        assert!(heap.hfree_batch(b, &frees).unwrap().iter().all(|&ok| ok));
+        let at = heap.resolve(pinned).unwrap().offset;
+        let r = compact_and_check(b, &mut heap, what);
+        assert_eq!(heap.resolve(pinned).unwrap().offset, at, "{what}: pinned handle moved");
+        assert_eq!(r.after.free_ranges, 2, "{what}: one free range per segment");
+        heap.unpin(pinned).unwrap();
+        assert!(heap.resolve(pinned).unwrap().pinned, "{what}: pins nest");
+        heap.unpin(pinned).unwrap();
+        let r = compact_and_check(b, &mut heap, what);
+        assert_eq!((r.after.free_ranges, r.after.external), (1, 0.0), "{what}");
+    });
+}
+
+#[test]
+fn stale_handles_are_detected() {
+    on_backends("stale_handles", |b, what| {
+        let mut heap = DeviceHeap::with_movable(b, 1 << 20, 64 << 10, 4).unwrap();
+        let hs: Vec<Handle> = (0..4).map(|_| heap.halloc(b, 1000).unwrap()).collect();
+        fill_handles(b, &heap, &hs);
+        let old = hs[1];
+        heap.hfree(b, old).unwrap();
+        // Freed: rejected by the host, by the device free and by the device resolve.
+        assert!(matches!(heap.resolve(old), Err(CompactionError::InvalidHandle(_))));
+        assert!(matches!(heap.hfree(b, old), Err(CompactionError::InvalidHandle(_))), "{what}: double free");
+        assert_eq!(heap.hfree_batch(b, &[old]).unwrap(), vec![false], "{what}: device double free");
+        assert_eq!(heap.touch_handles(b, &[old], 0, true).unwrap(), (0, 1), "{what}: device resolved a freed handle");
+        // Handle 0 (skipped by the touch kernel, rejected by free), an index
+        // out of range, a wrong generation.
+        let forged = [Handle(0), Handle(99), Handle(hs[2].0 + (7 << 32))];
+        assert_eq!(heap.touch_handles(b, &forged, 0, true).unwrap(), (0, 2), "{what}");
+        assert_eq!(heap.hfree_batch(b, &forged).unwrap(), vec![false; 3], "{what}");
+        // The table is full until a compaction reclaims the entry.
+        assert!(matches!(heap.halloc(b, 16), Err(CompactionError::TooManyHandles(4))), "{what}");
+        assert_eq!(heap.halloc_batch(b, &[16]).unwrap(), vec![None], "{what}");
+        compact_and_check(b, &mut heap, what);
+        let new = heap.halloc(b, 16).unwrap();
+        assert_eq!(new.index(), old.index(), "{what}: the freed entry is reused");
+        assert_ne!(new.generation(), old.generation(), "{what}: with a new generation");
+        assert!(matches!(heap.resolve(old), Err(CompactionError::InvalidHandle(_))), "{what}: stale handle resolved");
+        assert_eq!(heap.touch_handles(b, &[old], 0, true).unwrap(), (0, 1), "{what}: stale handle on the device");
+        assert!(heap.resolve(new).is_ok());
+        assert_eq!(heap.movable_stats().unwrap().failed_requests, 1, "{what}: the device failure is counted");
+    });
+}
+
+/// BL-01 in the device heap: the arena is full, half of it is free in holes
+/// smaller than the request; the request fails, and succeeds after a
+/// compaction (raw `malloc` blocks are untouched).
+#[test]
+fn full_arena_accepts_a_large_handle_only_after_compaction() {
+    on_backends("bl_01_heap", |b, what| {
+        const KIB: u64 = 1024;
+        let mut heap = DeviceHeap::with_movable(b, 1 << 20, 64 * KIB, 64).unwrap();
+        let raw = raw_blocks(b, &heap, vec![4 * KIB; 16], 9);
+        let mut hs: Vec<Handle> =
+            heap.halloc_batch(b, &[4 * KIB; 16]).unwrap().into_iter().map(|h| h.unwrap()).collect();
+        hs.sort_by_key(|h| heap.resolve(*h).unwrap().offset);
+        fill_handles(b, &heap, &hs);
+        assert!(heap.halloc_batch(b, &[16]).unwrap()[0].is_none(), "{what}: the arena is not full");
+        let odd: Vec<Handle> = hs.iter().skip(1).step_by(2).copied().collect();
+        assert!(heap.hfree_batch(b, &odd).unwrap().iter().all(|&ok| ok));
+        match heap.halloc(b, 32 * KIB) {
+            Err(CompactionError::OutOfMemory { requested, total_free, largest_free }) => {
+                assert_eq!((requested, total_free, largest_free), (32 * KIB, 32 * KIB, 4 * KIB), "{what}")
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+        assert!(heap.halloc_batch(b, &[32 * KIB]).unwrap()[0].is_none(), "{what}: the device request succeeded");
+        let r = compact_and_check(b, &mut heap, what);
+        assert_eq!((r.before.external, r.after.external), (0.875, 0.0), "{what}");
+        let big = heap.halloc_batch(b, &[32 * KIB]).unwrap()[0].expect("the request fails after compaction");
+        assert_eq!(heap.resolve(big).unwrap().offset, 32 * KIB, "{what}");
+        fill_handles(b, &heap, &[big]);
+        check_handles(b, &heap, what);
+        assert_eq!(ops::touch_batch(b, &raw, 9, true).unwrap(), 0, "{what}: a raw block changed");
+    });
+}
+
+/// BL-16 (libsdl-org/SDL#15123) through the heap: an operation recorded
+/// before a compaction resolves its handle when it executes, so it writes the
+/// block at its new place, and the block that now occupies the old range is
+/// not written.
+#[test]
+fn bl_16_pending_op_sees_its_block_after_heap_compaction() {
+    on_backends("bl_16_heap", |b, what| {
+        const KIB: u64 = 1024;
+        let mut heap = DeviceHeap::with_movable(b, 4 << 20, 1 << 20, 64).unwrap();
+        let hs = [heap.halloc(b, 128 * KIB).unwrap(), heap.halloc(b, 256 * KIB).unwrap()];
+        let (before, h) = (hs[0], hs[1]);
+        fill_handles(b, &heap, &hs);
+        // The pending operation P = "write pattern seed S into H", recorded, not run.
+        let pending = (h, 0xABCD_u64);
+        heap.hfree(b, before).unwrap();
+        let x = heap.resolve(h).unwrap().offset;
+        compact_and_check(b, &mut heap, what);
+        let y = heap.resolve(h).unwrap().offset;
+        assert!(y < x, "{what}: H did not move");
+        // A new block lands on H's old range.
+        let other = heap.halloc(b, 256 * KIB).unwrap();
+        let o = heap.resolve(other).unwrap().offset;
+        assert!(o < x + 256 * KIB && o + 256 * KIB > x, "{what}: the new block does not reuse H's old range");
+        fill_handles(b, &heap, &[other]);
+        // Run P now: it resolves H on the device.
+        assert_eq!(heap.touch_handles(b, &[pending.0], pending.1, false).unwrap(), (0, 0));
+        assert_eq!(
+            heap.touch_handles(b, &[pending.0], pending.1, true).unwrap(),
+            (0, 0),
+            "{what}: P's write is not in H"
+        );
+        let bytes = heap.read_handle(h).unwrap();
+        let words: &[u32] = bytemuck::cast_slice(&bytes);
+        assert!(words.iter().enumerate().all(|(i, &w)| w == pattern(h.0 ^ pending.1, i as u64)), "{what}");
+        assert_eq!(heap.touch_handles(b, &[other], 0, true).unwrap(), (0, 0), "{what}: P wrote H's old range");
+    });
+}
+
+#[test]
+fn empty_arena_and_no_holes() {
+    on_backends("empty_and_packed", |b, what| {
+        let mut heap = DeviceHeap::with_movable(b, 1 << 20, 256 << 10, 1024).unwrap();
+        let r = compact_and_check(b, &mut heap, what);
+        assert_eq!((r.blocks, r.launches, r.after.free_ranges), (0, 0, 1), "{what}");
+        let mut hs: Vec<Handle> =
+            heap.halloc_batch(b, &(1..200).collect::<Vec<u64>>()).unwrap().into_iter().map(|h| h.unwrap()).collect();
+        hs.sort_by_key(|h| heap.resolve(*h).unwrap().offset);
+        fill_handles(b, &heap, &hs);
+        let img = arena_image(&heap);
+        let r = compact_and_check(b, &mut heap, what);
+        assert_eq!((r.blocks_moved, r.bytes_moved, r.launches), (0, 0, 0), "{what}");
+        assert_eq!(arena_image(&heap), img, "{what}: a packed arena changed");
+        // Freeing the last blocks only moves the cursor back.
+        let tail: Vec<Handle> = hs[150..].to_vec();
+        heap.hfree_batch(b, &tail).unwrap();
+        let r = compact_and_check(b, &mut heap, what);
+        assert_eq!((r.blocks_moved, r.launches), (0, 0), "{what}");
+        // Everything freed: the arena is empty again.
+        heap.hfree_batch(b, &hs[..150]).unwrap();
+        compact_and_check(b, &mut heap, what);
+        assert_eq!(heap.movable_stats().unwrap().cursor, 0, "{what}");
+    });
+}
+
+/// Many warps allocate concurrently until the arena runs out: the handles
+/// that succeed are disjoint and complete, the others are counted, and
+/// compaction after random frees matches the oracle.
+#[test]
+fn concurrent_halloc_until_exhaustion() {
+    on_backends("concurrent_halloc", |b, what| {
+        let mut rng = Rng(31);
+        let cap = 1 << 20;
+        let mut heap = DeviceHeap::with_movable(b, 4 << 20, cap, 16384).unwrap();
+        let req = sizes(&mut rng, 8000, 256);
+        let got = heap.halloc_batch(b, &req).unwrap();
+        let ok: Vec<Handle> = got.iter().flatten().copied().collect();
+        let failed = got.iter().filter(|h| h.is_none()).count() as u64;
+        let asked: u64 = req.iter().map(|s| s.div_ceil(16) * 16).sum();
+        assert!(asked > cap && failed > 0, "{what}: the arena did not run out");
+        let st = heap.movable_stats().unwrap();
+        assert_eq!((st.live_handles, st.failed_requests), (ok.len() as u64, failed), "{what}");
+        assert!(st.live_bytes > cap * 3 / 4, "{what}: only {} of {cap} bytes handed out", st.live_bytes);
+        for (h, s) in got.iter().zip(&req) {
+            if let Some(h) = h {
+                assert_eq!(heap.resolve(*h).unwrap().size, *s, "{what}");
+            }
+        }
+        reference::validate(&heap.movable_layout().unwrap(), cap).unwrap_or_else(|e| panic!("{what}: {e}"));
+        fill_handles(b, &heap, &ok);
+        check_handles(b, &heap, what);
+        let frees: Vec<Handle> = ok.iter().filter(|_| rng.below(2) == 0).copied().collect();
+        heap.hfree_batch(b, &frees).unwrap();
+        compact_and_check(b, &mut heap, what);
+        let again = heap.halloc_batch(b, &req[..500]).unwrap();
+        assert!(again.iter().all(|h| h.is_some()), "{what}: room after compaction");
+    });
+}
+
+#[test]
+fn movable_arena_is_outside_the_buddy() {
+    let b = Backend::cpu();
+    let mut heap = DeviceHeap::with_movable(&b, 1 << 20, 100_000, 16).unwrap();
+    assert_eq!(heap.movable_capacity(), 25 * 4096, "rounded up to 4 KiB");
+    let s = heap.stats().unwrap();
+    assert_eq!((s.movable_bytes, s.free_bytes, s.accounted_bytes()), (25 * 4096, (1 << 20) - 25 * 4096, 1 << 20));
+    assert!(heap.live_blocks().unwrap().is_empty(), "the arena is not a large block");
+    // Raw malloc never returns arena memory, even when the rest is exhausted.
+    let raw = ops::malloc_batch(&b, &heap, &Sizes::Uniform(4096), 300, false).unwrap();
+    assert_outside_arena(&heap, &raw, "exhaustion");
+    let got = raw.read_ptrs().unwrap().iter().filter(|&&p| p != 0).count() as u64;
+    assert!(got > 0 && got * 4096 <= (1 << 20) - 25 * 4096, "{got} raw blocks");
+    assert_eq!(heap.stats().unwrap().accounted_bytes(), 1 << 20);
+    // Raw free of an arena address is ignored.
+    let h = heap.halloc(&b, 64).unwrap();
+    // SAFETY: the pointer is not from malloc; the heap ignores it (tested here).
+    unsafe { ops::free_ptrs(&b, &heap, &[heap.handle_ptr(h).unwrap()]).unwrap() };
+    assert!(heap.resolve(h).is_ok());
+    // Rebuild and reset keep the arena out of the buddy.
+    heap.rebuild(&[]).unwrap();
+    assert_eq!(heap.stats().unwrap().accounted_bytes(), 1 << 20);
+    heap.reset().unwrap();
+    let s = heap.stats().unwrap();
+    assert_eq!((s.free_bytes, s.movable_bytes), ((1 << 20) - 25 * 4096, 25 * 4096));
+    assert!(matches!(heap.resolve(h), Err(CompactionError::InvalidHandle(_))), "reset frees handles");
+    let h2 = heap.halloc(&b, 64).unwrap();
+    assert_eq!(h2.index(), h.index());
+    assert_ne!(h2, h, "generations survive a reset");
+    assert_eq!(heap.resolve(h2).unwrap().offset, 0);
+}
+
+#[test]
+fn handle_api_rejects_misuse() {
+    let b = Backend::cpu();
+    // A heap without an arena.
+    let plain = DeviceHeap::new(&b, 1 << 20).unwrap();
+    assert!(!plain.has_movable());
+    assert!(plain.halloc(&b, 16).is_err());
+    let mut plain = plain;
+    assert!(compact_heap(&b, &mut plain).is_err());
+    assert!(DeviceHeap::with_movable(&b, 1 << 20, 0, 16).is_err());
+    assert!(DeviceHeap::with_movable(&b, 1 << 20, 2 << 20, 16).is_err());
+    assert!(DeviceHeap::with_movable(&b, 1 << 20, 4096, 0).is_err());
+    // Handle misuse.
+    let mut heap = DeviceHeap::with_movable(&b, 1 << 20, 8192, 4).unwrap();
+    assert!(matches!(heap.halloc(&b, 0), Err(CompactionError::ZeroSize)));
+    assert_eq!(heap.halloc_batch(&b, &[0]).unwrap(), vec![None]);
+    assert!(matches!(heap.halloc(&b, 8193), Err(CompactionError::OutOfMemory { .. })));
+    let h = heap.halloc(&b, 100).unwrap();
+    assert_eq!(heap.resolve(h).unwrap().size, 100);
+    assert!(matches!(heap.unpin(h), Err(CompactionError::NotPinned(_))));
+    heap.pin(h).unwrap();
+    assert!(matches!(heap.hfree(&b, h), Err(CompactionError::Pinned(_))));
+    heap.unpin(h).unwrap();
+    assert!(matches!(heap.write_handle(h, 100, &[0; 16]), Err(CompactionError::Backend(_))), "write past the block");
+    heap.write_handle(h, 96, &[7; 16]).unwrap();
+    assert_eq!(&heap.read_handle(h).unwrap()[96..], &[7; 16]);
+    assert!(matches!(heap.touch_handles(&b, &[h, h], 0, false), Err(CompactionError::Backend(_))), "two writers");
+    heap.hfree(&b, h).unwrap();
+    assert!(matches!(heap.pin(h), Err(CompactionError::InvalidHandle(_))));
+}
