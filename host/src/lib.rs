@@ -11,7 +11,8 @@
 //! * [`reference`]: host reference allocators (first-fit, best-fit, buddy,
 //!   TLSF, slab, tiered, PyTorch-style caching);
 //! * [`analysis`]: fragmentation metrics;
-//! * [`trace`]: allocation trace readers.
+//! * [`trace`]: allocation trace readers;
+//! * [`replay`]: trace replay through the strategies and the compaction kernel, reports and plots.
 #![warn(missing_docs)]
 
 pub mod analysis;
@@ -21,6 +22,7 @@ pub mod compaction;
 pub mod ops;
 pub mod ptx;
 pub mod reference;
+pub mod replay;
 pub mod trace;
 
 pub use backend::{Backend, BackendChoice, BackendError, DeviceBuffer, LaunchConfig, LaunchTiming};
