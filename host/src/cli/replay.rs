@@ -82,7 +82,9 @@ pub(crate) fn load(path: &Path, device: Option<i64>) -> Result<(Trace, usize), C
             .iter()
             .position(|t| !t.events.is_empty())
             .or_else(|| (!trace.devices.is_empty()).then_some(0))
-            .ok_or_else(|| CliError::Input(format!("{}: the trace has no device with events or blocks", path.display())))?,
+            .ok_or_else(|| {
+                CliError::Input(format!("{}: the trace has no device with events or blocks", path.display()))
+            })?,
     };
     Ok((trace, idx))
 }
@@ -123,17 +125,13 @@ pub(crate) fn check_plot_path(p: &Path) -> Result<PlotFormat, CliError> {
 
 /// Writes a file through a temporary file in the same folder, renamed into place at the end (removed on
 /// error). The temporary name keeps the extension (plotters picks the image format from it).
-pub(crate) fn write_atomically(
-    path: &Path,
-    write: impl FnOnce(&Path) -> Result<(), String>,
-) -> Result<(), CliError> {
+pub(crate) fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> Result<(), String>) -> Result<(), CliError> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("tmp");
     let tmp = dir.join(format!(".{name}.{}.partial.{ext}", std::process::id()));
-    let r = write(&tmp).and_then(|()| {
-        std::fs::rename(&tmp, path).map_err(|e| format!("{}: cannot write: {e}", path.display()))
-    });
+    let r = write(&tmp)
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| format!("{}: cannot write: {e}", path.display())));
     if r.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -141,7 +139,12 @@ pub(crate) fn write_atomically(
 }
 
 /// Writes the plot of `reports` to `path`.
-pub(crate) fn write_plot(path: &Path, format: PlotFormat, title: &str, reports: &[&ReplayReport]) -> Result<(), CliError> {
+pub(crate) fn write_plot(
+    path: &Path,
+    format: PlotFormat,
+    title: &str,
+    reports: &[&ReplayReport],
+) -> Result<(), CliError> {
     let mut note = None;
     write_atomically(path, |tmp| {
         note = plot::write_timeline(tmp, format, title, reports).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -304,7 +307,12 @@ pub fn table(r: &ReplayReport) -> String {
         r.johnstone_wilson
     );
     let (p, e) = (&r.at_peak, &r.at_end);
-    s += &format!("{:<26}{:>22}{:>22}\n", "", format!("at peak (event {})", ev(p.event)), format!("at end (event {})", ev(e.event)));
+    s += &format!(
+        "{:<26}{:>22}{:>22}\n",
+        "",
+        format!("at peak (event {})", ev(p.event)),
+        format!("at end (event {})", ev(e.event))
+    );
     let rows: [(&str, u64, u64); 9] = [
         ("allocated (requested)", p.allocated, e.allocated),
         ("in blocks (rounded)", p.in_use, e.in_use),

@@ -108,7 +108,13 @@ fn image(spans: &[Span], f: u64) -> (Vec<LiveBlock>, u64) {
         let mut prev_end = s.crop_start;
         for &(src, len, _) in &s.units {
             let gap = src - prev_end;
-            cursor += if f == 1 { gap } else if gap > 0 { up16(gap / f).max(GRANULE) } else { 0 };
+            cursor += if f == 1 {
+                gap
+            } else if gap > 0 {
+                up16(gap / f).max(GRANULE)
+            } else {
+                0
+            };
             let l = if f == 1 { len } else { up16(len / f).max(GRANULE) };
             blocks.push(LiveBlock { offset: cursor, size: l, handle: NO_HANDLE, flags: 0 });
             cursor += l;
@@ -146,7 +152,9 @@ pub fn measure(
         let ms = &moves[first..i];
         let Some(k) = ms.iter().position(|m| m.src != m.dst) else { continue };
         if r.toward_end {
-            return not("a region slides toward its end (expandable small pool); the kernel slides toward region starts");
+            return not(
+                "a region slides toward its end (expandable small pool); the kernel slides toward region starts",
+            );
         }
         let l = ms.iter().rposition(|m| m.src != m.dst).expect("k exists");
         let crop_start = ms[k].dst;

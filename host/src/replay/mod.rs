@@ -45,8 +45,8 @@
 //! * **Speed.** `replay_ns` is the wall time of the event loop alone: reading the file, the fragmentation
 //!   analyses at the peak and at the end and the compactions are excluded.
 
-use std::collections::BinaryHeap;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Instant;
@@ -63,7 +63,7 @@ use crate::trace::{DeviceTrace, EventKind, Pool, Trace, TraceFormat};
 pub mod materialize;
 pub mod plot;
 
-pub use materialize::{Measured, MeasureOutcome};
+pub use materialize::{MeasureOutcome, Measured};
 
 /// Alignment (bytes) of replayed PyTorch requests: PyTorch's `kMinBlockSize`.
 pub const PYTORCH_ALIGN: u64 = 512;
@@ -612,9 +612,7 @@ fn make_heap(
     dev: &DeviceTrace,
 ) -> Result<Box<dyn SubAllocator + Send>, ReplayError> {
     if capacity < MIN_CAPACITY || capacity > crate::reference::MAX_BYTES {
-        return Err(ReplayError::Config(format!(
-            "capacity {capacity} B is outside [{MIN_CAPACITY} B, 2^48 B]"
-        )));
+        return Err(ReplayError::Config(format!("capacity {capacity} B is outside [{MIN_CAPACITY} B, 2^48 B]")));
     }
     if kind != StrategyKind::Caching {
         return Ok(build(kind, capacity));
@@ -714,7 +712,13 @@ impl Engine<'_> {
         Ok(())
     }
 
-    fn alloc(&mut self, event: Option<usize>, id: u32, requested: u64, policy: CompactPolicy) -> Result<(), ReplayError> {
+    fn alloc(
+        &mut self,
+        event: Option<usize>,
+        id: u32,
+        requested: u64,
+        policy: CompactPolicy,
+    ) -> Result<(), ReplayError> {
         if id as usize >= self.slots.len() {
             return Ok(());
         }
@@ -726,15 +730,19 @@ impl Engine<'_> {
         if let (CompactPolicy::OnOom, Some(d), Some(i)) = (policy, &diag, event) {
             if d.fits_after_compaction || d.class == analysis::OomClass::Fits {
                 let t = Instant::now();
-                let mut rec = self.compact(i, "on-oom")?;
-                rec.request = Some(requested);
-                let retry = self.try_alloc(id, requested);
-                rec.retry_succeeded = Some(retry.is_ok());
-                self.compactions.push(rec);
-                self.excluded_ns += t.elapsed().as_nanos() as u64;
-                match retry {
-                    Ok(()) => return Ok(()),
-                    Err(e) => diag = analysis::diagnose_error(&e),
+                // A layout that is already compact is left alone (no record, no retry).
+                if let Some(mut rec) = self.compact(i, "on-oom")? {
+                    rec.request = Some(requested);
+                    let retry = self.try_alloc(id, requested);
+                    rec.retry_succeeded = Some(retry.is_ok());
+                    self.compactions.push(rec);
+                    self.excluded_ns += t.elapsed().as_nanos() as u64;
+                    match retry {
+                        Ok(()) => return Ok(()),
+                        Err(e) => diag = analysis::diagnose_error(&e),
+                    }
+                } else {
+                    self.excluded_ns += t.elapsed().as_nanos() as u64;
                 }
             }
         }
@@ -753,20 +761,21 @@ impl Engine<'_> {
         Ok(())
     }
 
-    fn compact(&mut self, event: usize, trigger: &str) -> Result<CompactionRecord, ReplayError> {
+    /// Compacts now; `None` (nothing done) when the reference plan moves nothing.
+    fn compact(&mut self, event: usize, trigger: &str) -> Result<Option<CompactionRecord>, ReplayError> {
         let cerr = |message: String| ReplayError::Compaction { event, message };
         let before = self.heap.stats();
         let footprint_before = self.footprint();
         let layout = self.heap.compaction_layout();
         let plan = plan_slide(&layout).map_err(|e| cerr(e.to_string()))?;
-        let measurement = if plan.bytes_moved == 0 {
-            MeasureOutcome::NotMeasured { reason: "nothing to move".into() }
-        } else {
-            match self.backend {
-                Some(b) => materialize::measure(b, &layout, &plan, self.limit, event as u64)
-                    .map_err(|e| cerr(e.to_string()))?,
-                None => MeasureOutcome::NotMeasured { reason: "no backend given".into() },
+        if plan.bytes_moved == 0 {
+            return Ok(None);
+        }
+        let measurement = match self.backend {
+            Some(b) => {
+                materialize::measure(b, &layout, &plan, self.limit, event as u64).map_err(|e| cerr(e.to_string()))?
             }
+            None => MeasureOutcome::NotMeasured { reason: "no backend given".into() },
         };
         self.heap.apply_relocation(&plan).map_err(|e| cerr(e.to_string()))?;
         for s in self.slots.iter_mut().filter(|s| s.state == LIVE) {
@@ -778,7 +787,7 @@ impl Engine<'_> {
             self.fp.rebuild(&self.slots);
         }
         let after = self.heap.stats();
-        Ok(CompactionRecord {
+        Ok(Some(CompactionRecord {
             event,
             trigger: trigger.into(),
             request: None,
@@ -791,7 +800,7 @@ impl Engine<'_> {
             footprint_before,
             footprint_after: self.footprint(),
             measurement,
-        })
+        }))
     }
 
     /// Seeds the caching model with the snapshot's initial segments and blocks; returns the ids of the
@@ -811,7 +820,13 @@ impl Engine<'_> {
             }
         }
         let mut segs: Vec<_> = dev.initial_segments.iter().collect();
-        segs.sort_by_key(|s| (freed_at.get(s.id as usize).copied().unwrap_or(usize::MAX) != usize::MAX, freed_at.get(s.id as usize).copied(), s.addr));
+        segs.sort_by_key(|s| {
+            (
+                freed_at.get(s.id as usize).copied().unwrap_or(usize::MAX) != usize::MAX,
+                freed_at.get(s.id as usize).copied(),
+                s.addr,
+            )
+        });
         // (trace address, size, model offset), sorted by address below.
         // (trace address, size, model offset)
         let mut placed: Vec<(u64, u64, u64)> = Vec::with_capacity(segs.len());
@@ -856,9 +871,9 @@ impl Engine<'_> {
                 sizes.binary_search_by_key(&b.addr, |x| x.0).ok().map(|k| sizes[k].1)
             }
             .unwrap_or_else(|| caching::round_size(b.size).unwrap_or(u64::MAX));
-            let ok = seg.filter(|&(a, l, _)| b.addr - a < l).and_then(|(a, _, off)| {
-                model.seed_block(off + (b.addr - a), size, b.size.max(1)).ok()
-            });
+            let ok = seg
+                .filter(|&(a, l, _)| b.addr - a < l)
+                .and_then(|(a, _, off)| model.seed_block(off + (b.addr - a), size, b.size.max(1)).ok());
             match ok {
                 Some(a) => {
                     self.slots[b.id as usize] =
@@ -906,7 +921,8 @@ pub fn replay(
     });
     let n_blocks = dev.block_ids as usize;
     let (peak_event, _) = demand_peak(dev);
-    let has_segments = pytorch_snapshot && (!dev.initial_segments.is_empty() || dev.events.iter().any(|e| e.kind.is_segment()));
+    let has_segments =
+        pytorch_snapshot && (!dev.initial_segments.is_empty() || dev.events.iter().any(|e| e.kind.is_segment()));
 
     // Seeding (caching model of a snapshot): take the model out of its box to call its own methods.
     let mut seeded_segments = 0;
@@ -993,8 +1009,9 @@ pub fn replay(
                     } else if armed && st.live_blocks > 0 {
                         armed = false;
                         let t = Instant::now();
-                        let rec = eng.compact(i, "threshold")?;
-                        eng.compactions.push(rec);
+                        if let Some(rec) = eng.compact(i, "threshold")? {
+                            eng.compactions.push(rec);
+                        }
                         eng.excluded_ns += t.elapsed().as_nanos() as u64;
                         fp = eng.observe(Some(i));
                     }

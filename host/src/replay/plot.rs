@@ -99,7 +99,12 @@ pub fn write_timeline(
 
 type DrawResult<T> = Result<T, Box<dyn std::error::Error>>;
 
-fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, reports: &[&ReplayReport], text: bool) -> DrawResult<()>
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    reports: &[&ReplayReport],
+    text: bool,
+) -> DrawResult<()>
 where
     DB::ErrorType: 'static,
 {
@@ -134,11 +139,8 @@ where
             s.label("allocated (requested)").legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
         }
         if r.timeline.iter().any(|s| s.pytorch_reserved.is_some()) {
-            let pt: Vec<(f64, f64)> = r
-                .timeline
-                .iter()
-                .map(|s| (s.event as f64, s.pytorch_reserved.unwrap_or(0) as f64 / GIB))
-                .collect();
+            let pt: Vec<(f64, f64)> =
+                r.timeline.iter().map(|s| (s.event as f64, s.pytorch_reserved.unwrap_or(0) as f64 / GIB)).collect();
             let gray = RGBColor(120, 120, 120);
             let s = chart.draw_series(LineSeries::new(pt, gray.stroke_width(2)))?;
             if text {
