@@ -8,7 +8,7 @@
 //! * [`ops`]: safe host wrappers of the basic kernels (fill/verify, bump);
 //! * [`compaction`]: relocatable blocks (handles) and in-place compaction;
 //! * [`mod@bench`]: benchmarks behind `gpuheap bench`;
-//! * [`reference`]: host reference allocators (first-fit, best-fit, buddy,
+//! * [`mod@reference`]: host reference allocators (first-fit, best-fit, buddy,
 //!   TLSF, slab, tiered, PyTorch-style caching);
 //! * [`analysis`]: fragmentation metrics;
 //! * [`trace`]: allocation trace readers;

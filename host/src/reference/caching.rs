@@ -282,7 +282,7 @@ impl CachingAllocator {
         if self.config.expandable_segments {
             return Err(AllocError::InvalidConfig("segments cannot be seeded with expandable segments"));
         }
-        if size == 0 || size % MIN_BLOCK != 0 || size > super::MAX_BYTES {
+        if size == 0 || !size.is_multiple_of(MIN_BLOCK) || size > super::MAX_BYTES {
             return Err(AllocError::SizeOverflow { size });
         }
         let a = self.device.as_mut().expect("non-expandable").alloc(size, MIN_BLOCK)?;
@@ -304,7 +304,7 @@ impl CachingAllocator {
             return Err(AllocError::ZeroSize);
         }
         let bad = AllocError::InvalidRelocation("seeded block not inside one free block of a segment");
-        if offset % MIN_BLOCK != 0 || size % MIN_BLOCK != 0 {
+        if !offset.is_multiple_of(MIN_BLOCK) || !size.is_multiple_of(MIN_BLOCK) {
             return Err(bad);
         }
         let (&fo, &fb) = self.blocks.range(..=offset).next_back().ok_or(bad.clone())?;

@@ -145,7 +145,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     };
     let v: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a byte count (e.g. 80GiB, 1.5e9, 1048576)"))?;
     let bytes = v * mult;
-    if !bytes.is_finite() || bytes < 0.0 || bytes >= 18_446_744_073_709_551_615.0 {
+    if !bytes.is_finite() || !(0.0..18_446_744_073_709_551_615.0).contains(&bytes) {
         return Err(format!("byte count `{s}` is negative or out of range"));
     }
     Ok(bytes as u64)
@@ -606,16 +606,37 @@ impl Footprint {
     }
 }
 
-fn make_heap(
-    kind: StrategyKind,
-    capacity: u64,
-    dev: &DeviceTrace,
-) -> Result<Box<dyn SubAllocator + Send>, ReplayError> {
-    if capacity < MIN_CAPACITY || capacity > crate::reference::MAX_BYTES {
+/// The strategy under replay; the caching model is kept as its concrete type for O(1) reserved bytes.
+enum Heap {
+    Caching(Box<CachingAllocator>),
+    Other(Box<dyn SubAllocator + Send>),
+}
+
+impl std::ops::Deref for Heap {
+    type Target = dyn SubAllocator + Send;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Heap::Caching(c) => &**c,
+            Heap::Other(b) => &**b,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Heap {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self {
+            Heap::Caching(c) => &mut **c,
+            Heap::Other(b) => &mut **b,
+        }
+    }
+}
+
+fn make_heap(kind: StrategyKind, capacity: u64, dev: &DeviceTrace) -> Result<Heap, ReplayError> {
+    if !(MIN_CAPACITY..=crate::reference::MAX_BYTES).contains(&capacity) {
         return Err(ReplayError::Config(format!("capacity {capacity} B is outside [{MIN_CAPACITY} B, 2^48 B]")));
     }
     if kind != StrategyKind::Caching {
-        return Ok(build(kind, capacity));
+        return Ok(Heap::Other(build(kind, capacity)));
     }
     let mut cfg = CachingConfig::new(capacity);
     if let Some(s) = &dev.allocator_settings {
@@ -627,7 +648,7 @@ fn make_heap(
         }
     }
     CachingAllocator::new(cfg)
-        .map(|c| Box::new(c) as Box<dyn SubAllocator + Send>)
+        .map(|c| Heap::Caching(Box::new(c)))
         .map_err(|e| ReplayError::Config(format!("caching allocator with {capacity} B: {e}")))
 }
 
@@ -661,7 +682,7 @@ fn ext_of(free: u64, largest: u64) -> f64 {
 /// The replay state machine (one strategy, one device trace).
 struct Engine<'a> {
     dev: &'a DeviceTrace,
-    heap: Box<dyn SubAllocator + Send>,
+    heap: Heap,
     caching: bool,
     slots: Vec<Slot>,
     fp: Footprint,
@@ -680,8 +701,8 @@ struct Engine<'a> {
 impl Engine<'_> {
     #[inline]
     fn footprint(&mut self) -> u64 {
-        if self.caching {
-            self.heap.stats().reserved
+        if let Heap::Caching(c) = &self.heap {
+            c.reserved_bytes()
         } else {
             self.fp.current(&self.slots)
         }
@@ -928,7 +949,7 @@ pub fn replay(
     let mut seeded_segments = 0;
     let mut eng = Engine {
         dev,
-        heap: build(StrategyKind::FirstFit, MIN_CAPACITY),
+        heap: Heap::Other(build(StrategyKind::FirstFit, MIN_CAPACITY)),
         caching,
         slots: vec![Slot::default(); n_blocks],
         fp: Footprint::new(if caching { 0 } else { n_blocks }, capacity.bytes),
@@ -956,7 +977,7 @@ pub fn replay(
             let (rest, n) = eng.seed_caching(&mut model);
             seeded_segments = n;
             initial = rest;
-            heap = Box::new(model);
+            heap = Heap::Caching(Box::new(model));
         }
     }
     eng.heap = heap;
@@ -1057,13 +1078,11 @@ pub fn replay(
     let last = dev.events.len().checked_sub(1);
     let end_fp = eng.footprint();
     let at_end = snapshot(&*eng.heap, last, eng.allocated, end_fp);
-    let caching_end = if caching {
-        let s = eng.heap.stats();
-        // The caching model's compaction regions are exactly its segments.
-        let segments = eng.heap.compaction_layout().regions.len() as u64;
-        Some(CachingEnd { reserved: s.reserved, segments, seeded_segments })
-    } else {
-        None
+    let caching_end = match &eng.heap {
+        Heap::Caching(c) => {
+            Some(CachingEnd { reserved: c.reserved_bytes(), segments: c.segment_count() as u64, seeded_segments })
+        }
+        Heap::Other(_) => None,
     };
     let peaks = eng.peaks;
     Ok(ReplayReport {
