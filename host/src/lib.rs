@@ -11,10 +11,11 @@
 //! * [`ops`]: safe host wrappers of the basic kernels (fill/verify, bump);
 //! * [`compaction`]: relocatable blocks (handles) and in-place compaction;
 //! * [`mod@bench`]: benchmarks behind `gpuheap bench`;
-//! * [`reference`]: host reference allocators (first-fit, best-fit, buddy,
+//! * [`mod@reference`]: host reference allocators (first-fit, best-fit, buddy,
 //!   TLSF, slab, tiered, PyTorch-style caching);
 //! * [`analysis`]: fragmentation metrics;
-//! * [`trace`]: allocation trace readers.
+//! * [`trace`]: allocation trace readers;
+//! * [`replay`]: trace replay through the strategies and the compaction kernel, reports and plots.
 #![warn(missing_docs)]
 
 pub mod analysis;
@@ -25,6 +26,7 @@ pub mod device_heap;
 pub mod ops;
 pub mod ptx;
 pub mod reference;
+pub mod replay;
 pub mod trace;
 
 pub use backend::{Backend, BackendChoice, BackendError, DeviceBuffer, LaunchConfig, LaunchTiming};

@@ -6,7 +6,9 @@
 mod bench_alloc;
 mod bench_compact;
 mod check;
+mod compare;
 mod info;
+mod replay;
 
 use std::process::ExitCode;
 
@@ -30,6 +32,10 @@ enum Command {
     /// Benchmarks, each side by side with its baseline in the same run.
     #[command(subcommand)]
     Bench(Bench),
+    /// Replays an allocation trace through one strategy: fragmentation, failures, compactions.
+    Replay(replay::Args),
+    /// Replays a trace through every strategy side by side, with PyTorch's own reserved bytes.
+    Compare(compare::Args),
 }
 
 #[derive(Subcommand)]
@@ -73,6 +79,8 @@ pub fn main() -> ExitCode {
         Command::Check(a) => check::run(a),
         Command::Bench(Bench::Alloc(a)) => bench_alloc::run(&a),
         Command::Bench(Bench::Compact(a)) => bench_compact::run(&a),
+        Command::Replay(a) => replay::run(&a),
+        Command::Compare(a) => compare::run(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

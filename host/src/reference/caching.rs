@@ -266,6 +266,69 @@ impl CachingAllocator {
         self.release_segments(|_| true)
     }
 
+    /// Seeds a segment that existed before a trace replay began (a trace recorded mid-run): `size` bytes
+    /// (a multiple of 512) in `pool`, placed like a new segment (lowest device offset where it fits), wholly
+    /// free. Not counted in [`CachingCounters::segment_allocs`]. Returns its offset.
+    ///
+    /// PyTorch's segments are `cudaMalloc` results at arbitrary device addresses; replay maps each recorded
+    /// segment to the offset returned here and its blocks to the same relative positions
+    /// ([`CachingAllocator::seed_block`]).
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidConfig`] with expandable segments (their mapped ranges are not seeded);
+    /// [`AllocError::SizeOverflow`] for a zero or unaligned size; [`AllocError::OutOfMemory`] when the device
+    /// range has no room.
+    pub fn seed_segment(&mut self, size: u64, pool: Pool) -> Result<u64, AllocError> {
+        if self.config.expandable_segments {
+            return Err(AllocError::InvalidConfig("segments cannot be seeded with expandable segments"));
+        }
+        if size == 0 || !size.is_multiple_of(MIN_BLOCK) || size > super::MAX_BYTES {
+            return Err(AllocError::SizeOverflow { size });
+        }
+        let a = self.device.as_mut().expect("non-expandable").alloc(size, MIN_BLOCK)?;
+        let id = self.new_segment(a.offset, a.size, pool);
+        self.counters.segment_allocs -= 1;
+        self.insert_free(a.offset, a.size, id);
+        Ok(a.offset)
+    }
+
+    /// Seeds a live block of `size` bytes (the block's rounded size as the snapshot records it, a multiple
+    /// of 512) at `offset`, inside a free block of a seeded segment, with `requested` bytes asked for. The
+    /// free rest of that block stays free on both sides (within the segment).
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidRelocation`] when `[offset, offset + size)` is not inside one free block or is
+    /// unaligned; [`AllocError::ZeroSize`] for `size == 0`.
+    pub fn seed_block(&mut self, offset: u64, size: u64, requested: u64) -> Result<Allocation, AllocError> {
+        if size == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        let bad = AllocError::InvalidRelocation("seeded block not inside one free block of a segment");
+        if !offset.is_multiple_of(MIN_BLOCK) || !size.is_multiple_of(MIN_BLOCK) {
+            return Err(bad);
+        }
+        let (&fo, &fb) = self.blocks.range(..=offset).next_back().ok_or(bad.clone())?;
+        let end = offset.checked_add(size).ok_or(bad.clone())?;
+        if fb.live || end > fo + fb.size {
+            return Err(bad);
+        }
+        let b = self.remove_free(fo);
+        if offset > fo {
+            self.insert_free(fo, offset - fo, b.seg);
+        }
+        if fo + b.size > end {
+            self.insert_free(end, fo + b.size - end, b.seg);
+        }
+        self.blocks.insert(offset, Block { size, seg: b.seg, requested: requested.min(size), live: true });
+        self.allocated += requested.min(size);
+        self.in_use += size;
+        self.live += 1;
+        let c = &mut self.counters;
+        c.peak_allocated = c.peak_allocated.max(self.allocated);
+        c.peak_in_use = c.peak_in_use.max(self.in_use);
+        Ok(Allocation { offset, size })
+    }
+
     /// Segments with their blocks, ascending by offset.
     pub fn segments(&self) -> Vec<SegmentInfo> {
         let mut v: Vec<SegmentInfo> = self

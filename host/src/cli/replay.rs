@@ -1,0 +1,388 @@
+//! `gpuheap replay TRACE [--strategy S] [--capacity BYTES] [--compact never|on-oom|threshold=F]
+//! [--backend cpu|gpu] [--device N] [--materialize-limit BYTES] [--json] [--plot FILE]`.
+//!
+//! Bad input (an unreadable or inconsistent trace, a bad option) exits with code 2 and one line on
+//! stderr; nothing is written. Output files are written to a temporary file in the same folder and
+//! renamed at the end, so an error never leaves a partial file.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use gpuheap::backend::Backend;
+use gpuheap::reference::StrategyKind;
+use gpuheap::replay::plot::{self, PlotFormat};
+use gpuheap::replay::{self, fmt_bytes, CompactPolicy, MeasureOutcome, ReplayOptions, ReplayReport};
+use gpuheap::trace::{read_trace, DeviceTrace, Trace};
+
+use super::{BackendArgs, CliError};
+
+/// Arguments of `gpuheap replay`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Trace file: PyTorch memory snapshot pickle, minimalloc CSV (id,lower,upper,size) or RMM log CSV.
+    pub trace: PathBuf,
+    /// Strategy: first-fit, best-fit, buddy, tlsf, slab, tiered or caching (PyTorch's model).
+    #[arg(long, default_value = "caching", value_parser = parse_strategy)]
+    pub strategy: StrategyKind,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+/// Options shared by `replay` and `compare`.
+#[derive(Debug, clap::Args)]
+pub struct Common {
+    /// Managed capacity: bytes (1073741824), a float (1.5e9) or with a unit (80GiB, 512MiB, 2GB).
+    /// Default: PyTorch's peak reserved rounded up to a GiB (snapshots), the capacity in a minimalloc
+    /// file name, else twice the peak of live bytes.
+    #[arg(long, value_parser = parse_bytes_arg)]
+    pub capacity: Option<u64>,
+    /// Compaction policy: never, on-oom (compact and retry a request that fails for fragmentation) or
+    /// threshold=F (compact when a free leaves external fragmentation above F in [0, 1]).
+    #[arg(long = "compact", default_value = "never", value_parser = parse_policy)]
+    pub policy: CompactPolicy,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Device of the trace to replay (default: the first device with events).
+    #[arg(long)]
+    pub device: Option<i64>,
+    /// Largest image a compaction materialises on the backend before it compacts a scaled image
+    /// (default: 1GiB on the CPU, 80 % of free memory on the GPU).
+    #[arg(long, value_parser = parse_bytes_arg)]
+    pub materialize_limit: Option<u64>,
+    /// Print a JSON report on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a timeline plot (.svg or .png).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
+    s.parse::<StrategyKind>().map_err(|e| e.to_string())
+}
+
+fn parse_bytes_arg(s: &str) -> Result<u64, String> {
+    replay::parse_bytes(s)
+}
+
+fn parse_policy(s: &str) -> Result<CompactPolicy, String> {
+    s.parse()
+}
+
+/// Reads the trace and picks the device: bad input is [`CliError::Input`].
+pub(crate) fn load(path: &Path, device: Option<i64>) -> Result<(Trace, usize), CliError> {
+    let trace = read_trace(path).map_err(|e| CliError::Input(e.to_string()))?;
+    let idx = match device {
+        Some(d) => trace.devices.iter().position(|t| t.device == d).ok_or_else(|| {
+            let have: Vec<String> = trace.devices.iter().map(|t| t.device.to_string()).collect();
+            CliError::Input(format!("{}: no device {d} in the trace (devices: {})", path.display(), have.join(", ")))
+        })?,
+        None => trace
+            .devices
+            .iter()
+            .position(|t| !t.events.is_empty())
+            .or_else(|| (!trace.devices.is_empty()).then_some(0))
+            .ok_or_else(|| {
+                CliError::Input(format!("{}: the trace has no device with events or blocks", path.display()))
+            })?,
+    };
+    Ok((trace, idx))
+}
+
+/// The backend for compaction measurements (`None` when the policy never compacts).
+pub(crate) fn backend_for(common: &Common) -> Result<Option<Backend>, CliError> {
+    if common.policy == CompactPolicy::Never {
+        return Ok(None);
+    }
+    common.backend.backend().map(Some)
+}
+
+/// A progress bar on stderr for long traces, hidden under `--json` or when stderr is not a terminal.
+pub(crate) fn progress_bar(events: usize, json: bool, label: &str) -> indicatif::ProgressBar {
+    if json || events < 200_000 || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(events as u64);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} events ({per_sec})") {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_message(label.to_string());
+    pb
+}
+
+/// Validates the plot path before any work (extension; the folder must exist).
+pub(crate) fn check_plot_path(p: &Path) -> Result<PlotFormat, CliError> {
+    let f = PlotFormat::of(p).map_err(CliError::Input)?;
+    let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(CliError::Input(format!("{}: folder {} does not exist", p.display(), dir.display())));
+    }
+    if p.is_dir() {
+        return Err(CliError::Input(format!("{}: is a directory", p.display())));
+    }
+    Ok(f)
+}
+
+/// Writes a file through a temporary file in the same folder, renamed into place at the end (removed on
+/// error). The temporary name keeps the extension (plotters picks the image format from it).
+pub(crate) fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> Result<(), String>) -> Result<(), CliError> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("tmp");
+    let tmp = dir.join(format!(".{name}.{}.partial.{ext}", std::process::id()));
+    let r = write(&tmp)
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| format!("{}: cannot write: {e}", path.display())));
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r.map_err(CliError::Runtime)
+}
+
+/// Writes the plot of `reports` to `path`.
+pub(crate) fn write_plot(
+    path: &Path,
+    format: PlotFormat,
+    title: &str,
+    reports: &[&ReplayReport],
+) -> Result<(), CliError> {
+    let mut note = None;
+    write_atomically(path, |tmp| {
+        note = plot::write_timeline(tmp, format, title, reports).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(())
+    })?;
+    if let Some(n) = note {
+        eprintln!("gpuheap: note: {n}");
+    }
+    Ok(())
+}
+
+fn map_replay_err(e: replay::ReplayError) -> CliError {
+    if e.is_input() {
+        CliError::Input(e.to_string())
+    } else {
+        CliError::Runtime(e.to_string())
+    }
+}
+
+/// Replays one strategy (used by `replay` and `compare`).
+pub(crate) fn run_one(
+    trace: &Trace,
+    dev: &DeviceTrace,
+    strategy: StrategyKind,
+    common: &Common,
+    backend: Option<&Backend>,
+    pb: &indicatif::ProgressBar,
+) -> Result<ReplayReport, CliError> {
+    let opts = ReplayOptions {
+        capacity: common.capacity,
+        policy: common.policy,
+        materialize_limit: common.materialize_limit,
+        ..ReplayOptions::new(strategy)
+    };
+    pb.set_position(0);
+    let mut progress = |n: usize| pb.set_position(n as u64);
+    replay::replay(trace, dev, &opts, backend, &mut progress).map_err(map_replay_err)
+}
+
+/// Runs `gpuheap replay`.
+///
+/// # Errors
+/// [`CliError::Input`] for bad input (exit 2), [`CliError::Runtime`] otherwise (exit 1).
+pub fn run(a: &Args) -> Result<(), CliError> {
+    let plot_format = a.common.plot.as_deref().map(check_plot_path).transpose()?;
+    let (trace, idx) = load(&a.trace, a.common.device)?;
+    let dev = &trace.devices[idx];
+    let backend = backend_for(&a.common)?;
+    let pb = progress_bar(dev.events.len(), a.common.json, a.strategy.as_str());
+    let report = run_one(&trace, dev, a.strategy, &a.common, backend.as_ref(), &pb)?;
+    pb.finish_and_clear();
+    if let (Some(p), Some(f)) = (&a.common.plot, plot_format) {
+        let title = format!("{} — {}", file_name(&a.trace), a.strategy);
+        write_plot(p, f, &title, &[&report])?;
+    }
+    if a.common.json {
+        let s = serde_json::to_string_pretty(&report).map_err(|e| CliError::Runtime(e.to_string()))?;
+        println!("{s}");
+    } else {
+        print!("{}", table(&report));
+    }
+    Ok(())
+}
+
+pub(crate) fn file_name(p: &Path) -> String {
+    p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+fn ev(e: Option<usize>) -> String {
+    e.map_or_else(|| "start".to_string(), |i| i.to_string())
+}
+
+pub(crate) fn pct(x: f64) -> String {
+    format!("{:.1} %", x * 100.0)
+}
+
+/// Human duration of `ns` nanoseconds.
+pub(crate) fn fmt_ns(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", ns as f64 * 1e-9)
+    } else if ns >= 1_000_000 {
+        format!("{:.2} ms", ns as f64 * 1e-6)
+    } else {
+        format!("{:.1} µs", ns as f64 * 1e-3)
+    }
+}
+
+/// One line per compaction.
+pub(crate) fn compaction_lines(r: &ReplayReport) -> String {
+    let mut s = String::new();
+    for c in &r.compactions {
+        s += &format!(
+            "  event {:>7} {:<9} planned {} in {} of {} units; F_ext {:.3} -> {:.3}; reserved {} -> {}",
+            c.event,
+            c.trigger,
+            fmt_bytes(c.planned_bytes_moved),
+            c.planned_units_moved,
+            c.units,
+            c.external_before,
+            c.external_after,
+            fmt_bytes(c.footprint_before),
+            fmt_bytes(c.footprint_after)
+        );
+        if let Some(ok) = c.retry_succeeded {
+            s += if ok { "; retry succeeded" } else { "; retry failed" };
+        }
+        s += "\n";
+        match &c.measurement {
+            MeasureOutcome::Measured(m) => {
+                let scale = if m.scaled_by == 1 {
+                    "full size".to_string()
+                } else {
+                    format!("scaled image 1/{} (figures are the scaled image's)", m.scaled_by)
+                };
+                s += &format!(
+                    "    measured on {}, {scale}: {} moved in {} blocks, kernel {} (plan {}, move {}), {:.2} GB/s; \
+                     layout = reference plan, bytes checked\n",
+                    m.backend,
+                    fmt_bytes(m.bytes_moved),
+                    m.blocks_moved,
+                    fmt_ns(m.kernel_ns),
+                    fmt_ns(m.plan_ns),
+                    fmt_ns(m.move_ns),
+                    m.gbps
+                );
+            }
+            MeasureOutcome::NotMeasured { reason } => s += &format!("    not measured: {reason}\n"),
+        }
+    }
+    s
+}
+
+/// The summary table of one replay.
+pub fn table(r: &ReplayReport) -> String {
+    let mut s = String::new();
+    s += &format!("trace          {} ({}), device {}\n", r.trace, r.format, r.device);
+    s += &format!(
+        "strategy       {}, capacity {} ({}), requests aligned to {} B, compaction {}\n",
+        r.strategy,
+        fmt_bytes(r.capacity.bytes),
+        r.capacity.source,
+        r.align,
+        r.policy
+    );
+    s += &format!(
+        "events         {} ({} alloc, {} free_completed, {} free_requested) after {} initial blocks\n",
+        r.events, r.allocs, r.frees, r.free_requests, r.initial_blocks
+    );
+    s += &format!(
+        "replay speed   {:.2} M events/s ({} for the event loop; reading excluded)\n",
+        r.events_per_s / 1e6,
+        fmt_ns(r.replay_ns)
+    );
+    s += &format!(
+        "peak allocated {}   peak reserved {} (event {})   utilisation {}   Johnstone-Wilson #4 {:.3}\n\n",
+        fmt_bytes(r.peak_allocated),
+        fmt_bytes(r.peak_reserved),
+        ev(r.peak_reserved_event),
+        pct(r.utilisation),
+        r.johnstone_wilson
+    );
+    let (p, e) = (&r.at_peak, &r.at_end);
+    s += &format!(
+        "{:<26}{:>22}{:>22}\n",
+        "",
+        format!("at peak (event {})", ev(p.event)),
+        format!("at end (event {})", ev(e.event))
+    );
+    let rows: [(&str, u64, u64); 9] = [
+        ("allocated (requested)", p.allocated, e.allocated),
+        ("in blocks (rounded)", p.in_use, e.in_use),
+        ("reserved (footprint)", p.footprint, e.footprint),
+        ("reserved-unallocated", p.reserved_unallocated, e.reserved_unallocated),
+        ("  rounding waste", p.rounding_waste, e.rounding_waste),
+        ("  holes", p.holes, e.holes),
+        ("free (all extents)", p.free, e.free),
+        ("largest free extent", p.largest_free, e.largest_free),
+        ("free extents (count)", p.free_blocks as u64, e.free_blocks as u64),
+    ];
+    for (name, a, b) in rows {
+        let f = |x: u64| if name.contains("count") { x.to_string() } else { fmt_bytes(x) };
+        s += &format!("{name:<26}{:>22}{:>22}\n", f(a), f(b));
+    }
+    s += &format!(
+        "{:<26}{:>22}{:>22}\n",
+        "external fragmentation",
+        format!("{:.3} ({})", p.external, p.level),
+        format!("{:.3} ({})", e.external, e.level)
+    );
+    s += &format!("{:<26}{:>22}{:>22}\n\n", "RMS fragmentation", format!("{:.3}", p.rms), format!("{:.3}", e.rms));
+    if let Some(pt) = &r.pytorch {
+        s += &format!(
+            "PyTorch        reserved: {} at start, peak {} (event {}), {} at end ({} segments)",
+            fmt_bytes(pt.initial),
+            fmt_bytes(pt.peak),
+            ev(pt.peak_event),
+            fmt_bytes(pt.end),
+            pt.end_segments
+        );
+        if let (Some(res), Some(n)) = (pt.snapshot_reserved, pt.snapshot_segments) {
+            s += &format!("; snapshot final state {} in {n} segments", fmt_bytes(res));
+        }
+        s += "\n";
+    }
+    if let (Some(c), Some(pt)) = (&r.caching_end, &r.pytorch) {
+        let (pr, ps) = (pt.snapshot_reserved.unwrap_or(pt.end), pt.snapshot_segments.unwrap_or(pt.end_segments));
+        let d = |a: u64, b: u64| if b == 0 { 0.0 } else { (a as f64 - b as f64) / b as f64 * 100.0 };
+        s += &format!(
+            "caching model  at end {} in {} segments ({} seeded): {:+.2} % reserved, {:+.2} % segments vs the snapshot\n",
+            fmt_bytes(c.reserved),
+            c.segments,
+            c.seeded_segments,
+            d(c.reserved, pr),
+            d(c.segments, ps)
+        );
+    }
+    let count = |c: &str| r.failed.iter().filter(|f| f.class == c).count();
+    s += &format!(
+        "failed         {} requests ({} capacity, {} fragmentation, {} rejected)\n",
+        r.failed.len(),
+        count("capacity"),
+        count("fragmentation"),
+        count("rejected")
+    );
+    for f in r.failed.iter().take(10) {
+        s += &format!(
+            "  event {:>7}  {:>12}  {:<13} (free {}, largest free {})\n",
+            ev(f.event),
+            fmt_bytes(f.size),
+            f.class,
+            fmt_bytes(f.free),
+            fmt_bytes(f.largest_free)
+        );
+    }
+    if r.failed.len() > 10 {
+        s += &format!("  ... {} more (all in --json)\n", r.failed.len() - 10);
+    }
+    s += &format!("compactions    {}\n", r.compactions.len());
+    s += &compaction_lines(r);
+    s
+}

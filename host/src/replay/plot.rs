@@ -1,0 +1,196 @@
+//! Timeline plots of replays (plotters): allocated vs reserved bytes over the trace's events (top
+//! panel) and external fragmentation (bottom panel), compaction points marked with red circles, and
+//! PyTorch's own reserved bytes when the trace records segments.
+//!
+//! The format follows the file extension: `.svg` (text as SVG `<text>`) or `.png` (rasterised). Text
+//! layout needs a TrueType font for its metrics (plotters' `ab_glyph` feature: no fontconfig or other
+//! system library); one is looked up in the usual system font folders ([`FONT_PATHS`]). Without one the
+//! plot is drawn without text and a note says so.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::ReplayReport;
+
+/// TrueType fonts tried, in order, for the plots' text.
+pub const FONT_PATHS: [&str; 5] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/System/Library/Fonts/Supplemental/Arial.ttf",
+];
+
+/// Registers a system font for plotters once; `true` when one was found.
+fn font_available() -> bool {
+    static FOUND: OnceLock<bool> = OnceLock::new();
+    *FOUND.get_or_init(|| {
+        for p in FONT_PATHS {
+            if let Ok(bytes) = std::fs::read(p) {
+                let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, leaked).is_ok() {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+}
+
+/// Plot output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlotFormat {
+    /// SVG.
+    Svg,
+    /// PNG.
+    Png,
+}
+
+impl PlotFormat {
+    /// The format of `path` from its extension (`svg`, `png`; case-insensitive).
+    ///
+    /// # Errors
+    /// A one-line message for any other extension.
+    pub fn of(path: &Path) -> Result<Self, String> {
+        match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+            Some("svg") => Ok(PlotFormat::Svg),
+            Some("png") => Ok(PlotFormat::Png),
+            _ => Err(format!("{}: plot file must end in .svg or .png", path.display())),
+        }
+    }
+}
+
+const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(23, 190, 207),
+    RGBColor(188, 189, 34),
+];
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Writes the timeline of `reports` (one or more strategies over the same trace) to `path` in `format`
+/// (the extension of `path` is not consulted). Returns a note when the plot had to be drawn without text.
+///
+/// # Errors
+/// A one-line message when drawing or writing fails.
+pub fn write_timeline(
+    path: &Path,
+    format: PlotFormat,
+    title: &str,
+    reports: &[&ReplayReport],
+) -> Result<Option<String>, String> {
+    let size = (1200, 800);
+    let text = font_available();
+    let r = match format {
+        PlotFormat::Svg => draw(SVGBackend::new(path, size).into_drawing_area(), title, reports, text),
+        PlotFormat::Png => draw(BitMapBackend::new(path, size).into_drawing_area(), title, reports, text),
+    };
+    r.map_err(|e| format!("cannot draw the plot: {e}"))?;
+    Ok((!text).then(|| "no TrueType font found (see FONT_PATHS): the plot has no text".to_string()))
+}
+
+type DrawResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    reports: &[&ReplayReport],
+    text: bool,
+) -> DrawResult<()>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE)?;
+    let root = if text { root.titled(title, ("sans-serif", 22))? } else { root };
+    let (top, bottom) = root.split_vertically((root.dim_in_pixel().1 as f64 * 0.68) as u32);
+    let x_max = reports.iter().flat_map(|r| r.timeline.last()).map(|s| s.event + 1).max().unwrap_or(1) as f64;
+    let y_max = reports
+        .iter()
+        .flat_map(|r| r.timeline.iter())
+        .map(|s| s.footprint.max(s.allocated).max(s.pytorch_reserved.unwrap_or(0)))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64
+        / GIB
+        * 1.05;
+
+    let label = if text { 60 } else { 0 };
+    let mut c = ChartBuilder::on(&top);
+    c.margin(10).x_label_area_size(label / 2).y_label_area_size(label + 20);
+    let mut chart = c.build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+    if text {
+        chart.configure_mesh().y_desc("GiB").x_desc("event").light_line_style(WHITE.mix(0.0)).draw()?;
+    } else {
+        chart.configure_mesh().disable_mesh().x_labels(0).y_labels(0).draw()?;
+    }
+    let first = reports.first().copied();
+    if let Some(r) = first {
+        let alloc: Vec<(f64, f64)> = r.timeline.iter().map(|s| (s.event as f64, s.allocated as f64 / GIB)).collect();
+        let s = chart.draw_series(LineSeries::new(alloc, BLACK.stroke_width(2)))?;
+        if text {
+            s.label("allocated (requested)").legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+        }
+        if r.timeline.iter().any(|s| s.pytorch_reserved.is_some()) {
+            let pt: Vec<(f64, f64)> =
+                r.timeline.iter().map(|s| (s.event as f64, s.pytorch_reserved.unwrap_or(0) as f64 / GIB)).collect();
+            let gray = RGBColor(120, 120, 120);
+            let s = chart.draw_series(LineSeries::new(pt, gray.stroke_width(2)))?;
+            if text {
+                s.label("PyTorch reserved (snapshot)")
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], gray));
+            }
+        }
+    }
+    for (k, r) in reports.iter().enumerate() {
+        let color = COLORS[k % COLORS.len()];
+        let pts: Vec<(f64, f64)> = r.timeline.iter().map(|s| (s.event as f64, s.footprint as f64 / GIB)).collect();
+        let s = chart.draw_series(LineSeries::new(pts, color.stroke_width(1)))?;
+        if text {
+            s.label(format!("{} reserved", r.strategy))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+        }
+        let marks: Vec<(f64, f64)> =
+            r.compactions.iter().map(|c| (c.event as f64, c.footprint_after as f64 / GIB)).collect();
+        chart.draw_series(marks.into_iter().map(|p| Circle::new(p, 5, RED.filled())))?;
+    }
+    if text {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()?;
+    }
+
+    let mut c = ChartBuilder::on(&bottom);
+    c.margin(10).x_label_area_size(label / 2 + 10).y_label_area_size(label + 20);
+    let mut chart = c.build_cartesian_2d(0f64..x_max, 0f64..1.0f64)?;
+    if text {
+        chart
+            .configure_mesh()
+            .y_desc("external fragmentation")
+            .x_desc("event")
+            .light_line_style(WHITE.mix(0.0))
+            .draw()?;
+    } else {
+        chart.configure_mesh().disable_mesh().x_labels(0).y_labels(0).draw()?;
+    }
+    for (k, r) in reports.iter().enumerate() {
+        let color = COLORS[k % COLORS.len()];
+        let pts: Vec<(f64, f64)> = r.timeline.iter().map(|s| (s.event as f64, s.external)).collect();
+        chart.draw_series(LineSeries::new(pts, color.stroke_width(1)))?;
+        let marks: Vec<(f64, f64)> = r.compactions.iter().map(|c| (c.event as f64, c.external_after)).collect();
+        chart.draw_series(marks.into_iter().map(|p| Circle::new(p, 4, RED.filled())))?;
+    }
+    root.present()?;
+    Ok(())
+}

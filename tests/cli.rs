@@ -1,0 +1,257 @@
+//! The `gpuheap replay` and `gpuheap compare` commands, run as the built binary: outputs on the shipped
+//! traces, and every bad-input case of issue 6 (one line naming the file and the event, line or byte,
+//! exit code 2, no panic, no output file left behind, partial or not).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn gpuheap(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuheap"))
+        .args(args)
+        .current_dir(workspace())
+        .env("GPUHEAP_BACKEND", "cpu")
+        .output()
+        .expect("runs")
+}
+
+/// A fresh, empty folder for one test.
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gpuheap-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+enum V<'a> {
+    Int(i128),
+    Str(&'a str),
+    List(Vec<V<'a>>),
+    Dict(Vec<(&'a str, V<'a>)>),
+}
+
+fn emit(v: &V, out: &mut Vec<u8>) {
+    match v {
+        V::Int(i) => {
+            if let Ok(small) = i32::try_from(*i) {
+                out.push(b'J');
+                out.extend_from_slice(&small.to_le_bytes());
+            } else {
+                let bytes = i.to_le_bytes();
+                let mut n = 16;
+                while n > 1
+                    && ((bytes[n - 1] == 0 && bytes[n - 2] & 0x80 == 0)
+                        || (bytes[n - 1] == 0xff && bytes[n - 2] & 0x80 != 0))
+                {
+                    n -= 1;
+                }
+                out.push(0x8a);
+                out.push(n as u8);
+                out.extend_from_slice(&bytes[..n]);
+            }
+        }
+        V::Str(s) => {
+            out.push(b'X');
+            out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            out.extend_from_slice(s.as_bytes());
+        }
+        V::List(items) => {
+            out.extend_from_slice(b"](");
+            items.iter().for_each(|i| emit(i, out));
+            out.push(b'e');
+        }
+        V::Dict(items) => {
+            out.extend_from_slice(b"}(");
+            for (k, v) in items {
+                emit(&V::Str(k), out);
+                emit(v, out);
+            }
+            out.push(b'u');
+        }
+    }
+}
+
+fn ev<'a>(action: &'a str, addr: i128, size: V<'a>) -> V<'a> {
+    V::Dict(vec![("action", V::Str(action)), ("addr", V::Int(addr)), ("size", size), ("stream", V::Int(0))])
+}
+
+/// A snapshot with one 1 MiB segment at 0x100000 and device 0's `events`.
+fn snapshot(events: Vec<V>) -> Vec<u8> {
+    let seg = V::Dict(vec![
+        ("device", V::Int(0)),
+        ("address", V::Int(0x100000)),
+        ("total_size", V::Int(0x100000)),
+        ("blocks", V::List(vec![V::Dict(vec![("size", V::Int(0x100000)), ("state", V::Str("inactive"))])])),
+    ]);
+    let mut out = vec![0x80, 4];
+    emit(&V::Dict(vec![("segments", V::List(vec![seg])), ("device_traces", V::List(vec![V::List(events)]))]), &mut out);
+    out.push(b'.');
+    out
+}
+
+/// Runs `replay` and `compare` with `--plot` and `--json` on the bad `content` (written as `name`
+/// into a fresh folder, or `path_override`) and checks the contract.
+fn bad_input(name: &str, content: Option<&[u8]>, needles: &[&str]) {
+    let dir = temp_dir(name.trim_start_matches('.'));
+    let trace = dir.join(name);
+    match content {
+        Some(c) => std::fs::write(&trace, c).unwrap(),
+        None => std::fs::create_dir_all(&trace).unwrap(),
+    }
+    let before = listing(&dir);
+    let t = trace.to_str().unwrap();
+    for cmd in ["replay", "compare"] {
+        for extra in [&["--plot"][..], &["--json", "--plot"][..]] {
+            let plot = dir.join("out.svg");
+            let mut args = vec![cmd, t, "--compact", "on-oom"];
+            args.extend_from_slice(extra);
+            args.push(plot.to_str().unwrap());
+            let out = gpuheap(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            println!("{cmd} {name}: {err}");
+            assert_eq!(out.status.code(), Some(2), "{cmd} {name}: exit code 2, stderr {err}");
+            assert!(out.stdout.is_empty(), "{cmd} {name}: nothing on stdout");
+            assert_eq!(err.trim_end().lines().count(), 1, "{cmd} {name}: one line: {err:?}");
+            assert!(!err.contains("panicked"), "{err}");
+            assert!(err.contains(t), "{cmd} {name}: names the file: {err}");
+            for n in needles {
+                assert!(err.contains(n), "{cmd} {name}: {err:?} should contain {n:?}");
+            }
+            assert_eq!(listing(&dir), before, "{cmd} {name}: no output file left behind");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_input_truncated_pickle() {
+    let full = std::fs::read(workspace().join("data/1.3b_snapshot.pickle")).unwrap();
+    bad_input("truncated.pickle", Some(&full[..full.len() / 2]), &["truncated pickle", "byte "]);
+}
+
+#[test]
+fn bad_input_corrupt_pickle() {
+    bad_input("corrupt.pickle", Some(b"\x80\x04}\x94(\xff."), &["byte 5", "corrupt pickle"]);
+}
+
+#[test]
+fn bad_input_pickle_that_runs_code() {
+    bad_input("evil.pickle", Some(b"cos\nsystem\n(S'echo hi'\ntR."), &["asks to run code", "byte 0"]);
+}
+
+#[test]
+fn bad_input_wrong_type() {
+    let p = snapshot(vec![ev("alloc", 0x100000, V::Int(512)), ev("free_completed", 0x100000, V::Str("512"))]);
+    bad_input("wrongtype.pickle", Some(&p), &["device 0, event 1, field `size`", "expected an integer"]);
+    bad_input("wrongtype.csv", Some(b"id,lower,upper,size\n0,0,10,16\n1,5,x7,16\n"), &["line 3", "column `upper`"]);
+}
+
+#[test]
+fn bad_input_unknown_address_free() {
+    let p = snapshot(vec![ev("alloc", 0x100000, V::Int(512)), ev("free_completed", 0x900000, V::Int(512))]);
+    bad_input("unknown.pickle", Some(&p), &["device 0, event 1", "unknown address 0x900000"]);
+}
+
+#[test]
+fn bad_input_double_free() {
+    let p = snapshot(vec![
+        ev("alloc", 0x100000, V::Int(512)),
+        ev("free_requested", 0x100000, V::Int(512)),
+        ev("free_completed", 0x100000, V::Int(512)),
+        ev("free_completed", 0x100000, V::Int(512)),
+    ]);
+    bad_input("double.pickle", Some(&p), &["device 0, event 3", "double free"]);
+}
+
+#[test]
+fn bad_input_negative_and_overflowing_sizes() {
+    let p = snapshot(vec![ev("alloc", 0x100000, V::Int(-5))]);
+    bad_input("negative.pickle", Some(&p), &["device 0, event 0, field `size`", "negative value -5"]);
+    let p = snapshot(vec![ev("alloc", 0x100000, V::Int(1 << 64))]);
+    bad_input("overflow.pickle", Some(&p), &["device 0, event 0, field `size`", "does not fit in 64 bits"]);
+    bad_input("negative.csv", Some(b"id,lower,upper,size\n0,0,10,-16\n"), &["line 2", "negative value -16"]);
+}
+
+#[test]
+fn bad_input_empty_file_and_directory() {
+    bad_input("empty.pickle", Some(b""), &["empty file"]);
+    bad_input("adir.pickle", None, &["is a directory"]);
+}
+
+#[test]
+fn bad_options_exit_2() {
+    let t = workspace().join("data/K.1048576.csv");
+    let t = t.to_str().unwrap();
+    for args in [
+        vec!["replay", t, "--capacity", "lots"],
+        vec!["replay", t, "--compact", "threshold=1.5"],
+        vec!["replay", t, "--strategy", "worst-fit"],
+        vec!["replay", t, "--device", "3"],
+        vec!["replay", t, "--plot", "out.gif"],
+        vec!["replay", t, "--capacity", "1"],
+    ] {
+        let out = gpuheap(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn replay_table_on_the_shipped_snapshot() {
+    let out = gpuheap(&["replay", "data/1.3b_snapshot.pickle"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    println!("{s}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for n in [
+        "strategy       caching",
+        "peak allocated",
+        "external fragmentation",
+        "caching model  at end 7.09 GiB in 257 segments",
+    ] {
+        assert!(s.contains(n), "{n:?} in\n{s}");
+    }
+    assert!(s.contains("+0.00 % reserved, +0.00 % segments vs the snapshot"), "{s}");
+}
+
+#[test]
+fn compare_json_and_plots_on_the_shipped_csv() {
+    let dir = temp_dir("compare");
+    for ext in ["svg", "png"] {
+        let plot = dir.join(format!("k.{ext}"));
+        let out = gpuheap(&[
+            "compare",
+            "data/K.1048576.csv",
+            "--compact",
+            "on-oom",
+            "--json",
+            "--plot",
+            plot.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+        let strategies = v["strategies"].as_array().unwrap();
+        assert_eq!(strategies.len(), 6, "every host strategy but the caching model (below its 2 MiB minimum)");
+        assert_eq!(v["not_run"][0]["strategy"], "caching");
+        let ff = strategies.iter().find(|s| s["strategy"] == "first-fit").unwrap();
+        assert!(!ff["compactions"].as_array().unwrap().is_empty(), "first-fit compacts on OOM at capacity 1 MiB");
+        let meta = std::fs::metadata(&plot).unwrap();
+        assert!(meta.len() > 1000, "{ext} plot written");
+    }
+    let svg = std::fs::read_to_string(dir.join("k.svg")).unwrap();
+    assert!(svg.starts_with("<svg") || svg.contains("<svg"), "an SVG document");
+    let png = std::fs::read(dir.join("k.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(listing(&dir), vec!["k.png".to_string(), "k.svg".to_string()], "no temporary files left");
+    std::fs::remove_dir_all(&dir).ok();
+}
