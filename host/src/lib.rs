@@ -1,21 +1,22 @@
 //! # gpuheap
 //!
-//! The host side of gpuheap (see README.md for the overview):
+//! The host side of gpuheap (see README.md for the overview), one module per
+//! layer:
 //!
-//! * [`backend`]: where kernels run — the GPU (CUDA driver through `cudarc`)
-//!   or the CPU emulation of the same kernel code;
+//! * [`backend`]: where kernels run: the GPU (CUDA driver through `cudarc`)
+//!   or the CPU emulation of the same kernel code; device buffers, launches;
 //! * [`ptx`]: the embedded PTX of `gpuheap-kernels`;
-//! * [`bench`]: benchmark suites (`gpuheap bench alloc`);
-//! * [`device_heap`]: the device heap (`malloc`/`free` inside kernels):
-//!   creation, statistics, live blocks, reset, and its kernels' wrappers;
 //! * [`ops`]: safe host wrappers of the basic kernels (fill/verify, bump);
+//! * [`device_heap`]: the device allocator (`malloc`/`free` inside kernels):
+//!   creation, statistics, live blocks, reset, the movable arena of handles;
 //! * [`compaction`]: relocatable blocks (handles) and in-place compaction;
-//! * [`mod@bench`]: benchmarks behind `gpuheap bench`;
 //! * [`mod@reference`]: host reference allocators (first-fit, best-fit, buddy,
-//!   TLSF, slab, tiered, PyTorch-style caching);
-//! * [`analysis`]: fragmentation metrics;
+//!   TLSF, slab, tiered, PyTorch-style caching) and the reference compaction;
+//! * [`analysis`]: fragmentation metrics and OOM diagnosis;
 //! * [`trace`]: allocation trace readers;
-//! * [`replay`]: trace replay through the strategies and the compaction kernel, reports and plots.
+//! * [`replay`]: trace replay through the strategies and the compaction
+//!   kernel, reports and plots;
+//! * [`mod@bench`]: the suites behind `gpuheap bench`.
 #![warn(missing_docs)]
 
 pub mod analysis;
