@@ -2,7 +2,7 @@
 //!
 //! A gpuheap kernel is a body `unsafe fn(&P)` over one `#[repr(C)]`,
 //! plain-old-data parameter struct `P` (device addresses travel as `u64`).
-//! [`kernel_entry!`] turns the body into both
+//! [`kernel_entry!`](crate::kernel_entry) turns the body into both
 //!
 //! * a PTX `.entry` named after the kernel (on `nvptx64`), taking `P` by value,
 //!   which the host launches through the CUDA driver; and
