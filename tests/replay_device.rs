@@ -89,7 +89,7 @@ fn check_common(trace: &Trace, r: &ReplayReport, scale: u64) {
 
 #[test]
 fn device_heap_replays_the_minimalloc_csv_with_disjoint_blocks() {
-    let t = read_trace(&workspace().join("data/K.1048576.csv")).unwrap();
+    let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
     let r = run(&t, &DeviceReplayOptions { verify_bytes: true, ..Default::default() });
     check_common(&t, &r, 1);
     assert_eq!(r.capacity.bytes, 1 << 20, "the capacity from the file name, unscaled");
@@ -102,7 +102,7 @@ fn device_heap_replays_the_minimalloc_csv_with_disjoint_blocks() {
 
 #[test]
 fn device_heap_replays_the_shipped_snapshot_at_full_size() {
-    let t = read_trace(&workspace().join("data/1.3b_snapshot.pickle")).unwrap();
+    let t = read_trace(workspace().join("data/1.3b_snapshot.pickle")).unwrap();
     let d = &t.devices[0];
     // At full size without filling (5.3 GiB live): the checks of pointers and metadata still run.
     let r = run(&t, &DeviceReplayOptions::default());
@@ -138,7 +138,7 @@ fn device_heap_replays_the_training_step_trace() {
 
 #[test]
 fn device_heap_bad_capacity_is_input_and_scaling_is_explained() {
-    let t = read_trace(&workspace().join("data/K.1048576.csv")).unwrap();
+    let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
     let e = replay_device(
         &t,
         &t.devices[0],

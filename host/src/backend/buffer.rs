@@ -23,8 +23,15 @@ pub struct DeviceBuffer {
 
 enum Inner {
     /// `ptr` is `alloc` rounded up to [`CPU_BUFFER_ALIGN`]; `alloc` was allocated with `layout`.
-    Cpu { ptr: NonNull<u8>, alloc: NonNull<u8>, layout: Layout },
-    Gpu { slice: CudaSlice<u8>, stream: Arc<CudaStream> },
+    Cpu {
+        ptr: NonNull<u8>,
+        alloc: NonNull<u8>,
+        layout: Layout,
+    },
+    Gpu {
+        slice: CudaSlice<u8>,
+        stream: Arc<CudaStream>,
+    },
 }
 
 // SAFETY: a CPU buffer is a plain heap allocation owned by this value and only

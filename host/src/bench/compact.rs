@@ -234,7 +234,8 @@ pub fn default_traces() -> Vec<PathBuf> {
 /// no segments.
 pub fn trace_layout(path: &Path, limit: u64, mode: TraceMode) -> Result<TraceLayout, String> {
     let trace = read_trace(path).map_err(|e| e.to_string())?;
-    let mut segs: Vec<_> = trace.devices.iter().filter_map(|d| d.final_state.as_ref()).flat_map(|f| &f.segments).collect();
+    let mut segs: Vec<_> =
+        trace.devices.iter().filter_map(|d| d.final_state.as_ref()).flat_map(|f| &f.segments).collect();
     if segs.is_empty() {
         return Err(format!("{}: no snapshot segments (not a PyTorch snapshot with a final state)", path.display()));
     }
@@ -242,7 +243,15 @@ pub fn trace_layout(path: &Path, limit: u64, mode: TraceMode) -> Result<TraceLay
     let full_bytes: u64 = segs.iter().map(|s| s.size).sum();
     let pinned = segs.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockStatus::ActivePendingFree).count();
     let build = |f: u64| -> (Vec<LiveBlock>, u64) {
-        let scale = |x: u64| if f == 1 { x } else if x == 0 { 0 } else { granules(x / f) };
+        let scale = |x: u64| {
+            if f == 1 {
+                x
+            } else if x == 0 {
+                0
+            } else {
+                granules(x / f)
+            }
+        };
         let mut blocks = Vec::new();
         let mut cursor = 0u64;
         for s in &segs {

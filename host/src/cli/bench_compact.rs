@@ -35,8 +35,8 @@ pub struct Args {
 pub fn run(a: &Args) -> Result<(), CliError> {
     let backend = a.backend.backend()?;
     let traces = if a.traces.is_empty() { compact::default_traces() } else { a.traces.clone() };
-    let report = compact::run(&backend, a.quick, a.reps, a.tile_bytes, &traces)
-        .map_err(|e| CliError::Runtime(e.to_string()))?;
+    let report =
+        compact::run(&backend, a.quick, a.reps, a.tile_bytes, &traces).map_err(|e| CliError::Runtime(e.to_string()))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(|e| CliError::Runtime(e.to_string()))?);
     } else {

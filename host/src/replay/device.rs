@@ -65,8 +65,8 @@ use gpuheap_kernels::heap::layout::{class_of, class_size, order_of, PAGE, UNIT};
 use serde::Serialize;
 
 use super::{
-    alignment_for, default_capacity, demand_peak, ext_of, pytorch_series, CapacityChoice, FailedRequest,
-    FragSnapshot, ReplayError, ReplayReport, Sample, DEFAULT_TIMELINE_POINTS, MIN_CAPACITY,
+    alignment_for, default_capacity, demand_peak, ext_of, pytorch_series, CapacityChoice, FailedRequest, FragSnapshot,
+    ReplayError, ReplayReport, Sample, DEFAULT_TIMELINE_POINTS, MIN_CAPACITY,
 };
 use crate::analysis::{self, FragLevel, PeakTracker};
 use crate::backend::{Backend, BackendError};
@@ -87,7 +87,7 @@ pub const DEVICE_HEAP: &str = "device heap";
 pub const POLICY_NA: &str = "n/a (raw malloc blocks are pinned)";
 
 /// Seed of the byte patterns of [`DeviceReplayOptions::verify_bytes`].
-const PATTERN_SEED: u64 = 0x6465_7668_6561_70;
+const PATTERN_SEED: u64 = 0x0064_6576_6865_6170;
 
 /// Options of [`replay_device`].
 #[derive(Clone, Debug)]
@@ -106,7 +106,12 @@ pub struct DeviceReplayOptions {
 
 impl Default for DeviceReplayOptions {
     fn default() -> Self {
-        DeviceReplayOptions { capacity: None, heap_limit: None, timeline_points: DEFAULT_TIMELINE_POINTS, verify_bytes: false }
+        DeviceReplayOptions {
+            capacity: None,
+            heap_limit: None,
+            timeline_points: DEFAULT_TIMELINE_POINTS,
+            verify_bytes: false,
+        }
     }
 }
 
@@ -374,7 +379,8 @@ impl Engine<'_> {
         if !ptrs.is_empty() {
             // SAFETY: every pointer was returned by `malloc` on this heap and is live (state LIVE, set to
             // FREED above), so each is freed exactly once.
-            let t = unsafe { ops::free_ptrs(self.backend, &self.heap, &ptrs) }.map_err(|e| dev_err(self.last_event, e))?;
+            let t =
+                unsafe { ops::free_ptrs(self.backend, &self.heap, &ptrs) }.map_err(|e| dev_err(self.last_event, e))?;
             self.kernel_ns += t.elapsed.as_nanos() as u64;
             self.free_launches += 1;
         }
@@ -421,7 +427,11 @@ impl Engine<'_> {
         if stats.bytes_in_use() != self.in_use {
             return Err(dev_err(
                 event,
-                format!("the heap counts {} bytes in use, the replay's blocks add up to {}", stats.bytes_in_use(), self.in_use),
+                format!(
+                    "the heap counts {} bytes in use, the replay's blocks add up to {}",
+                    stats.bytes_in_use(),
+                    self.in_use
+                ),
             ));
         }
         let total: u64 = free.iter().map(|b| b.1).sum();
