@@ -241,8 +241,15 @@ fn compare_json_and_plots_on_the_shipped_csv() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
         let strategies = v["strategies"].as_array().unwrap();
-        assert_eq!(strategies.len(), 6, "every host strategy but the caching model (below its 2 MiB minimum)");
+        assert_eq!(
+            strategies.len(),
+            7,
+            "every host strategy but the caching model (below its 2 MiB minimum), and the device heap"
+        );
         assert_eq!(v["not_run"][0]["strategy"], "caching");
+        let dh = strategies.iter().find(|s| s["strategy"] == "device heap").expect("the device allocator's row");
+        assert_eq!(dh["device_heap"]["scaled_by"], 1);
+        assert!(dh["compactions"].as_array().unwrap().is_empty(), "raw malloc blocks never move");
         let ff = strategies.iter().find(|s| s["strategy"] == "first-fit").unwrap();
         assert!(!ff["compactions"].as_array().unwrap().is_empty(), "first-fit compacts on OOM at capacity 1 MiB");
         let meta = std::fs::metadata(&plot).unwrap();
@@ -254,4 +261,49 @@ fn compare_json_and_plots_on_the_shipped_csv() {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert_eq!(listing(&dir), vec!["k.png".to_string(), "k.svg".to_string()], "no temporary files left");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn compare_table_sums_up_compactions_unless_verbose() {
+    let args = ["compare", "data/K.1048576.csv", "--compact", "on-oom"];
+    let out = gpuheap(&args);
+    let s = String::from_utf8_lossy(&out.stdout);
+    println!("{s}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(s.contains("compactions (one line per strategy"), "{s}");
+    let summary: Vec<&str> = s.lines().filter(|l| l.contains(" compactions, ") && l.contains(" planned")).collect();
+    assert_eq!(summary.len(), 6, "one summary line per host strategy that compacted:\n{s}");
+    let ff = summary.iter().find(|l| l.trim_start().starts_with("first-fit")).unwrap();
+    assert!(ff.contains("measured full size") && ff.contains("GB/s") && ff.contains("not measured 0"), "{ff}");
+    let buddy = summary.iter().find(|l| l.trim_start().starts_with("buddy")).unwrap();
+    assert!(buddy.contains("alignment gaps"), "the reason a compaction was not measured: {buddy}");
+    assert!(!s.contains("    measured on"), "no per-compaction lines without --verbose");
+    assert!(s.lines().count() < 40, "condensed: {} lines", s.lines().count());
+    let device = s.lines().find(|l| l.starts_with("device heap ")).expect("device heap row");
+    assert!(device.contains("n/a"), "compaction does not apply to raw malloc blocks: {device}");
+
+    let out = gpuheap(&[&args[..], &["--verbose"]].concat());
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(v.contains("compactions of first-fit:") && v.contains("    measured on"), "--verbose lists each");
+    let per_compaction = v.lines().filter(|l| l.trim_start().starts_with("event ")).count();
+    assert!(per_compaction > 200, "every compaction listed: {per_compaction}");
+}
+
+#[test]
+fn compare_has_the_device_heap_row_on_the_shipped_snapshot() {
+    let out = gpuheap(&["compare", "data/1.3b_snapshot.pickle"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    println!("{s}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let row = s.lines().find(|l| l.starts_with("device heap ")).expect("device heap row");
+    assert!(row.contains("5.30 GiB") && row.contains("n/a"), "unscaled on the CPU (8 GiB heap): {row}");
+    // A small limit scales the trace, and the row says so.
+    let out = gpuheap(&["compare", "data/1.3b_snapshot.pickle", "--device-heap-limit", "1GiB"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(s.lines().any(|l| l.starts_with("device heap (scaled 1/8)")), "{s}");
+    assert!(s.contains("its byte figures are the scaled replay's"), "{s}");
+    let out = gpuheap(&["compare", "data/1.3b_snapshot.pickle", "--device-heap-limit", "lots"]);
+    assert_eq!(out.status.code(), Some(2));
 }

@@ -22,8 +22,16 @@ pub struct DeviceBuffer {
 }
 
 enum Inner {
-    Cpu { ptr: NonNull<u8>, layout: Layout },
-    Gpu { slice: CudaSlice<u8>, stream: Arc<CudaStream> },
+    /// `ptr` is `alloc` rounded up to [`CPU_BUFFER_ALIGN`]; `alloc` was allocated with `layout`.
+    Cpu {
+        ptr: NonNull<u8>,
+        alloc: NonNull<u8>,
+        layout: Layout,
+    },
+    Gpu {
+        slice: CudaSlice<u8>,
+        stream: Arc<CudaStream>,
+    },
 }
 
 // SAFETY: a CPU buffer is a plain heap allocation owned by this value and only
@@ -34,14 +42,24 @@ unsafe impl Send for DeviceBuffer {}
 unsafe impl Sync for DeviceBuffer {}
 
 impl DeviceBuffer {
+    /// A zeroed host buffer aligned to [`CPU_BUFFER_ALIGN`]. It is allocated
+    /// with the system's natural alignment and `CPU_BUFFER_ALIGN` spare bytes
+    /// (then aligned by hand), so that the allocator can use `calloc`: large
+    /// buffers come as fresh, lazily zeroed pages, and memory no kernel
+    /// touches (most of a device heap's arena) is never committed. An
+    /// over-aligned `alloc_zeroed` would write every byte instead.
     pub(super) fn cpu_zeroed(len: usize) -> Result<Self> {
-        let layout = Layout::from_size_align(len.max(1), CPU_BUFFER_ALIGN)
-            .map_err(|_| BackendError::InvalidArgument(format!("buffer of {len} bytes is too large")))?;
+        let too_large = || BackendError::InvalidArgument(format!("buffer of {len} bytes is too large"));
+        let size = len.max(1).checked_add(CPU_BUFFER_ALIGN).ok_or_else(too_large)?;
+        let layout = Layout::from_size_align(size, 16).map_err(|_| too_large())?;
         // SAFETY: `layout` has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr)
+        let alloc = unsafe { std::alloc::alloc_zeroed(layout) };
+        let alloc = NonNull::new(alloc)
             .ok_or_else(|| BackendError::InvalidArgument(format!("host allocation of {len} bytes failed")))?;
-        Ok(Self { inner: Inner::Cpu { ptr, layout }, len })
+        let pad = alloc.as_ptr().align_offset(CPU_BUFFER_ALIGN);
+        // SAFETY: `pad < CPU_BUFFER_ALIGN`, so `ptr .. ptr + len` lies inside the `size`-byte allocation.
+        let ptr = unsafe { NonNull::new_unchecked(alloc.as_ptr().add(pad)) };
+        Ok(Self { inner: Inner::Cpu { ptr, alloc, layout }, len })
     }
 
     pub(super) fn gpu(slice: CudaSlice<u8>, stream: Arc<CudaStream>, len: usize) -> Self {
@@ -157,9 +175,9 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if let Inner::Cpu { ptr, layout } = &self.inner {
+        if let Inner::Cpu { alloc, layout, .. } = &self.inner {
             // SAFETY: allocated in `cpu_zeroed` with this layout, freed once.
-            unsafe { std::alloc::dealloc(ptr.as_ptr(), *layout) }
+            unsafe { std::alloc::dealloc(alloc.as_ptr(), *layout) }
         }
     }
 }

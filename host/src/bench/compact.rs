@@ -15,13 +15,38 @@
 //! (they disappear when the device heap supplies its layout on the device).
 //!
 //! Target (issue 5): compaction time ≤ 1.25 × the copy time.
+//!
+//! # Layouts from real traces
+//!
+//! Besides the synthetic layouts, [`trace_layout`] takes the final state that a PyTorch memory snapshot
+//! records (its `segments`): `active_allocated` blocks are live and movable, `inactive` blocks are holes,
+//! `active_pending_free` blocks (still used by another stream) are live and **pinned**. The segments are
+//! laid end to end in address order and compacted two ways, one row each ([`TraceMode`]):
+//!
+//! * **per segment**: segments are separate `cudaMalloc` ranges, so each is followed by a pinned 16-byte
+//!   separator and one compaction (one plan, one move launch) slides every segment's blocks to that
+//!   segment's start, as a caching allocator that defragments its own segments in place would; nothing
+//!   crosses a segment boundary. When a snapshot's holes are the tails of its segments (PyTorch splits
+//!   blocks from a segment's start), this moves little: the fragmentation is *between* segments;
+//! * **one region**: the segments as one contiguous range (what expandable segments or a heap that maps
+//!   its pages into one virtual range see): every live block slides toward the start of the whole range,
+//!   which frees the segments' tails as one extent.
+//!
+//! When the layout is larger than
+//! the limit ([`trace_limit`]: 512 MiB on the CPU, 64 MiB with `quick`; 4 GiB / 1 GiB on a GPU), every
+//! block and hole is divided by the smallest power of two that makes it fit, rounded up to 16 bytes (a
+//! non-empty hole stays non-empty); the row's name says `scaled 1/N` and all its figures are the scaled
+//! layout's. The copy it is compared with is a plain copy of the same number of bytes, in the same run.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::backend::Backend;
-use crate::compaction::{reference, CompactTuning, CompactionError, Compactor, LiveBlock, GRANULE};
+use crate::compaction::{reference, CompactTuning, CompactionError, Compactor, LiveBlock, BLOCK_PINNED, GRANULE};
+use crate::trace::{read_trace, BlockStatus};
+use gpuheap_kernels::compact::NO_HANDLE;
 
 /// One synthetic layout.
 #[derive(Clone, Debug)]
@@ -143,11 +168,146 @@ pub fn layouts(quick: bool) -> Vec<SyntheticLayout> {
     v
 }
 
+/// How a trace layout is compacted (see the [module docs](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceMode {
+    /// Each segment alone (a pinned separator after each).
+    PerSegment,
+    /// All segments as one region.
+    OneRegion,
+}
+
+/// A layout taken from a trace's final snapshot state (see the [module docs](self)).
+#[derive(Clone, Debug)]
+pub struct TraceLayout {
+    /// Row name: the file name, the segment count and the scale (`1.3b_snapshot.pickle (257 segments,
+    /// scaled 1/128)`).
+    pub name: String,
+    /// The trace file.
+    pub source: PathBuf,
+    /// Segments.
+    pub segments: usize,
+    /// How it is compacted.
+    pub mode: TraceMode,
+    /// Pinned 16-byte separators added (one per segment in [`TraceMode::PerSegment`], else none).
+    pub separators: usize,
+    /// Live blocks that are pinned (`active_pending_free`), separators excluded.
+    pub pinned: usize,
+    /// 1: full size; otherwise the factor every block and hole was divided by.
+    pub scaled_by: u64,
+    /// Bytes of the segments at full size (PyTorch's reserved bytes).
+    pub full_bytes: u64,
+    /// Bytes of the layout (region size), separators included.
+    pub capacity: u64,
+    /// Live blocks (separators included, pinned) in address order.
+    pub blocks: Vec<LiveBlock>,
+}
+
+/// The largest trace layout materialised on `backend` before it is scaled (bytes): 512 MiB on the CPU
+/// (64 MiB with `quick`), 4 GiB on a GPU (1 GiB with `quick`).
+pub fn trace_limit(backend: &Backend, quick: bool) -> u64 {
+    match (backend.is_gpu(), quick) {
+        (false, true) => 64 << 20,
+        (false, false) => 512 << 20,
+        (true, true) => 1 << 30,
+        (true, false) => 4 << 30,
+    }
+}
+
+/// The traces [`run`] takes layouts from by default: `data/1.3b_snapshot.pickle` (shipped with the
+/// project) and `../shared/traces/memory_ctx512_fullstep_.pickle` when it exists, each looked up from the
+/// current folder, then from the workspace the binary was built in. The shipped one is always listed (a
+/// missing file becomes a note in the report).
+pub fn default_traces() -> Vec<PathBuf> {
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let find = |rel: &str| [PathBuf::from(rel), ws.join(rel)].into_iter().find(|p| p.exists());
+    let mut v = vec![find("data/1.3b_snapshot.pickle").unwrap_or_else(|| PathBuf::from("data/1.3b_snapshot.pickle"))];
+    v.extend(find("../shared/traces/memory_ctx512_fullstep_.pickle"));
+    v
+}
+
+/// The layout of the final state recorded in the PyTorch snapshot at `path` (every device's segments),
+/// compacted as `mode` says, scaled to at most `limit` bytes (see the [module docs](self)).
+///
+/// # Errors
+/// A one-line message when the file cannot be read, is not a PyTorch snapshot with a final state, or has
+/// no segments.
+pub fn trace_layout(path: &Path, limit: u64, mode: TraceMode) -> Result<TraceLayout, String> {
+    let trace = read_trace(path).map_err(|e| e.to_string())?;
+    let mut segs: Vec<_> =
+        trace.devices.iter().filter_map(|d| d.final_state.as_ref()).flat_map(|f| &f.segments).collect();
+    if segs.is_empty() {
+        return Err(format!("{}: no snapshot segments (not a PyTorch snapshot with a final state)", path.display()));
+    }
+    segs.sort_by_key(|s| s.addr);
+    let full_bytes: u64 = segs.iter().map(|s| s.size).sum();
+    let pinned = segs.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockStatus::ActivePendingFree).count();
+    let build = |f: u64| -> (Vec<LiveBlock>, u64) {
+        let scale = |x: u64| {
+            if f == 1 {
+                x
+            } else if x == 0 {
+                0
+            } else {
+                granules(x / f)
+            }
+        };
+        let mut blocks = Vec::new();
+        let mut cursor = 0u64;
+        for s in &segs {
+            let mut at = s.addr;
+            for b in &s.blocks {
+                // Gaps between recorded blocks (none in a well-formed file) and inactive blocks are holes.
+                cursor += scale(b.addr.saturating_sub(at));
+                let len = scale(b.size);
+                if b.state != BlockStatus::Inactive && len > 0 {
+                    let flags = if b.state == BlockStatus::ActivePendingFree { BLOCK_PINNED } else { 0 };
+                    blocks.push(LiveBlock { offset: cursor, size: len, handle: blocks.len() as u32, flags });
+                }
+                cursor += len;
+                at = b.addr.saturating_add(b.size).max(at);
+            }
+            cursor += scale((s.addr + s.size).saturating_sub(at));
+            if mode == TraceMode::PerSegment {
+                blocks.push(LiveBlock { offset: cursor, size: GRANULE, handle: NO_HANDLE, flags: BLOCK_PINNED });
+                cursor += GRANULE;
+            }
+        }
+        (blocks, cursor)
+    };
+    let mut f = 1u64;
+    let (mut blocks, mut bytes) = build(f);
+    while bytes > limit && f < 1 << 40 {
+        f *= 2;
+        (blocks, bytes) = build(f);
+    }
+    let file = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let scale = if f == 1 { "full size".to_string() } else { format!("scaled 1/{f}") };
+    let how = match mode {
+        TraceMode::PerSegment => "per segment",
+        TraceMode::OneRegion => "as one region",
+    };
+    Ok(TraceLayout {
+        name: format!("{file}: {} segments {how}, {scale}", segs.len()),
+        source: path.to_path_buf(),
+        segments: segs.len(),
+        mode,
+        separators: if mode == TraceMode::PerSegment { segs.len() } else { 0 },
+        pinned,
+        scaled_by: f,
+        full_bytes,
+        capacity: bytes,
+        blocks,
+    })
+}
+
 /// One row of the benchmark.
 #[derive(Clone, Debug, Serialize)]
 pub struct CompactBenchRow {
-    /// Layout name.
+    /// Layout name (trace layouts: file, segments and scale).
     pub layout: String,
+    /// 1 for synthetic and full-size trace layouts; otherwise the factor a trace layout was divided by.
+    pub scaled_by: u64,
     /// Live blocks.
     pub blocks: u64,
     /// Live bytes.
@@ -186,8 +346,10 @@ pub struct CompactBenchReport {
     pub grid: u32,
     /// Repetitions per layout (medians reported).
     pub reps: usize,
-    /// Rows, one per layout.
+    /// Rows, one per layout: the synthetic ones, then those from traces.
     pub rows: Vec<CompactBenchRow>,
+    /// Traces that gave no layout, with the reason.
+    pub trace_notes: Vec<String>,
 }
 
 fn median(mut v: Vec<Duration>) -> f64 {
@@ -213,10 +375,39 @@ pub fn measure(
     layout: &SyntheticLayout,
     reps: usize,
 ) -> Result<CompactBenchRow, CompactionError> {
-    let moved = reference::slide_plan(&layout.blocks)?.bytes_moved;
-    let live: u64 = layout.blocks.iter().map(|b| b.size).sum();
+    measure_blocks(backend, compactor, layout.name, layout.capacity, &layout.blocks, reps)
+}
+
+/// [`measure`] for a layout from a trace ([`trace_layout`]).
+///
+/// # Errors
+/// Backend and compaction errors.
+pub fn measure_trace(
+    backend: &Backend,
+    compactor: &mut Compactor,
+    layout: &TraceLayout,
+    reps: usize,
+) -> Result<CompactBenchRow, CompactionError> {
+    let mut row = measure_blocks(backend, compactor, &layout.name, layout.capacity, &layout.blocks, reps)?;
+    row.scaled_by = layout.scaled_by;
+    // Separators are not blocks of the trace.
+    row.blocks -= layout.separators as u64;
+    row.live_bytes -= layout.separators as u64 * GRANULE;
+    Ok(row)
+}
+
+fn measure_blocks(
+    backend: &Backend,
+    compactor: &mut Compactor,
+    name: &str,
+    capacity: u64,
+    blocks: &[LiveBlock],
+    reps: usize,
+) -> Result<CompactBenchRow, CompactionError> {
+    let moved = reference::slide_plan(blocks)?.bytes_moved;
+    let live: u64 = blocks.iter().map(|b| b.size).sum();
     // Touch every page first (the CPU backend's buffers are lazily zeroed).
-    let fill: Vec<u8> = (0..layout.capacity).map(|i| i as u8).collect();
+    let fill: Vec<u8> = (0..capacity).map(|i| i as u8).collect();
     let mut region = backend.upload(&fill)?;
     drop(fill);
     let src = backend.upload(&vec![1u8; moved.max(16) as usize])?;
@@ -224,7 +415,7 @@ pub fn measure(
     let mut host = vec![3u8; 2 * moved.max(16) as usize];
     let (mut plans, mut moves, mut totals, mut copies, mut memmoves) = (vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..reps.max(1) {
-        let r = compactor.compact(backend, &mut region, &layout.blocks, None)?;
+        let r = compactor.compact(backend, &mut region, blocks, None)?;
         plans.push(r.plan_time);
         moves.push(r.move_time);
         totals.push(r.plan_time + r.move_time);
@@ -239,8 +430,9 @@ pub fn measure(
     let compact_ms = median(totals);
     let copy_ms = median(copies);
     Ok(CompactBenchRow {
-        layout: layout.name.to_string(),
-        blocks: layout.blocks.len() as u64,
+        layout: name.to_string(),
+        scaled_by: 1,
+        blocks: blocks.len() as u64,
         live_bytes: live,
         bytes_moved: moved,
         plan_ms: median(plans),
@@ -254,9 +446,10 @@ pub fn measure(
     })
 }
 
-/// Runs every layout of [`layouts`] on `backend` (`reps` repetitions each;
-/// 0 picks 3 with `quick`, else 7), with `tile_bytes` overriding the
-/// backend's default tile size when given.
+/// Runs every layout of [`layouts`], then the two layouts of each trace in `traces` ([`trace_layout`]
+/// per segment and as one region, limited by [`trace_limit`]), on `backend` (`reps` repetitions each; 0 picks 3 with `quick`, else 7),
+/// with `tile_bytes` overriding the backend's default tile size when given. A trace that cannot be read
+/// or has no segments is a note in the report, not an error.
 ///
 /// # Errors
 /// Backend and compaction errors.
@@ -265,6 +458,7 @@ pub fn run(
     quick: bool,
     reps: usize,
     tile_bytes: Option<u32>,
+    traces: &[PathBuf],
 ) -> Result<CompactBenchReport, CompactionError> {
     let mut tuning = CompactTuning::for_backend(backend);
     if let Some(t) = tile_bytes {
@@ -280,8 +474,20 @@ pub fn run(
     } else {
         reps
     };
-    let rows =
+    let mut rows =
         layouts(quick).iter().map(|l| measure(backend, &mut compactor, l, reps)).collect::<Result<Vec<_>, _>>()?;
+    let mut trace_notes = Vec::new();
+    for t in traces {
+        for mode in [TraceMode::PerSegment, TraceMode::OneRegion] {
+            match trace_layout(t, trace_limit(backend, quick), mode) {
+                Ok(l) => rows.push(measure_trace(backend, &mut compactor, &l, reps)?),
+                Err(e) => {
+                    trace_notes.push(e);
+                    break;
+                }
+            }
+        }
+    }
     Ok(CompactBenchReport {
         backend: backend.describe(),
         tile_bytes: tuning.tile_bytes,
@@ -289,6 +495,7 @@ pub fn run(
         grid: tuning.grid,
         reps,
         rows,
+        trace_notes,
     })
 }
 
@@ -315,6 +522,14 @@ pub fn table(r: &CompactBenchReport) -> String {
             w.ratio,
             w.memmove_ms.map_or("-".into(), |m| format!("{m:.3}")),
         );
+    }
+    if r.rows.iter().any(|w| w.layout.contains(" segments ")) {
+        s += "\nRows from traces: a snapshot's final segments (active_allocated blocks movable, inactive blocks \
+              holes, active_pending_free pinned), compacted per segment (a pinned separator after each) or as \
+              one region; a scaled row's figures are the scaled layout's.\n";
+    }
+    for n in &r.trace_notes {
+        s += &format!("no trace layout: {n}\n");
     }
     s
 }

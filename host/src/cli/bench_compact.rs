@@ -1,4 +1,4 @@
-//! `gpuheap bench compact [--quick] [--json] [--backend B] [--reps N]`.
+//! `gpuheap bench compact [--quick] [--json] [--backend B] [--reps N] [--tile-bytes N] [--trace FILE]...`.
 
 use gpuheap::bench::compact;
 
@@ -22,6 +22,10 @@ pub struct Args {
     /// backend's, see `CompactTuning::for_backend`).
     #[arg(long)]
     pub tile_bytes: Option<u32>,
+    /// PyTorch snapshot whose final segments give one more layout (repeatable). Default: the shipped
+    /// data/1.3b_snapshot.pickle and ../shared/traces/memory_ctx512_fullstep_.pickle when present.
+    #[arg(long = "trace")]
+    pub traces: Vec<std::path::PathBuf>,
 }
 
 /// Runs the benchmark and prints the report.
@@ -30,7 +34,9 @@ pub struct Args {
 /// Backend and compaction errors (exit code 1).
 pub fn run(a: &Args) -> Result<(), CliError> {
     let backend = a.backend.backend()?;
-    let report = compact::run(&backend, a.quick, a.reps, a.tile_bytes).map_err(|e| CliError::Runtime(e.to_string()))?;
+    let traces = if a.traces.is_empty() { compact::default_traces() } else { a.traces.clone() };
+    let report =
+        compact::run(&backend, a.quick, a.reps, a.tile_bytes, &traces).map_err(|e| CliError::Runtime(e.to_string()))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(|e| CliError::Runtime(e.to_string()))?);
     } else {

@@ -1,17 +1,22 @@
-//! `gpuheap compare TRACE [--capacity BYTES] [--compact P] [--backend B] [--device N] [--json]
-//! [--plot FILE]`: every strategy over the same trace, side by side, plus what PyTorch itself reserved
-//! according to the snapshot; one table and one plot.
+//! `gpuheap compare TRACE [--capacity BYTES] [--compact P] [--backend B] [--device N]
+//! [--device-heap-limit BYTES] [--verbose] [--json] [--plot FILE]`: every strategy over the same trace,
+//! side by side, plus what PyTorch itself reserved according to the snapshot; one table and one plot.
+//!
+//! The table has one row per contender; under it, one summary line per strategy that compacted (count,
+//! bytes planned, kernel measurements full size / scaled / not measured and why). `--verbose` lists every
+//! compaction as `gpuheap replay` does; `--json` always has them all.
 //!
 //! # Extension point
-//! The rows come from [`contenders`]. The device-side allocator will be one more [`Contender`] variant
-//! whose [`run_contender`] arm replays the trace on the chosen backend and returns a
+//! The rows come from [`contenders`]: the host strategies, then the device allocator
+//! ([`Contender::Device`], replayed by [`gpuheap::replay::replay_device`] on the chosen backend, scaled
+//! when its heap would exceed `--device-heap-limit`). A [`run_contender`] arm returns a
 //! [`ReplayReport`]; the table, the JSON and the plot need no change.
 
 use serde::Serialize;
 
 use gpuheap::backend::Backend;
 use gpuheap::reference::StrategyKind;
-use gpuheap::replay::{fmt_bytes, PytorchReserved, ReplayReport};
+use gpuheap::replay::{self, fmt_bytes, DeviceReplayOptions, MeasureOutcome, PytorchReserved, ReplayReport};
 use gpuheap::trace::{DeviceTrace, Trace};
 
 use super::replay::{self as cli_replay, Common};
@@ -24,6 +29,18 @@ pub struct Args {
     pub trace: std::path::PathBuf,
     #[command(flatten)]
     pub common: Common,
+    /// Largest device heap the device allocator's row creates before it replays a scaled trace (all
+    /// sizes divided by a power of two; the row is then labelled "scaled 1/N"): bytes or with a unit.
+    /// Default: 8GiB on the CPU backend, 75 % of free memory on a GPU.
+    #[arg(long, value_parser = parse_limit)]
+    pub device_heap_limit: Option<u64>,
+    /// List every compaction of every strategy (default: one summary line per strategy).
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+fn parse_limit(s: &str) -> Result<u64, String> {
+    replay::parse_bytes(s)
 }
 
 /// One row of the comparison.
@@ -31,26 +48,60 @@ pub struct Args {
 pub enum Contender {
     /// A host reference strategy.
     Host(StrategyKind),
-    // The device allocator goes here (`Device`), replayed on the chosen backend.
+    /// The device allocator (`gpuheap_kernels::heap::malloc`/`free`), replayed on the chosen backend.
+    Device,
 }
 
-/// The rows, in order: every host strategy (the device allocator will be appended here).
+impl Contender {
+    /// The row's base name (a scaled device replay adds "(scaled 1/N)" to its report's name).
+    pub fn name(self) -> String {
+        match self {
+            Contender::Host(k) => k.to_string(),
+            Contender::Device => replay::device::DEVICE_HEAP.to_string(),
+        }
+    }
+}
+
+/// The rows, in order: every host strategy, then the device allocator.
 pub fn contenders() -> Vec<Contender> {
-    StrategyKind::ALL.iter().map(|&k| Contender::Host(k)).collect()
+    StrategyKind::ALL.iter().map(|&k| Contender::Host(k)).chain([Contender::Device]).collect()
 }
 
 fn run_contender(
     c: Contender,
     trace: &Trace,
     dev: &DeviceTrace,
-    common: &Common,
+    a: &Args,
     backend: Option<&Backend>,
     pb: &indicatif::ProgressBar,
 ) -> Result<ReplayReport, CliError> {
+    pb.set_message(c.name());
     match c {
-        Contender::Host(k) => {
-            pb.set_message(k.to_string());
-            cli_replay::run_one(trace, dev, k, common, backend, pb)
+        Contender::Host(k) => cli_replay::run_one(trace, dev, k, &a.common, backend, pb),
+        Contender::Device => {
+            // The device row always runs on a backend, whatever the compaction policy.
+            let owned;
+            let b = match backend {
+                Some(b) => b,
+                None => {
+                    owned = a.common.backend.backend()?;
+                    &owned
+                }
+            };
+            let opts = DeviceReplayOptions {
+                capacity: a.common.capacity,
+                heap_limit: a.device_heap_limit,
+                ..DeviceReplayOptions::default()
+            };
+            pb.set_position(0);
+            let mut progress = |n: usize| pb.set_position(n as u64);
+            replay::replay_device(trace, dev, b, &opts, &mut progress).map_err(|e| {
+                if e.is_input() {
+                    CliError::Input(e.to_string())
+                } else {
+                    CliError::Runtime(e.to_string())
+                }
+            })
         }
     }
 }
@@ -87,14 +138,11 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     let mut reports = Vec::with_capacity(list.len());
     let mut not_run: Vec<NotRun> = Vec::new();
     for c in list {
-        match run_contender(c, &trace, dev, &a.common, backend.as_ref(), &pb) {
+        match run_contender(c, &trace, dev, a, backend.as_ref(), &pb) {
             Ok(r) => reports.push(r),
             // A strategy that cannot use these options (e.g. the caching model below 2 MiB) is a row
             // with the reason, not a failure of the whole comparison.
-            Err(CliError::Input(reason)) => {
-                let Contender::Host(k) = c;
-                not_run.push(NotRun { strategy: k.to_string(), reason });
-            }
+            Err(CliError::Input(reason)) => not_run.push(NotRun { strategy: c.name(), reason }),
             Err(e) => return Err(e),
         }
     }
@@ -119,7 +167,7 @@ pub fn run(a: &Args) -> Result<(), CliError> {
         };
         println!("{}", serde_json::to_string_pretty(&out).map_err(|e| CliError::Runtime(e.to_string()))?);
     } else {
-        print!("{}", table(&reports, &not_run, gpuheap::replay::demand_peak(dev).1));
+        print!("{}", table(&reports, &not_run, gpuheap::replay::demand_peak(dev).1, a.verbose));
     }
     Ok(())
 }
@@ -127,7 +175,9 @@ pub fn run(a: &Args) -> Result<(), CliError> {
 /// The comparison table.
 ///
 /// `demand` is the trace's peak of live requested bytes (PyTorch's row: PyTorch served every request).
-pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64) -> String {
+/// Compactions: one summary line per strategy that compacted ([`compaction_summary`]); with `verbose`
+/// also every compaction.
+pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose: bool) -> String {
     let Some(first) = reports.first() else { return String::new() };
     let mut s = format!(
         "trace {} ({}), device {}: {} events, {} initial blocks\ncapacity {} ({}), requests aligned to {} B, compaction {}\n\n",
@@ -142,7 +192,7 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64) -> Strin
         first.policy
     );
     s += &format!(
-        "{:<20}{:>12}{:>12}{:>8}{:>8}{:>16}{:>12}{:>9}{:>12}{:>9}{:>12}{:>9}\n",
+        "{:<28}{:>12}{:>12}{:>8}{:>8}{:>16}{:>12}{:>9}{:>12}{:>9}{:>12}{:>9}\n",
         "strategy",
         "peak alloc",
         "peak resv",
@@ -162,7 +212,7 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64) -> Strin
         let rej = r.failed.len() - cap - frag;
         let failed = if rej > 0 { format!("{cap}/{frag} +{rej}rej") } else { format!("{cap}/{frag}") };
         s += &format!(
-            "{:<20}{:>12}{:>12}{:>8}{:>8.3}{:>16}{:>12}{:>9.3}{:>12}{:>9.3}{:>12}{:>9.2}\n",
+            "{:<28}{:>12}{:>12}{:>8}{:>8.3}{:>16}{:>12}{:>9.3}{:>12}{:>9.3}{:>12}{:>9.2}\n",
             r.strategy,
             fmt_bytes(r.peak_allocated),
             fmt_bytes(r.peak_reserved),
@@ -173,18 +223,18 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64) -> Strin
             r.at_peak.external,
             fmt_bytes(r.at_end.footprint),
             r.at_end.external,
-            r.compactions.len(),
+            if r.device_heap.is_some() { "n/a".to_string() } else { r.compactions.len().to_string() },
             r.events_per_s / 1e6
         );
     }
     for n in not_run {
-        s += &format!("{:<20}not run: {}\n", n.strategy, n.reason);
+        s += &format!("{:<28}not run: {}\n", n.strategy, n.reason);
     }
     if let Some(pt) = &first.pytorch {
         let util = if pt.peak == 0 { 1.0 } else { demand as f64 / pt.peak as f64 };
         let jw = if demand == 0 { 0.0 } else { (pt.peak as f64 - demand as f64) / demand as f64 };
         s += &format!(
-            "{:<20}{:>12}{:>12}{:>8}{:>8.3}{:>16}{:>12}{:>9}{:>12}{:>9}{:>12}{:>9}\n",
+            "{:<28}{:>12}{:>12}{:>8}{:>8.3}{:>16}{:>12}{:>9}{:>12}{:>9}{:>12}{:>9}\n",
             "PyTorch (snapshot)",
             fmt_bytes(demand),
             fmt_bytes(pt.peak),
@@ -207,8 +257,89 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64) -> Strin
             );
         }
     }
-    for r in reports.iter().filter(|r| !r.compactions.is_empty()) {
-        s += &format!("\ncompactions of {}:\n{}", r.strategy, cli_replay::compaction_lines(r));
+    let scaled: Vec<&ReplayReport> =
+        reports.iter().filter(|r| r.device_heap.as_ref().is_some_and(|d| d.scaled_by > 1)).collect();
+    for r in scaled {
+        let d = r.device_heap.as_ref().expect("filtered");
+        s += &format!(
+            "\n{}: replayed scaled 1/{} on {} ({}); its byte figures are the scaled replay's (capacity {} for \
+             the trace's {}), its ratios compare with the other rows\n",
+            r.strategy,
+            d.scaled_by,
+            d.backend,
+            d.scale_reason.as_deref().unwrap_or("scaled"),
+            fmt_bytes(d.heap_capacity),
+            fmt_bytes(d.trace_capacity)
+        );
+    }
+    if reports.iter().any(|r| r.device_heap.is_some()) {
+        s += "device heap: compaction n/a (raw malloc blocks are pinned; only handle blocks of the movable arena move)\n";
+    }
+    let compacted: Vec<&ReplayReport> = reports.iter().filter(|r| !r.compactions.is_empty()).collect();
+    if !compacted.is_empty() {
+        s += "\ncompactions (one line per strategy; --verbose lists each, --json has all):\n";
+        for r in &compacted {
+            s += &format!("  {:<12}{}\n", r.strategy, compaction_summary(r));
+        }
+    }
+    if verbose {
+        for r in compacted {
+            s += &format!("\ncompactions of {}:\n{}", r.strategy, cli_replay::compaction_lines(r));
+        }
+    }
+    s
+}
+
+/// One line summing up `r`'s compactions: how many, bytes the plans move at full size, then the kernel
+/// measurements in three groups (full size, scaled images, not measured with the reasons and their
+/// counts), each with its bytes, kernel time and aggregate GB/s (bytes / summed kernel time, 10^9 B/s).
+/// Scaled images are summed apart: their bytes are the images', not the layout's.
+pub fn compaction_summary(r: &ReplayReport) -> String {
+    let planned: u64 = r.compactions.iter().map(|c| c.planned_bytes_moved).sum();
+    let (mut full, mut scaled) = ((0u64, 0u64, 0usize), (0u64, 0u64, 0usize));
+    let mut factors: Vec<u64> = Vec::new();
+    let mut reasons: Vec<(String, usize)> = Vec::new();
+    for c in &r.compactions {
+        match &c.measurement {
+            MeasureOutcome::Measured(m) => {
+                let g = if m.scaled_by == 1 { &mut full } else { &mut scaled };
+                g.0 += m.bytes_moved;
+                g.1 += m.kernel_ns;
+                g.2 += 1;
+                if m.scaled_by > 1 && !factors.contains(&m.scaled_by) {
+                    factors.push(m.scaled_by);
+                }
+            }
+            MeasureOutcome::NotMeasured { reason } => match reasons.iter_mut().find(|(r, _)| r == reason) {
+                Some(e) => e.1 += 1,
+                None => reasons.push((reason.clone(), 1)),
+            },
+        }
+    }
+    let group = |(bytes, ns, n): (u64, u64, usize)| {
+        if n == 0 {
+            return "0".to_string();
+        }
+        let gbps = if ns > 0 { bytes as f64 / ns as f64 } else { 0.0 };
+        format!("{n} ({} in {}, {gbps:.2} GB/s)", fmt_bytes(bytes), cli_replay::fmt_ns(ns))
+    };
+    let retried = r.compactions.iter().filter(|c| c.retry_succeeded == Some(true)).count();
+    let mut s = format!("{} compactions, {} planned", r.compactions.len(), fmt_bytes(planned));
+    if r.compactions.iter().any(|c| c.retry_succeeded.is_some()) {
+        s += &format!(", {retried} retries succeeded");
+    }
+    s += &format!("; measured full size {}", group(full));
+    factors.sort_unstable();
+    let f: Vec<String> = factors.iter().map(|f| format!("1/{f}")).collect();
+    s += &format!("; scaled {}", group(scaled));
+    if !f.is_empty() {
+        s += &format!(" [{}]", f.join(", "));
+    }
+    let not: usize = reasons.iter().map(|r| r.1).sum();
+    s += &format!("; not measured {not}");
+    if not > 0 {
+        let why: Vec<String> = reasons.iter().map(|(r, n)| format!("{n}: {r}")).collect();
+        s += &format!(" ({})", why.join("; "));
     }
     s
 }

@@ -193,6 +193,12 @@ impl DeviceHeap {
         &self.arena
     }
 
+    /// The arena buffer, writable (to fill blocks from the host while no
+    /// kernel uses the heap; the metadata is not reachable through it).
+    pub fn arena_mut(&mut self) -> &mut DeviceBuffer {
+        &mut self.arena
+    }
+
     /// Byte offset of the arena base inside [`arena`](Self::arena).
     pub fn arena_offset(&self) -> usize {
         (self.handle.base - self.arena.device_ptr()) as usize
@@ -273,6 +279,45 @@ impl DeviceHeap {
         Ok((0..self.handle.pages)
             .filter_map(|p| slab::hdr_class(m.u64(self.handle.hdr_off, p)).map(|c| (p * PAGE, class_size(c))))
             .collect())
+    }
+
+    /// The free buddy blocks as `(byte offset from the arena base, bytes)`, in
+    /// address order: every block that is free as a whole at some buddy level
+    /// (adjacent free blocks that are not buddies are listed separately: the
+    /// buddy allocator cannot serve one request from both). Free slots inside
+    /// slab pages are not listed. Reads only the control words and the buddy
+    /// region of the metadata (a few hundred KiB for a 4 GiB heap), so it is
+    /// cheap enough to call between launches; exact when no kernel runs.
+    ///
+    /// # Errors
+    /// Backend errors of the read-back.
+    pub fn free_blocks(&self) -> Result<Vec<(u64, u64)>> {
+        let h = self.handle;
+        let mut ctrl = vec![0u8; CTRL_WORDS as usize * 8];
+        self.meta.read_into(0, &mut ctrl)?;
+        let mut buddy = vec![0u8; h.buddy_words as usize * 8];
+        self.meta.read_into(h.buddy_off as usize, &mut buddy)?;
+        let word = |v: &[u8], i: u64| -> u64 {
+            let o = i as usize * 8;
+            v.get(o..o + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        };
+        let mut out = Vec::new();
+        for k in 0..=h.max_order as u32 {
+            let off = word(&ctrl, (CTRL_LEVELS as u32 + k) as u64);
+            let n = level_bits(h.units, k);
+            for w in 0..n.div_ceil(64) {
+                let mut v = word(&buddy, off + w);
+                while v != 0 {
+                    let i = w * 64 + v.trailing_zeros() as u64;
+                    if i < n {
+                        out.push(((i << k) << UNIT_SHIFT, UNIT << k));
+                    }
+                    v &= v - 1;
+                }
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
     }
 
     /// Rewrites the large-block metadata after a relocation: afterwards the

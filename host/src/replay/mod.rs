@@ -60,9 +60,11 @@ use crate::reference::compact::plan_slide;
 use crate::reference::{build, AllocError, StrategyKind, SubAllocator, TieredConfig};
 use crate::trace::{DeviceTrace, EventKind, Pool, Trace, TraceFormat};
 
+pub mod device;
 pub mod materialize;
 pub mod plot;
 
+pub use device::{replay_device, DeviceHeapEnd, DeviceReplayOptions};
 pub use materialize::{MeasureOutcome, Measured};
 
 /// Alignment (bytes) of replayed PyTorch requests: PyTorch's `kMinBlockSize`.
@@ -192,6 +194,16 @@ pub enum ReplayError {
     Compaction {
         /// Event index.
         event: usize,
+        /// What went wrong.
+        message: String,
+    },
+    /// The device heap failed ([`device::replay_device`]): it could not be created, a launch or a
+    /// read-back failed, or a returned block failed a check (outside the arena, misaligned, overlapping a
+    /// live block, disagreeing with the heap's metadata, bytes overwritten): a run-time failure.
+    #[error("device heap{}: {message}", event.map_or_else(String::new, |e| format!(" at event {e}")))]
+    Device {
+        /// Event index (`None`: before the first event or not tied to one).
+        event: Option<usize>,
         /// What went wrong.
         message: String,
     },
@@ -521,6 +533,8 @@ pub struct ReplayReport {
     pub pytorch: Option<PytorchReserved>,
     /// The caching model's end state (caching strategy only).
     pub caching_end: Option<CachingEnd>,
+    /// The device heap's figures (device allocator only, see [`device`]).
+    pub device_heap: Option<DeviceHeapEnd>,
     /// Timeline samples.
     pub timeline: Vec<Sample>,
 }
@@ -1111,6 +1125,7 @@ pub fn replay(
         events_per_s: dev.events.len() as f64 / (replay_ns as f64 * 1e-9),
         pytorch: pytorch_snapshot.then(|| pytorch_series(dev)),
         caching_end,
+        device_heap: None,
         timeline,
     })
 }
