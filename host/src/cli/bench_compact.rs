@@ -30,8 +30,7 @@ pub struct Args {
 /// Backend and compaction errors (exit code 1).
 pub fn run(a: &Args) -> Result<(), CliError> {
     let backend = a.backend.backend()?;
-    let report =
-        compact::run(&backend, a.quick, a.reps, a.tile_bytes).map_err(|e| CliError::Runtime(e.to_string()))?;
+    let report = compact::run(&backend, a.quick, a.reps, a.tile_bytes).map_err(|e| CliError::Runtime(e.to_string()))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(|e| CliError::Runtime(e.to_string()))?);
     } else {
