@@ -17,10 +17,13 @@
 //! the `strategies` benchmark 13–21k against 100k), so it stays cache-resident; a pair of alloc and free
 //! touches the large live table twice (insert, then remove) and the free side otherwise.
 //!
-//! Measured with `strategies_icount` under callgrind (`--cache-sim=yes`, 32 KiB D1, 1 MiB LL standing in
-//! for the per-core L2): the previous layout (a 32-byte node per block in an address-ordered list plus a
-//! `HashMap` from offset to node) cost TLSF 613 instructions and 5.3 L2 misses per pair; this one
-//! costs the figures given in [`tlsf`](super::tlsf).
+//! Measured on the `strategies` workload: the previous layout (a 32-byte node per block in an
+//! address-ordered list plus a hash map from offset to node) cost TLSF 613–641 instructions and 4.9–5.3
+//! misses per pair in a 1 MiB last-level cache (callgrind, `strategies_icount`); this one costs 841
+//! instructions and 7.5 such misses (the start/end tables of the free blocks, 1 MiB each at 20k free
+//! blocks, miss the L2 but stay in L3), yet runs faster in wall time on the build machine (TLSF 760–1008
+//! -> 528–710 ns per pair in alternating runs). It does not reach offset-allocator (≈ 150–200 ns), whose
+//! handles carry the node index and so need no offset lookup.
 //!
 //! Invariants (checked by `check_invariants` in tests):
 //! - Live blocks (the keys of `live`) and free blocks (the nodes of non-zero size) tile `[0, capacity)`
