@@ -15,22 +15,19 @@
 //! processes still shows, so compare the rows of one run with each other.
 //!
 //! Run: `cargo bench -p gpuheap --bench strategies -- --warm-up-time 1 --measurement-time 3`
+//!
+//! The workload and adapters live in `common/strategy_workload.rs`, shared with the `strategies_icount`
+//! harness, which counts instructions per pair under callgrind (deterministic, unlike CPU time).
 
-use std::alloc::Layout;
 use std::hint::black_box;
-use std::mem::MaybeUninit;
-use std::ptr::NonNull;
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
-use gpuheap::reference::{BestFit, Buddy, FirstFit, Slab, SubAllocator, Tiered, Tlsf};
 
-const CAPACITY: u64 = 128 << 30;
-const LIVE: usize = 100_000;
-const STREAM: usize = 1 << 20;
-const UNIT: u64 = 256;
-const RLSF_UNIT: u64 = 1024;
+#[path = "common/strategy_workload.rs"]
+#[allow(dead_code)] // `Bench::report` is for the icount harness
+mod workload;
+use workload::{visit, Bench, Visitor, Workload, NAMES, STREAM};
 
 /// Thread CPU time in nanoseconds.
 struct ThreadCpuTime;
@@ -86,116 +83,6 @@ impl ValueFormatter for Nanos {
     }
 }
 
-struct Workload {
-    prefill: Vec<u64>,
-    victims: Vec<u32>,
-    sizes: Vec<u64>,
-}
-
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn size(&mut self) -> u64 {
-        let band = self.next() % 100;
-        let (lo, hi) = match band {
-            0..70 => (6.0, 16.0),
-            70..99 => (16.0, 20.0),
-            _ => (20.0, 26.0),
-        };
-        2f64.powf(lo + (hi - lo) * self.unit()) as u64
-    }
-}
-
-impl Workload {
-    fn new() -> Self {
-        let mut rng = Rng(0x5eed_0f6a_110c);
-        let prefill = (0..LIVE).map(|_| rng.size()).collect();
-        let victims = (0..STREAM).map(|_| (rng.next() % LIVE as u64) as u32).collect();
-        let sizes = (0..STREAM).map(|_| rng.size()).collect();
-        Workload { prefill, victims, sizes }
-    }
-}
-
-/// The minimal interface the benchmark drives.
-trait Bench {
-    type Handle: Copy;
-    fn alloc(&mut self, size: u64) -> Option<Self::Handle>;
-    fn free(&mut self, h: Self::Handle);
-}
-
-struct Ours<A>(A);
-
-impl<A: SubAllocator> Bench for Ours<A> {
-    type Handle = u64;
-    #[inline]
-    fn alloc(&mut self, size: u64) -> Option<u64> {
-        self.0.alloc(size, 1).ok().map(|a| a.offset)
-    }
-    #[inline]
-    fn free(&mut self, h: u64) {
-        self.0.free(h).expect("live block");
-    }
-}
-
-struct OffsetAlloc(offset_allocator::Allocator<u32>);
-
-impl Bench for OffsetAlloc {
-    type Handle = offset_allocator::Allocation<u32>;
-    #[inline]
-    fn alloc(&mut self, size: u64) -> Option<Self::Handle> {
-        self.0.allocate(size.div_ceil(UNIT) as u32)
-    }
-    #[inline]
-    fn free(&mut self, h: Self::Handle) {
-        self.0.free(h)
-    }
-}
-
-struct BuddyFrames(buddy_system_allocator::FrameAllocator<33>);
-
-impl Bench for BuddyFrames {
-    type Handle = (usize, usize);
-    #[inline]
-    fn alloc(&mut self, size: u64) -> Option<(usize, usize)> {
-        let count = size.div_ceil(UNIT) as usize;
-        self.0.alloc(count).map(|start| (start, count))
-    }
-    #[inline]
-    fn free(&mut self, (start, count): (usize, usize)) {
-        self.0.dealloc(start, count)
-    }
-}
-
-struct Rlsf(rlsf::Tlsf<'static, u32, u32, 24, 32>);
-
-impl Bench for Rlsf {
-    type Handle = NonNull<u8>;
-    #[inline]
-    fn alloc(&mut self, size: u64) -> Option<NonNull<u8>> {
-        let layout = Layout::from_size_align(size.div_ceil(RLSF_UNIT) as usize, 1).ok()?;
-        self.0.allocate(layout)
-    }
-    #[inline]
-    fn free(&mut self, h: NonNull<u8>) {
-        // SAFETY: `h` was returned by `allocate` on this same `Tlsf` with alignment 1 and is freed exactly once:
-        // the benchmark takes it out of its slot before freeing.
-        unsafe { self.0.deallocate(h, 1) }
-    }
-}
-
 fn run<B: Bench>(c: &mut criterion::BenchmarkGroup<'_, ThreadCpuTime>, name: &str, w: &Workload, mut b: B) {
     let mut slots: Vec<Option<B::Handle>> = w.prefill.iter().map(|&s| b.alloc(s)).collect();
     let mut failed = slots.iter().filter(|s| s.is_none()).count();
@@ -217,34 +104,23 @@ fn run<B: Bench>(c: &mut criterion::BenchmarkGroup<'_, ThreadCpuTime>, name: &st
     }
 }
 
+struct Group<'a, 'b> {
+    g: &'a mut criterion::BenchmarkGroup<'b, ThreadCpuTime>,
+    w: &'a Workload,
+}
+
+impl Visitor for Group<'_, '_> {
+    fn visit<B: Bench>(&mut self, name: &str, b: B) {
+        run(self.g, name, self.w, b);
+    }
+}
+
 fn strategies(c: &mut Criterion<ThreadCpuTime>) {
     let w = Workload::new();
     let mut g = c.benchmark_group("alloc_free_pair");
-    run(
-        &mut g,
-        "offset-allocator",
-        &w,
-        OffsetAlloc(offset_allocator::Allocator::with_max_allocs((CAPACITY / UNIT) as u32, 1 << 20)),
-    );
-    {
-        let pool: &'static mut [MaybeUninit<u8>] =
-            Box::leak(vec![MaybeUninit::uninit(); (CAPACITY / RLSF_UNIT) as usize].into_boxed_slice());
-        let mut t = rlsf::Tlsf::new();
-        t.insert_free_block(pool);
-        run(&mut g, "rlsf", &w, Rlsf(t));
+    for name in NAMES {
+        visit(name, &mut Group { g: &mut g, w: &w });
     }
-    {
-        let mut f = buddy_system_allocator::FrameAllocator::<33>::new();
-        f.add_frame(0, (CAPACITY / UNIT) as usize);
-        run(&mut g, "buddy_system_allocator", &w, BuddyFrames(f));
-    }
-    run(&mut g, "tlsf", &w, Ours(Tlsf::new(CAPACITY).unwrap()));
-    run(&mut g, "best-fit", &w, Ours(BestFit::new(CAPACITY).unwrap()));
-    run(&mut g, "first-fit", &w, Ours(FirstFit::new(CAPACITY).unwrap()));
-    run(&mut g, "buddy", &w, Ours(Buddy::new(CAPACITY).unwrap()));
-    run(&mut g, "slab", &w, Ours(Slab::with_backing(Box::new(BestFit::new(CAPACITY).unwrap())).unwrap()));
-    run(&mut g, "tiered", &w, Ours(Tiered::new(CAPACITY).unwrap()));
-    run(&mut g, "caching", &w, Ours(CachingAllocator::new(CachingConfig::new(CAPACITY)).unwrap()));
     g.finish();
 }
 

@@ -36,7 +36,7 @@ pub(crate) struct BestFitIndex {
 }
 
 impl BestFitIndex {
-    fn new(granule: u64) -> Self {
+    pub(crate) fn new(granule: u64) -> Self {
         BestFitIndex {
             fl_bitmap: 0,
             sl_bitmap: [0; FL_COUNT],

@@ -10,20 +10,22 @@
 //! - Every block (free or live) is `2^k` bytes, `min_block <= 2^k <= its top block`, aligned to `2^k`.
 //! - Free and live blocks tile the usable range; a free block's buddy is never entirely free (merging is
 //!   complete up to the top order).
-//! - `blocks` maps each block's offset to its order and state; `free_lists[k]` holds exactly the free blocks
+//! - `blocks` maps each live block's offset to its order and requested size, `free_set` each free block's
+//!   offset to its order and list index (two open-addressing tables: the free one stays small and
+//!   cache-resident, so the merge checks rarely miss); `free_lists[k]` holds exactly the free blocks
 //!   of order `k` (a free block records its index there); bit `k` of `nonempty` mirrors `free_lists[k]`.
 //!
 //! # Time complexity
 //! - `alloc`: O(log(capacity / min_block)) for the splits; finding the order is one `trailing_zeros`.
-//! - `free`: O(log(capacity / min_block)) merges, each O(1) expected (hash lookup, swap-remove).
+//! - `free`: O(log(capacity / min_block)) merges, each O(1) expected (lookup in an open-addressing
+//!   [`OffsetTable`], swap-remove).
 //! - `stats`: O(1); `free_blocks`: O(n log n) (sorts).
 //!
 //! Within an order, blocks are reused LIFO (the most recently freed first).
 
 use super::compact::{relocate_live, CompactBlock, CompactionLayout, CompactionPlan, Region};
-use super::{
-    check_request, offset_map, oom, AllocError, Allocation, LiveBlock, OffsetMap, Stats, SubAllocator, MAX_BYTES,
-};
+use super::offset_table::OffsetTable;
+use super::{check_request, oom, AllocError, Allocation, LiveBlock, Stats, SubAllocator, MAX_BYTES};
 
 /// Default minimum block in bytes.
 pub const DEFAULT_MIN_BLOCK: u64 = 256;
@@ -44,7 +46,10 @@ pub struct Buddy {
     min_log2: u32,
     free_lists: Vec<Vec<u64>>,
     nonempty: u64,
-    blocks: OffsetMap<Entry>,
+    /// Free blocks by offset (few: they stay cache-resident).
+    free_set: OffsetTable<Entry>,
+    /// Live blocks by offset.
+    blocks: OffsetTable<Entry>,
     allocated: u64,
     reserved_in_use: u64,
     free_bytes: u64,
@@ -78,7 +83,8 @@ impl Buddy {
             min_log2: min_block.trailing_zeros(),
             free_lists: vec![Vec::new(); 64],
             nonempty: 0,
-            blocks: offset_map(),
+            free_set: OffsetTable::new(Entry { order: 0, used: false, val: 0 }),
+            blocks: OffsetTable::new(Entry { order: 0, used: false, val: 0 }),
             allocated: 0,
             reserved_in_use: 0,
             free_bytes: 0,
@@ -103,7 +109,7 @@ impl Buddy {
     #[inline]
     fn push_free(&mut self, off: u64, order: u32) {
         let list = &mut self.free_lists[order as usize];
-        self.blocks.insert(off, Entry { order: order as u8, used: false, val: list.len() as u64 });
+        self.free_set.insert(off, Entry { order: order as u8, used: false, val: list.len() as u64 });
         list.push(off);
         self.nonempty |= 1 << order;
         self.free_bytes += 1 << order;
@@ -116,14 +122,14 @@ impl Buddy {
         let list = &mut self.free_lists[order as usize];
         list.swap_remove(idx);
         if let Some(&moved) = list.get(idx) {
-            if let Some(e) = self.blocks.get_mut(&moved) {
+            if let Some(e) = self.free_set.get_mut(moved) {
                 e.val = idx as u64;
             }
         }
         if list.is_empty() {
             self.nonempty &= !(1 << order);
         }
-        self.blocks.remove(&off);
+        self.free_set.remove(off);
         self.free_bytes -= 1 << order;
         self.free_count -= 1;
     }
@@ -143,7 +149,7 @@ impl Buddy {
         if offset < self.usable {
             for k in self.min_log2..64 {
                 let s = offset & !((1u64 << k) - 1);
-                if let Some(e) = self.blocks.get(&s) {
+                if let Some(e) = self.blocks.get(s).or_else(|| self.free_set.get(s)) {
                     if s + (1u64 << e.order) > offset {
                         return if e.used {
                             AllocError::InvalidFree { offset }
@@ -178,6 +184,7 @@ impl Buddy {
         self.reset();
         self.free_lists.iter_mut().for_each(Vec::clear);
         self.blocks.clear();
+        self.free_set.clear();
         (self.nonempty, self.free_bytes, self.free_count) = (0, 0, 0);
         let mut cursor = 0;
         for b in live {
@@ -228,11 +235,11 @@ impl SubAllocator for Buddy {
     }
 
     fn free(&mut self, offset: u64) -> Result<(), AllocError> {
-        let entry = match self.blocks.get(&offset) {
-            Some(e) if e.used => *e,
+        let entry = match self.blocks.get(offset) {
+            Some(e) if e.used => e,
             _ => return Err(self.classify_bad_free(offset)),
         };
-        self.blocks.remove(&offset);
+        self.blocks.remove(offset);
         let mut order = entry.order as u32;
         self.allocated -= entry.val;
         self.reserved_in_use -= 1 << order;
@@ -241,7 +248,7 @@ impl SubAllocator for Buddy {
         let top = self.top_order(off);
         while order < top {
             let buddy = off ^ (1 << order);
-            match self.blocks.get(&buddy) {
+            match self.free_set.get(buddy) {
                 Some(e) if !e.used && e.order as u32 == order => {
                     let idx = e.val as usize;
                     self.take_free(buddy, order, idx);
@@ -270,8 +277,7 @@ impl SubAllocator for Buddy {
     }
 
     fn free_blocks(&self) -> Box<dyn Iterator<Item = (u64, u64)> + '_> {
-        let mut v: Vec<(u64, u64)> =
-            self.blocks.iter().filter(|(_, e)| !e.used).map(|(&o, e)| (o, 1u64 << e.order)).collect();
+        let mut v: Vec<(u64, u64)> = self.free_set.iter().map(|(o, e)| (o, 1u64 << e.order)).collect();
         v.sort_unstable();
         Box::new(v.into_iter())
     }
@@ -281,7 +287,7 @@ impl SubAllocator for Buddy {
             .blocks
             .iter()
             .filter(|(_, e)| e.used)
-            .map(|(&offset, e)| LiveBlock { offset, size: 1 << e.order, requested: e.val })
+            .map(|(offset, e)| LiveBlock { offset, size: 1 << e.order, requested: e.val })
             .collect();
         v.sort_unstable();
         v
@@ -290,6 +296,7 @@ impl SubAllocator for Buddy {
     fn reset(&mut self) {
         self.free_lists.iter_mut().for_each(Vec::clear);
         self.blocks.clear();
+        self.free_set.clear();
         self.nonempty = 0;
         (self.allocated, self.reserved_in_use, self.free_bytes, self.free_count, self.live) = (0, 0, 0, 0, 0);
         self.add_free_range(0, self.usable);

@@ -38,6 +38,7 @@ pub mod buddy;
 pub mod caching;
 pub mod compact;
 pub mod first_fit;
+pub(crate) mod offset_table;
 pub mod sizes;
 pub mod slab;
 pub mod tiered;

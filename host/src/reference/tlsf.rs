@@ -45,7 +45,7 @@ pub(crate) struct TlsfIndex {
 }
 
 impl TlsfIndex {
-    fn new(granule: u64) -> Self {
+    pub(crate) fn new(granule: u64) -> Self {
         TlsfIndex {
             fl_bitmap: 0,
             sl_bitmap: [0; FL_COUNT],

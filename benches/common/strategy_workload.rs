@@ -1,0 +1,182 @@
+//! The seeded alloc/free workload and the allocator adapters shared by the `strategies` criterion bench and
+//! the `strategies_icount` instruction-count harness (so both measure exactly the same operation stream).
+
+use std::alloc::Layout;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+
+use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
+use gpuheap::reference::{BestFit, Buddy, FirstFit, Slab, SubAllocator, Tiered, Tlsf};
+
+pub const CAPACITY: u64 = 128 << 30;
+pub const LIVE: usize = 100_000;
+pub const STREAM: usize = 1 << 20;
+pub const UNIT: u64 = 256;
+pub const RLSF_UNIT: u64 = 1024;
+
+pub struct Workload {
+    pub prefill: Vec<u64>,
+    pub victims: Vec<u32>,
+    pub sizes: Vec<u64>,
+}
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn size(&mut self) -> u64 {
+        let band = self.next() % 100;
+        let (lo, hi) = match band {
+            0..70 => (6.0, 16.0),
+            70..99 => (16.0, 20.0),
+            _ => (20.0, 26.0),
+        };
+        2f64.powf(lo + (hi - lo) * self.unit()) as u64
+    }
+}
+
+impl Workload {
+    pub fn new() -> Self {
+        let mut rng = Rng(0x5eed_0f6a_110c);
+        let prefill = (0..LIVE).map(|_| rng.size()).collect();
+        let victims = (0..STREAM).map(|_| (rng.next() % LIVE as u64) as u32).collect();
+        let sizes = (0..STREAM).map(|_| rng.size()).collect();
+        Workload { prefill, victims, sizes }
+    }
+}
+
+/// The minimal interface the benchmark drives.
+pub trait Bench {
+    type Handle: Copy;
+    fn alloc(&mut self, size: u64) -> Option<Self::Handle>;
+    fn free(&mut self, h: Self::Handle);
+    /// The allocator's counters after the run, where it has them.
+    fn report(&self) -> String {
+        String::new()
+    }
+}
+
+pub struct Ours<A>(pub A);
+
+impl<A: SubAllocator> Bench for Ours<A> {
+    type Handle = u64;
+    #[inline]
+    fn alloc(&mut self, size: u64) -> Option<u64> {
+        self.0.alloc(size, 1).ok().map(|a| a.offset)
+    }
+    #[inline]
+    fn free(&mut self, h: u64) {
+        self.0.free(h).expect("live block");
+    }
+    fn report(&self) -> String {
+        let s = self.0.stats();
+        format!("{} live, {} free blocks, largest free {} B", s.live_blocks, s.free_blocks, s.largest_free)
+    }
+}
+
+pub struct OffsetAlloc(pub offset_allocator::Allocator<u32>);
+
+impl Bench for OffsetAlloc {
+    type Handle = offset_allocator::Allocation<u32>;
+    #[inline]
+    fn alloc(&mut self, size: u64) -> Option<Self::Handle> {
+        self.0.allocate(size.div_ceil(UNIT) as u32)
+    }
+    #[inline]
+    fn free(&mut self, h: Self::Handle) {
+        self.0.free(h)
+    }
+}
+
+pub struct BuddyFrames(pub buddy_system_allocator::FrameAllocator<33>);
+
+impl Bench for BuddyFrames {
+    type Handle = (usize, usize);
+    #[inline]
+    fn alloc(&mut self, size: u64) -> Option<(usize, usize)> {
+        let count = size.div_ceil(UNIT) as usize;
+        self.0.alloc(count).map(|start| (start, count))
+    }
+    #[inline]
+    fn free(&mut self, (start, count): (usize, usize)) {
+        self.0.dealloc(start, count)
+    }
+}
+
+pub struct Rlsf(pub rlsf::Tlsf<'static, u32, u32, 24, 32>);
+
+impl Bench for Rlsf {
+    type Handle = NonNull<u8>;
+    #[inline]
+    fn alloc(&mut self, size: u64) -> Option<NonNull<u8>> {
+        let layout = Layout::from_size_align(size.div_ceil(RLSF_UNIT) as usize, 1).ok()?;
+        self.0.allocate(layout)
+    }
+    #[inline]
+    fn free(&mut self, h: NonNull<u8>) {
+        // SAFETY: `h` was returned by `allocate` on this same `Tlsf` with alignment 1 and is freed exactly once:
+        // the benchmark takes it out of its slot before freeing.
+        unsafe { self.0.deallocate(h, 1) }
+    }
+}
+
+/// Receives each allocator of the comparison, freshly built.
+pub trait Visitor {
+    fn visit<B: Bench>(&mut self, name: &str, b: B);
+}
+
+/// Every allocator of the comparison, in report order: the three crates, then ours.
+pub const NAMES: [&str; 10] = [
+    "offset-allocator",
+    "rlsf",
+    "buddy_system_allocator",
+    "tlsf",
+    "best-fit",
+    "first-fit",
+    "buddy",
+    "slab",
+    "tiered",
+    "caching",
+];
+
+/// Builds the allocator called `name` (one of [`NAMES`]) and hands it to `v`. Returns false for an unknown name.
+pub fn visit<V: Visitor>(name: &str, v: &mut V) -> bool {
+    match name {
+        "offset-allocator" => {
+            v.visit(name, OffsetAlloc(offset_allocator::Allocator::with_max_allocs((CAPACITY / UNIT) as u32, 1 << 20)))
+        }
+        "rlsf" => {
+            let pool: &'static mut [MaybeUninit<u8>] =
+                Box::leak(vec![MaybeUninit::uninit(); (CAPACITY / RLSF_UNIT) as usize].into_boxed_slice());
+            let mut t = rlsf::Tlsf::new();
+            t.insert_free_block(pool);
+            v.visit(name, Rlsf(t))
+        }
+        "buddy_system_allocator" => {
+            let mut f = buddy_system_allocator::FrameAllocator::<33>::new();
+            f.add_frame(0, (CAPACITY / UNIT) as usize);
+            v.visit(name, BuddyFrames(f))
+        }
+        "tlsf" => v.visit(name, Ours(Tlsf::new(CAPACITY).unwrap())),
+        "best-fit" => v.visit(name, Ours(BestFit::new(CAPACITY).unwrap())),
+        "first-fit" => v.visit(name, Ours(FirstFit::new(CAPACITY).unwrap())),
+        "buddy" => v.visit(name, Ours(Buddy::new(CAPACITY).unwrap())),
+        "slab" => v.visit(name, Ours(Slab::with_backing(Box::new(BestFit::new(CAPACITY).unwrap())).unwrap())),
+        "tiered" => v.visit(name, Ours(Tiered::new(CAPACITY).unwrap())),
+        "caching" => v.visit(name, Ours(CachingAllocator::new(CachingConfig::new(CAPACITY)).unwrap())),
+        _ => return false,
+    }
+    true
+}
