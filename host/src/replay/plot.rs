@@ -75,6 +75,8 @@ const COLORS: [RGBColor; 8] = [
 ];
 
 const GIB: f64 = (1u64 << 30) as f64;
+const MIB: f64 = (1u64 << 20) as f64;
+const KIB: f64 = 1024.0;
 
 /// Writes the timeline of `reports` (one or more strategies over the same trace) to `path` in `format`
 /// (the extension of `path` is not consulted). Returns a note when the plot had to be drawn without text.
@@ -112,35 +114,39 @@ where
     let root = if text { root.titled(title, ("sans-serif", 22))? } else { root };
     let (top, bottom) = root.split_vertically((root.dim_in_pixel().1 as f64 * 0.68) as u32);
     let x_max = reports.iter().flat_map(|r| r.timeline.last()).map(|s| s.event + 1).max().unwrap_or(1) as f64;
-    let y_max = reports
+    let peak = reports
         .iter()
         .flat_map(|r| r.timeline.iter())
         .map(|s| s.footprint.max(s.allocated).max(s.pytorch_reserved.unwrap_or(0)))
         .max()
         .unwrap_or(1)
-        .max(1) as f64
-        / GIB
-        * 1.05;
+        .max(1);
+    // The byte axis in the largest binary unit that keeps the peak at or above 1.
+    let (unit, unit_name) = [(GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")]
+        .into_iter()
+        .find(|(u, _)| peak as f64 >= *u)
+        .unwrap_or((1.0, "bytes"));
+    let y_max = peak as f64 / unit * 1.05;
 
     let label = if text { 60 } else { 0 };
     let mut c = ChartBuilder::on(&top);
     c.margin(10).x_label_area_size(label / 2).y_label_area_size(label + 20);
     let mut chart = c.build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
     if text {
-        chart.configure_mesh().y_desc("GiB").x_desc("event").light_line_style(WHITE.mix(0.0)).draw()?;
+        chart.configure_mesh().y_desc(unit_name).x_desc("event").light_line_style(WHITE.mix(0.0)).draw()?;
     } else {
         chart.configure_mesh().disable_mesh().x_labels(0).y_labels(0).draw()?;
     }
     let first = reports.first().copied();
     if let Some(r) = first {
-        let alloc: Vec<(f64, f64)> = r.timeline.iter().map(|s| (s.event as f64, s.allocated as f64 / GIB)).collect();
+        let alloc: Vec<(f64, f64)> = r.timeline.iter().map(|s| (s.event as f64, s.allocated as f64 / unit)).collect();
         let s = chart.draw_series(LineSeries::new(alloc, BLACK.stroke_width(2)))?;
         if text {
             s.label("allocated (requested)").legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
         }
         if r.timeline.iter().any(|s| s.pytorch_reserved.is_some()) {
             let pt: Vec<(f64, f64)> =
-                r.timeline.iter().map(|s| (s.event as f64, s.pytorch_reserved.unwrap_or(0) as f64 / GIB)).collect();
+                r.timeline.iter().map(|s| (s.event as f64, s.pytorch_reserved.unwrap_or(0) as f64 / unit)).collect();
             let gray = RGBColor(120, 120, 120);
             let s = chart.draw_series(LineSeries::new(pt, gray.stroke_width(2)))?;
             if text {
@@ -151,15 +157,18 @@ where
     }
     for (k, r) in reports.iter().enumerate() {
         let color = COLORS[k % COLORS.len()];
-        let pts: Vec<(f64, f64)> = r.timeline.iter().map(|s| (s.event as f64, s.footprint as f64 / GIB)).collect();
+        let pts: Vec<(f64, f64)> = r.timeline.iter().map(|s| (s.event as f64, s.footprint as f64 / unit)).collect();
         let s = chart.draw_series(LineSeries::new(pts, color.stroke_width(1)))?;
         if text {
             s.label(format!("{} reserved", r.strategy))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
         }
         let marks: Vec<(f64, f64)> =
-            r.compactions.iter().map(|c| (c.event as f64, c.footprint_after as f64 / GIB)).collect();
-        chart.draw_series(marks.into_iter().map(|p| Circle::new(p, 5, RED.filled())))?;
+            r.compactions.iter().map(|c| (c.event as f64, c.footprint_after as f64 / unit)).collect();
+        let m = chart.draw_series(marks.into_iter().map(|p| Circle::new(p, 5, RED.filled())))?;
+        if text && k == 0 && !r.compactions.is_empty() {
+            m.label("compaction (footprint after)").legend(|(x, y)| Circle::new((x + 9, y), 4, RED.filled()));
+        }
     }
     if text {
         chart
