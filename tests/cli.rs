@@ -5,6 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+use common::pickle::{ev, snapshot, V};
+
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
@@ -31,72 +34,6 @@ fn listing(dir: &Path) -> Vec<String> {
         std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     v.sort();
     v
-}
-
-enum V<'a> {
-    Int(i128),
-    Str(&'a str),
-    List(Vec<V<'a>>),
-    Dict(Vec<(&'a str, V<'a>)>),
-}
-
-fn emit(v: &V, out: &mut Vec<u8>) {
-    match v {
-        V::Int(i) => {
-            if let Ok(small) = i32::try_from(*i) {
-                out.push(b'J');
-                out.extend_from_slice(&small.to_le_bytes());
-            } else {
-                let bytes = i.to_le_bytes();
-                let mut n = 16;
-                while n > 1
-                    && ((bytes[n - 1] == 0 && bytes[n - 2] & 0x80 == 0)
-                        || (bytes[n - 1] == 0xff && bytes[n - 2] & 0x80 != 0))
-                {
-                    n -= 1;
-                }
-                out.push(0x8a);
-                out.push(n as u8);
-                out.extend_from_slice(&bytes[..n]);
-            }
-        }
-        V::Str(s) => {
-            out.push(b'X');
-            out.extend_from_slice(&(s.len() as u32).to_le_bytes());
-            out.extend_from_slice(s.as_bytes());
-        }
-        V::List(items) => {
-            out.extend_from_slice(b"](");
-            items.iter().for_each(|i| emit(i, out));
-            out.push(b'e');
-        }
-        V::Dict(items) => {
-            out.extend_from_slice(b"}(");
-            for (k, v) in items {
-                emit(&V::Str(k), out);
-                emit(v, out);
-            }
-            out.push(b'u');
-        }
-    }
-}
-
-fn ev<'a>(action: &'a str, addr: i128, size: V<'a>) -> V<'a> {
-    V::Dict(vec![("action", V::Str(action)), ("addr", V::Int(addr)), ("size", size), ("stream", V::Int(0))])
-}
-
-/// A snapshot with one 1 MiB segment at 0x100000 and device 0's `events`.
-fn snapshot(events: Vec<V>) -> Vec<u8> {
-    let seg = V::Dict(vec![
-        ("device", V::Int(0)),
-        ("address", V::Int(0x100000)),
-        ("total_size", V::Int(0x100000)),
-        ("blocks", V::List(vec![V::Dict(vec![("size", V::Int(0x100000)), ("state", V::Str("inactive"))])])),
-    ]);
-    let mut out = vec![0x80, 4];
-    emit(&V::Dict(vec![("segments", V::List(vec![seg])), ("device_traces", V::List(vec![V::List(events)]))]), &mut out);
-    out.push(b'.');
-    out
 }
 
 /// Runs `replay` and `compare` with `--plot` and `--json` on the bad `content` (written as `name`

@@ -11,6 +11,7 @@
 mod common;
 
 use gpuheap::backend::Backend;
+use gpuheap::bench::SplitMix64;
 use gpuheap::compaction::{
     compact, reference, CompactHeap, CompactTuning, CompactionError, Compactor, Handle, LiveBlock, GRANULE,
 };
@@ -19,21 +20,6 @@ use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;
 
 const POISON: u32 = 0xDEAD_BEEF;
-
-/// SplitMix64, for reproducible layouts.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// The oracle: `plan_slide` of `layout` in a region of `capacity` bytes, as
 /// new offsets in layout order, and the plan itself.
@@ -199,7 +185,7 @@ fn holes_everywhere() {
     on_backends("holes_everywhere", |b, what| {
         let mut heap = CompactHeap::new(b, 8 << 20, 8192).unwrap();
         with_tile(&mut heap, 2048);
-        let mut rng = Rng(7);
+        let mut rng = SplitMix64::new(7);
         let hs: Vec<Handle> = (0..3000).map(|_| heap.alloc(1 + rng.below(2048)).unwrap()).collect();
         for (i, h) in hs.iter().enumerate() {
             if i % 2 == 0 || rng.below(4) == 0 {
@@ -219,7 +205,7 @@ fn million_tiny_blocks() {
     let n: u64 = std::env::var("GPUHEAP_COMPACT_TINY_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     on_backends("million_tiny_blocks", |b, what| {
         let mut heap = CompactHeap::new(b, n * 48, n as u32).unwrap();
-        let mut rng = Rng(11);
+        let mut rng = SplitMix64::new(11);
         let hs: Vec<Handle> = (0..n).map(|_| heap.alloc(1 + rng.below(47)).unwrap()).collect();
         for h in &hs {
             if rng.below(3) == 0 {
@@ -343,7 +329,7 @@ fn tile_boundaries_inside_blocks() {
         for tile in [16u32, 48, 272, 1008] {
             let mut heap = CompactHeap::new(b, 1 << 20, 1024).unwrap();
             with_tile(&mut heap, tile);
-            let mut rng = Rng(tile as u64);
+            let mut rng = SplitMix64::new(tile as u64);
             let hs: Vec<Handle> = (0..300).map(|_| heap.alloc(16 * (1 + rng.below(40))).unwrap()).collect();
             for h in hs.iter().filter(|_| rng.below(3) == 0) {
                 heap.free(*h).unwrap();
@@ -420,7 +406,7 @@ fn random_layouts_match_the_reference() {
     on_backends("random_layouts", |b, what| {
         let rounds = if is_lockstep(b) { 4 } else { 12 };
         for seed in 0..rounds {
-            let mut rng = Rng(1000 + seed);
+            let mut rng = SplitMix64::new(1000 + seed);
             let mut heap = CompactHeap::new(b, 2 << 20, 4096).unwrap();
             with_tile(&mut heap, 16 * (1 + rng.below(256)) as u32);
             let n = 50 + rng.below(1500);
@@ -495,7 +481,7 @@ fn tile_wait_ranges_cover_every_overwritten_source() {
     use gpuheap_kernels::compact::mover::{wait_range, MoveParams};
     use gpuheap_kernels::compact::BLOCK_PINNED;
     for seed in 0..200u64 {
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64::new(seed);
         let mut layout = Vec::new();
         let mut off = 0;
         for _ in 0..1 + rng.below(40) {

@@ -17,27 +17,13 @@
 mod common;
 
 use gpuheap::backend::Backend;
+use gpuheap::bench::SplitMix64;
 use gpuheap::compaction::{compact_heap, reference, CompactionError, CompactionReport, Handle, LiveBlock};
 use gpuheap::device_heap::ops::{self, Batch};
 use gpuheap::device_heap::{DeviceHeap, Sizes};
 use gpuheap::reference::compact::{plan_slide, CompactionPlan};
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;
-
-/// SplitMix64, for reproducible sizes and choices.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// Runs `case` on every backend.
 fn on_backends(test: &str, case: impl Fn(&Backend, &str)) {
@@ -172,14 +158,14 @@ fn compact_and_check(b: &Backend, heap: &mut DeviceHeap, what: &str) -> Compacti
 }
 
 /// Handle sizes from 1 byte to `max`, some of them large.
-fn sizes(rng: &mut Rng, n: usize, max: u64) -> Vec<u64> {
+fn sizes(rng: &mut SplitMix64, n: usize, max: u64) -> Vec<u64> {
     (0..n).map(|_| if rng.below(10) == 0 { 1 + rng.below(8 * max) } else { 1 + rng.below(max) }).collect()
 }
 
 #[test]
 fn kernel_and_host_handles_compact_to_plan_slide() {
     on_backends("kernel_and_host_handles", |b, what| {
-        let mut rng = Rng(5);
+        let mut rng = SplitMix64::new(5);
         let mut heap = DeviceHeap::with_movable(b, 16 << 20, 4 << 20, 8192).unwrap();
         // Raw blocks before and after the handle allocations, every size class and large.
         let raw1 = raw_blocks(b, &heap, (0..300).map(|i| 16 << (i % 10)).collect(), 77);
@@ -397,7 +383,7 @@ fn empty_arena_and_no_holes() {
 #[test]
 fn concurrent_halloc_until_exhaustion() {
     on_backends("concurrent_halloc", |b, what| {
-        let mut rng = Rng(31);
+        let mut rng = SplitMix64::new(31);
         let cap = 1 << 20;
         let mut heap = DeviceHeap::with_movable(b, 4 << 20, cap, 16384).unwrap();
         let req = sizes(&mut rng, 8000, 256);

@@ -5,6 +5,7 @@ use std::alloc::Layout;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
+use gpuheap::bench::SplitMix64;
 use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
 use gpuheap::reference::{BestFit, Buddy, FirstFit, Slab, SubAllocator, Tiered, Tlsf};
 
@@ -20,39 +21,24 @@ pub struct Workload {
     pub sizes: Vec<u64>,
 }
 
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn size(&mut self) -> u64 {
-        let band = self.next() % 100;
-        let (lo, hi) = match band {
-            0..70 => (6.0, 16.0),
-            70..99 => (16.0, 20.0),
-            _ => (20.0, 26.0),
-        };
-        2f64.powf(lo + (hi - lo) * self.unit()) as u64
-    }
+/// A size of the workload's mix: log-uniform within three bands (70 % 64 B–64 KiB,
+/// 29 % 64 KiB–1 MiB, 1 % 1–64 MiB).
+fn size(rng: &mut SplitMix64) -> u64 {
+    let band = rng.next_u64() % 100;
+    let (lo, hi) = match band {
+        0..70 => (6.0, 16.0),
+        70..99 => (16.0, 20.0),
+        _ => (20.0, 26.0),
+    };
+    2f64.powf(lo + (hi - lo) * rng.unit()) as u64
 }
 
 impl Workload {
     pub fn new() -> Self {
-        let mut rng = Rng(0x5eed_0f6a_110c);
-        let prefill = (0..LIVE).map(|_| rng.size()).collect();
-        let victims = (0..STREAM).map(|_| (rng.next() % LIVE as u64) as u32).collect();
-        let sizes = (0..STREAM).map(|_| rng.size()).collect();
+        let mut rng = SplitMix64::new(0x5eed_0f6a_110c);
+        let prefill = (0..LIVE).map(|_| size(&mut rng)).collect();
+        let victims = (0..STREAM).map(|_| (rng.next_u64() % LIVE as u64) as u32).collect();
+        let sizes = (0..STREAM).map(|_| size(&mut rng)).collect();
         Workload { prefill, victims, sizes }
     }
 }

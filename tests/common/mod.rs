@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod pickle;
+
 use gpuheap::backend::{Backend, BackendError};
 
 /// The GPU backend, or `None` after printing why the GPU half of a test is

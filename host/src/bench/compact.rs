@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::SplitMix64;
 use crate::backend::Backend;
 use crate::compaction::{reference, CompactTuning, CompactionError, Compactor, LiveBlock, BLOCK_PINNED, GRANULE};
 use crate::trace::{read_trace, BlockStatus};
@@ -57,23 +58,6 @@ pub struct SyntheticLayout {
     pub capacity: u64,
     /// Live blocks in address order.
     pub blocks: Vec<LiveBlock>,
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
 }
 
 fn granules(bytes: u64) -> u64 {
@@ -112,44 +96,44 @@ fn build(
 ///   dependency chain, hazard F4).
 pub fn layouts(quick: bool) -> Vec<SyntheticLayout> {
     let target: u64 = if quick { 32 << 20 } else { 256 << 20 };
-    let mut r = Rng(42);
+    let mut r = SplitMix64::new(42);
     let mut v = Vec::new();
     {
-        let mut a = Rng(1);
-        let mut b = Rng(2);
+        let mut a = SplitMix64::new(1);
+        let mut b = SplitMix64::new(2);
         v.push(build(
             "uniform",
             target,
             || a.range(16, 64 << 10),
-            || if b.next().is_multiple_of(2) { b.range(16, 64 << 10) } else { 0 },
+            || if b.next_u64().is_multiple_of(2) { b.range(16, 64 << 10) } else { 0 },
         ));
     }
     {
-        let mut a = Rng(3);
-        let mut b = Rng(4);
-        let pareto = move |r: &mut Rng| ((256.0 * (1.0 - r.unit()).powf(-1.0 / 1.2)) as u64).min(16 << 20);
-        let mut b2 = Rng(5);
+        let mut a = SplitMix64::new(3);
+        let mut b = SplitMix64::new(4);
+        let pareto = move |r: &mut SplitMix64| ((256.0 * (1.0 - r.unit()).powf(-1.0 / 1.2)) as u64).min(16 << 20);
+        let mut b2 = SplitMix64::new(5);
         v.push(build(
             "power-law",
             target,
             || pareto(&mut a),
-            || if b.next().is_multiple_of(3) { pareto(&mut b2) } else { 0 },
+            || if b.next_u64().is_multiple_of(3) { pareto(&mut b2) } else { 0 },
         ));
     }
     {
         let tiny_target = if quick { 5 << 20 } else { 40 << 20 };
-        let mut a = Rng(6);
+        let mut a = SplitMix64::new(6);
         v.push(build(
             "tiny",
             tiny_target,
             || a.range(16, 64),
-            || if r.next().is_multiple_of(3) { r.range(16, 64) } else { 0 },
+            || if r.next_u64().is_multiple_of(3) { r.range(16, 64) } else { 0 },
         ));
     }
     {
         let (lo, hi) = if quick { (2 << 20, 4 << 20) } else { (16 << 20, 32 << 20) };
-        let mut a = Rng(7);
-        let mut b = Rng(8);
+        let mut a = SplitMix64::new(7);
+        let mut b = SplitMix64::new(8);
         v.push(build("huge", target, || a.range(lo, hi), || b.range(1 << 20, 4 << 20)));
     }
     {
