@@ -2,7 +2,7 @@
 //! every kernel's resource report: no spills, no stack frame, no local memory.
 //!
 //! `ptxas` comes from the PyPI wheel `nvidia-cuda-nvcc-cu12` (it runs without a
-//! GPU). It is found through `GPUHEAP_PTXAS`, then `PATH`, then the workspace's
+//! GPU). It is found through `GPUHEAP_PTXAS` (relative to the workspace root), then `PATH`, then the workspace's
 //! `.venv`. Without it the test is skipped with a printed reason, unless
 //! `GPUHEAP_REQUIRE_PTX=1`, when a missing ptxas or PTX fails it.
 
@@ -42,13 +42,15 @@ fn skip(why: &str) {
 }
 
 fn find_ptxas() -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     if let Some(p) = std::env::var_os("GPUHEAP_PTXAS") {
-        return Some(PathBuf::from(p));
+        // A relative path is taken from the workspace root (tests run in host/).
+        let p = PathBuf::from(p);
+        return Some(if p.is_relative() && p.components().count() > 1 { root.join(p) } else { p });
     }
     if Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {
         return Some(PathBuf::from("ptxas"));
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let lib = root.join(".venv/lib");
     std::fs::read_dir(lib).ok()?.flatten().find_map(|py| {
         let p = py.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas");
