@@ -18,7 +18,7 @@
 //! # Time complexity
 //! - `alloc`: O(log(capacity / min_block)) for the splits; finding the order is one `trailing_zeros`.
 //! - `free`: O(log(capacity / min_block)) merges, each O(1) expected (lookup in an open-addressing
-//!   [`OffsetTable`], swap-remove).
+//!   `OffsetTable`, swap-remove).
 //! - `stats`: O(1); `free_blocks`: O(n log n) (sorts).
 //!
 //! Within an order, blocks are reused LIFO (the most recently freed first).
