@@ -4,33 +4,36 @@
 //! memory is never touched). Live and free blocks are stored differently, because the hot paths touch them
 //! differently:
 //!
-//! - A **live** block exists only as one 16-byte entry of an open-addressing [`OffsetTable`] keyed by its
-//!   offset: size, log2 of the requested alignment and the rounding slack packed in one `u64`. `free(offset)`
-//!   must map an offset to its block anyway, so that lookup *is* the block read: one cache line.
+//! - A **live** block exists only as one 16-byte entry of an open-addressing [`OffsetTable`], `bounds`,
+//!   keyed by its offset: size, log2 of the requested alignment and the rounding slack packed in one `u64`.
+//!   `free(offset)` must map an offset to its block anyway, so that lookup *is* the block read.
 //! - A **free** block is a [`Node`] in `nodes` (stable index while free, recycled through `spare`), found by
-//!   its start and by its end in two small tables (`by_start`, `by_end`). The free-block search structure,
-//!   a [`FreeIndex`], links nodes by index; this is what differs between strategies.
+//!   its start and by its end through two more entries of the *same* table, keyed `start | START` and
+//!   `end | END`. The table's hash ignores the tag bits, so the entries of one offset (the live block that
+//!   starts there, the free block that starts there, the free block that ends there) share a probe run,
+//!   usually one cache line. The free-block search structure, a [`FreeIndex`], links nodes by index; this
+//!   is what differs between strategies.
 //!
-//! Freeing `[o, o + size)` asks `by_end[o]` and `by_start[o + size]` for free neighbours and merges them at
-//! once (immediate coalescing), so no physical list of blocks is kept. Everything free (nodes, tables, the
-//! index) is proportional to the free blocks, which are far fewer than the live ones in steady state (on
-//! the `strategies` benchmark 13–21k against 100k), so it stays cache-resident; a pair of alloc and free
-//! touches the large live table twice (insert, then remove) and the free side otherwise.
+//! Freeing `[o, o + size)` reads the line of `o` (the live entry and `END` of a free predecessor) and the
+//! line of `o + size` (`START` of a free successor, where the merged block's `END` also goes), and merges at
+//! once (immediate coalescing), so no physical list of blocks is kept. A pair of alloc and free touches the
+//! large table at about four places: the carved block's start, the remainder's new start, and the two lines
+//! of the freed block.
 //!
-//! Measured on the `strategies` workload: the previous layout (a 32-byte node per block in an
-//! address-ordered list plus a hash map from offset to node) cost TLSF 613–641 instructions and 4.9–5.3
-//! misses per pair in a 1 MiB last-level cache (callgrind, `strategies_icount`); this one costs 841
-//! instructions and 7.5 such misses (the start/end tables of the free blocks, 1 MiB each at 20k free
-//! blocks, miss the L2 but stay in L3), yet runs faster in wall time on the build machine (TLSF 760–1008
-//! -> 528–710 ns per pair in alternating runs). It does not reach offset-allocator (≈ 150–200 ns), whose
-//! handles carry the node index and so need no offset lookup.
+//! Measured on the `strategies` workload (`strategies_icount` under callgrind, 200k pairs, 1 MiB LL):
+//! the previous layout (live table plus two 512 KiB–1 MiB start/end tables of the free blocks) cost TLSF
+//! 796 instructions, 13.8 D1 and 8.2 LL misses per pair; one tagged table costs 1075 instructions (longer
+//! probe runs: the table holds about 140k entries instead of 100k) but 12.2 D1 and 6.6 LL misses, and runs
+//! faster (criterion thread CPU time, same run as offset-allocator: 326 -> 261–293 ns per pair). The table
+//! grows past a load of 5/8 rather than 1/2 so that it stays at 2^18 slots (4 MiB); at 1/2 it doubles to
+//! 8 MiB, which cuts the simulated misses further (9.8 D1, 5.7 LL) but measured 348–494 ns per pair.
 //!
 //! Invariants (checked by `check_invariants` in tests):
-//! - Live blocks (the keys of `live`) and free blocks (the nodes of non-zero size) tile `[0, capacity)`
+//! - Live blocks (the untagged keys of `bounds`) and free blocks (the nodes of non-zero size) tile `[0, capacity)`
 //!   without gaps or overlaps; no two free blocks are adjacent (immediate coalescing).
 //! - Every offset and size is a multiple of `granule`; sizes are non-zero. Spare nodes have size 0.
-//! - `by_start[n.offset] == n` and `by_end[n.offset + n.size] == n` for every free node `n`, and the tables
-//!   hold nothing else; a node is in the free index iff it is free.
+//! - `bounds[n.offset | START] == n` and `bounds[(n.offset + n.size) | END] == n` for every free node `n`,
+//!   untagged keys are exactly the live blocks, and the table holds nothing else; a node is in the free index iff it is free.
 //! - A live entry's slack is `reserved - requested` when below [`BIG_SLACK`], else the requested size is in
 //!   `big_slack` (only for granules above 512 B or rebuilt layouts with large slack).
 //! - Counters (`free_bytes`, `free_count`, `reserved_in_use`, `allocated`) match the blocks.
@@ -48,6 +51,13 @@ use super::{
 
 /// No node.
 pub(crate) const NIL: u32 = u32::MAX;
+
+/// Tag of a `bounds` key holding the free node that starts at the untagged offset.
+const START: u64 = 1 << 62;
+/// Tag of a `bounds` key holding the free node that ends at the untagged offset.
+const END: u64 = 1 << 63;
+/// Both tags; offsets are at most 2^48, so an untagged key is a live block.
+const TAGS: u64 = START | END;
 
 /// A free block: 24 bytes plus the index's extra data `X`. `a`, `b` and `x` belong to the free index
 /// (free-list links for TLSF, children and subtree maximum for the treap).
@@ -134,12 +144,11 @@ pub(crate) struct Arena<I: FreeIndex> {
     /// Free blocks (size > 0) and spare slots (size 0).
     nodes: Vec<Node<I::Extra>>,
     spare: Vec<u32>,
-    /// Free node by start offset.
-    by_start: OffsetTable<u32>,
-    /// Free node by end offset.
-    by_end: OffsetTable<u32>,
-    /// Live blocks by offset.
-    live: OffsetTable<Live>,
+    /// One table for every boundary: live blocks by offset (untagged key, a [`Live`]), free nodes by start
+    /// (`offset | START`) and by end (`offset | END`). The hash ignores the tags, so all entries of one
+    /// offset share a probe run, usually one cache line.
+    bounds: OffsetTable<u64>,
+    live_count: usize,
     /// Requested bytes of the live blocks whose slack is [`BIG_SLACK`] or more.
     big_slack: OffsetMap<u64>,
     pub(crate) index: I,
@@ -167,9 +176,8 @@ impl<I: FreeIndex> Arena<I> {
             granule,
             nodes: Vec::new(),
             spare: Vec::new(),
-            by_start: OffsetTable::new(NIL),
-            by_end: OffsetTable::new(NIL),
-            live: OffsetTable::new(Live(0)),
+            bounds: OffsetTable::with_max_load_8ths(0, 5),
+            live_count: 0,
             big_slack: offset_map(),
             index,
             allocated: 0,
@@ -192,9 +200,8 @@ impl<I: FreeIndex> Arena<I> {
     pub(crate) fn reset(&mut self) {
         self.nodes.clear();
         self.spare.clear();
-        self.by_start.clear();
-        self.by_end.clear();
-        self.live.clear();
+        self.bounds.clear();
+        self.live_count = 0;
         self.big_slack.clear();
         self.index.clear();
         self.allocated = 0;
@@ -215,8 +222,8 @@ impl<I: FreeIndex> Arena<I> {
             self.nodes.push(node);
             (self.nodes.len() - 1) as u32
         };
-        self.by_start.insert(offset, n);
-        self.by_end.insert(offset + size, n);
+        self.bounds.insert(offset | START, n as u64);
+        self.bounds.insert((offset + size) | END, n as u64);
         self.index.insert(&mut self.nodes, n);
         self.free_count += 1;
         n
@@ -240,40 +247,41 @@ impl<I: FreeIndex> Arena<I> {
         let (front, back) = (start - offset, end - start - size);
         if front > 0 {
             self.nodes[n as usize].size = front;
-            self.by_end.insert(start, n);
+            self.bounds.insert(start | END, n as u64);
             if back > 0 {
-                // The back remainder takes over `end` in `by_end`.
+                // The back remainder takes over `end | END`.
                 self.index.update(&mut self.nodes, n, offset, len);
                 let t = self.add_free_unindexed(start + size, back);
-                self.by_end.insert(end, t);
+                self.bounds.insert(end | END, t as u64);
                 self.index.insert(&mut self.nodes, t);
             } else {
-                self.by_end.remove(end);
+                self.bounds.remove(end | END);
                 self.index.update(&mut self.nodes, n, offset, len);
             }
         } else if back > 0 {
             self.nodes[n as usize].offset = start + size;
             self.nodes[n as usize].size = back;
-            self.by_start.remove(offset);
-            self.by_start.insert(start + size, n);
+            self.bounds.remove(offset | START);
+            self.bounds.insert((start + size) | START, n as u64);
             self.index.update(&mut self.nodes, n, offset, len);
         } else {
             self.index.remove(&mut self.nodes, n);
-            self.by_start.remove(offset);
-            self.by_end.remove(end);
+            self.bounds.remove(offset | START);
+            self.bounds.remove(end | END);
             self.recycle(n);
         }
         let slack = size - requested;
         if slack >= BIG_SLACK {
             self.big_slack.insert(start, requested);
         }
-        self.live.insert(start, Live::new(size, align_log2, slack));
+        self.bounds.insert(start, Live::new(size, align_log2, slack).0);
+        self.live_count += 1;
         self.free_bytes -= size;
         self.reserved_in_use += size;
         self.allocated += requested;
     }
 
-    /// A new free node registered by its start only (the caller sets `by_end` and indexes it).
+    /// A new free node registered by its start only (the caller sets its `END` entry and indexes it).
     #[inline]
     fn add_free_unindexed(&mut self, offset: u64, size: u64) -> u32 {
         let node = Node::new(offset, size);
@@ -284,7 +292,7 @@ impl<I: FreeIndex> Arena<I> {
             self.nodes.push(node);
             (self.nodes.len() - 1) as u32
         };
-        self.by_start.insert(offset, n);
+        self.bounds.insert(offset | START, n as u64);
         self.free_count += 1;
         n
     }
@@ -314,9 +322,13 @@ impl<I: FreeIndex> Arena<I> {
     }
 
     pub(crate) fn free(&mut self, offset: u64) -> Result<(), AllocError> {
-        let Some(live) = self.live.remove(offset) else {
+        if offset & TAGS != 0 {
+            return Err(self.classify_bad_free(offset));
+        }
+        let Some(live) = self.bounds.remove(offset).map(Live) else {
             return Err(self.classify_bad_free(offset));
         };
+        self.live_count -= 1;
         let size = live.size();
         let requested = if live.slack() == BIG_SLACK {
             self.big_slack.remove(&offset).expect("big slack recorded")
@@ -327,8 +339,8 @@ impl<I: FreeIndex> Arena<I> {
         self.reserved_in_use -= size;
         self.free_bytes += size;
         let end = offset + size;
-        let prev = self.by_end.get(offset);
-        let next = self.by_start.get(end);
+        let prev = self.bounds.get(offset | END).map(|v| v as u32);
+        let next = self.bounds.get(end | START).map(|v| v as u32);
         match (prev, next) {
             (None, None) => {
                 self.add_free(offset, size);
@@ -336,8 +348,8 @@ impl<I: FreeIndex> Arena<I> {
             (Some(p), None) => {
                 let Node { offset: po, size: ps, .. } = self.nodes[p as usize];
                 self.nodes[p as usize].size = ps + size;
-                self.by_end.remove(offset);
-                self.by_end.insert(end, p);
+                self.bounds.remove(offset | END);
+                self.bounds.insert(end | END, p as u64);
                 self.index.update(&mut self.nodes, p, po, ps);
             }
             (None, Some(q)) => {
@@ -345,17 +357,17 @@ impl<I: FreeIndex> Arena<I> {
                 let qs = self.nodes[q as usize].size;
                 self.nodes[q as usize].offset = offset;
                 self.nodes[q as usize].size = qs + size;
-                self.by_start.remove(end);
-                self.by_start.insert(offset, q);
+                self.bounds.remove(end | START);
+                self.bounds.insert(offset | START, q as u64);
                 self.index.update(&mut self.nodes, q, end, qs);
             }
             (Some(p), Some(q)) => {
                 let Node { offset: po, size: ps, .. } = self.nodes[p as usize];
                 let qs = self.nodes[q as usize].size;
                 self.index.remove(&mut self.nodes, q);
-                self.by_start.remove(end);
-                self.by_end.remove(offset);
-                self.by_end.insert(end + qs, p);
+                self.bounds.remove(end | START);
+                self.bounds.remove(offset | END);
+                self.bounds.insert((end + qs) | END, p as u64);
                 self.recycle(q);
                 self.nodes[p as usize].size = ps + size + qs;
                 self.index.update(&mut self.nodes, p, po, ps);
@@ -384,7 +396,7 @@ impl<I: FreeIndex> Arena<I> {
             largest_free: self.index.largest(&self.nodes),
             stranded: 0,
             free_blocks: self.free_count,
-            live_blocks: self.live.len(),
+            live_blocks: self.live_count,
         }
     }
 
@@ -395,7 +407,8 @@ impl<I: FreeIndex> Arena<I> {
 
     /// Live blocks as `(offset, entry)`, ascending.
     fn live_sorted(&self) -> Vec<(u64, Live)> {
-        let mut v: Vec<(u64, Live)> = self.live.iter().collect();
+        let mut v: Vec<(u64, Live)> =
+            self.bounds.iter().filter(|e| e.0 & TAGS == 0).map(|(k, v)| (k, Live(v))).collect();
         v.sort_unstable_by_key(|e| e.0);
         v
     }
@@ -441,8 +454,10 @@ impl<I: FreeIndex> Arena<I> {
     pub(crate) fn apply_relocation(&mut self, plan: &CompactionPlan) -> Result<(), AllocError> {
         let layout = self.compaction_layout();
         let moved = relocate_live(&self.live_blocks(), &layout, plan)?;
-        let with_align: Vec<(LiveBlock, u8)> =
-            moved.into_iter().map(|(old, new)| (new, self.live.get(old).map_or(0, Live::align_log2))).collect();
+        let with_align: Vec<(LiveBlock, u8)> = moved
+            .into_iter()
+            .map(|(old, new)| (new, self.bounds.get(old).map_or(0, |v| Live(v).align_log2())))
+            .collect();
         self.rebuild(&with_align)
     }
 
@@ -456,7 +471,7 @@ impl<I: FreeIndex> Arena<I> {
         let mut tail = 0;
         for &(b, align_log2) in live {
             self.carve(tail, b.offset, b.size, b.requested, align_log2);
-            match self.by_start.get(b.offset + b.size) {
+            match self.bounds.get((b.offset + b.size) | START).map(|v| v as u32) {
                 Some(t) => tail = t,
                 None => break, // the range is full; the layout check guarantees nothing follows
             }
@@ -474,16 +489,21 @@ impl<I: FreeIndex> Arena<I> {
                 assert!(self.spare.contains(&(i as u32)), "node {i} of size 0 is not spare");
                 continue;
             }
-            assert_eq!(self.by_start.get(n.offset), Some(i as u32), "by_start of node {i}");
-            assert_eq!(self.by_end.get(n.offset + n.size), Some(i as u32), "by_end of node {i}");
+            assert_eq!(self.bounds.get(n.offset | START).map(|v| v as u32), Some(i as u32), "by_start of node {i}");
+            assert_eq!(
+                self.bounds.get((n.offset + n.size) | END).map(|v| v as u32),
+                Some(i as u32),
+                "by_end of node {i}"
+            );
             free += n.size;
             count += 1;
             blocks.push((n.offset, n.size, true));
         }
-        assert_eq!((self.by_start.len(), self.by_end.len()), (count, count));
+        let tagged = |t: u64| self.bounds.iter().filter(|e| e.0 & TAGS == t).count();
+        assert_eq!((tagged(START), tagged(END)), (count, count));
         let mut reserved = 0;
         let mut allocated = 0;
-        for (offset, l) in self.live.iter() {
+        for (offset, l) in self.live_sorted() {
             reserved += l.size();
             let requested = self.requested_of(offset, l);
             assert!(requested > 0 && requested <= l.size());
@@ -504,7 +524,8 @@ impl<I: FreeIndex> Arena<I> {
         assert_eq!(expect, self.capacity);
         assert_eq!((free, count), (self.free_bytes, self.free_count));
         assert_eq!((reserved, allocated), (self.reserved_in_use, self.allocated));
-        assert_eq!(self.live.len(), self.live.iter().count());
+        assert_eq!(self.live_count, tagged(0));
+        assert_eq!(self.bounds.len(), self.live_count + 2 * count);
     }
 }
 
@@ -668,6 +689,20 @@ mod churn_tests {
     #[test]
     fn first_fit_churn_keeps_invariants() {
         churn(Arena::new(1 << 22, 64, AddressIndex::new(u64::MAX)).unwrap(), false);
+    }
+
+    #[test]
+    fn tagged_offsets_are_invalid_frees() {
+        // The keys of free blocks carry tag bits; a caller's offset with those bits must not reach them.
+        let mut a = Arena::new(1 << 20, 64, TlsfIndex::new(64)).unwrap();
+        let b = a.alloc(100, 1).unwrap();
+        let tail = b.offset + b.size; // a free block starts here and the live one ends here
+        for o in [tail | START, tail | END, b.offset | START, u64::MAX] {
+            assert_eq!(a.free(o), Err(AllocError::InvalidFree { offset: o }));
+            a.check_invariants();
+        }
+        a.free(b.offset).unwrap();
+        a.check_invariants();
     }
 
     #[test]

@@ -7,9 +7,9 @@
 //! next non-empty class: exact best fit, with maps that stay small because each class holds only the blocks
 //! of one narrow size band.
 //!
-//! Blocks live in the shared block arena: out-of-band 32-byte nodes in an address-ordered doubly linked
-//! list (offset-allocator style), so merging with free neighbours on free is O(1) and immediate, and a split
-//! or merge that keeps a free block's address order updates the index in place.
+//! Blocks live in the shared block arena (`arena.rs`): free blocks are out-of-band nodes found by their
+//! start and end offsets in one tagged hash table, so merging with free neighbours on free is O(1) expected
+//! and immediate, and a split or merge that keeps a free block's address order updates the index in place.
 //!
 //! # Invariants
 //! - Free block `n` is in `bins[class(n.size)]` under key `(n.size, n.offset)`; bitmaps mirror bin emptiness.

@@ -12,7 +12,8 @@
 //!   complete up to the top order).
 //! - `blocks` maps each live block's offset to its order and requested size, `free_set` each free block's
 //!   offset to its order and list index (two open-addressing tables: the free one stays small and
-//!   cache-resident, so the merge checks rarely miss); `free_lists[k]` holds exactly the free blocks
+//!   cache-resident, so the merge checks rarely miss; each entry is packed in one `u64`, so a slot is 16
+//!   bytes and four share a cache line); `free_lists[k]` holds exactly the free blocks
 //!   of order `k` (a free block records its index there); bit `k` of `nonempty` mirrors `free_lists[k]`.
 //!
 //! # Time complexity
@@ -22,6 +23,11 @@
 //! - `stats`: O(1); `free_blocks`: O(n log n) (sorts).
 //!
 //! Within an order, blocks are reused LIFO (the most recently freed first).
+//!
+//! Measured (`strategies_icount` under callgrind, 200k pairs, 1 MiB LL): packing the entry from 16 to 8
+//! bytes (24- to 16-byte slots; the 100k-entry live table 6 -> 4 MiB) cut the misses per pair from 7.63 to
+//! 6.05 in D1 and 3.17 to 2.56 in LL, at 582 -> 605 instructions (with the tag mask and load test that the
+//! shared table gained for the arena).
 
 use super::compact::{relocate_live, CompactBlock, CompactionLayout, CompactionPlan, Region};
 use super::offset_table::OffsetTable;
@@ -30,12 +36,30 @@ use super::{check_request, oom, AllocError, Allocation, LiveBlock, Stats, SubAll
 /// Default minimum block in bytes.
 pub const DEFAULT_MIN_BLOCK: u64 = 256;
 
+/// A block's table entry packed in one `u64` (so a table slot is 16 bytes, four to a cache line): order
+/// (bits 0–5), live flag (bit 6) and, from bit 7, the index in `free_lists[order]` when free or the
+/// requested bytes (at most 2^48) when live.
 #[derive(Clone, Copy, Debug)]
-struct Entry {
-    order: u8,
-    used: bool,
-    /// Index in `free_lists[order]` when free; requested bytes when live.
-    val: u64,
+struct Entry(u64);
+
+impl Entry {
+    #[inline]
+    fn new(order: u32, used: bool, val: u64) -> Self {
+        debug_assert!(order < 64 && val < 1 << 57);
+        Entry(order as u64 | (used as u64) << 6 | val << 7)
+    }
+    #[inline]
+    fn order(self) -> u32 {
+        (self.0 & 63) as u32
+    }
+    #[inline]
+    fn used(self) -> bool {
+        self.0 & 64 != 0
+    }
+    #[inline]
+    fn val(self) -> u64 {
+        self.0 >> 7
+    }
 }
 
 /// Buddy-system sub-allocator. See the [module docs](self) for invariants and complexity.
@@ -83,8 +107,8 @@ impl Buddy {
             min_log2: min_block.trailing_zeros(),
             free_lists: vec![Vec::new(); 64],
             nonempty: 0,
-            free_set: OffsetTable::new(Entry { order: 0, used: false, val: 0 }),
-            blocks: OffsetTable::new(Entry { order: 0, used: false, val: 0 }),
+            free_set: OffsetTable::new(Entry(0)),
+            blocks: OffsetTable::new(Entry(0)),
             allocated: 0,
             reserved_in_use: 0,
             free_bytes: 0,
@@ -109,7 +133,7 @@ impl Buddy {
     #[inline]
     fn push_free(&mut self, off: u64, order: u32) {
         let list = &mut self.free_lists[order as usize];
-        self.free_set.insert(off, Entry { order: order as u8, used: false, val: list.len() as u64 });
+        self.free_set.insert(off, Entry::new(order, false, list.len() as u64));
         list.push(off);
         self.nonempty |= 1 << order;
         self.free_bytes += 1 << order;
@@ -123,7 +147,7 @@ impl Buddy {
         list.swap_remove(idx);
         if let Some(&moved) = list.get(idx) {
             if let Some(e) = self.free_set.get_mut(moved) {
-                e.val = idx as u64;
+                *e = Entry::new(e.order(), false, idx as u64);
             }
         }
         if list.is_empty() {
@@ -150,8 +174,8 @@ impl Buddy {
             for k in self.min_log2..64 {
                 let s = offset & !((1u64 << k) - 1);
                 if let Some(e) = self.blocks.get(s).or_else(|| self.free_set.get(s)) {
-                    if s + (1u64 << e.order) > offset {
-                        return if e.used {
+                    if s + (1u64 << e.order()) > offset {
+                        return if e.used() {
                             AllocError::InvalidFree { offset }
                         } else {
                             AllocError::DoubleFree { offset }
@@ -190,7 +214,7 @@ impl Buddy {
         for b in live {
             self.add_free_range(cursor, b.offset);
             let order = b.size.trailing_zeros();
-            self.blocks.insert(b.offset, Entry { order: order as u8, used: true, val: b.requested });
+            self.blocks.insert(b.offset, Entry::new(order, true, b.requested));
             self.allocated += b.requested;
             self.reserved_in_use += b.size;
             self.live += 1;
@@ -227,7 +251,7 @@ impl SubAllocator for Buddy {
             j -= 1;
             self.push_free(off + (1 << j), j);
         }
-        self.blocks.insert(off, Entry { order: order as u8, used: true, val: size });
+        self.blocks.insert(off, Entry::new(order, true, size));
         self.allocated += size;
         self.reserved_in_use += need;
         self.live += 1;
@@ -236,12 +260,12 @@ impl SubAllocator for Buddy {
 
     fn free(&mut self, offset: u64) -> Result<(), AllocError> {
         let entry = match self.blocks.get(offset) {
-            Some(e) if e.used => e,
+            Some(e) if e.used() => e,
             _ => return Err(self.classify_bad_free(offset)),
         };
         self.blocks.remove(offset);
-        let mut order = entry.order as u32;
-        self.allocated -= entry.val;
+        let mut order = entry.order();
+        self.allocated -= entry.val();
         self.reserved_in_use -= 1 << order;
         self.live -= 1;
         let mut off = offset;
@@ -249,8 +273,8 @@ impl SubAllocator for Buddy {
         while order < top {
             let buddy = off ^ (1 << order);
             match self.free_set.get(buddy) {
-                Some(e) if !e.used && e.order as u32 == order => {
-                    let idx = e.val as usize;
+                Some(e) if !e.used() && e.order() == order => {
+                    let idx = e.val() as usize;
                     self.take_free(buddy, order, idx);
                     off = off.min(buddy);
                     order += 1;
@@ -277,7 +301,7 @@ impl SubAllocator for Buddy {
     }
 
     fn free_blocks(&self) -> Box<dyn Iterator<Item = (u64, u64)> + '_> {
-        let mut v: Vec<(u64, u64)> = self.free_set.iter().map(|(o, e)| (o, 1u64 << e.order)).collect();
+        let mut v: Vec<(u64, u64)> = self.free_set.iter().map(|(o, e)| (o, 1u64 << e.order())).collect();
         v.sort_unstable();
         Box::new(v.into_iter())
     }
@@ -286,8 +310,8 @@ impl SubAllocator for Buddy {
         let mut v: Vec<LiveBlock> = self
             .blocks
             .iter()
-            .filter(|(_, e)| e.used)
-            .map(|(offset, e)| LiveBlock { offset, size: 1 << e.order, requested: e.val })
+            .filter(|(_, e)| e.used())
+            .map(|(offset, e)| LiveBlock { offset, size: 1 << e.order(), requested: e.val() })
             .collect();
         v.sort_unstable();
         v

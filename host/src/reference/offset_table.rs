@@ -12,18 +12,24 @@
 //! 1 MiB-LL misses (4.9 -> 5.3: hashbrown's control bytes fit the L2, and this table at load ≤ 1/2 is larger).
 //!
 //! # Invariants
-//! - The slot count is a power of two, at least twice the number of entries (load ≤ 1/2).
+//! - The slot count is a power of two; the load is at most `max_load_8ths` / 8 (1/2 by default, 5/8 for
+//!   the arena, whose keys come in tagged groups).
 //! - `EMPTY` (`u64::MAX`) marks a free slot; keys are offsets ≤ 2^48, so never `EMPTY`.
 //! - Linear probing without tombstones: every key lies in the run of occupied slots that starts at or
 //!   before its home slot `h(key)` and reaches it (wrapping). `remove` restores this by backward shifting
 //!   (Knuth, TAOCP vol. 3, algorithm 6.4R).
 //!
 //! # Time complexity
-//! Expected O(1) `get`, `insert` and `remove` (load ≤ 1/2, multiplicative Fibonacci hashing); `clear` and
+//! Expected O(1) `get`, `insert` and `remove` (load ≤ 5/8, multiplicative Fibonacci hashing); `clear` and
 //! growth are O(slots). `iter` is O(slots), in no particular order.
 
 /// Marks an empty slot.
 const EMPTY: u64 = u64::MAX;
+
+/// Bits of a key that the hash reads: the top two are tags that callers may set (the arena keeps the
+/// entries of one offset under `offset`, `offset | 1 << 62` and `offset | 1 << 63`), so keys that differ only
+/// in them share a home slot and a probe run.
+const HASH_MASK: u64 = (1 << 62) - 1;
 
 /// Smallest slot count.
 const MIN_SLOTS: usize = 16;
@@ -37,15 +43,30 @@ pub(crate) struct OffsetTable<V: Copy> {
     len: usize,
     /// Value written into empty slots (never read as a value).
     filler: V,
+    /// Maximum load in eighths (4: at most half the slots are occupied).
+    max_load_8ths: usize,
 }
 
 impl<V: Copy> OffsetTable<V> {
     /// An empty table; `filler` is any value of `V` (it only pads empty slots).
     pub(crate) fn new(filler: V) -> Self {
-        OffsetTable { slots: vec![(EMPTY, filler); MIN_SLOTS], shift: 64 - MIN_SLOTS.trailing_zeros(), len: 0, filler }
+        Self::with_max_load_8ths(filler, 4)
+    }
+
+    /// An empty table that grows past a load of `max_load_8ths` / 8 (in `1..=6`).
+    pub(crate) fn with_max_load_8ths(filler: V, max_load_8ths: usize) -> Self {
+        debug_assert!((1..=6).contains(&max_load_8ths));
+        OffsetTable {
+            slots: vec![(EMPTY, filler); MIN_SLOTS],
+            shift: 64 - MIN_SLOTS.trailing_zeros(),
+            len: 0,
+            filler,
+            max_load_8ths,
+        }
     }
 
     /// Number of entries.
+    #[cfg_attr(not(test), allow(dead_code))] // invariant checks only
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -60,7 +81,7 @@ impl<V: Copy> OffsetTable<V> {
     /// are all multiples of a large granule as well as dense ones.
     #[inline]
     fn home(&self, key: u64) -> usize {
-        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
+        ((key & HASH_MASK).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
     }
 
     /// Slot holding `key`, if any.
@@ -99,7 +120,7 @@ impl<V: Copy> OffsetTable<V> {
     #[inline]
     pub(crate) fn insert(&mut self, key: u64, value: V) {
         debug_assert_ne!(key, EMPTY);
-        if (self.len + 1) * 2 > self.slots.len() {
+        if (self.len + 1) * 8 > self.slots.len() * self.max_load_8ths {
             self.grow();
         }
         let mask = self.mask();

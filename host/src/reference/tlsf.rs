@@ -10,9 +10,9 @@
 //!            v  doubly linked free list through the arena nodes (a = prev, b = next)
 //! ```
 //!
-//! Blocks live in the shared block arena: out-of-band 32-byte nodes in an address-ordered doubly linked
-//! list (offset-allocator style), so merging with free neighbours on free is O(1) and immediate, and a split
-//! or merge that keeps a free block's address order updates the index in place.
+//! Blocks live in the shared block arena (`arena.rs`): free blocks are out-of-band nodes found by their
+//! start and end offsets in one tagged hash table, so merging with free neighbours on free is O(1) expected
+//! and immediate, and a split or merge that keeps a free block's address order updates the index in place.
 //! Sizes are counted in granules (default 256 B) and classed with 5 second-level bits, so a class spans at
 //! most 1/32 of its size.
 //!
