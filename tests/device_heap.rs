@@ -372,7 +372,7 @@ fn reset_restores_a_fresh_heap() {
 /// The heavy variant: many threads, many rounds. Run with `--release`
 /// (`cargo test --release -p gpuheap --test device_heap -- --ignored`).
 #[test]
-#[ignore = "heavy; run with --release -- --ignored"]
+#[ignore = "heavy: scripts/test runs it optimised, with --ignored"]
 fn churn_heavy_release() {
     let b = Backend::cpu();
     let heap = DeviceHeap::new(&b, 1 << 30).unwrap();
