@@ -90,8 +90,11 @@ pub(crate) fn load(path: &Path, device: Option<i64>) -> Result<(Trace, usize), C
 }
 
 /// The backend for compaction measurements (`None` when the policy never compacts).
+///
+/// An explicit `--backend gpu` is resolved even then, so that asking for a GPU
+/// that is not there is an error rather than silently ignored.
 pub(crate) fn backend_for(common: &Common) -> Result<Option<Backend>, CliError> {
-    if common.policy == CompactPolicy::Never {
+    if common.policy == CompactPolicy::Never && common.backend.backend != gpuheap::BackendChoice::Gpu {
         return Ok(None);
     }
     common.backend.backend().map(Some)
@@ -181,7 +184,15 @@ pub(crate) fn run_one(
     };
     pb.set_position(0);
     let mut progress = |n: usize| pb.set_position(n as u64);
-    replay::replay(trace, dev, &opts, backend, &mut progress).map_err(map_replay_err)
+    replay::replay(trace, dev, &opts, backend, &mut progress).map_err(|e| {
+        let invalid_config = matches!(&e, replay::ReplayError::Config(_));
+        match map_replay_err(e) {
+            CliError::Input(m) if invalid_config => {
+                CliError::Input(format!("{m} (choose another strategy with --strategy, or a larger --capacity)"))
+            }
+            other => other,
+        }
+    })
 }
 
 /// Runs `gpuheap replay`.

@@ -133,7 +133,13 @@ where
     c.margin(10).x_label_area_size(label / 2).y_label_area_size(label + 20);
     let mut chart = c.build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
     if text {
-        chart.configure_mesh().y_desc(unit_name).x_desc("event").light_line_style(WHITE.mix(0.0)).draw()?;
+        chart
+            .configure_mesh()
+            .y_desc(unit_name)
+            .x_desc("event")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .light_line_style(WHITE.mix(0.0))
+            .draw()?;
     } else {
         chart.configure_mesh().disable_mesh().x_labels(0).y_labels(0).draw()?;
     }
@@ -188,6 +194,7 @@ where
             .configure_mesh()
             .y_desc("external fragmentation")
             .x_desc("event")
+            .x_label_formatter(&|x| format!("{x:.0}"))
             .light_line_style(WHITE.mix(0.0))
             .draw()?;
     } else {
