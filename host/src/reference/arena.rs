@@ -529,8 +529,38 @@ impl<I: FreeIndex> Arena<I> {
     }
 }
 
-/// Generates a public newtype over `Arena<$index>` implementing [`super::SubAllocator`].
+/// Generates a public newtype over `Arena<$index>` implementing [`super::SubAllocator`]; with an index
+/// constructor (`granule -> index`) also its `new`, `with_granule` and `granule`.
 macro_rules! arena_strategy {
+    ($ty:ident, $name:literal, $index:expr) => {
+        impl $ty {
+            #[doc = concat!($name, " over `capacity` bytes with the [default granule](crate::reference::DEFAULT_GRANULE).")]
+            ///
+            /// # Errors
+            /// [`AllocError::InvalidConfig`](crate::reference::AllocError::InvalidConfig) if `capacity` is
+            /// below one granule or above 2^48.
+            pub fn new(capacity: u64) -> Result<Self, $crate::reference::AllocError> {
+                Self::with_granule(capacity, $crate::reference::DEFAULT_GRANULE)
+            }
+
+            #[doc = concat!($name, " whose offsets and sizes are multiples of `granule` bytes (a power of two);")]
+            /// `capacity` is rounded down to it.
+            ///
+            /// # Errors
+            /// [`AllocError::InvalidConfig`](crate::reference::AllocError::InvalidConfig) for a bad granule or
+            /// capacity.
+            pub fn with_granule(capacity: u64, granule: u64) -> Result<Self, $crate::reference::AllocError> {
+                let index: fn(u64) -> _ = $index;
+                Ok($ty($crate::reference::arena::Arena::new(capacity, granule, index(granule))?))
+            }
+
+            /// Granule in bytes.
+            pub fn granule(&self) -> u64 {
+                self.0.granule()
+            }
+        }
+        $crate::reference::arena::arena_strategy!($ty, $name);
+    };
     ($ty:ident, $name:literal) => {
         impl $crate::reference::SubAllocator for $ty {
             fn name(&self) -> &'static str {

@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 
 use super::arena::{arena_strategy, size_class, Arena, FreeIndex, Node, Placement, FL_COUNT, SL_COUNT};
-use super::{fit_front, AllocError, DEFAULT_GRANULE};
+use super::fit_front;
 
 /// Size-class bins of exact `(size, offset)`-ordered maps.
 #[derive(Debug)]
@@ -148,34 +148,7 @@ impl FreeIndex for BestFitIndex {
 #[derive(Debug)]
 pub struct BestFit(pub(crate) Arena<BestFitIndex>);
 
-impl BestFit {
-    /// Best-fit over `capacity` bytes with the [default granule](super::DEFAULT_GRANULE).
-    ///
-    /// # Errors
-    /// [`AllocError::InvalidConfig`] if `capacity` is below one granule or above 2^48.
-    pub fn new(capacity: u64) -> Result<Self, AllocError> {
-        Self::with_granule(capacity, DEFAULT_GRANULE)
-    }
-
-    /// Best-fit whose offsets and sizes are multiples of `granule` bytes (a power of two); `capacity` is
-    /// rounded down to it.
-    ///
-    /// # Errors
-    /// [`AllocError::InvalidConfig`] for a bad granule or capacity.
-    pub fn with_granule(capacity: u64, granule: u64) -> Result<Self, AllocError> {
-        if granule == 0 || !granule.is_power_of_two() {
-            return Err(AllocError::InvalidConfig("granule must be a power of two"));
-        }
-        Ok(BestFit(Arena::new(capacity, granule, BestFitIndex::new(granule))?))
-    }
-
-    /// Granule in bytes.
-    pub fn granule(&self) -> u64 {
-        self.0.granule()
-    }
-}
-
-arena_strategy!(BestFit, "best-fit");
+arena_strategy!(BestFit, "best-fit", BestFitIndex::new);
 
 #[cfg(test)]
 mod tests {

@@ -20,7 +20,7 @@
 //! stops at the first block of length `size + align - granule` (which always fits).
 
 use super::arena::{arena_strategy, Arena, FreeIndex, Node, Placement, NIL};
-use super::{fit_back, fit_front, AllocError, DEFAULT_GRANULE};
+use super::{fit_back, fit_front};
 
 /// Max-augmented treap over free arena nodes, keyed by offset. Requests of at least `high_threshold` bytes
 /// are placed at the highest fitting address (carved from the back of the block); others at the lowest.
@@ -270,31 +270,7 @@ impl FreeIndex for AddressIndex {
 #[derive(Debug)]
 pub struct FirstFit(pub(crate) Arena<AddressIndex>);
 
-impl FirstFit {
-    /// First-fit over `capacity` bytes with the [default granule](super::DEFAULT_GRANULE).
-    ///
-    /// # Errors
-    /// [`AllocError::InvalidConfig`] if `capacity` is below one granule or above 2^48.
-    pub fn new(capacity: u64) -> Result<Self, AllocError> {
-        Self::with_granule(capacity, DEFAULT_GRANULE)
-    }
-
-    /// First-fit whose offsets and sizes are multiples of `granule` bytes (a power of two); `capacity` is
-    /// rounded down to it.
-    ///
-    /// # Errors
-    /// [`AllocError::InvalidConfig`] for a bad granule or capacity.
-    pub fn with_granule(capacity: u64, granule: u64) -> Result<Self, AllocError> {
-        Ok(FirstFit(Arena::new(capacity, granule, AddressIndex::new(u64::MAX))?))
-    }
-
-    /// Granule in bytes.
-    pub fn granule(&self) -> u64 {
-        self.0.granule()
-    }
-}
-
-arena_strategy!(FirstFit, "first-fit");
+arena_strategy!(FirstFit, "first-fit", |_| AddressIndex::new(u64::MAX));
 
 #[cfg(test)]
 mod tests {

@@ -33,7 +33,7 @@
 use super::arena::{
     arena_strategy, round_to_class, size_class, Arena, FreeIndex, Node, Placement, FL_COUNT, NIL, SL_COUNT,
 };
-use super::{fit_front, AllocError, DEFAULT_GRANULE};
+use super::fit_front;
 
 /// The TLSF free index: bitmaps and segregated free lists.
 #[derive(Debug)]
@@ -174,39 +174,12 @@ impl FreeIndex for TlsfIndex {
 #[derive(Debug)]
 pub struct Tlsf(pub(crate) Arena<TlsfIndex>);
 
-impl Tlsf {
-    /// TLSF over `capacity` bytes with the [default granule](super::DEFAULT_GRANULE).
-    ///
-    /// # Errors
-    /// [`AllocError::InvalidConfig`] if `capacity` is below one granule or above 2^48.
-    pub fn new(capacity: u64) -> Result<Self, AllocError> {
-        Self::with_granule(capacity, DEFAULT_GRANULE)
-    }
-
-    /// TLSF whose offsets and sizes are multiples of `granule` bytes (a power of two); `capacity` is rounded
-    /// down to it.
-    ///
-    /// # Errors
-    /// [`AllocError::InvalidConfig`] for a bad granule or capacity.
-    pub fn with_granule(capacity: u64, granule: u64) -> Result<Self, AllocError> {
-        if granule == 0 || !granule.is_power_of_two() {
-            return Err(AllocError::InvalidConfig("granule must be a power of two"));
-        }
-        Ok(Tlsf(Arena::new(capacity, granule, TlsfIndex::new(granule))?))
-    }
-
-    /// Granule in bytes.
-    pub fn granule(&self) -> u64 {
-        self.0.granule()
-    }
-}
-
-arena_strategy!(Tlsf, "tlsf");
+arena_strategy!(Tlsf, "tlsf", TlsfIndex::new);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reference::SubAllocator;
+    use crate::reference::{AllocError, SubAllocator};
 
     #[test]
     fn whole_capacity_is_allocatable_even_off_class_boundary() {
