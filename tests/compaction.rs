@@ -15,25 +15,12 @@ use gpuheap::bench::SplitMix64;
 use gpuheap::compaction::{
     compact, reference, CompactHeap, CompactTuning, CompactionError, Compactor, Handle, LiveBlock, GRANULE,
 };
-use gpuheap::reference::compact::{plan_slide, CompactionPlan};
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;
 
 const POISON: u32 = 0xDEAD_BEEF;
 
-/// The oracle: `plan_slide` of `layout` in a region of `capacity` bytes, as
-/// new offsets in layout order, and the plan itself.
-fn slide(layout: &[LiveBlock], capacity: u64) -> (Vec<u64>, CompactionPlan) {
-    let plan = plan_slide(&reference::slide_layout(layout, capacity)).expect("plan_slide rejects the layout");
-    let mut dst = vec![u64::MAX; layout.len()];
-    for m in &plan.moves {
-        let b = &layout[m.id as usize];
-        assert_eq!((m.src, m.len), (b.offset, b.size), "plan_slide lost a block");
-        dst[m.id as usize] = m.dst;
-    }
-    assert!(dst.iter().all(|&d| d != u64::MAX), "plan_slide dropped a block");
-    (dst, plan)
-}
+use common::slide;
 
 fn is_lockstep(b: &Backend) -> bool {
     matches!(b, Backend::Cpu(c) if c.mode() == gpuheap::backend::CpuMode::Lockstep)

@@ -18,10 +18,9 @@ mod common;
 
 use gpuheap::backend::Backend;
 use gpuheap::bench::SplitMix64;
-use gpuheap::compaction::{compact_heap, reference, CompactionError, CompactionReport, Handle, LiveBlock};
+use gpuheap::compaction::{compact_heap, reference, CompactionError, CompactionReport, Handle};
 use gpuheap::device_heap::ops::{self, Batch};
 use gpuheap::device_heap::{DeviceHeap, Sizes};
-use gpuheap::reference::compact::{plan_slide, CompactionPlan};
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;
 
@@ -33,19 +32,7 @@ fn on_backends(test: &str, case: impl Fn(&Backend, &str)) {
     }
 }
 
-/// The oracle: `plan_slide` of `layout` in an arena of `capacity` bytes, as
-/// new offsets in layout order, and the plan.
-fn slide(layout: &[LiveBlock], capacity: u64) -> (Vec<u64>, CompactionPlan) {
-    let plan = plan_slide(&reference::slide_layout(layout, capacity)).expect("plan_slide rejects the layout");
-    let mut dst = vec![u64::MAX; layout.len()];
-    for m in &plan.moves {
-        let b = &layout[m.id as usize];
-        assert_eq!((m.src, m.len), (b.offset, b.size), "plan_slide lost a block");
-        dst[m.id as usize] = m.dst;
-    }
-    assert!(dst.iter().all(|&d| d != u64::MAX), "plan_slide dropped a block");
-    (dst, plan)
-}
+use common::slide;
 
 /// The bytes of the movable arena.
 fn arena_image(heap: &DeviceHeap) -> Vec<u8> {

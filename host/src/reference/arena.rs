@@ -605,6 +605,27 @@ macro_rules! arena_strategy {
 }
 pub(crate) use arena_strategy;
 
+/// The first non-empty class at or above `(fl, sl)` of a two-level bitmap (TLSF's search, Masmano et
+/// al. 2004): bit `fl` of `fl_bitmap` is set iff `sl_bitmap[fl] != 0`. O(1): two `trailing_zeros`.
+#[inline]
+pub(crate) fn first_class_at_or_above(
+    fl_bitmap: u64,
+    sl_bitmap: &[u32; FL_COUNT],
+    fl: usize,
+    sl: usize,
+) -> Option<(usize, usize)> {
+    let sl_map = if sl >= SL_COUNT { 0 } else { sl_bitmap[fl] & (u32::MAX << sl) };
+    if sl_map != 0 {
+        return Some((fl, sl_map.trailing_zeros() as usize));
+    }
+    let fl_map = if fl + 1 >= 64 { 0 } else { fl_bitmap & (u64::MAX << (fl + 1)) };
+    if fl_map == 0 {
+        return None;
+    }
+    let fl = fl_map.trailing_zeros() as usize;
+    Some((fl, sl_bitmap[fl].trailing_zeros() as usize))
+}
+
 /// TLSF-style size class of `g` granules: `SL_COUNT` linear classes below `SL_COUNT`, then `SL_COUNT`
 /// sub-classes per power of two. Returns `(fl, sl)`.
 pub(crate) const SL_LOG2: u32 = 5;

@@ -23,7 +23,9 @@
 
 use std::collections::BTreeMap;
 
-use super::arena::{arena_strategy, size_class, Arena, FreeIndex, Node, Placement, FL_COUNT, SL_COUNT};
+use super::arena::{
+    arena_strategy, first_class_at_or_above, size_class, Arena, FreeIndex, Node, Placement, FL_COUNT, SL_COUNT,
+};
 use super::fit_front;
 
 /// Size-class bins of exact `(size, offset)`-ordered maps.
@@ -66,16 +68,7 @@ impl BestFitIndex {
 
     /// Next non-empty bin strictly after `(fl, sl)`.
     fn next_bin(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
-        let sl_map = if sl + 1 >= SL_COUNT { 0 } else { self.sl_bitmap[fl] & (u32::MAX << (sl + 1)) };
-        if sl_map != 0 {
-            return Some((fl, sl_map.trailing_zeros() as usize));
-        }
-        let fl_map = if fl + 1 >= 64 { 0 } else { self.fl_bitmap & (u64::MAX << (fl + 1)) };
-        if fl_map == 0 {
-            return None;
-        }
-        let fl = fl_map.trailing_zeros() as usize;
-        Some((fl, self.sl_bitmap[fl].trailing_zeros() as usize))
+        first_class_at_or_above(self.fl_bitmap, &self.sl_bitmap, fl, sl + 1)
     }
 }
 

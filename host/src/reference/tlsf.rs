@@ -31,7 +31,8 @@
 //! padding as a free block.
 
 use super::arena::{
-    arena_strategy, round_to_class, size_class, Arena, FreeIndex, Node, Placement, FL_COUNT, NIL, SL_COUNT,
+    arena_strategy, first_class_at_or_above, round_to_class, size_class, Arena, FreeIndex, Node, Placement, FL_COUNT,
+    NIL, SL_COUNT,
 };
 use super::fit_front;
 
@@ -78,16 +79,7 @@ impl TlsfIndex {
     /// First non-empty class at or above `(fl, sl)`.
     #[inline]
     fn first_at_or_above(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
-        let sl_map = self.sl_bitmap[fl] & (u32::MAX << sl);
-        if sl_map != 0 {
-            return Some((fl, sl_map.trailing_zeros() as usize));
-        }
-        let fl_map = if fl + 1 >= 64 { 0 } else { self.fl_bitmap & (u64::MAX << (fl + 1)) };
-        if fl_map == 0 {
-            return None;
-        }
-        let fl = fl_map.trailing_zeros() as usize;
-        Some((fl, self.sl_bitmap[fl].trailing_zeros() as usize))
+        first_class_at_or_above(self.fl_bitmap, &self.sl_bitmap, fl, sl)
     }
 }
 
