@@ -1,7 +1,7 @@
 //! Compaction of the device heap's movable arena (issue 5, integrated with
 //! the device heap of issue 4) on every backend.
 //!
-//! Handles are allocated by kernels (`arena::halloc`) and by the host, each
+//! Handles are allocated by kernels (`arena::handle_alloc`) and by the host, each
 //! block is filled by a kernel that resolves its handle with a pattern
 //! derived from the handle, raw `malloc` blocks of the same heap are filled
 //! with their own patterns, frees make holes, and after a compaction every
@@ -157,12 +157,12 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         // Raw blocks before and after the handle allocations, every size class and large.
         let raw1 = raw_blocks(b, &heap, (0..300).map(|i| 16 << (i % 10)).collect(), 77);
         let from_kernel: Vec<Handle> = heap
-            .halloc_batch(b, &sizes(&mut rng, 3000, 1024))
+            .handle_alloc_batch(b, &sizes(&mut rng, 3000, 1024))
             .unwrap()
             .into_iter()
-            .map(|h| h.expect("halloc"))
+            .map(|h| h.expect("handle_alloc"))
             .collect();
-        let from_host: Vec<Handle> = (0..24).map(|i| heap.halloc(b, 100 + i * 333).unwrap()).collect();
+        let from_host: Vec<Handle> = (0..24).map(|i| heap.handle_alloc(b, 100 + i * 333).unwrap()).collect();
         let raw2 = raw_blocks(b, &heap, (0..200).map(|i| 48 + (i % 7) * 1000).collect(), 78);
         let all: Vec<Handle> = from_kernel.iter().chain(&from_host).copied().collect();
         fill_handles(b, &heap, &all);
@@ -172,12 +172,12 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         for (i, h) in all.iter().enumerate() {
             match rng.below(10) {
                 0..=3 => kfree.push(*h),
-                4 if i % 3 == 0 => heap.hfree(b, *h).unwrap(),
+                4 if i % 3 == 0 => heap.handle_free(b, *h).unwrap(),
                 5 if pins.len() < 4 => pins.push(*h),
                 _ => {}
             }
         }
-        assert!(heap.hfree_batch(b, &kfree).unwrap().iter().all(|&ok| ok), "{what}: kernel frees");
+        assert!(heap.handle_free_batch(b, &kfree).unwrap().iter().all(|&ok| ok), "{what}: kernel frees");
         for h in &pins {
             heap.pin(*h).unwrap();
         }
@@ -201,7 +201,8 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
             heap.unpin(*h).unwrap();
         }
         let end = heap.movable_stats().unwrap().cursor;
-        let more: Vec<Handle> = heap.halloc_batch(b, &[64; 100]).unwrap().into_iter().map(|h| h.unwrap()).collect();
+        let more: Vec<Handle> =
+            heap.handle_alloc_batch(b, &[64; 100]).unwrap().into_iter().map(|h| h.unwrap()).collect();
         assert!(more.iter().all(|h| heap.resolve(*h).unwrap().offset >= end), "{what}: allocation below the cursor");
         fill_handles(b, &heap, &more);
         let r3 = compact_and_check(b, &mut heap, &format!("{what}, unpinned"));
@@ -214,15 +215,19 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
 fn pinned_handle_in_the_middle_with_holes_on_both_sides() {
     on_backends("pinned_middle", |b, what| {
         let mut heap = DeviceHeap::with_movable(b, 4 << 20, 1 << 20, 256).unwrap();
-        let hs: Vec<Handle> = (0..60).map(|i| heap.halloc(b, 256 + i * 32).unwrap()).collect();
+        let hs: Vec<Handle> = (0..60).map(|i| heap.handle_alloc(b, 256 + i * 32).unwrap()).collect();
         fill_handles(b, &heap, &hs);
         let pinned = hs[30];
         heap.pin(pinned).unwrap();
         heap.pin(pinned).unwrap();
-        assert!(matches!(heap.hfree(b, pinned), Err(CompactionError::Pinned(_))));
-        assert_eq!(heap.hfree_batch(b, &[pinned]).unwrap(), vec![false], "{what}: the device freed a pinned handle");
+        assert!(matches!(heap.handle_free(b, pinned), Err(CompactionError::Pinned(_))));
+        assert_eq!(
+            heap.handle_free_batch(b, &[pinned]).unwrap(),
+            vec![false],
+            "{what}: the device freed a pinned handle"
+        );
         let frees: Vec<Handle> = [0, 5, 28, 29, 31, 32, 40, 59].iter().map(|&i| hs[i]).collect();
-        assert!(heap.hfree_batch(b, &frees).unwrap().iter().all(|&ok| ok));
+        assert!(heap.handle_free_batch(b, &frees).unwrap().iter().all(|&ok| ok));
         let at = heap.resolve(pinned).unwrap().offset;
         let r = compact_and_check(b, &mut heap, what);
         assert_eq!(heap.resolve(pinned).unwrap().offset, at, "{what}: pinned handle moved");
@@ -239,25 +244,25 @@ fn pinned_handle_in_the_middle_with_holes_on_both_sides() {
 fn stale_handles_are_detected() {
     on_backends("stale_handles", |b, what| {
         let mut heap = DeviceHeap::with_movable(b, 1 << 20, 64 << 10, 4).unwrap();
-        let hs: Vec<Handle> = (0..4).map(|_| heap.halloc(b, 1000).unwrap()).collect();
+        let hs: Vec<Handle> = (0..4).map(|_| heap.handle_alloc(b, 1000).unwrap()).collect();
         fill_handles(b, &heap, &hs);
         let old = hs[1];
-        heap.hfree(b, old).unwrap();
+        heap.handle_free(b, old).unwrap();
         // Freed: rejected by the host, by the device free and by the device resolve.
         assert!(matches!(heap.resolve(old), Err(CompactionError::InvalidHandle(_))));
-        assert!(matches!(heap.hfree(b, old), Err(CompactionError::InvalidHandle(_))), "{what}: double free");
-        assert_eq!(heap.hfree_batch(b, &[old]).unwrap(), vec![false], "{what}: device double free");
+        assert!(matches!(heap.handle_free(b, old), Err(CompactionError::InvalidHandle(_))), "{what}: double free");
+        assert_eq!(heap.handle_free_batch(b, &[old]).unwrap(), vec![false], "{what}: device double free");
         assert_eq!(heap.touch_handles(b, &[old], 0, true).unwrap(), (0, 1), "{what}: device resolved a freed handle");
         // Handle 0 (skipped by the touch kernel, rejected by free), an index
         // out of range, a wrong generation.
         let forged = [Handle(0), Handle(99), Handle(hs[2].0 + (7 << 32))];
         assert_eq!(heap.touch_handles(b, &forged, 0, true).unwrap(), (0, 2), "{what}");
-        assert_eq!(heap.hfree_batch(b, &forged).unwrap(), vec![false; 3], "{what}");
+        assert_eq!(heap.handle_free_batch(b, &forged).unwrap(), vec![false; 3], "{what}");
         // The table is full until a compaction reclaims the entry.
-        assert!(matches!(heap.halloc(b, 16), Err(CompactionError::TooManyHandles(4))), "{what}");
-        assert_eq!(heap.halloc_batch(b, &[16]).unwrap(), vec![None], "{what}");
+        assert!(matches!(heap.handle_alloc(b, 16), Err(CompactionError::TooManyHandles(4))), "{what}");
+        assert_eq!(heap.handle_alloc_batch(b, &[16]).unwrap(), vec![None], "{what}");
         compact_and_check(b, &mut heap, what);
-        let new = heap.halloc(b, 16).unwrap();
+        let new = heap.handle_alloc(b, 16).unwrap();
         assert_eq!(new.index(), old.index(), "{what}: the freed entry is reused");
         assert_ne!(new.generation(), old.generation(), "{what}: with a new generation");
         assert!(matches!(heap.resolve(old), Err(CompactionError::InvalidHandle(_))), "{what}: stale handle resolved");
@@ -277,22 +282,22 @@ fn full_arena_accepts_a_large_handle_only_after_compaction() {
         let mut heap = DeviceHeap::with_movable(b, 1 << 20, 64 * KIB, 64).unwrap();
         let raw = raw_blocks(b, &heap, vec![4 * KIB; 16], 9);
         let mut hs: Vec<Handle> =
-            heap.halloc_batch(b, &[4 * KIB; 16]).unwrap().into_iter().map(|h| h.unwrap()).collect();
+            heap.handle_alloc_batch(b, &[4 * KIB; 16]).unwrap().into_iter().map(|h| h.unwrap()).collect();
         hs.sort_by_key(|h| heap.resolve(*h).unwrap().offset);
         fill_handles(b, &heap, &hs);
-        assert!(heap.halloc_batch(b, &[16]).unwrap()[0].is_none(), "{what}: the arena is not full");
+        assert!(heap.handle_alloc_batch(b, &[16]).unwrap()[0].is_none(), "{what}: the arena is not full");
         let odd: Vec<Handle> = hs.iter().skip(1).step_by(2).copied().collect();
-        assert!(heap.hfree_batch(b, &odd).unwrap().iter().all(|&ok| ok));
-        match heap.halloc(b, 32 * KIB) {
+        assert!(heap.handle_free_batch(b, &odd).unwrap().iter().all(|&ok| ok));
+        match heap.handle_alloc(b, 32 * KIB) {
             Err(CompactionError::OutOfMemory { requested, total_free, largest_free }) => {
                 assert_eq!((requested, total_free, largest_free), (32 * KIB, 32 * KIB, 4 * KIB), "{what}")
             }
             other => panic!("{what}: {other:?}"),
         }
-        assert!(heap.halloc_batch(b, &[32 * KIB]).unwrap()[0].is_none(), "{what}: the device request succeeded");
+        assert!(heap.handle_alloc_batch(b, &[32 * KIB]).unwrap()[0].is_none(), "{what}: the device request succeeded");
         let r = compact_and_check(b, &mut heap, what);
         assert_eq!((r.before.external, r.after.external), (0.875, 0.0), "{what}");
-        let big = heap.halloc_batch(b, &[32 * KIB]).unwrap()[0].expect("the request fails after compaction");
+        let big = heap.handle_alloc_batch(b, &[32 * KIB]).unwrap()[0].expect("the request fails after compaction");
         assert_eq!(heap.resolve(big).unwrap().offset, 32 * KIB, "{what}");
         fill_handles(b, &heap, &[big]);
         check_handles(b, &heap, what);
@@ -309,18 +314,18 @@ fn bl_16_pending_op_sees_its_block_after_heap_compaction() {
     on_backends("bl_16_heap", |b, what| {
         const KIB: u64 = 1024;
         let mut heap = DeviceHeap::with_movable(b, 4 << 20, 1 << 20, 64).unwrap();
-        let hs = [heap.halloc(b, 128 * KIB).unwrap(), heap.halloc(b, 256 * KIB).unwrap()];
+        let hs = [heap.handle_alloc(b, 128 * KIB).unwrap(), heap.handle_alloc(b, 256 * KIB).unwrap()];
         let (before, h) = (hs[0], hs[1]);
         fill_handles(b, &heap, &hs);
         // The pending operation P = "write pattern seed S into H", recorded, not run.
         let pending = (h, 0xABCD_u64);
-        heap.hfree(b, before).unwrap();
+        heap.handle_free(b, before).unwrap();
         let x = heap.resolve(h).unwrap().offset;
         compact_and_check(b, &mut heap, what);
         let y = heap.resolve(h).unwrap().offset;
         assert!(y < x, "{what}: H did not move");
         // A new block lands on H's old range.
-        let other = heap.halloc(b, 256 * KIB).unwrap();
+        let other = heap.handle_alloc(b, 256 * KIB).unwrap();
         let o = heap.resolve(other).unwrap().offset;
         assert!(o < x + 256 * KIB && o + 256 * KIB > x, "{what}: the new block does not reuse H's old range");
         fill_handles(b, &heap, &[other]);
@@ -344,8 +349,12 @@ fn empty_arena_and_no_holes() {
         let mut heap = DeviceHeap::with_movable(b, 1 << 20, 256 << 10, 1024).unwrap();
         let r = compact_and_check(b, &mut heap, what);
         assert_eq!((r.blocks, r.launches, r.after.free_ranges), (0, 0, 1), "{what}");
-        let mut hs: Vec<Handle> =
-            heap.halloc_batch(b, &(1..200).collect::<Vec<u64>>()).unwrap().into_iter().map(|h| h.unwrap()).collect();
+        let mut hs: Vec<Handle> = heap
+            .handle_alloc_batch(b, &(1..200).collect::<Vec<u64>>())
+            .unwrap()
+            .into_iter()
+            .map(|h| h.unwrap())
+            .collect();
         hs.sort_by_key(|h| heap.resolve(*h).unwrap().offset);
         fill_handles(b, &heap, &hs);
         let img = arena_image(&heap);
@@ -354,11 +363,11 @@ fn empty_arena_and_no_holes() {
         assert_eq!(arena_image(&heap), img, "{what}: a packed arena changed");
         // Freeing the last blocks only moves the cursor back.
         let tail: Vec<Handle> = hs[150..].to_vec();
-        heap.hfree_batch(b, &tail).unwrap();
+        heap.handle_free_batch(b, &tail).unwrap();
         let r = compact_and_check(b, &mut heap, what);
         assert_eq!((r.blocks_moved, r.launches), (0, 0), "{what}");
         // Everything freed: the arena is empty again.
-        heap.hfree_batch(b, &hs[..150]).unwrap();
+        heap.handle_free_batch(b, &hs[..150]).unwrap();
         compact_and_check(b, &mut heap, what);
         assert_eq!(heap.movable_stats().unwrap().cursor, 0, "{what}");
     });
@@ -368,13 +377,13 @@ fn empty_arena_and_no_holes() {
 /// that succeed are disjoint and complete, the others are counted, and
 /// compaction after random frees matches the oracle.
 #[test]
-fn concurrent_halloc_until_exhaustion() {
-    on_backends("concurrent_halloc", |b, what| {
+fn concurrent_handle_alloc_until_exhaustion() {
+    on_backends("concurrent_handle_alloc", |b, what| {
         let mut rng = SplitMix64::new(31);
         let cap = 1 << 20;
         let mut heap = DeviceHeap::with_movable(b, 4 << 20, cap, 16384).unwrap();
         let req = sizes(&mut rng, 8000, 256);
-        let got = heap.halloc_batch(b, &req).unwrap();
+        let got = heap.handle_alloc_batch(b, &req).unwrap();
         let ok: Vec<Handle> = got.iter().flatten().copied().collect();
         let failed = got.iter().filter(|h| h.is_none()).count() as u64;
         let asked: u64 = req.iter().map(|s| s.div_ceil(16) * 16).sum();
@@ -391,9 +400,9 @@ fn concurrent_halloc_until_exhaustion() {
         fill_handles(b, &heap, &ok);
         check_handles(b, &heap, what);
         let frees: Vec<Handle> = ok.iter().filter(|_| rng.below(2) == 0).copied().collect();
-        heap.hfree_batch(b, &frees).unwrap();
+        heap.handle_free_batch(b, &frees).unwrap();
         compact_and_check(b, &mut heap, what);
-        let again = heap.halloc_batch(b, &req[..500]).unwrap();
+        let again = heap.handle_alloc_batch(b, &req[..500]).unwrap();
         assert!(again.iter().all(|h| h.is_some()), "{what}: room after compaction");
     });
 }
@@ -413,7 +422,7 @@ fn movable_arena_is_outside_the_buddy() {
     assert!(got > 0 && got * 4096 <= (1 << 20) - 25 * 4096, "{got} raw blocks");
     assert_eq!(heap.stats().unwrap().accounted_bytes(), 1 << 20);
     // Raw free of an arena address is ignored.
-    let h = heap.halloc(&b, 64).unwrap();
+    let h = heap.handle_alloc(&b, 64).unwrap();
     // SAFETY: the pointer is not from malloc; the heap ignores it (tested here).
     unsafe { ops::free_ptrs(&b, &heap, &[heap.handle_ptr(h).unwrap()]).unwrap() };
     assert!(heap.resolve(h).is_ok());
@@ -424,7 +433,7 @@ fn movable_arena_is_outside_the_buddy() {
     let s = heap.stats().unwrap();
     assert_eq!((s.free_bytes, s.movable_bytes), ((1 << 20) - 25 * 4096, 25 * 4096));
     assert!(matches!(heap.resolve(h), Err(CompactionError::InvalidHandle(_))), "reset frees handles");
-    let h2 = heap.halloc(&b, 64).unwrap();
+    let h2 = heap.handle_alloc(&b, 64).unwrap();
     assert_eq!(h2.index(), h.index());
     assert_ne!(h2, h, "generations survive a reset");
     assert_eq!(heap.resolve(h2).unwrap().offset, 0);
@@ -436,7 +445,7 @@ fn handle_api_rejects_misuse() {
     // A heap without an arena.
     let plain = DeviceHeap::new(&b, 1 << 20).unwrap();
     assert!(!plain.has_movable());
-    assert!(plain.halloc(&b, 16).is_err());
+    assert!(plain.handle_alloc(&b, 16).is_err());
     let mut plain = plain;
     assert!(compact_heap(&b, &mut plain).is_err());
     assert!(DeviceHeap::with_movable(&b, 1 << 20, 0, 16).is_err());
@@ -444,19 +453,19 @@ fn handle_api_rejects_misuse() {
     assert!(DeviceHeap::with_movable(&b, 1 << 20, 4096, 0).is_err());
     // Handle misuse.
     let mut heap = DeviceHeap::with_movable(&b, 1 << 20, 8192, 4).unwrap();
-    assert!(matches!(heap.halloc(&b, 0), Err(CompactionError::ZeroSize)));
-    assert_eq!(heap.halloc_batch(&b, &[0]).unwrap(), vec![None]);
-    assert!(matches!(heap.halloc(&b, 8193), Err(CompactionError::OutOfMemory { .. })));
-    let h = heap.halloc(&b, 100).unwrap();
+    assert!(matches!(heap.handle_alloc(&b, 0), Err(CompactionError::ZeroSize)));
+    assert_eq!(heap.handle_alloc_batch(&b, &[0]).unwrap(), vec![None]);
+    assert!(matches!(heap.handle_alloc(&b, 8193), Err(CompactionError::OutOfMemory { .. })));
+    let h = heap.handle_alloc(&b, 100).unwrap();
     assert_eq!(heap.resolve(h).unwrap().size, 100);
     assert!(matches!(heap.unpin(h), Err(CompactionError::NotPinned(_))));
     heap.pin(h).unwrap();
-    assert!(matches!(heap.hfree(&b, h), Err(CompactionError::Pinned(_))));
+    assert!(matches!(heap.handle_free(&b, h), Err(CompactionError::Pinned(_))));
     heap.unpin(h).unwrap();
     assert!(matches!(heap.write_handle(h, 100, &[0; 16]), Err(CompactionError::Backend(_))), "write past the block");
     heap.write_handle(h, 96, &[7; 16]).unwrap();
     assert_eq!(&heap.read_handle(h).unwrap()[96..], &[7; 16]);
     assert!(matches!(heap.touch_handles(&b, &[h, h], 0, false), Err(CompactionError::Backend(_))), "two writers");
-    heap.hfree(&b, h).unwrap();
+    heap.handle_free(&b, h).unwrap();
     assert!(matches!(heap.pin(h), Err(CompactionError::InvalidHandle(_))));
 }

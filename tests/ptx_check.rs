@@ -6,31 +6,9 @@
 //! `.venv`. Without it the test is skipped with a printed reason, unless
 //! `GPUHEAP_REQUIRE_PTX=1`, when a missing ptxas or PTX fails it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// Kernels that must be present in the PTX (each new kernel is added here).
-const REQUIRED_KERNELS: &[&str] = &[
-    "gpuheap_fill",
-    "gpuheap_verify",
-    "gpuheap_bump_alloc",
-    "gpuheap_compact_plan",
-    "gpuheap_compact_move",
-    "gpuheap_copy",
-    "gpuheap_handle_fill",
-    "gpuheap_heap_malloc",
-    "gpuheap_heap_free",
-    "gpuheap_heap_touch",
-    "gpuheap_heap_churn",
-    "gpuheap_heap_loop",
-    "gpuheap_heap_halloc",
-    "gpuheap_heap_hfree",
-    "gpuheap_heap_htouch",
-    "gpuheap_noop",
-    "gpuheap_cuda_malloc",
-    "gpuheap_cuda_free",
-];
 
 fn required() -> bool {
     std::env::var("GPUHEAP_REQUIRE_PTX").is_ok_and(|v| v == "1")
@@ -117,9 +95,13 @@ fn ptx_assembles_for_sm80_and_sm90_without_spills() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "ptxas -arch={arch} failed:\n{stderr}");
         let reports = parse(&stderr);
-        for k in REQUIRED_KERNELS {
-            assert!(reports.contains_key(*k), "{arch}: kernel {k} missing from the PTX; ptxas said:\n{stderr}");
-        }
+        // The kernels crate's own list: the PTX has exactly those entries.
+        let listed: BTreeSet<&str> = gpuheap_kernels::KERNEL_NAMES.iter().copied().collect();
+        let built: BTreeSet<&str> = reports.keys().map(String::as_str).collect();
+        assert_eq!(
+            built, listed,
+            "{arch}: the PTX entries differ from gpuheap_kernels::KERNEL_NAMES (a kernel_entry! missing from the list, or a listed kernel not built)"
+        );
         for (name, r) in &reports {
             eprintln!("{arch} {name}: {} registers, {} B stack, {} B lmem", r.registers, r.stack, r.lmem);
             assert_eq!((r.spill_stores, r.spill_loads), (0, 0), "{arch} {name} spills: {r:?}");

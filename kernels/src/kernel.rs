@@ -15,14 +15,53 @@
 //! `RUSTC_BOOTSTRAP=1` for the nested build only).
 
 /// Describes one kernel: its PTX entry name and its body for the CPU backend.
+///
+/// Built only by [`kernel_entry!`](crate::kernel_entry), which declares the
+/// PTX entry and the descriptor from the same tokens, so the name the GPU
+/// backend launches and the body the CPU backend runs cannot disagree. The
+/// fields are private; a descriptor cannot be written by hand:
+///
+/// ```compile_fail,E0451
+/// # use gpuheap_kernels::Kernel;
+/// unsafe fn body(_: &u64) {}
+/// // error[E0451]: the fields of `Kernel` are private
+/// static K: Kernel<u64> = Kernel { name: "gpuheap_fill", body, block_sync: false };
+/// ```
 pub struct Kernel<P: 'static> {
+    name: &'static str,
+    body: unsafe fn(&P),
+    block_sync: bool,
+}
+
+impl<P: 'static> Kernel<P> {
+    /// The constructor behind [`kernel_entry!`](crate::kernel_entry); not
+    /// for direct use.
+    ///
+    /// # Safety
+    /// `name` is the unmangled name of a PTX `.entry` that takes `P` by
+    /// value and calls `body` with it, and `block_sync` is `true` when `body`
+    /// calls [`crate::arch::block::sync_threads`].
+    #[doc(hidden)]
+    pub const unsafe fn from_entry(name: &'static str, body: unsafe fn(&P), block_sync: bool) -> Self {
+        Kernel { name, body, block_sync }
+    }
+
     /// Name of the PTX `.entry` (unmangled).
-    pub name: &'static str,
-    /// The kernel body; called once per thread with the launch parameters.
-    pub body: unsafe fn(&P),
-    /// The body calls [`crate::arch::block::sync_threads`], so the CPU backend
-    /// must run each block's threads concurrently (lockstep mode).
-    pub block_sync: bool,
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The kernel body, called once per emulated thread with the launch
+    /// parameters by the CPU backend.
+    pub const fn body(&self) -> unsafe fn(&P) {
+        self.body
+    }
+
+    /// The body calls [`crate::arch::block::sync_threads`], so the CPU
+    /// backend must run each block's threads concurrently.
+    pub const fn block_sync(&self) -> bool {
+        self.block_sync
+    }
 }
 
 /// Declares a kernel: a [`Kernel`] static for the host and, on `nvptx64`, an
@@ -44,10 +83,10 @@ pub struct Kernel<P: 'static> {
 macro_rules! kernel_entry {
     ($(#[$m:meta])* $vis:vis static $k:ident : $p:ty = $entry:ident => $body:path $(, $bs:ident)? ;) => {
         $(#[$m])*
-        $vis static $k: $crate::Kernel<$p> = $crate::Kernel {
-            name: stringify!($entry),
-            body: $body,
-            block_sync: $crate::kernel_entry!(@bs $($bs)?),
+        // SAFETY: the entry below is named `$entry`, takes `$p` by value and
+        // calls `$body`; `block_sync` is declared by the kernel's author.
+        $vis static $k: $crate::Kernel<$p> = unsafe {
+            $crate::Kernel::from_entry(stringify!($entry), $body, $crate::kernel_entry!(@bs $($bs)?))
         };
 
         #[cfg(target_arch = "nvptx64")]

@@ -42,6 +42,35 @@ pub mod kernel;
 
 pub use kernel::Kernel;
 
+/// The PTX entry names of every kernel this crate declares with
+/// [`kernel_entry!`], read from the descriptors themselves.
+///
+/// The host's PTX check (`host/tests/ptx_check.rs`) asserts that the
+/// assembled PTX has exactly these entries, each within its resource
+/// budget: a kernel added without an entry here, or an entry whose kernel
+/// is gone, fails that check.
+#[cfg(not(any(loom, shuttle)))]
+pub static KERNEL_NAMES: &[&str] = &[
+    fill::FILL.name(),
+    fill::VERIFY.name(),
+    bump::BUMP_ALLOC.name(),
+    compact::plan::PLAN.name(),
+    compact::mover::MOVE.name(),
+    compact::mover::COPY.name(),
+    compact::handle::HANDLE_FILL.name(),
+    compact::arena::HEAP_HANDLE_ALLOC.name(),
+    compact::arena::HEAP_HANDLE_FREE.name(),
+    compact::arena::HEAP_HANDLE_TOUCH.name(),
+    heap::kernels::HEAP_MALLOC.name(),
+    heap::kernels::HEAP_FREE.name(),
+    heap::kernels::HEAP_TOUCH.name(),
+    heap::kernels::HEAP_CHURN.name(),
+    heap::kernels::HEAP_LOOP.name(),
+    heap::kernels::NOOP.name(),
+    heap::kernels::CUDA_MALLOC.name(),
+    heap::kernels::CUDA_FREE.name(),
+];
+
 /// Traps the GPU thread (the kernel launch fails with `CUDA_ERROR_LAUNCH_FAILED`
 /// or an illegal-instruction error). Kernels must not panic; this handler only
 /// exists because `core` requires one.

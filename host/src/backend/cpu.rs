@@ -56,12 +56,12 @@ impl CpuBackend {
     /// As for [`super::Backend::launch`].
     pub(super) unsafe fn launch<P: Sync>(&self, k: &Kernel<P>, cfg: LaunchConfig, params: &P) -> Result<LaunchTiming> {
         let start = Instant::now();
-        let body = k.body;
+        let body = k.body();
         let run = |ctx: ThreadCtx| {
             // SAFETY: the caller upholds the kernel's contract for `params`.
             run_thread(ctx, || unsafe { body(params) })
         };
-        let lockstep = k.block_sync || self.mode == CpuMode::Lockstep;
+        let lockstep = k.block_sync() || self.mode == CpuMode::Lockstep;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             if lockstep {
                 for b in 0..cfg.grid {
@@ -76,7 +76,7 @@ impl CpuBackend {
                 });
             }
         }));
-        outcome.map_err(|e| BackendError::KernelPanic { kernel: k.name, message: panic_message(e) })?;
+        outcome.map_err(|e| BackendError::KernelPanic { kernel: k.name(), message: panic_message(e) })?;
         Ok(LaunchTiming { elapsed: start.elapsed() })
     }
 }

@@ -154,7 +154,7 @@ impl GpuBackend {
         cfg: LaunchConfig,
         params: &P,
     ) -> Result<LaunchTiming> {
-        let f = self.function(m, k.name)?;
+        let f = self.function(m, k.name())?;
         let arg = PodArg(*params);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&arg);

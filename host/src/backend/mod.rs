@@ -288,7 +288,7 @@ impl Backend {
             // SAFETY: forwarded contract.
             (Backend::Gpu(g), Some(m)) => unsafe { g.launch(m, k, cfg, params) },
             (Backend::Gpu(_), None) => {
-                Err(BackendError::InvalidArgument(format!("kernel {}: no module given on the GPU backend", k.name)))
+                Err(BackendError::InvalidArgument(format!("kernel {}: no module given on the GPU backend", k.name())))
             }
         }
     }

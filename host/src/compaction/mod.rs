@@ -5,7 +5,7 @@
 //!   device handle table, and which [`compact`] defragments in place.
 //! * The device heap's *movable arena*
 //!   ([`DeviceHeap::with_movable`](crate::device_heap::DeviceHeap::with_movable)):
-//!   handle blocks allocated by kernels (`gpuheap_kernels::compact::arena::halloc`)
+//!   handle blocks allocated by kernels (`gpuheap_kernels::compact::arena::handle_alloc`)
 //!   or the host beside raw `malloc`, which [`compact_heap`] defragments in
 //!   place with the same core. Raw `malloc` blocks lie outside the arena and
 //!   never move (they count as pinned).

@@ -24,9 +24,9 @@
 //! span of its arena, taken out of the buddy allocator, whose blocks are
 //! named by [`Handle`](crate::compaction::Handle)s and which
 //! [`compact_heap`](crate::compaction::compact_heap) defragments in place.
-//! Kernels allocate them with `gpuheap_kernels::compact::arena::{halloc,
-//! hfree, resolve}` beside raw `malloc`/`free`; the host with
-//! [`DeviceHeap::halloc`], [`DeviceHeap::hfree`], [`DeviceHeap::pin`],
+//! Kernels allocate them with `gpuheap_kernels::compact::arena::{handle_alloc,
+//! handle_free, resolve}` beside raw `malloc`/`free`; the host with
+//! [`DeviceHeap::handle_alloc`], [`DeviceHeap::handle_free`], [`DeviceHeap::pin`],
 //! [`DeviceHeap::unpin`] and [`DeviceHeap::resolve`]. The handle model, what
 //! moves and what never moves are documented in `gpuheap_kernels::compact::arena`
 //! and [`crate::compaction`]. The span is not a large block: it is not in

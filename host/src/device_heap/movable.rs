@@ -15,8 +15,9 @@
 use std::time::Instant;
 
 use gpuheap_kernels::compact::arena::{
-    self, buffer_bytes, pool_offset, HallocParams, HfreeParams, HtouchParams, ARENA_CTRL_BYTES, CTRL_CURSOR,
-    CTRL_FAILED, CTRL_POOL_LEN, CTRL_POOL_NEXT, HEAP_HALLOC, HEAP_HFREE, HEAP_HTOUCH, PIN_SHIFT, TABLE_OFFSET,
+    self, buffer_bytes, pool_offset, HandleAllocParams, HandleFreeParams, HandleTouchParams, ARENA_CTRL_BYTES,
+    CTRL_CURSOR, CTRL_FAILED, CTRL_POOL_LEN, CTRL_POOL_NEXT, HEAP_HANDLE_ALLOC, HEAP_HANDLE_FREE, HEAP_HANDLE_TOUCH,
+    PIN_SHIFT, TABLE_OFFSET,
 };
 use gpuheap_kernels::compact::handle::{
     make_handle, split_handle, DeviceHandleTable, HandleEntry, ENTRY_LIVE, ENTRY_PINNED,
@@ -56,7 +57,7 @@ pub struct MovableStats {
     /// Handle-table entries that can still be handed out before the next
     /// compaction.
     pub handles_available: u64,
-    /// `halloc` calls (device or host) that returned no handle for a nonzero
+    /// `handle_alloc` calls (device or host) that returned no handle for a nonzero
     /// size.
     pub failed_requests: u64,
 }
@@ -192,7 +193,7 @@ impl DeviceHeap {
     }
 
     /// Allocates one movable block of `size` bytes from the host (the device
-    /// `halloc` in a one-thread launch). Never moves anything.
+    /// `handle_alloc` in a one-thread launch). Never moves anything.
     ///
     /// # Errors
     /// [`CompactionError::ZeroSize`]; [`CompactionError::OutOfMemory`] when
@@ -200,7 +201,7 @@ impl DeviceHeap {
     /// may make room when `total_free ≥ requested`);
     /// [`CompactionError::TooManyHandles`] when no table entry is available
     /// before the next compaction; backend errors.
-    pub fn halloc(&self, backend: &Backend, size: u64) -> Result<Handle> {
+    pub fn handle_alloc(&self, backend: &Backend, size: u64) -> Result<Handle> {
         if size == 0 {
             return Err(CompactionError::ZeroSize);
         }
@@ -218,18 +219,20 @@ impl DeviceHeap {
         if w[CTRL_POOL_NEXT as usize] >= w[CTRL_POOL_LEN as usize] {
             return Err(CompactionError::TooManyHandles(self.max_handles()));
         }
-        match self.halloc_batch(backend, &[size])?[0] {
+        match self.handle_alloc_batch(backend, &[size])?[0] {
             Some(h) => Ok(h),
-            None => Err(BackendError::InvalidArgument(format!("halloc of {size} bytes failed unexpectedly")).into()),
+            None => {
+                Err(BackendError::InvalidArgument(format!("handle_alloc of {size} bytes failed unexpectedly")).into())
+            }
         }
     }
 
-    /// Thread `i` of one launch calls the device `halloc(sizes[i])`; `None`
+    /// Thread `i` of one launch calls the device `handle_alloc(sizes[i])`; `None`
     /// where it returned 0 (0 bytes, arena or table exhausted).
     ///
     /// # Errors
     /// When the heap has no movable arena; backend errors.
-    pub fn halloc_batch(&self, backend: &Backend, sizes: &[u64]) -> Result<Vec<Option<Handle>>> {
+    pub fn handle_alloc_batch(&self, backend: &Backend, sizes: &[u64]) -> Result<Vec<Option<Handle>>> {
         self.mv()?;
         let n = sizes.len() as u64;
         if n == 0 {
@@ -237,7 +240,7 @@ impl DeviceHeap {
         }
         let sizes_buf = backend.upload(sizes)?;
         let out = backend.alloc_zeroed(sizes.len() * 8)?;
-        let p = HallocParams {
+        let p = HandleAllocParams {
             heap: self.handle,
             sizes: sizes_buf.device_ptr(),
             size: 0,
@@ -247,34 +250,34 @@ impl DeviceHeap {
         // SAFETY: the heap (and its arena buffer) is alive, borrowed for the
         // launch, which is synchronous, so no compaction runs; `sizes` and
         // `out` hold `n` u64s.
-        unsafe { backend.launch(&HEAP_HALLOC, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
+        unsafe { backend.launch(&HEAP_HANDLE_ALLOC, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
         Ok(out.read::<u64>()?.into_iter().map(|h| (h != 0).then_some(Handle(h))).collect())
     }
 
-    /// Frees the block of `h` from the host (the device `hfree`): the handle
+    /// Frees the block of `h` from the host (the device `handle_free`): the handle
     /// stops resolving at once; its bytes and its table entry are reclaimed
     /// by the next compaction.
     ///
     /// # Errors
     /// [`CompactionError::InvalidHandle`] (stale, already freed, never
     /// allocated), [`CompactionError::Pinned`]; backend errors.
-    pub fn hfree(&self, backend: &Backend, h: Handle) -> Result<()> {
+    pub fn handle_free(&self, backend: &Backend, h: Handle) -> Result<()> {
         let (_, e) = self.live_entry(h)?;
         if e.flags & ENTRY_PINNED != 0 {
             return Err(CompactionError::Pinned(h));
         }
-        match self.hfree_batch(backend, &[h])?[0] {
+        match self.handle_free_batch(backend, &[h])?[0] {
             true => Ok(()),
             false => Err(CompactionError::InvalidHandle(h)),
         }
     }
 
-    /// Thread `i` of one launch calls the device `hfree(handles[i])`; `false`
+    /// Thread `i` of one launch calls the device `handle_free(handles[i])`; `false`
     /// where it was rejected (not live, or pinned).
     ///
     /// # Errors
     /// When the heap has no movable arena; backend errors.
-    pub fn hfree_batch(&self, backend: &Backend, handles: &[Handle]) -> Result<Vec<bool>> {
+    pub fn handle_free_batch(&self, backend: &Backend, handles: &[Handle]) -> Result<Vec<bool>> {
         self.mv()?;
         let n = handles.len() as u64;
         if n == 0 {
@@ -283,14 +286,14 @@ impl DeviceHeap {
         let raw: Vec<u64> = handles.iter().map(|h| h.0).collect();
         let hbuf = backend.upload(&raw)?;
         let out = backend.alloc_zeroed(handles.len() * 8)?;
-        let p = HfreeParams { heap: self.handle, handles: hbuf.device_ptr(), threads: n, out: out.device_ptr() };
+        let p = HandleFreeParams { heap: self.handle, handles: hbuf.device_ptr(), threads: n, out: out.device_ptr() };
         // SAFETY: a live heap borrowed for a synchronous launch; `handles` and
-        // `out` hold `n` u64s; `hfree` rejects handles that are not live.
-        unsafe { backend.launch(&HEAP_HFREE, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
+        // `out` hold `n` u64s; `handle_free` rejects handles that are not live.
+        unsafe { backend.launch(&HEAP_HANDLE_FREE, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
         Ok(out.read::<u64>()?.into_iter().map(|r| r != 0).collect())
     }
 
-    /// Runs the example user kernel `gpuheap_heap_htouch` over `handles`
+    /// Runs the example user kernel `gpuheap_heap_handle_touch` over `handles`
     /// now: thread `i` resolves `handles[i]` on the device when it runs and
     /// writes (`verify = false`) or checks `pattern(handle ^ seed, word)` over
     /// every word of the block (its size rounded up to 16). Returns the
@@ -314,7 +317,7 @@ impl DeviceHeap {
         let raw: Vec<u64> = handles.iter().map(|h| h.0).collect();
         let hbuf = backend.upload(&raw)?;
         let counters = backend.alloc_zeroed(16)?;
-        let p = HtouchParams {
+        let p = HandleTouchParams {
             heap: self.handle,
             handles: hbuf.device_ptr(),
             threads: n,
@@ -325,7 +328,7 @@ impl DeviceHeap {
         // SAFETY: a live heap borrowed for a synchronous launch (no compaction
         // runs); `handles` holds `n` u64s, distinct table indices when writing
         // (checked), so each block has one writer; `counters` two u64s.
-        unsafe { backend.launch(&HEAP_HTOUCH, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
+        unsafe { backend.launch(&HEAP_HANDLE_TOUCH, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
         let c: Vec<u64> = counters.read()?;
         Ok((c[0], c[1]))
     }

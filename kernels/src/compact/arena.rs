@@ -5,10 +5,10 @@
 //! ```ignore
 //! use gpuheap_kernels::compact::arena;
 //! // in a kernel body, with `p.heap: Heap` (from `DeviceHeap::with_movable`):
-//! let h = unsafe { arena::halloc(&p.heap, 48) };       // 0 on failure
+//! let h = unsafe { arena::handle_alloc(&p.heap, 48) };       // 0 on failure
 //! let ptr = unsafe { arena::resolve(&p.heap, h) };     // null if not live
 //! // ... use ptr in this kernel only ...
-//! unsafe { arena::hfree(&p.heap, h) };                  // bytes reclaimed by the next compaction
+//! unsafe { arena::handle_free(&p.heap, h) };                  // bytes reclaimed by the next compaction
 //! ```
 //!
 //! # Design: one span, a bump cursor, a handle table
@@ -22,7 +22,7 @@
 //! page, so raw `malloc` never returns them and raw `free` ignores them.
 //! Inside the span:
 //!
-//! * **Allocation is a bump**: [`halloc`] rounds the size up to 16 bytes and
+//! * **Allocation is a bump**: [`handle_alloc`] rounds the size up to 16 bytes and
 //!   takes it from a cursor; lanes of a warp asking for the same size share
 //!   one `atom.add` (the aggregation of `crate::bump`), and the lanes that got
 //!   bytes share one more `atom.add` to take handle-table indices from an
@@ -39,7 +39,7 @@
 //!   and its entry reused) never resolves. [`resolve`] reads the state word
 //!   with acquire ordering, so a handle published by the allocating thread
 //!   (with release ordering, or across launches) resolves to the whole entry.
-//! * **Freeing marks the entry dead** ([`hfree`], one CAS on the state word:
+//! * **Freeing marks the entry dead** ([`handle_free`], one CAS on the state word:
 //!   a double free or a stale handle fails instead of corrupting anything).
 //!   Neither the bytes nor the index are reused before the next compaction.
 //! * **Compaction** (host: `gpuheap::compaction::compact_heap`) lists the live
@@ -73,8 +73,8 @@
 //!
 //! # PTX budget
 //!
-//! `tests/ptx_check.rs` (ptxas 12.x, sm_80 and sm_90): `gpuheap_heap_halloc`
-//! 30 registers, `gpuheap_heap_hfree` 16, `gpuheap_heap_htouch` 32; no
+//! `tests/ptx_check.rs` (ptxas 12.x, sm_80 and sm_90): `gpuheap_heap_handle_alloc`
+//! 30 registers, `gpuheap_heap_handle_free` 16, `gpuheap_heap_handle_touch` 32; no
 //! spills, no stack frame, no local memory.
 //!
 //! # Memory of the arena state
@@ -101,7 +101,7 @@ pub const CTRL_CURSOR: u64 = 0;
 pub const CTRL_POOL_NEXT: u64 = 1;
 /// Control word: indices in the pool (written by the host only).
 pub const CTRL_POOL_LEN: u64 = 2;
-/// Control word: [`halloc`] calls that returned 0 for a nonzero size.
+/// Control word: [`handle_alloc`] calls that returned 0 for a nonzero size.
 pub const CTRL_FAILED: u64 = 3;
 /// [`HandleEntry::flags`]: the pin count is kept in bits 8..32 (and
 /// [`ENTRY_PINNED`] is set while it is nonzero).
@@ -175,7 +175,7 @@ unsafe fn state<'a>(heap: &Heap, i: u32) -> &'a AtomicU64 {
 /// `heap` is the handle of a live heap (from `DeviceHeap::handle`), used
 /// while no compaction runs.
 #[inline(always)]
-pub unsafe fn halloc(heap: &Heap, size: u64) -> u64 {
+pub unsafe fn handle_alloc(heap: &Heap, size: u64) -> u64 {
     let cap = heap.movable_bytes;
     let has_arena = heap.movable_ctrl != 0;
     let need = if size == 0 || size > cap || !has_arena { 0 } else { size.div_ceil(GRANULE) * GRANULE };
@@ -255,7 +255,7 @@ pub unsafe fn halloc(heap: &Heap, size: u64) -> u64 {
 /// ordering. Not collective.
 ///
 /// # Safety
-/// As for [`halloc`].
+/// As for [`handle_alloc`].
 #[inline(always)]
 pub unsafe fn entry(heap: &Heap, handle: u64) -> Option<HandleEntry> {
     let (i, gen) = split_handle(handle);
@@ -270,7 +270,7 @@ pub unsafe fn entry(heap: &Heap, handle: u64) -> Option<HandleEntry> {
     }
     // SAFETY: as above; the acquire load orders these reads after the
     // allocating thread's writes. Only `offset` and `size` are read plainly
-    // (the state word may be changed concurrently by `hfree`, atomically).
+    // (the state word may be changed concurrently by `handle_free`, atomically).
     let (offset, size) = unsafe {
         let e = entry_ptr(heap, i);
         (core::ptr::addr_of!((*e).offset).read(), core::ptr::addr_of!((*e).size).read())
@@ -283,7 +283,7 @@ pub unsafe fn entry(heap: &Heap, handle: u64) -> Option<HandleEntry> {
 /// until the kernel ends (see the module docs). Not collective.
 ///
 /// # Safety
-/// As for [`halloc`].
+/// As for [`handle_alloc`].
 #[inline(always)]
 pub unsafe fn resolve(heap: &Heap, handle: u64) -> *mut u8 {
     // SAFETY: forwarded contract.
@@ -300,9 +300,9 @@ pub unsafe fn resolve(heap: &Heap, handle: u64) -> *mut u8 {
 /// collective.
 ///
 /// # Safety
-/// As for [`halloc`]; nobody uses the block after this call.
+/// As for [`handle_alloc`]; nobody uses the block after this call.
 #[inline(always)]
-pub unsafe fn hfree(heap: &Heap, handle: u64) -> bool {
+pub unsafe fn handle_free(heap: &Heap, handle: u64) -> bool {
     let (i, gen) = split_handle(handle);
     if heap.movable_ctrl == 0 || i as u64 >= heap.max_handles {
         return false;
@@ -316,10 +316,10 @@ pub unsafe fn hfree(heap: &Heap, handle: u64) -> bool {
     st.compare_exchange(s, (gen as u64) << 32, Ordering::AcqRel).is_ok()
 }
 
-/// Parameters of [`HEAP_HALLOC`].
+/// Parameters of [`HEAP_HANDLE_ALLOC`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct HallocParams {
+pub struct HandleAllocParams {
     /// The heap.
     pub heap: Heap,
     /// Device address of `threads` `u64` sizes, or 0 to use `size` for all.
@@ -332,11 +332,11 @@ pub struct HallocParams {
     pub out: u64,
 }
 
-/// Thread `i < threads` stores `halloc(size_i)` in `out[i]`.
+/// Thread `i < threads` stores `handle_alloc(size_i)` in `out[i]`.
 ///
 /// # Safety
 /// `heap` is live; `sizes` (if non-zero) and `out` address `threads` `u64`s.
-pub unsafe fn halloc_kernel(p: &HallocParams) {
+pub unsafe fn handle_alloc_kernel(p: &HandleAllocParams) {
     let i = global_thread_id();
     if i >= p.threads {
         return;
@@ -348,15 +348,15 @@ pub unsafe fn halloc_kernel(p: &HallocParams) {
         p.size
     };
     // SAFETY: the caller guarantees a live heap.
-    let h = unsafe { halloc(&p.heap, size) };
+    let h = unsafe { handle_alloc(&p.heap, size) };
     // SAFETY: `i < threads`, inside `out`.
     unsafe { (p.out as *mut u64).add(i as usize).write(h) };
 }
 
-/// Parameters of [`HEAP_HFREE`].
+/// Parameters of [`HEAP_HANDLE_FREE`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct HfreeParams {
+pub struct HandleFreeParams {
     /// The heap.
     pub heap: Heap,
     /// Device address of `threads` `u64` handles.
@@ -367,12 +367,12 @@ pub struct HfreeParams {
     pub out: u64,
 }
 
-/// Thread `i < threads` calls `hfree(handles[i])` (and stores the result).
+/// Thread `i < threads` calls `handle_free(handles[i])` (and stores the result).
 ///
 /// # Safety
 /// `heap` is live; `handles` (and `out`, if non-zero) address `threads`
 /// `u64`s; no one uses the freed blocks afterwards.
-pub unsafe fn hfree_kernel(p: &HfreeParams) {
+pub unsafe fn handle_free_kernel(p: &HandleFreeParams) {
     let i = global_thread_id();
     if i >= p.threads {
         return;
@@ -380,17 +380,17 @@ pub unsafe fn hfree_kernel(p: &HfreeParams) {
     // SAFETY: `i < threads`, inside `handles`.
     let h = unsafe { (p.handles as *const u64).add(i as usize).read() };
     // SAFETY: the caller guarantees a live heap.
-    let ok = unsafe { hfree(&p.heap, h) };
+    let ok = unsafe { handle_free(&p.heap, h) };
     if p.out != 0 {
         // SAFETY: `i < threads`, inside `out`.
         unsafe { (p.out as *mut u64).add(i as usize).write(ok as u64) };
     }
 }
 
-/// Parameters of [`HEAP_HTOUCH`].
+/// Parameters of [`HEAP_HANDLE_TOUCH`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct HtouchParams {
+pub struct HandleTouchParams {
     /// The heap.
     pub heap: Heap,
     /// Device address of `threads` `u64` handles (0 entries are skipped).
@@ -414,7 +414,7 @@ pub struct HtouchParams {
 /// # Safety
 /// `heap` is live; `handles` addresses `threads` `u64`s, distinct live
 /// handles owned by their threads for this launch; `counters` two `u64`s.
-pub unsafe fn htouch_kernel(p: &HtouchParams) {
+pub unsafe fn handle_touch_kernel(p: &HandleTouchParams) {
     let i = global_thread_id();
     if i >= p.threads {
         return;
@@ -458,14 +458,14 @@ pub unsafe fn htouch_kernel(p: &HtouchParams) {
 }
 
 crate::kernel_entry! {
-    /// [`halloc_kernel`] as a kernel.
-    pub static HEAP_HALLOC: HallocParams = gpuheap_heap_halloc => halloc_kernel;
+    /// [`handle_alloc_kernel`] as a kernel.
+    pub static HEAP_HANDLE_ALLOC: HandleAllocParams = gpuheap_heap_handle_alloc => handle_alloc_kernel;
 }
 crate::kernel_entry! {
-    /// [`hfree_kernel`] as a kernel.
-    pub static HEAP_HFREE: HfreeParams = gpuheap_heap_hfree => hfree_kernel;
+    /// [`handle_free_kernel`] as a kernel.
+    pub static HEAP_HANDLE_FREE: HandleFreeParams = gpuheap_heap_handle_free => handle_free_kernel;
 }
 crate::kernel_entry! {
-    /// [`htouch_kernel`] as a kernel.
-    pub static HEAP_HTOUCH: HtouchParams = gpuheap_heap_htouch => htouch_kernel;
+    /// [`handle_touch_kernel`] as a kernel.
+    pub static HEAP_HANDLE_TOUCH: HandleTouchParams = gpuheap_heap_handle_touch => handle_touch_kernel;
 }

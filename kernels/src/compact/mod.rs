@@ -29,7 +29,7 @@
 //!   must stay fixed for longer (DMA, a pointer stored inside other data, work
 //!   on another stream) must be pinned for that time.
 //! * In the device heap, movable blocks live in the heap's *movable arena*
-//!   ([`arena`]: `halloc`, `hfree`, `resolve` beside raw `malloc`); raw
+//!   ([`arena`]: `handle_alloc`, `handle_free`, `resolve` beside raw `malloc`); raw
 //!   `malloc` blocks are outside it and never move.
 //! * After a compaction, all free space of each segment is one contiguous
 //!   range at the segment's end; with no pinned blocks the region's free space

@@ -48,6 +48,9 @@ pub struct MoveParams {
 }
 
 /// Bytes of the moving block `i` (0 if it does not move).
+///
+/// # Safety
+/// `p` satisfies [`move_tiles`]' contract and `i < p.count`.
 #[inline(always)]
 unsafe fn moving(p: &MoveParams, i: u64) -> (LiveBlock, u64, u64, u64) {
     // SAFETY: `i < count` (caller).
@@ -63,6 +66,9 @@ unsafe fn moving(p: &MoveParams, i: u64) -> (LiveBlock, u64, u64, u64) {
 }
 
 /// Stream bytes whose source lies below region offset `a`.
+///
+/// # Safety
+/// `p` satisfies [`move_tiles`]' contract.
 #[inline(always)]
 unsafe fn stream_below(p: &MoveParams, a: u64) -> u64 {
     // SAFETY: the caller's contract on `p`.
@@ -80,6 +86,9 @@ unsafe fn stream_below(p: &MoveParams, a: u64) -> u64 {
 /// pieces are merged while their sources (`by_src`) or their destinations
 /// (`!by_src`) are contiguous (contiguous sources imply contiguous
 /// destinations).
+///
+/// # Safety
+/// `p` satisfies [`move_tiles`]' contract.
 #[inline(always)]
 unsafe fn for_each_run(
     p: &MoveParams,

@@ -90,6 +90,10 @@ pub struct PlanParams {
     pub items_per_lane: u32,
 }
 
+/// The scan element of block `i` (its size, or a reset for a pinned block).
+///
+/// # Safety
+/// `p` satisfies [`plan`]'s contract and `i < p.count`.
 #[inline(always)]
 unsafe fn element(p: &PlanParams, i: u64) -> u64 {
     // SAFETY: `i < count` (caller).
@@ -112,6 +116,10 @@ unsafe fn element(p: &PlanParams, i: u64) -> u64 {
 }
 
 /// Writes the outputs of block `i` whose exclusive prefix is `excl`.
+///
+/// # Safety
+/// `p` satisfies [`plan`]'s contract and `i < p.count`; block `i`'s outputs
+/// are written by this thread alone.
 #[inline(always)]
 unsafe fn output(p: &PlanParams, i: u64, excl: u64) {
     if p.mode == MODE_DST {

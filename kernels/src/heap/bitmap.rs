@@ -112,13 +112,14 @@ impl Hb {
     }
 
     /// Reads bit `i` (a relaxed snapshot).
-    pub fn get<M: HeapMem>(&self, m: &M, i: u64) -> bool {
+    #[allow(dead_code)] // host-side inspection (loom tests, debugging)
+    pub(crate) fn get<M: HeapMem>(&self, m: &M, i: u64) -> bool {
         self.at(m, self.off, i / 64).load(Ordering::Relaxed) & (1 << (i % 64)) != 0
     }
 
     /// Sets bit `i`; returns whether it was already set.
     #[inline(always)]
-    pub fn set<M: HeapMem>(&self, m: &M, i: u64) -> bool {
+    pub(crate) fn set<M: HeapMem>(&self, m: &M, i: u64) -> bool {
         let bit = 1u64 << (i % 64);
         let old = self.at(m, self.off, i / 64).fetch_or(bit, Ordering::AcqRel);
         if old == 0 {
@@ -129,7 +130,7 @@ impl Hb {
 
     /// Clears bit `i`; returns whether it was set.
     #[inline(always)]
-    pub fn clear<M: HeapMem>(&self, m: &M, i: u64) -> bool {
+    pub(crate) fn clear<M: HeapMem>(&self, m: &M, i: u64) -> bool {
         let bit = 1u64 << (i % 64);
         let old = self.at(m, self.off, i / 64).fetch_and(!bit, Ordering::AcqRel);
         if old == bit {
@@ -209,7 +210,7 @@ impl Hb {
     /// A set bit (not claimed), or `None` when none was found within
     /// [`MAX_RESTARTS`] descents.
     #[inline(always)]
-    pub fn find<M: HeapMem>(&self, m: &M, hint: u64) -> Option<u64> {
+    pub(crate) fn find<M: HeapMem>(&self, m: &M, hint: u64) -> Option<u64> {
         let mut r = 0;
         while r < MAX_RESTARTS {
             if let Some((w, v)) = self.descend(m, hint.wrapping_add(r as u64)) {
@@ -226,7 +227,7 @@ impl Hb {
     /// Finds a set bit and clears it atomically: the caller owns that bit.
     /// `None` when the bitmap is (or stays, over [`MAX_RESTARTS`] tries) empty.
     #[inline(always)]
-    pub fn claim<M: HeapMem>(&self, m: &M, hint: u64) -> Option<u64> {
+    pub(crate) fn claim<M: HeapMem>(&self, m: &M, hint: u64) -> Option<u64> {
         let mut r = 0;
         while r < MAX_RESTARTS {
             if let Some((w, mut v)) = self.descend(m, hint.wrapping_add(r as u64)) {
@@ -259,7 +260,7 @@ impl Hb {
     /// between the two, so two buddies freed concurrently always merge: the
     /// second CAS sees the first one's bit.
     #[inline(always)]
-    pub fn set_or_take_buddy<M: HeapMem>(&self, m: &M, i: u64) -> bool {
+    pub(crate) fn set_or_take_buddy<M: HeapMem>(&self, m: &M, i: u64) -> bool {
         let word = self.at(m, self.off, i / 64);
         let me = 1u64 << (i % 64);
         let buddy = 1u64 << ((i ^ 1) % 64);
@@ -282,14 +283,15 @@ impl Hb {
 
     /// `true` when the top word is zero (then, at quiescence, no bit is set).
     #[inline(always)]
-    pub fn is_empty<M: HeapMem>(&self, m: &M) -> bool {
+    pub(crate) fn is_empty<M: HeapMem>(&self, m: &M) -> bool {
         let top = self.depth() - 1;
         self.at(m, self.level_off(top), 0).load(Ordering::Acquire) == 0
     }
 
     /// Calls `f` with every set bit, in increasing order (host-side
     /// inspection; not atomic as a whole).
-    pub fn for_each_set<M: HeapMem>(&self, m: &M, mut f: impl FnMut(u64)) {
+    #[cfg_attr(not(test), allow(dead_code))] // host-side inspection, used by the tests
+    pub(crate) fn for_each_set<M: HeapMem>(&self, m: &M, mut f: impl FnMut(u64)) {
         for w in 0..self.n.div_ceil(64) {
             let mut v = self.at(m, self.off, w).load(Ordering::Relaxed);
             while v != 0 {
@@ -305,7 +307,8 @@ impl Hb {
 
     /// Checks the quiescent invariant "non-zero word ⇒ summary bit set" at
     /// every level; returns the first violating `(level, word)`.
-    pub fn check_summary<M: HeapMem>(&self, m: &M) -> Result<(), (u32, u64)> {
+    #[cfg_attr(not(test), allow(dead_code))] // host-side inspection, used by the tests
+    pub(crate) fn check_summary<M: HeapMem>(&self, m: &M) -> Result<(), (u32, u64)> {
         let depth = self.depth();
         for l in 0..depth.saturating_sub(1) {
             let loff = self.level_off(l);

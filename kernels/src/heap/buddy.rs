@@ -66,7 +66,7 @@ const TRANSIT_END: u64 = (1 << 32) - 1;
 
 /// The hierarchical bitmap of buddy level `k`.
 #[inline(always)]
-pub fn level<M: HeapMem>(m: &M, k: u32) -> Hb {
+pub(crate) fn level<M: HeapMem>(m: &M, k: u32) -> Hb {
     let g = m.geom();
     let off = m.word(Region::Ctrl, (CTRL_LEVELS as u32 + k) as u64).load(Ordering::Relaxed);
     Hb { region: Region::Buddy, off, n: level_bits(g.units, k) }
@@ -75,7 +75,7 @@ pub fn level<M: HeapMem>(m: &M, k: u32) -> Hb {
 /// Allocates a block of `UNIT << k` bytes; returns its first unit, or `None`
 /// when no block of that order can be made (after the transit check).
 /// `hint` spreads concurrent callers over the leaf words.
-pub fn alloc<M: HeapMem>(m: &M, k: u32, hint: u64) -> Option<u64> {
+pub(crate) fn alloc<M: HeapMem>(m: &M, k: u32, hint: u64) -> Option<u64> {
     let max = m.geom().max_order as u32;
     if k > max || k > MAX_ORDER_LIMIT {
         return None;
@@ -127,7 +127,7 @@ pub fn alloc<M: HeapMem>(m: &M, k: u32, hint: u64) -> Option<u64> {
 /// # Contract
 /// The block was returned by [`alloc`] with the same `k` and is not freed
 /// twice (the callers check this with the tags or page headers).
-pub fn free<M: HeapMem>(m: &M, unit: u64, k: u32) {
+pub(crate) fn free<M: HeapMem>(m: &M, unit: u64, k: u32) {
     let max = m.geom().max_order as u32;
     let transit = m.word(Region::Ctrl, CTRL_TRANSIT as u64);
     transit.fetch_add(TRANSIT_BEGIN, Ordering::Relaxed);
@@ -152,14 +152,15 @@ pub fn free<M: HeapMem>(m: &M, unit: u64, k: u32) {
 /// The large-block tag of `unit` (`order + 1` while a large block starting
 /// there is live, else 0).
 #[inline(always)]
-pub fn tag<M: HeapMem>(m: &M, unit: u64) -> &crate::arch::atomic::AtomicU32 {
+pub(crate) fn tag<M: HeapMem>(m: &M, unit: u64) -> &crate::arch::atomic::AtomicU32 {
     m.word32(Region32::Tags, unit)
 }
 
 /// Host-side: the free blocks as `(first unit, order)`, in address order
 /// (a relaxed snapshot; exact when no kernel runs).
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn free_blocks<M: HeapMem>(m: &M) -> std::vec::Vec<(u64, u32)> {
+#[cfg_attr(not(test), allow(dead_code))] // used by the tests
+pub(crate) fn free_blocks<M: HeapMem>(m: &M) -> std::vec::Vec<(u64, u32)> {
     let mut v = std::vec::Vec::new();
     for k in 0..=m.geom().max_order as u32 {
         level(m, k).for_each_set(m, |b| v.push((b << k, k)));

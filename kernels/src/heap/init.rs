@@ -14,7 +14,7 @@ use crate::arch::atomic::Ordering;
 
 /// Writes the control block (magic, buddy level table) and sets all of
 /// `[0, units)` free. Expects zeroed metadata.
-pub fn init<M: HeapMem>(m: &M) {
+pub(crate) fn init<M: HeapMem>(m: &M) {
     write_ctrl(m);
     let units = m.geom().units;
     free_runs(m, core::iter::once((0, units)));
@@ -22,7 +22,7 @@ pub fn init<M: HeapMem>(m: &M) {
 
 /// Writes the magic, the buddy level table and the copy of the handle
 /// (`CTRL_GEOM`) into the control block.
-pub fn write_ctrl<M: HeapMem>(m: &M) {
+pub(crate) fn write_ctrl<M: HeapMem>(m: &M) {
     let g = *m.geom();
     m.word(Region::Ctrl, CTRL_MAGIC as u64).store(MAGIC, Ordering::Relaxed);
     for (i, w) in bytemuck::cast_slice::<_, u64>(bytemuck::bytes_of(&g)).iter().enumerate() {
@@ -39,7 +39,7 @@ pub fn write_ctrl<M: HeapMem>(m: &M) {
 /// one order larger), so the result is a valid buddy state as long as the
 /// ranges are disjoint and everything outside them is live or a slab page.
 /// Expects the buddy levels to be zero over these ranges.
-pub fn free_runs<M: HeapMem>(m: &M, runs: impl Iterator<Item = (u64, u64)>) {
+pub(crate) fn free_runs<M: HeapMem>(m: &M, runs: impl Iterator<Item = (u64, u64)>) {
     let g = *m.geom();
     for (start, end) in runs {
         let mut u = start;

@@ -274,7 +274,7 @@ impl Heap {
 /// the compiler copy the parameter to local memory (a stack frame, which the
 /// PTX budget forbids). An 8-byte struct is passed in a register instead.
 #[derive(Clone, Copy, Debug)]
-pub struct DevHeap {
+pub(crate) struct DevHeap {
     meta: u64,
 }
 
@@ -285,13 +285,15 @@ impl DevHeap {
     /// `heap` is the handle of a live, initialised heap (its metadata holds a
     /// copy of `heap` at control word [`CTRL_GEOM`]).
     #[inline(always)]
-    pub unsafe fn new(heap: &Heap) -> Self {
+    pub(crate) unsafe fn new(heap: &Heap) -> Self {
         DevHeap { meta: heap.meta }
     }
 }
 
+// SAFETY: `DevHeap::new`'s contract: `meta` is the metadata of a live,
+// initialised heap whose layout is the copy of the handle at `CTRL_GEOM`.
 #[cfg(not(any(loom, shuttle)))]
-impl HeapMem for DevHeap {
+unsafe impl HeapMem for DevHeap {
     #[inline(always)]
     fn geom(&self) -> &Heap {
         // SAFETY: `new`'s contract: the control block holds a `Heap` (8-byte
@@ -326,8 +328,9 @@ impl HeapMem for DevHeap {
     }
 }
 
+// SAFETY: never returns (model-checking builds do not use device handles).
 #[cfg(any(loom, shuttle))]
-impl HeapMem for DevHeap {
+unsafe impl HeapMem for DevHeap {
     fn geom(&self) -> &Heap {
         unreachable!("device handles are not used in model-checking builds; use VecHeap")
     }
@@ -366,60 +369,34 @@ pub enum Region32 {
 /// Where the protocols find their atomics.
 ///
 /// The allocator's protocols are written against this trait so that the same
-/// code runs on the device (the [`Heap`] handle, whose words are views of
-/// device memory) and in the model checkers, where loom's atomics cannot be
-/// made from raw pointers and live in `Vec`s instead ([`VecHeap`], host only).
-pub trait HeapMem {
+/// code runs on the device ([`DevHeap`], whose words are views of device
+/// memory) and in the model checkers, where loom's atomics cannot be made
+/// from raw pointers and live in `Vec`s instead ([`VecHeap`], host only).
+///
+/// Crate-private, like every protocol function generic over it: the device
+/// implementation does no bounds checks (they would cost registers on the
+/// hot path), so a caller outside the protocols could reach undefined
+/// behaviour with an out-of-range index. From outside the crate the heap is
+/// reached only through the `unsafe fn`s [`super::malloc`] and
+/// [`super::free`]. The plain [`Heap`] handle is not a `HeapMem`: any `Heap`
+/// value can be built in safe code.
+///
+/// # Safety
+/// An implementation guarantees that, for the geometry `g = self.geom()`,
+/// `word(r, i)` and `word32(r, i)` return a reference to a live atomic for
+/// every `i` inside region `r` (`Ctrl`: `CTRL_WORDS`; `Hdr`: `g.pages`;
+/// `Bits`: `g.pages * WORDS_PER_PAGE`; `Avail`: `CLASSES * g.avail_stride`;
+/// `Buddy`: `g.buddy_words`; `Current`: `CLASSES * CURRENT_SLOTS`; `Tags`:
+/// `g.units`), shared by every thread using the same heap, and that `geom()`
+/// does not change while the heap is in use. The protocols only pass
+/// indices inside those ranges.
+pub(crate) unsafe trait HeapMem {
     /// The geometry (and, on the device, the addresses).
     fn geom(&self) -> &Heap;
     /// Word `i` of region `r`.
     fn word(&self, r: Region, i: u64) -> &AtomicU64;
     /// Word `i` of 32-bit region `r`.
     fn word32(&self, r: Region32, i: u64) -> &AtomicU32;
-}
-
-impl HeapMem for Heap {
-    #[inline(always)]
-    fn geom(&self) -> &Heap {
-        self
-    }
-
-    #[cfg(not(any(loom, shuttle)))]
-    #[inline(always)]
-    fn word(&self, r: Region, i: u64) -> &AtomicU64 {
-        let off = match r {
-            Region::Ctrl => 0,
-            Region::Hdr => self.hdr_off,
-            Region::Bits => self.bits_off,
-            Region::Avail => self.avail_off,
-            Region::Buddy => self.buddy_off,
-        };
-        // SAFETY: the contract of `malloc`/`free` is that `self` is a handle
-        // made by the host for live metadata; every index the protocols
-        // compute is inside its region by construction of the layout.
-        unsafe { AtomicU64::from_ptr((self.meta + off + i * 8) as *mut u64) }
-    }
-
-    #[cfg(not(any(loom, shuttle)))]
-    #[inline(always)]
-    fn word32(&self, r: Region32, i: u64) -> &AtomicU32 {
-        let off = match r {
-            Region32::Current => self.current_off,
-            Region32::Tags => self.tags_off,
-        };
-        // SAFETY: as for `word`.
-        unsafe { AtomicU32::from_ptr((self.meta + off + i * 4) as *mut u32) }
-    }
-
-    #[cfg(any(loom, shuttle))]
-    fn word(&self, _: Region, _: u64) -> &AtomicU64 {
-        unreachable!("device handles are not used in model-checking builds; use VecHeap")
-    }
-
-    #[cfg(any(loom, shuttle))]
-    fn word32(&self, _: Region32, _: u64) -> &AtomicU32 {
-        unreachable!("device handles are not used in model-checking builds; use VecHeap")
-    }
 }
 
 /// Heap metadata in host `Vec`s: the model checkers' [`HeapMem`], and the
@@ -497,8 +474,10 @@ impl VecHeap {
     }
 }
 
+// SAFETY: the vectors are sized from `heap` by `new` (indexing checks bounds),
+// and `heap` is only read afterwards by the protocols.
 #[cfg(not(target_arch = "nvptx64"))]
-impl HeapMem for VecHeap {
+unsafe impl HeapMem for VecHeap {
     fn geom(&self) -> &Heap {
         &self.heap
     }
@@ -574,8 +553,9 @@ impl InitImage {
     }
 }
 
+// SAFETY: owned vectors, bounds-checked indexing; other regions panic.
 #[cfg(not(target_arch = "nvptx64"))]
-impl HeapMem for InitImage {
+unsafe impl HeapMem for InitImage {
     fn geom(&self) -> &Heap {
         &self.heap
     }

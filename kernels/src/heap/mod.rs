@@ -11,7 +11,7 @@
 //!
 //! | file | what | why this way |
 //! |---|---|---|
-//! | [`layout`] | units (4 KiB), pages (64 KiB), classes (16 B..4 KiB), the [`Heap`] handle, the metadata map, [`layout::HeapMem`] | one handle of plain data; metadata outside the arena |
+//! | [`layout`] | units (4 KiB), pages (64 KiB), classes (16 B..4 KiB), the [`Heap`] handle, the metadata map, the crate-private `HeapMem` trait over which the protocols are written | one handle of plain data; metadata outside the arena |
 //! | [`bitmap`] | hierarchical bitmaps with a summary-bit protocol | "find a set bit" in `depth` loads, exact at quiescence |
 //! | [`buddy`] | lock-free buddy levels, split/merge, the transit counter | large blocks and pages from one pool; no lost merges; no spurious null from splits in flight |
 //! | [`slab`] | page headers, slot bitmaps, reserve/claim/free, retire, current pages | one `fetch_add` per warp group, pages back to the buddy when empty |
@@ -89,8 +89,8 @@ mod loom_tests;
 #[cfg(all(test, not(loom), not(shuttle)))]
 mod tests;
 
+pub use layout::Heap;
 use layout::*;
-pub use layout::{DevHeap, Heap, HeapMem};
 use slab::SlotFree;
 
 use crate::arch::atomic::Ordering;
@@ -144,7 +144,7 @@ fn alloc_large<M: HeapMem>(m: &M, k: u32, hint: u64) -> u64 {
 /// `malloc` over any [`HeapMem`] (the device handle, or the model checkers'
 /// `VecHeap`). See [`malloc`].
 #[inline(always)]
-pub fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
+pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
     let g = m.geom();
     let mask = active_mask();
     let lane = lane_id();
@@ -248,7 +248,7 @@ pub fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
 
 /// `free` over any [`HeapMem`]. See [`free`].
 #[inline(always)]
-pub fn free_in<M: HeapMem>(m: &M, ptr: u64) {
+pub(crate) fn free_in<M: HeapMem>(m: &M, ptr: u64) {
     if ptr == 0 {
         return;
     }
@@ -293,6 +293,23 @@ pub fn free_in<M: HeapMem>(m: &M, ptr: u64) {
 /// # Safety
 /// `heap` is the handle of a live, initialised heap on this device (from
 /// `DeviceHeap::handle`, used while the `DeviceHeap` lives).
+///
+/// Any `Heap` value can be built in safe code, so no safe path leads from a
+/// `Heap` to the allocator: `malloc` needs `unsafe`, and the protocol layer
+/// under it (`malloc_in`, `free_in`, the slab, buddy and bitmap operations,
+/// which do no bounds checks on the device) is private to this crate.
+///
+/// ```compile_fail,E0133
+/// use gpuheap_kernels::heap::{malloc, Heap};
+/// // error[E0133]: call to unsafe function `malloc` requires unsafe block
+/// let p = malloc(&Heap::default(), 16);
+/// ```
+///
+/// ```compile_fail,E0603
+/// use gpuheap_kernels::heap::{malloc_in, Heap};
+/// // error[E0603]: function `malloc_in` is private
+/// let p = malloc_in(&Heap::default(), 16);
+/// ```
 #[inline(always)]
 pub unsafe fn malloc(heap: &Heap, size: u64) -> *mut u8 {
     // SAFETY: forwarded contract (a live, initialised heap).

@@ -160,7 +160,7 @@ impl Grant {
 
 /// The class's available-page bitmap.
 #[inline(always)]
-pub fn avail<M: HeapMem>(m: &M, class: u32) -> Hb {
+pub(crate) fn avail<M: HeapMem>(m: &M, class: u32) -> Hb {
     let g = m.geom();
     Hb { region: Region::Avail, off: class as u64 * g.avail_stride, n: g.pages }
 }
@@ -172,7 +172,7 @@ fn current<M: HeapMem>(m: &M, class: u32, slot: u32) -> &crate::arch::atomic::At
 
 /// Reserves up to `need` slots of class `class` on `page`; returns how many.
 #[inline(always)]
-pub fn reserve<M: HeapMem>(m: &M, page: u64, class: u32, need: u32) -> u32 {
+pub(crate) fn reserve<M: HeapMem>(m: &M, page: u64, class: u32, need: u32) -> u32 {
     let hdr = m.word(Region::Hdr, page);
     let slots = class_slots(class);
     // A plain look first avoids stray reservations on pages that are
@@ -195,7 +195,7 @@ pub fn reserve<M: HeapMem>(m: &M, page: u64, class: u32, need: u32) -> u32 {
 /// Bookkeeping after `n` was subtracted from a header whose previous value
 /// was `old`: the available bit on leaving "full", retirement on reaching 0.
 #[inline(always)]
-pub fn after_release<M: HeapMem>(m: &M, page: u64, old: u64, n: u32) {
+pub(crate) fn after_release<M: HeapMem>(m: &M, page: u64, old: u64, n: u32) {
     let Some(class) = hdr_class(old) else { return };
     let slots = class_slots(class);
     let used = hdr_used(old);
@@ -215,7 +215,7 @@ pub fn after_release<M: HeapMem>(m: &M, page: u64, old: u64, n: u32) {
 
 /// Returns the empty page whose header is exactly `h` to the buddy; `false`
 /// when the header changed (someone reserved, or it was retired already).
-pub fn retire<M: HeapMem>(m: &M, page: u64, h: u64) -> bool {
+pub(crate) fn retire<M: HeapMem>(m: &M, page: u64, h: u64) -> bool {
     if hdr_used(h) != 0 || hdr_class(h).is_none() {
         return false;
     }
@@ -232,7 +232,7 @@ pub fn retire<M: HeapMem>(m: &M, page: u64, h: u64) -> bool {
 /// slots already reserved for the caller. An RMW, not a store, so that
 /// stray reservations in flight on the unformatted header stay balanced.
 #[inline(always)]
-pub fn format<M: HeapMem>(m: &M, page: u64, class: u32, slot: u32, reserve: u32) {
+pub(crate) fn format<M: HeapMem>(m: &M, page: u64, class: u32, slot: u32, reserve: u32) {
     let delta = reserve as u64
         + (((class + 1) as u64) << CLASS_SHIFT)
         + ((slot as u64 & 0xFF) << SLOT_SHIFT)
@@ -291,7 +291,7 @@ fn from_avail<M: HeapMem>(m: &M, class: u32, need: u32, hint: u64) -> Grant {
 /// since the last scan (`CTRL_KEPT`), so a heap that is really full fails
 /// fast: the swap reads from the increment of every keep it resets, whose
 /// header RMW therefore happens-before the scan's loads.
-pub fn scavenge<M: HeapMem>(m: &M) -> bool {
+pub(crate) fn scavenge<M: HeapMem>(m: &M) -> bool {
     if m.word(Region::Ctrl, CTRL_KEPT as u64).swap(0, Ordering::AcqRel) == 0 {
         return false;
     }
@@ -315,7 +315,7 @@ pub fn scavenge<M: HeapMem>(m: &M) -> bool {
 /// current page of `slot`, the available pages, or a fresh page; returns the
 /// page and the count, or [`Grant::NONE`] when the heap cannot provide any.
 /// `need` is at most 32 (one warp).
-pub fn acquire<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
+pub(crate) fn acquire<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
     let cur = current(m, class, slot);
     let mut attempt = 0;
     while attempt < ACQUIRE_ATTEMPTS {
@@ -369,7 +369,7 @@ fn refill<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64, old: u
 /// from word `*cursor`: returns the word index and the bits obtained (never 0
 /// when the reservation holds). Updates `*cursor`.
 #[inline(always)]
-pub fn claim_bits<M: HeapMem>(m: &M, page: u64, class: u32, cursor: &mut u32, want: u32) -> (u32, u64) {
+pub(crate) fn claim_bits<M: HeapMem>(m: &M, page: u64, class: u32, cursor: &mut u32, want: u32) -> (u32, u64) {
     let words = class_words(class);
     let slots = class_slots(class);
     let valid = if slots >= 64 { u64::MAX } else { (1u64 << slots) - 1 };
@@ -418,7 +418,7 @@ pub enum SlotFree {
 /// Frees the slot at byte `off_in_page` of `page`, whose header read `h`
 /// (a slab page of some class).
 #[inline(always)]
-pub fn free_slot<M: HeapMem>(m: &M, page: u64, h: u64, off_in_page: u64) -> SlotFree {
+pub(crate) fn free_slot<M: HeapMem>(m: &M, page: u64, h: u64, off_in_page: u64) -> SlotFree {
     let Some(class) = hdr_class(h) else { return SlotFree::Invalid };
     let size_shift = MIN_CLASS_SHIFT + class;
     if off_in_page & ((1 << size_shift) - 1) != 0 {
@@ -437,7 +437,7 @@ pub fn free_slot<M: HeapMem>(m: &M, page: u64, h: u64, off_in_page: u64) -> Slot
 
 /// Gives back `n` reserved but unclaimed slots (never happens when the
 /// reservation invariant holds; kept so that every path is balanced).
-pub fn unreserve<M: HeapMem>(m: &M, page: u64, n: u32) {
+pub(crate) fn unreserve<M: HeapMem>(m: &M, page: u64, n: u32) {
     if n > 0 {
         let old = m.word(Region::Hdr, page).fetch_sub(n as u64, Ordering::AcqRel);
         after_release(m, page, old, n);
