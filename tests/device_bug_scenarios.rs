@@ -156,3 +156,46 @@ fn bl_11_failing_lanes_fail_fast_and_write_nothing() {
         }
     }
 }
+
+/// BL-26 (alpaka-group/mallocMC#69, PR#62): a heap of 2 pages (128 KiB) and
+/// one launch whose requests fill it exactly, on a fresh heap: 8,192 threads
+/// × 16 B, 4,096 × 32 B, 512 × 256 B, and 4 consecutive launches of 2,048
+/// × 16 B. Every request succeeds (a null means the
+/// heap is full, never a lost race: the guarantee of
+/// `gpuheap_kernels::heap`'s module docs), the blocks are distinct and
+/// tile the heap, and one more request gets null. 20 repetitions per
+/// backend and CPU mode.
+#[test]
+fn bl_26_a_heap_filled_exactly_by_one_launch_has_no_spurious_null() {
+    // (slot size, requests per launch, launches)
+    let cases: [(u64, u64, u64); 4] = [(16, 8192, 1), (32, 4096, 1), (256, 512, 1), (16, 2048, 4)];
+    for b in common::backends("bl_26") {
+        let what = format!("{b:?}");
+        for rep in 0..20 {
+            for &(size, n, launches) in &cases {
+                let heap = DeviceHeap::new(&b, 2 * PAGE).unwrap();
+                let mut ptrs = Vec::new();
+                let mut batches = Vec::new();
+                for _ in 0..launches {
+                    let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(size), n, false).unwrap();
+                    ptrs.extend(batch.read_ptrs().unwrap());
+                    batches.push(batch);
+                }
+                let nulls = ptrs.iter().filter(|&&p| p == 0).count();
+                let s = heap.stats().unwrap();
+                assert_eq!(
+                    nulls, 0,
+                    "{what} rep {rep}: {launches} x {n} x {size} B into 128 KiB: {nulls} null(s), {} B still free, {s:?}",
+                    2 * PAGE - s.bytes_in_use()
+                );
+                ptrs.sort_unstable();
+                ptrs.dedup();
+                assert_eq!(ptrs.len() as u64, n * launches, "{what}: a slot handed out twice");
+                assert_eq!(s.bytes_in_use(), 2 * PAGE, "{what}: {s:?}");
+                assert_eq!(s.failed_requests, 0, "{what}: {s:?}");
+                let one_more = ops::malloc_batch(&b, &heap, &Sizes::Uniform(size), 1, false).unwrap();
+                assert_eq!(one_more.read_ptrs().unwrap(), [0], "{what}: a full heap returns null");
+            }
+        }
+    }
+}

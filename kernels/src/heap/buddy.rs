@@ -72,10 +72,52 @@ pub(crate) fn level<M: HeapMem>(m: &M, k: u32) -> Hb {
     Hb { region: Region::Buddy, off, n: level_bits(g.units, k) }
 }
 
+/// Marks the start of an operation that hides free memory from searchers
+/// (see the module docs); its program-order-next RMW does the hiding.
+#[inline(always)]
+pub(crate) fn transit_begin<M: HeapMem>(m: &M) {
+    m.word(Region::Ctrl, CTRL_TRANSIT as u64).fetch_add(TRANSIT_BEGIN, Ordering::Relaxed);
+}
+
+/// Marks the end of a hiding operation whose memory is published again.
+#[inline(always)]
+pub(crate) fn transit_end<M: HeapMem>(m: &M) {
+    m.word(Region::Ctrl, CTRL_TRANSIT as u64).fetch_add(TRANSIT_END, Ordering::AcqRel);
+}
+
+/// Withdraws a [`transit_begin`] whose operation hid nothing.
+#[inline(always)]
+pub(crate) fn transit_cancel<M: HeapMem>(m: &M) {
+    m.word(Region::Ctrl, CTRL_TRANSIT as u64).fetch_sub(TRANSIT_BEGIN, Ordering::Relaxed);
+}
+
+/// The transit counter's value (`Acquire`): a search that found nothing is
+/// trusted only if [`transit_quiet`] holds between the value read before it
+/// and the value read after it.
+#[inline(always)]
+pub(crate) fn transit_now<M: HeapMem>(m: &M) -> u64 {
+    m.word(Region::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Acquire)
+}
+
+/// `true` when, between counter values `t0` (read before a search) and `t1`
+/// (read after it), no hiding operation completed and none other than the
+/// caller's own `own` ones was in flight at the end.
+#[inline(always)]
+pub(crate) fn transit_quiet(t0: u64, t1: u64, own: u32) -> bool {
+    t1 as u32 == own && t1 >> 32 == t0 >> 32
+}
+
 /// Allocates a block of `UNIT << k` bytes; returns its first unit, or `None`
 /// when no block of that order can be made (after the transit check).
 /// `hint` spreads concurrent callers over the leaf words.
 pub(crate) fn alloc<M: HeapMem>(m: &M, k: u32, hint: u64) -> Option<u64> {
+    alloc_in_transit(m, k, hint, 0)
+}
+
+/// [`alloc`] for a caller that holds `own` transit marks of its own (a slab
+/// page taken for formatting is hidden until its class publishes it), which
+/// the final check must not wait for.
+pub(crate) fn alloc_in_transit<M: HeapMem>(m: &M, k: u32, hint: u64, own: u32) -> Option<u64> {
     let max = m.geom().max_order as u32;
     if k > max || k > MAX_ORDER_LIMIT {
         return None;
@@ -111,7 +153,7 @@ pub(crate) fn alloc<M: HeapMem>(m: &M, k: u32, hint: u64) -> Option<u64> {
             j += 1;
         }
         let t1 = transit.load(Ordering::Acquire);
-        if t1 as u32 == 0 && t1 >> 32 == t0 >> 32 {
+        if transit_quiet(t0, t1, own) {
             return None;
         }
         t0 = t1;

@@ -189,7 +189,30 @@ pub(crate) fn reserve<M: HeapMem>(m: &M, page: u64, class: u32, need: u32) -> u3
         let old2 = hdr.fetch_sub(excess as u64, Ordering::AcqRel);
         after_release(m, page, old2, excess);
     }
+    if got > 0 && used + got >= slots {
+        // We took the last free slot: drop the page from the available
+        // bitmap, so that searchers are not sent to full pages.
+        drop_if_full(m, page, class);
+    }
     got
+}
+
+/// Clears `page`'s bit in `class`'s available bitmap, then re-checks the
+/// header and sets the bit back if the page has a free slot again (a free
+/// that made it non-full between must not be lost: the freer sets the bit
+/// after its header RMW, we read the header after our bitmap RMW, and the
+/// two bitmap RMWs are ordered, so one of us sees the other). Bracketed as
+/// a transit: a searcher that ran while the bit was wrongly clear retries.
+#[inline(always)]
+fn drop_if_full<M: HeapMem>(m: &M, page: u64, class: u32) {
+    let av = avail(m, class);
+    buddy::transit_begin(m);
+    av.clear(m, page);
+    let h = m.word(Region::Hdr, page).load(Ordering::Acquire);
+    if hdr_class(h) == Some(class) && hdr_used(h) < class_slots(class) {
+        av.set(m, page);
+    }
+    buddy::transit_end(m);
 }
 
 /// Bookkeeping after `n` was subtracted from a header whose previous value
@@ -220,10 +243,17 @@ pub(crate) fn retire<M: HeapMem>(m: &M, page: u64, h: u64) -> bool {
         return false;
     }
     let new = ((hdr_gen(h) as u64 + 1) & 0xF_FFFF) << GEN_SHIFT;
+    // Between the CAS and the buddy free the page is in neither place.
+    buddy::transit_begin(m);
     if m.word(Region::Hdr, page).compare_exchange(h, new, Ordering::AcqRel).is_ok() {
+        if let Some(class) = hdr_class(h) {
+            avail(m, class).clear(m, page);
+        }
         buddy::free(m, page << PAGE_ORDER, PAGE_ORDER);
+        buddy::transit_end(m);
         true
     } else {
+        buddy::transit_cancel(m);
         false
     }
 }
@@ -244,23 +274,24 @@ pub(crate) fn format<M: HeapMem>(m: &M, page: u64, class: u32, slot: u32, reserv
 }
 
 /// Takes a fresh page from the buddy (retiring empty current pages and
-/// retrying once if the buddy is exhausted) and formats it.
+/// retrying once if the buddy is exhausted) and formats it. The page is in
+/// transit from the buddy's claim to the available bit that `format` sets,
+/// so a searcher of this class that failed meanwhile retries.
 fn fresh_page<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
-    let unit = match buddy::alloc(m, PAGE_ORDER, hint) {
-        Some(u) => u,
-        None => {
-            if !scavenge(m) {
-                return Grant::NONE;
-            }
-            match buddy::alloc(m, PAGE_ORDER, hint) {
-                Some(u) => u,
-                None => return Grant::NONE,
-            }
-        }
+    buddy::transit_begin(m);
+    let unit = match buddy::alloc_in_transit(m, PAGE_ORDER, hint, 1) {
+        Some(u) => Some(u),
+        None if scavenge(m) => buddy::alloc_in_transit(m, PAGE_ORDER, hint, 1),
+        None => None,
+    };
+    let Some(unit) = unit else {
+        buddy::transit_cancel(m);
+        return Grant::NONE;
     };
     let page = unit >> PAGE_ORDER;
     let got = need.min(class_slots(class));
     format(m, page, class, slot, got);
+    buddy::transit_end(m);
     Grant::new(page, got)
 }
 
@@ -274,13 +305,8 @@ fn from_avail<M: HeapMem>(m: &M, class: u32, need: u32, hint: u64) -> Grant {
         if got > 0 {
             return Grant::new(page, got);
         }
-        // Full or recycled: drop the hint, then re-check (a free that made it
-        // non-full between our reservation and our clear must not be lost).
-        av.clear(m, page);
-        let h = m.word(Region::Hdr, page).load(Ordering::Acquire);
-        if hdr_class(h) == Some(class) && hdr_used(h) < class_slots(class) {
-            av.set(m, page);
-        }
+        // Full or recycled: drop the hint (re-checked, see `drop_if_full`).
+        drop_if_full(m, page, class);
         t += 1;
     }
     Grant::NONE
@@ -292,7 +318,11 @@ fn from_avail<M: HeapMem>(m: &M, class: u32, need: u32, hint: u64) -> Grant {
 /// fast: the swap reads from the increment of every keep it resets, whose
 /// header RMW therefore happens-before the scan's loads.
 pub(crate) fn scavenge<M: HeapMem>(m: &M) -> bool {
+    // From the swap until the scan has retired the kept pages, they are
+    // neither findable by their count nor back in the buddy: a transit.
+    buddy::transit_begin(m);
     if m.word(Region::Ctrl, CTRL_KEPT as u64).swap(0, Ordering::AcqRel) == 0 {
+        buddy::transit_cancel(m);
         return false;
     }
     let mut any = false;
@@ -308,6 +338,7 @@ pub(crate) fn scavenge<M: HeapMem>(m: &M) -> bool {
         }
         i += 1;
     }
+    buddy::transit_end(m);
     any
 }
 
@@ -315,7 +346,44 @@ pub(crate) fn scavenge<M: HeapMem>(m: &M) -> bool {
 /// current page of `slot`, the available pages, or a fresh page; returns the
 /// page and the count, or [`Grant::NONE`] when the heap cannot provide any.
 /// `need` is at most 32 (one warp).
+///
+/// A failure is final only after a *final scan* (the available pages, then
+/// a fresh page from the buddy) that ran while no operation hid free slots
+/// or pages (the transit counter of [`buddy`] showed none in flight at its
+/// end and none completed since its start); otherwise the scan is repeated,
+/// at most [`FINAL_SCANS`] times. Every operation that can hide a free slot
+/// or page from that scan is bracketed by the counter: a buddy split or
+/// merge, a page between the buddy and its format ([`fresh_page`]), a page
+/// between its retirement and the buddy ([`retire`], [`scavenge`]), and a
+/// page whose available bit is cleared and re-checked (`drop_if_full`).
 pub(crate) fn acquire<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
+    let mut t0 = buddy::transit_now(m);
+    let r = acquire_fast(m, class, slot, need, hint);
+    if r != Grant::NONE {
+        return r;
+    }
+    let mut scan = 0;
+    loop {
+        let t1 = buddy::transit_now(m);
+        if buddy::transit_quiet(t0, t1, 0) || scan == FINAL_SCANS {
+            return Grant::NONE;
+        }
+        crate::arch::time::backoff(scan.min(6));
+        t0 = t1;
+        let r = from_avail(m, class, need, hint).or_else(|| fresh_page(m, class, slot, need, hint));
+        if r != Grant::NONE {
+            return r;
+        }
+        scan += 1;
+    }
+}
+
+/// Final scans of a failing [`acquire`] that ran while free memory was in
+/// transit (each one follows a completed or in-flight transit).
+pub const FINAL_SCANS: u32 = 64;
+
+/// [`acquire`] without the final-scan check.
+fn acquire_fast<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
     let cur = current(m, class, slot);
     let mut attempt = 0;
     while attempt < ACQUIRE_ATTEMPTS {
