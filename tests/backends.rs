@@ -1,5 +1,9 @@
 //! The foundation kernels end to end on every backend: fill/verify and the
-//! warp-aggregated bump allocator; backend selection and errors.
+//! warp-aggregated bump allocator; backend selection and errors; the
+//! independent-thread-scheduling (ITS) mode of the CPU backend
+//! (`CpuMode::Independent`, `GPUHEAP_CPU_WARPS=independent`) itself: mask
+//! shapes, exact-mask collectives, errors instead of hangs, replay from a
+//! seed.
 
 mod common;
 
@@ -114,4 +118,156 @@ fn invalid_launches_and_copies_are_errors() {
     // SAFETY: the launch is rejected before the kernel runs.
     let r = unsafe { b.launch(&gpuheap_kernels::fill::FILL, bad, &p) };
     assert!(matches!(r, Err(BackendError::InvalidArgument(_))));
+}
+
+// ---- The independent-thread-scheduling emulator ----
+
+use gpuheap::backend::DeviceBuffer;
+use gpuheap_kernels::arch::atomic::{AtomicU64, Ordering};
+use gpuheap_kernels::arch::index::{global_thread_id, lane_id};
+use gpuheap_kernels::arch::warp::{active_mask, ballot, shfl, sync_warp};
+
+/// Parameters of the probe kernels: an output array and a counter.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Probe {
+    out: u64,
+    counter: u64,
+}
+
+/// Records, per thread, the active mask at one call site and the ticket
+/// order of an atomic counter (thread `i` writes `out[2i]`, `out[2i+1]`).
+///
+/// # Safety
+/// `out` holds 2 `u64` per thread, `counter` one `u64`.
+unsafe fn probe_masks(p: &Probe) {
+    let i = global_thread_id();
+    let m = active_mask();
+    // A warp-aggregated step over the mask, as the allocator does.
+    let votes = ballot(m, true);
+    // SAFETY: the counter is a live u64 accessed atomically only.
+    let ticket = unsafe { AtomicU64::from_ptr(p.counter as *mut u64) }.fetch_add(1, Ordering::AcqRel);
+    // SAFETY: `out` holds 2 u64 per thread.
+    unsafe {
+        (p.out as *mut u64).add(2 * i as usize).write(m as u64 | (votes as u64) << 32);
+        (p.out as *mut u64).add(2 * i as usize + 1).write(ticket);
+    }
+}
+gpuheap_kernels::kernel_entry! {
+    static PROBE_MASKS: Probe = its_probe_masks => probe_masks;
+}
+
+/// Even lanes return at once; odd lanes then call a ballot naming the whole
+/// warp: undefined behaviour on a GPU, an error here.
+///
+/// # Safety
+/// None (touches no memory).
+unsafe fn ballot_names_exited_lanes(_: &Probe) {
+    if lane_id() % 2 == 0 {
+        return;
+    }
+    ballot(u32::MAX, true);
+}
+gpuheap_kernels::kernel_entry! {
+    static BALLOT_EXITED: Probe = its_ballot_exited => ballot_names_exited_lanes;
+}
+
+/// Lanes 0 and 1 meet in a `sync_warp` whose masks disagree (lane 0 names
+/// lanes 0-1, lane 1 names lanes 0-2, lane 2 waits in a shuffle with lane
+/// 0): a deadlock on a GPU, an error here.
+///
+/// # Safety
+/// None (touches no memory).
+unsafe fn disagreeing_masks(_: &Probe) {
+    match lane_id() {
+        0 => sync_warp(0b011),
+        1 => sync_warp(0b111),
+        2 => {
+            shfl(0b101, 7, 0);
+        }
+        _ => {}
+    }
+}
+gpuheap_kernels::kernel_entry! {
+    static DISAGREEING: Probe = its_disagreeing => disagreeing_masks;
+}
+
+fn run_probe(b: &Backend, threads: u32) -> Vec<u64> {
+    let out = b.alloc_zeroed(16 * threads as usize).unwrap();
+    let counter = b.alloc_zeroed(8).unwrap();
+    let p = Probe { out: out.device_ptr(), counter: counter.device_ptr() };
+    // SAFETY: `out` holds 2 u64 per thread, `counter` one.
+    unsafe { b.launch(&PROBE_MASKS, LaunchConfig { grid: 1, block: threads, shared_bytes: 0 }, &p) }.unwrap();
+    read_u64s(&out)
+}
+
+fn read_u64s(b: &DeviceBuffer) -> Vec<u64> {
+    b.read::<u64>().unwrap()
+}
+
+#[test]
+fn active_mask_takes_every_shape_and_ballots_meet_exactly_their_mask() {
+    let (mut lone, mut partial, mut full) = (0, 0, 0);
+    for seed in 0..40 {
+        let b = Backend::cpu_independent(seed);
+        let out = run_probe(&b, 64);
+        for warp in 0..2 {
+            let lanes: Vec<u64> = (0..32).map(|l| out[2 * (warp * 32 + l)]).collect();
+            for (l, &v) in lanes.iter().enumerate() {
+                let (m, votes) = (v as u32, (v >> 32) as u32);
+                assert!(m & (1 << l) != 0, "seed {seed}: lane {l} not in its own mask {m:#x}");
+                assert_eq!(votes, m, "seed {seed}: the ballot over the mask met other lanes");
+                // Every lane of a group saw the same group.
+                for o in 0..32 {
+                    if m & (1 << o) != 0 {
+                        assert_eq!(lanes[o] as u32, m, "seed {seed}: lanes {l} and {o} disagree on their group");
+                    }
+                }
+                match m.count_ones() {
+                    1 => lone += 1,
+                    32 => full += 1,
+                    _ => partial += 1,
+                }
+            }
+        }
+        let mut tickets: Vec<u64> = (0..64).map(|i| out[2 * i + 1]).collect();
+        tickets.sort_unstable();
+        assert_eq!(tickets, (0..64).collect::<Vec<_>>(), "seed {seed}: every atomic ticket once");
+    }
+    assert!(lone > 0 && partial > 0 && full > 0, "mask shapes: {lone} lone, {partial} partial, {full} full lanes");
+}
+
+#[test]
+fn a_schedule_replays_from_its_seed() {
+    let a = run_probe(&Backend::cpu_independent(7), 96);
+    let b = run_probe(&Backend::cpu_independent(7), 96);
+    assert_eq!(a, b, "same seed, same schedule");
+    let differs = (8..16).any(|s| run_probe(&Backend::cpu_independent(s), 96) != a);
+    assert!(differs, "other seeds give other schedules");
+}
+
+fn expect_error(k: &gpuheap_kernels::Kernel<Probe>, threads: u32, needles: &[&str]) {
+    let b = Backend::cpu_independent(3);
+    let p = Probe { out: 0, counter: 0 };
+    // SAFETY: the kernels touch no memory.
+    let r = unsafe { b.launch(k, LaunchConfig { grid: 1, block: threads, shared_bytes: 0 }, &p) };
+    match r {
+        Err(BackendError::KernelPanic { kernel, message }) => {
+            assert_eq!(kernel, k.name());
+            for n in needles {
+                assert!(message.contains(n), "{message:?} lacks {n:?}");
+            }
+        }
+        other => panic!("{}: expected a reported error, got {other:?}", k.name()),
+    }
+}
+
+#[test]
+fn a_collective_naming_exited_lanes_is_reported_not_hung() {
+    expect_error(&BALLOT_EXITED, 32, &["Ballot", "backends.rs", "0xffffffff", "exited", "seed"]);
+}
+
+#[test]
+fn disagreeing_masks_are_a_reported_deadlock() {
+    expect_error(&DISAGREEING, 32, &["backends.rs", "deadlock"]);
 }

@@ -2,10 +2,11 @@
 
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuheap_kernels::arch::emu::{run_block_sequential, run_thread, BlockShared, ThreadCtx, WarpRendezvous};
+use gpuheap_kernels::arch::emu::{run_block_sequential, run_thread, BlockShared, ItsBlock, ThreadCtx, WarpRendezvous};
 use gpuheap_kernels::arch::WARP_SIZE;
 use gpuheap_kernels::Kernel;
 use rayon::prelude::*;
@@ -23,18 +24,75 @@ pub enum CpuMode {
     /// warp meet at each warp intrinsic; `sync_threads` is a barrier. Blocks
     /// run one after another.
     Lockstep,
+    /// Independent thread scheduling, adversarially (Volta and later GPUs):
+    /// every thread of a block is an OS thread, one runs at a time under a
+    /// scheduler seeded by `seed` that preempts at atomics and spins;
+    /// `active_mask` returns groups of every shape (a lone lane, partial
+    /// groups, the whole warp); a `*.sync` collective meets exactly the
+    /// lanes of its mask, and one that names a lane that exited or cannot
+    /// arrive fails the launch with a [`BackendError::KernelPanic`] naming
+    /// the kernel, the call site, the warp and the lanes. Launch `i` of this
+    /// backend runs with seed `seed + i` (blocks one after another), so a
+    /// failing test replays from `seed`. See
+    /// `gpuheap_kernels::arch::emu::its`.
+    Independent {
+        /// Seed of the schedule.
+        seed: u64,
+    },
+}
+
+impl CpuMode {
+    /// Lanes per emulated warp: 1 in sequential mode, 32 otherwise.
+    pub fn warp_lanes(self) -> u32 {
+        match self {
+            CpuMode::Sequential => 1,
+            CpuMode::Lockstep | CpuMode::Independent { .. } => WARP_SIZE,
+        }
+    }
+
+    /// The mode named by `GPUHEAP_CPU_WARPS` (`sequential`, `lockstep`, or
+    /// `independent`; unset: sequential), with the seed of independent mode
+    /// from `GPUHEAP_CPU_SEED` (decimal or `0x` hex; default 0).
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the variable and the value.
+    pub fn from_env() -> Result<Self> {
+        let seed = match std::env::var("GPUHEAP_CPU_SEED") {
+            Err(_) => 0,
+            Ok(v) => {
+                let t = v.trim();
+                let parsed = match t.strip_prefix("0x") {
+                    Some(h) => u64::from_str_radix(h, 16),
+                    None => t.parse(),
+                };
+                parsed.map_err(|_| {
+                    BackendError::InvalidArgument(format!("GPUHEAP_CPU_SEED={v:?} is not a 64-bit number"))
+                })?
+            }
+        };
+        match std::env::var("GPUHEAP_CPU_WARPS").as_deref().map(str::trim) {
+            Err(_) | Ok("") | Ok("sequential") => Ok(CpuMode::Sequential),
+            Ok("lockstep") => Ok(CpuMode::Lockstep),
+            Ok("independent") | Ok("its") => Ok(CpuMode::Independent { seed }),
+            Ok(v) => Err(BackendError::InvalidArgument(format!(
+                "GPUHEAP_CPU_WARPS={v:?} (expected sequential, lockstep or independent)"
+            ))),
+        }
+    }
 }
 
 /// The CPU backend.
 #[derive(Debug, Clone)]
 pub struct CpuBackend {
     mode: CpuMode,
+    /// Launches so far (independent mode derives each launch's seed from it).
+    launches: Arc<AtomicU64>,
 }
 
 impl CpuBackend {
     /// A CPU backend running blocks in `mode`.
     pub fn new(mode: CpuMode) -> Self {
-        Self { mode }
+        Self { mode, launches: Arc::new(AtomicU64::new(0)) }
     }
 
     /// The mode.
@@ -44,8 +102,9 @@ impl CpuBackend {
 
     pub(super) fn describe(&self) -> String {
         let mode = match self.mode {
-            CpuMode::Sequential => "sequential blocks, 1-lane warps",
-            CpuMode::Lockstep => "lockstep 32-lane warps",
+            CpuMode::Sequential => "sequential blocks, 1-lane warps".to_string(),
+            CpuMode::Lockstep => "lockstep 32-lane warps".to_string(),
+            CpuMode::Independent { seed } => format!("independent-thread-scheduling 32-lane warps, seed {seed:#x}"),
         };
         format!("CPU backend ({} worker threads, {mode})", rayon::current_num_threads())
     }
@@ -61,6 +120,22 @@ impl CpuBackend {
             // SAFETY: the caller upholds the kernel's contract for `params`.
             run_thread(ctx, || unsafe { body(params) })
         };
+        let launch = self.launches.fetch_add(1, Ordering::Relaxed);
+        if let CpuMode::Independent { seed } = self.mode {
+            let seed = seed.wrapping_add(launch);
+            for b in 0..cfg.grid {
+                let its = Arc::new(ItsBlock::new(b, cfg.block, seed));
+                let outcome = catch_unwind(AssertUnwindSafe(|| run_block_its(cfg, b, &its, &run)));
+                if let Some(message) = its.error() {
+                    return Err(BackendError::KernelPanic {
+                        kernel: k.name(),
+                        message: format!("{message}; launch {launch} of this backend (replay: CpuMode::Independent {{ seed: {:#x} }}, or GPUHEAP_CPU_WARPS=independent GPUHEAP_CPU_SEED={:#x})", seed.wrapping_sub(launch), seed.wrapping_sub(launch)),
+                    });
+                }
+                outcome.map_err(|e| BackendError::KernelPanic { kernel: k.name(), message: panic_message(e) })?;
+            }
+            return Ok(LaunchTiming { elapsed: start.elapsed() });
+        }
         let lockstep = k.block_sync() || self.mode == CpuMode::Lockstep;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             if lockstep {
@@ -100,6 +175,7 @@ fn run_block_lockstep(cfg: LaunchConfig, b: u32, run: &(impl Fn(ThreadCtx) + Syn
                     grid_dim: cfg.grid,
                     warp: Some(warps[(t / WARP_SIZE) as usize].clone()),
                     block: Some(block.clone()),
+                    its: None,
                 };
                 std::thread::Builder::new()
                     .stack_size(256 * 1024)
@@ -113,6 +189,42 @@ fn run_block_lockstep(cfg: LaunchConfig, b: u32, run: &(impl Fn(ThreadCtx) + Syn
                 panic.get_or_insert(e);
             }
         }
+        if let Some(e) = panic {
+            std::panic::resume_unwind(e);
+        }
+    });
+}
+
+/// Runs block `b` in independent-thread-scheduling mode: an OS thread per
+/// GPU thread, one running at a time under `its`.
+fn run_block_its(cfg: LaunchConfig, b: u32, its: &Arc<ItsBlock>, run: &(impl Fn(ThreadCtx) + Sync)) {
+    let block = Arc::new(BlockShared::new(None, cfg.shared_bytes as usize));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..cfg.block)
+            .map(|t| {
+                let ctx = ThreadCtx {
+                    thread_idx: t,
+                    block_idx: b,
+                    block_dim: cfg.block,
+                    grid_dim: cfg.grid,
+                    warp: None,
+                    block: Some(block.clone()),
+                    its: Some(its.clone()),
+                };
+                std::thread::Builder::new()
+                    .stack_size(256 * 1024)
+                    .spawn_scoped(s, move || run(ctx))
+                    .expect("spawning an emulated GPU thread")
+            })
+            .collect();
+        its.start(handles.iter().map(|h| h.thread().clone()).collect());
+        let mut panic = None;
+        for h in handles {
+            if let Err(e) = h.join() {
+                panic.get_or_insert(e);
+            }
+        }
+        its.finish();
         if let Some(e) = panic {
             std::panic::resume_unwind(e);
         }

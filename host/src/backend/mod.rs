@@ -181,18 +181,38 @@ impl Backend {
         Backend::Cpu(CpuBackend::new(CpuMode::Lockstep))
     }
 
+    /// The CPU backend in independent-thread-scheduling mode with schedule
+    /// seed `seed` (see [`CpuMode::Independent`]): lanes diverge, reconverge
+    /// and are preempted adversarially; a failing run replays from `seed`.
+    pub fn cpu_independent(seed: u64) -> Self {
+        Backend::Cpu(CpuBackend::new(CpuMode::Independent { seed }))
+    }
+
+    /// The CPU backend in the mode of `GPUHEAP_CPU_WARPS` (see
+    /// [`CpuMode::from_env`]).
+    ///
+    /// # Errors
+    /// An invalid `GPUHEAP_CPU_WARPS` or `GPUHEAP_CPU_SEED`.
+    pub fn cpu_from_env() -> Result<Self> {
+        Ok(Backend::Cpu(CpuBackend::new(CpuMode::from_env()?)))
+    }
+
     /// The first GPU, or why there is none usable.
     pub fn gpu() -> Result<Self> {
         Ok(Backend::Gpu(GpuBackend::new(0)?))
     }
 
     /// The backend for `choice`. `Auto` falls back to the CPU when the GPU is
-    /// not usable; `Gpu` returns the reason instead.
+    /// not usable; `Gpu` returns the reason instead. The CPU backend runs in
+    /// the mode of `GPUHEAP_CPU_WARPS` (default sequential).
     pub fn select(choice: BackendChoice) -> Result<Self> {
         match choice {
-            BackendChoice::Cpu => Ok(Self::cpu()),
+            BackendChoice::Cpu => Self::cpu_from_env(),
             BackendChoice::Gpu => Self::gpu(),
-            BackendChoice::Auto => Ok(Self::gpu().unwrap_or_else(|_| Self::cpu())),
+            BackendChoice::Auto => match Self::gpu() {
+                Ok(g) => Ok(g),
+                Err(_) => Self::cpu_from_env(),
+            },
         }
     }
 

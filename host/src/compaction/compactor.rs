@@ -9,7 +9,7 @@ use gpuheap_kernels::compact::plan::{PlanParams, MODE_DST, MODE_STREAM, PLAN};
 use gpuheap_kernels::compact::{LiveBlock, GRANULE};
 
 use super::{reference, CompactionError};
-use crate::backend::{Backend, CpuMode, DeviceBuffer, LaunchConfig, LaunchTiming};
+use crate::backend::{Backend, DeviceBuffer, LaunchConfig, LaunchTiming};
 
 /// Largest dynamic shared memory per block without an opt-in, bytes.
 pub const MAX_SHARED_BYTES: u32 = 48 * 1024;
@@ -33,14 +33,14 @@ impl CompactTuning {
     /// 4 KiB tiles (32 KiB of shared memory per block), 8 items per lane; on
     /// the CPU in sequential mode one 32-thread block per worker thread and
     /// 256 KiB tiles (one-lane warps stage whole tiles in cache); in lockstep
-    /// mode 2 blocks of 64 threads and 16 KiB tiles.
+    /// and independent mode (32-lane warps) 2 blocks of 64 threads and 16 KiB tiles.
     pub fn for_backend(backend: &Backend) -> Self {
         match backend {
             Backend::Gpu(g) => {
                 let sms = g.sm_count().unwrap_or(132).max(1) as u32;
                 Self { block_threads: 256, grid: sms * 4, tile_bytes: 4096, items_per_lane: 8 }
             }
-            Backend::Cpu(c) if c.mode() == CpuMode::Lockstep => {
+            Backend::Cpu(c) if c.mode().warp_lanes() > 1 => {
                 Self { block_threads: 64, grid: 2, tile_bytes: 16 << 10, items_per_lane: 256 }
             }
             Backend::Cpu(_) => Self {

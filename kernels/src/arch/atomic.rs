@@ -150,6 +150,8 @@ macro_rules! atomic_int {
                 }
                 #[cfg(not(target_arch = "nvptx64"))]
                 {
+                    #[cfg(not(any(loom, shuttle)))]
+                    super::emu::preempt();
                     self.v.load(ord.load())
                 }
             }
@@ -166,6 +168,8 @@ macro_rules! atomic_int {
                 }
                 #[cfg(not(target_arch = "nvptx64"))]
                 {
+                    #[cfg(not(any(loom, shuttle)))]
+                    super::emu::preempt();
                     self.v.store(v, ord.store())
                 }
             }
@@ -199,6 +203,8 @@ macro_rules! atomic_int {
                 }
                 #[cfg(not(target_arch = "nvptx64"))]
                 {
+                    #[cfg(not(any(loom, shuttle)))]
+                    super::emu::preempt();
                     self.v.compare_exchange(current, new, ord.rmw(), ord.cas_failure())
                 }
             }
@@ -218,6 +224,8 @@ macro_rules! atomic_int {
             }
             #[cfg(not(target_arch = "nvptx64"))]
             {
+                #[cfg(not(any(loom, shuttle)))]
+                super::emu::preempt();
                 self.v.$fn(v, ord.rmw())
             }
         }

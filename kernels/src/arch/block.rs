@@ -13,6 +13,10 @@ pub fn sync_threads() {
         core::arch::nvptx::_syncthreads()
     };
     #[cfg(not(target_arch = "nvptx64"))]
+    if super::emu::its_sync_threads() {
+        return;
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
     super::emu::with_block(|b| match b {
         Some(b) => b.sync(),
         None => panic!("sync_threads() outside a lockstep CPU launch"),

@@ -13,7 +13,10 @@ pub fn nanosleep(ns: u32) {
     #[cfg(all(not(target_arch = "nvptx64"), not(loom), not(shuttle)))]
     {
         let _ = ns;
-        std::thread::yield_now();
+        // Independent mode: a scheduling point (another lane runs).
+        if !super::emu::spin() {
+            std::thread::yield_now();
+        }
     }
     // Under the model checkers a spinning thread must yield to the scheduler.
     #[cfg(all(not(target_arch = "nvptx64"), loom))]

@@ -1,14 +1,24 @@
 //! Warp-level intrinsics: active mask, ballot, shuffle, match, warp barrier.
 //!
 //! On the GPU these are the `*.sync` PTX instructions (sm_70+). On the host
-//! they meet the warp's other lanes in lockstep mode, or act on a one-lane
+//! they meet the warp's other lanes in lockstep mode, meet exactly the lanes
+//! of their mask in independent mode (an error, reported with the caller's
+//! location, when a lane of the mask cannot arrive), or act on a one-lane
 //! warp in sequential mode (see [`super::emu`]).
+//!
+//! Contract of every `*.sync` operation (PTX ISA, `vote.sync`, `shfl.sync`,
+//! `match.sync`, `bar.warp.sync`): the calling lane is in `mask`, and every
+//! lane of `mask` executes the same operation with the same mask; a lane of
+//! `mask` that has exited or never arrives is undefined behaviour on the GPU.
 
 #[cfg(not(target_arch = "nvptx64"))]
-use super::emu;
+use super::emu::{self, Op};
+#[cfg(not(target_arch = "nvptx64"))]
+use std::panic::Location;
 
 /// Mask of the lanes executing this instruction together (`activemask.b32`).
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn active_mask() -> u32 {
     #[cfg(target_arch = "nvptx64")]
     {
@@ -18,15 +28,13 @@ pub fn active_mask() -> u32 {
         r
     }
     #[cfg(not(target_arch = "nvptx64"))]
-    emu::with_warp(|w, lane| match w {
-        None => 1,
-        Some(w) => w.exchange(lane, 0).1,
-    })
+    emu::active_mask(Location::caller())
 }
 
 /// Bit `l` is set iff lane `l` of `mask` has `pred` true (`vote.sync.ballot`).
 /// Every lane in `mask` must execute it.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn ballot(mask: u32, pred: bool) -> u32 {
     #[cfg(target_arch = "nvptx64")]
     {
@@ -41,18 +49,18 @@ pub fn ballot(mask: u32, pred: bool) -> u32 {
         r
     }
     #[cfg(not(target_arch = "nvptx64"))]
-    emu::with_warp(|w, lane| match w {
+    match emu::warp_collective(Op::Ballot, mask, pred as u64, Location::caller()) {
         None => (pred as u32) & mask & 1,
-        Some(w) => {
-            let (vals, part) = w.exchange(lane, pred as u64);
+        Some((vals, part)) => {
             (0..32).filter(|&l| part & mask & (1 << l) != 0 && vals[l as usize] != 0).fold(0, |m, l| m | 1 << l)
         }
-    })
+    }
 }
 
 /// Value of `v` held by lane `src` (`shfl.sync.idx.b32`). Every lane in `mask`
 /// must execute it; `src` must be in `mask`.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn shfl(mask: u32, v: u32, src: u32) -> u32 {
     #[cfg(target_arch = "nvptx64")]
     {
@@ -65,22 +73,21 @@ pub fn shfl(mask: u32, v: u32, src: u32) -> u32 {
         r
     }
     #[cfg(not(target_arch = "nvptx64"))]
-    emu::with_warp(|w, lane| match w {
+    match emu::warp_collective(Op::Shfl, mask, v as u64, Location::caller()) {
         None => v,
-        Some(w) => {
-            let (vals, part) = w.exchange(lane, v as u64);
-            let _ = mask;
+        Some((vals, part)) => {
             if part & (1 << (src & 31)) != 0 {
                 vals[(src & 31) as usize] as u32
             } else {
                 v
             }
         }
-    })
+    }
 }
 
 /// 64-bit [`shfl`].
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn shfl_u64(mask: u32, v: u64, src: u32) -> u64 {
     let lo = shfl(mask, v as u32, src);
     let hi = shfl(mask, (v >> 32) as u32, src);
@@ -89,6 +96,7 @@ pub fn shfl_u64(mask: u32, v: u64, src: u32) -> u64 {
 
 /// Mask of the lanes in `mask` whose `v` equals this lane's (`match.any.sync.b32`).
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn match_any(mask: u32, v: u32) -> u32 {
     #[cfg(target_arch = "nvptx64")]
     {
@@ -101,17 +109,17 @@ pub fn match_any(mask: u32, v: u32) -> u32 {
         r
     }
     #[cfg(not(target_arch = "nvptx64"))]
-    emu::with_warp(|w, lane| match w {
+    match emu::warp_collective(Op::MatchAny, mask, v as u64, Location::caller()) {
         None => mask & 1,
-        Some(w) => {
-            let (vals, part) = w.exchange(lane, v as u64);
+        Some((vals, part)) => {
             (0..32).filter(|&l| part & mask & (1 << l) != 0 && vals[l as usize] as u32 == v).fold(0, |m, l| m | 1 << l)
         }
-    })
+    }
 }
 
 /// Waits until every lane in `mask` reaches this point (`bar.warp.sync`).
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn sync_warp(mask: u32) {
     #[cfg(target_arch = "nvptx64")]
     // SAFETY: a warp barrier; every lane in `mask` executes it by contract.
@@ -119,16 +127,12 @@ pub fn sync_warp(mask: u32) {
         core::arch::asm!("bar.warp.sync {mask};", mask = in(reg32) mask, options(nostack))
     };
     #[cfg(not(target_arch = "nvptx64"))]
-    emu::with_warp(|w, lane| {
-        let _ = mask;
-        if let Some(w) = w {
-            w.exchange(lane, 0);
-        }
-    })
+    emu::warp_collective(Op::SyncWarp, mask, 0, Location::caller());
 }
 
 /// Lane mask of the lanes below this one (`%lanemask_lt`).
 #[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
 pub fn lanemask_lt() -> u32 {
     (1u32 << super::index::lane_id()) - 1
 }

@@ -15,16 +15,27 @@
 //!   [`WarpRendezvous`], and `sync_threads` is a real barrier. This exercises
 //!   warp-aggregated code paths without a GPU.
 //!
+//! * **independent** (`its` set): the GPU's independent thread scheduling,
+//!   adversarially: each thread is an OS thread, one runs at a time under a
+//!   seeded scheduler that preempts at atomics and spins, `active_mask`
+//!   returns groups of every shape, and `*.sync` collectives meet exactly
+//!   their mask's lanes, with errors instead of hangs (see [`its`]).
+//!
 //! Lockstep limitation: a warp intrinsic is a meeting of *all live lanes* of
 //! the warp (lanes that have not returned from the kernel). Kernels must call
 //! warp intrinsics at warp-uniform points, as the allocator's entry points are
 //! called by the tests; a lane that skips a collective its peers enter, while
 //! staying alive, deadlocks the emulated warp. On a GPU such divergence is
-//! legal and the active mask simply shrinks.
+//! legal and the active mask simply shrinks: the independent mode tests that.
+
+pub mod its;
 
 use std::boxed::Box;
 use std::cell::{Cell, RefCell};
+use std::panic::Location;
 use std::sync::{Arc, Barrier, Condvar, Mutex};
+
+pub use its::{ItsBlock, Op};
 
 /// Indices and lockstep objects of one emulated GPU thread.
 #[derive(Clone)]
@@ -41,12 +52,16 @@ pub struct ThreadCtx {
     pub warp: Option<Arc<WarpRendezvous>>,
     /// The block's barrier and shared memory, if the launch has them.
     pub block: Option<Arc<BlockShared>>,
+    /// The block's scheduler in independent-thread-scheduling mode (then
+    /// `warp` is `None` and warps have 32 lanes).
+    pub its: Option<Arc<ItsBlock>>,
 }
 
 impl ThreadCtx {
-    /// Lane in the warp: `thread_idx % 32` in lockstep mode, else 0.
+    /// Lane in the warp: `thread_idx % 32` in lockstep and independent
+    /// mode, else 0.
     pub fn lane_id(&self) -> u32 {
-        if self.warp.is_some() {
+        if self.warp.is_some() || self.its.is_some() {
             self.thread_idx % super::WARP_SIZE
         } else {
             0
@@ -57,7 +72,7 @@ impl ThreadCtx {
     /// whole grid; in sequential mode every thread is its own warp.
     pub fn global_warp_id(&self) -> u64 {
         let tid = self.block_idx as u64 * self.block_dim as u64 + self.thread_idx as u64;
-        if self.warp.is_some() {
+        if self.warp.is_some() || self.its.is_some() {
             let warps_per_block = self.block_dim.div_ceil(super::WARP_SIZE) as u64;
             self.block_idx as u64 * warps_per_block + (self.thread_idx / super::WARP_SIZE) as u64
         } else {
@@ -72,6 +87,7 @@ struct Indices {
     block_idx: u32,
     block_dim: u32,
     grid_dim: u32,
+    /// 32-lane warps (lockstep or independent mode).
     lockstep: bool,
 }
 
@@ -79,12 +95,14 @@ std::thread_local! {
     static INDICES: Cell<Indices> = const { Cell::new(Indices { thread_idx: 0, block_idx: 0, block_dim: 1, grid_dim: 1, lockstep: false }) };
     static WARP: RefCell<Option<Arc<WarpRendezvous>>> = const { RefCell::new(None) };
     static BLOCK: RefCell<Option<Arc<BlockShared>>> = const { RefCell::new(None) };
+    static ITS: RefCell<Option<Arc<ItsBlock>>> = const { RefCell::new(None) };
 }
 
 /// Reads this thread's context. Outside [`run_thread`], a 1×1 grid.
 pub fn ctx<R>(f: impl FnOnce(&ThreadCtx) -> R) -> R {
     let i = INDICES.with(|c| c.get());
     let warp = if i.lockstep { WARP.with(|w| w.borrow().clone()) } else { None };
+    let its = if i.lockstep && warp.is_none() { ITS.with(|w| w.borrow().clone()) } else { None };
     f(&ThreadCtx {
         thread_idx: i.thread_idx,
         block_idx: i.block_idx,
@@ -92,15 +110,100 @@ pub fn ctx<R>(f: impl FnOnce(&ThreadCtx) -> R) -> R {
         grid_dim: i.grid_dim,
         warp,
         block: None,
+        its,
     })
 }
 
-pub(crate) fn with_warp<R>(f: impl FnOnce(Option<&WarpRendezvous>, u32) -> R) -> R {
+/// How this thread's warp meets: one lane, the lockstep rendezvous, or the
+/// independent-thread-scheduling block scheduler (with this thread's index).
+pub(crate) enum WarpOf<'a> {
+    One,
+    Lockstep(&'a WarpRendezvous, u32),
+    Its(&'a ItsBlock, u32),
+}
+
+pub(crate) fn with_warp<R>(f: impl FnOnce(WarpOf<'_>) -> R) -> R {
     let i = INDICES.with(|c| c.get());
     if !i.lockstep {
-        return f(None, 0);
+        return f(WarpOf::One);
     }
-    WARP.with(|w| f(w.borrow().as_deref(), i.thread_idx % super::WARP_SIZE))
+    let r = WARP.with(|w| w.borrow().clone());
+    if let Some(w) = r {
+        return f(WarpOf::Lockstep(&w, i.thread_idx % super::WARP_SIZE));
+    }
+    let its = ITS.with(|w| w.borrow().clone());
+    match its {
+        Some(s) => f(WarpOf::Its(&s, i.thread_idx)),
+        None => f(WarpOf::One),
+    }
+}
+
+/// A warp collective of this lane (`op` over `mask`, depositing `value`),
+/// called at `site`: `None` for a one-lane warp, else every lane's value and
+/// the participating lanes.
+pub(crate) fn warp_collective(
+    op: Op,
+    mask: u32,
+    value: u64,
+    site: &'static Location<'static>,
+) -> Option<([u64; 32], u32)> {
+    with_warp(|w| match w {
+        WarpOf::One => None,
+        WarpOf::Lockstep(r, lane) => Some(r.exchange(lane, value)),
+        WarpOf::Its(s, me) => Some(s.collective(me, op, mask, value, site)),
+    })
+}
+
+/// `activemask` at `site` (see [`its`] for the independent mode).
+pub(crate) fn active_mask(site: &'static Location<'static>) -> u32 {
+    with_warp(|w| match w {
+        WarpOf::One => 1,
+        WarpOf::Lockstep(r, lane) => r.exchange(lane, 0).1,
+        WarpOf::Its(s, me) => s.active_mask(me, site),
+    })
+}
+
+/// In independent mode, `f` with this thread's scheduler and index.
+#[inline(always)]
+fn with_its(f: impl FnOnce(&ItsBlock, u32)) {
+    if its::ACTIVE.load(core::sync::atomic::Ordering::Relaxed) == 0 {
+        return;
+    }
+    let i = INDICES.with(|c| c.get());
+    if !i.lockstep {
+        return;
+    }
+    if let Some(s) = ITS.with(|w| w.borrow().clone()) {
+        f(&s, i.thread_idx)
+    }
+}
+
+/// A scheduling point at an atomic operation (independent mode only).
+#[inline(always)]
+pub(crate) fn preempt() {
+    with_its(|s, me| s.preempt(me))
+}
+
+/// A scheduling point in a spin or back-off loop (independent mode only).
+/// Returns `true` when it ran another thread.
+#[inline(always)]
+pub(crate) fn spin() -> bool {
+    let mut ran = false;
+    with_its(|s, me| {
+        s.spin(me);
+        ran = true;
+    });
+    ran
+}
+
+/// `sync_threads` in independent mode; `false` in the other modes.
+pub(crate) fn its_sync_threads() -> bool {
+    let mut done = false;
+    with_its(|s, me| {
+        s.sync_threads(me);
+        done = true;
+    });
+    done
 }
 
 pub(crate) fn with_block<R>(f: impl FnOnce(Option<&BlockShared>) -> R) -> R {
@@ -110,14 +213,18 @@ pub(crate) fn with_block<R>(f: impl FnOnce(Option<&BlockShared>) -> R) -> R {
 /// Runs `f` as the emulated GPU thread described by `ctx`, then marks its lane
 /// as exited (also when `f` panics), so the rest of its warp goes on.
 pub fn run_thread<R>(ctx: ThreadCtx, f: impl FnOnce() -> R) -> R {
-    struct Exit(Option<Arc<WarpRendezvous>>, u32);
+    struct Exit(Option<Arc<WarpRendezvous>>, u32, Option<Arc<ItsBlock>>, u32);
     impl Drop for Exit {
         fn drop(&mut self) {
             if let Some(w) = &self.0 {
                 w.exit(self.1);
             }
+            if let Some(s) = &self.2 {
+                s.exit(self.3);
+            }
             WARP.with(|w| *w.borrow_mut() = None);
             BLOCK.with(|b| *b.borrow_mut() = None);
+            ITS.with(|b| *b.borrow_mut() = None);
             INDICES
                 .with(|c| c.set(Indices { thread_idx: 0, block_idx: 0, block_dim: 1, grid_dim: 1, lockstep: false }));
         }
@@ -129,12 +236,16 @@ pub fn run_thread<R>(ctx: ThreadCtx, f: impl FnOnce() -> R) -> R {
             block_idx: ctx.block_idx,
             block_dim: ctx.block_dim,
             grid_dim: ctx.grid_dim,
-            lockstep: ctx.warp.is_some(),
+            lockstep: ctx.warp.is_some() || ctx.its.is_some(),
         })
     });
     WARP.with(|w| *w.borrow_mut() = ctx.warp.clone());
     BLOCK.with(|b| *b.borrow_mut() = ctx.block.clone());
-    let _exit = Exit(ctx.warp, lane);
+    ITS.with(|b| *b.borrow_mut() = ctx.its.clone());
+    let _exit = Exit(ctx.warp, lane, ctx.its.clone(), ctx.thread_idx);
+    if let Some(s) = &ctx.its {
+        s.enter(ctx.thread_idx);
+    }
     f()
 }
 
