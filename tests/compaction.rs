@@ -23,7 +23,7 @@ const POISON: u32 = 0xDEAD_BEEF;
 use common::slide;
 
 fn is_lockstep(b: &Backend) -> bool {
-    matches!(b, Backend::Cpu(c) if c.mode() == gpuheap::backend::CpuMode::Lockstep)
+    common::has_thread_per_lane(b)
 }
 
 fn with_tile(heap: &mut CompactHeap<'_>, tile_bytes: u32) {

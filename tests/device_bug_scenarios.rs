@@ -10,13 +10,13 @@
 
 mod common;
 
-use gpuheap::backend::{Backend, CpuMode};
+use gpuheap::backend::Backend;
 use gpuheap::device_heap::ops;
 use gpuheap::device_heap::{DeviceHeap, Sizes};
 use gpuheap_kernels::heap::layout::PAGE;
 
 fn is_lockstep(b: &Backend) -> bool {
-    matches!(b, Backend::Cpu(c) if c.mode() == CpuMode::Lockstep)
+    common::has_thread_per_lane(b)
 }
 
 /// BL-09: a heap of 2 pages; phase 1 fills both pages with 16-byte chunks

@@ -166,7 +166,7 @@ fn fill_until_null(b: &Backend, heap: &DeviceHeap, size: u64, threads: u64) -> (
 fn exhaustion_returns_null_then_free_all_then_other_sizes_reuse_at_least_95_percent() {
     for b in common::backends("exhaustion_returns_null_then_free_all_then_other_sizes_reuse_at_least_95_percent") {
         let what = format!("{b:?}");
-        let lockstep = matches!(b, Backend::Cpu(ref c) if c.mode() == gpuheap::backend::CpuMode::Lockstep);
+        let lockstep = common::has_thread_per_lane(&b);
         // Lockstep launches are an OS thread per GPU thread: keep them small.
         let (cap, sizes): (u64, &[u64]) = if lockstep {
             (1 << 20, &[64, 4096, 1 << 17])
@@ -225,7 +225,7 @@ fn churn_mixed_sizes_many_rounds_without_corruption() {
         let what = format!("{b:?}");
         let (threads, rounds) = match b {
             Backend::Gpu(_) => (1 << 16, 200),
-            Backend::Cpu(ref c) if c.mode() == gpuheap::backend::CpuMode::Lockstep => (256, 12),
+            ref c if common::has_thread_per_lane(c) => (256, 12),
             _ => (2048, if cfg!(debug_assertions) { 30 } else { 200 }),
         };
         let heap = DeviceHeap::new(&b, 256 << 20).unwrap();
@@ -242,7 +242,7 @@ fn churn_under_memory_pressure_fails_cleanly_and_recovers() {
     for b in common::backends("churn_under_memory_pressure_fails_cleanly_and_recovers") {
         let what = format!("{b:?}");
         let (threads, rounds) = match b {
-            Backend::Cpu(ref c) if c.mode() == gpuheap::backend::CpuMode::Lockstep => (128, 8),
+            ref c if common::has_thread_per_lane(c) => (128, 8),
             _ => (1024, 20),
         };
         // 1024 threads x 4 live blocks of up to 64 KiB cannot all fit in 8 MiB.

@@ -19,11 +19,50 @@ pub fn gpu_or_skip(test: &str) -> Option<Backend> {
     }
 }
 
-/// Every backend to run a test on: the CPU in both modes, and the GPU when usable.
+/// Seeds of the independent-thread-scheduling backends of [`backends`]:
+/// `GPUHEAP_ITS_SEEDS` as `N` (seeds `0..N`) or `A..B`; default `0..1`.
+/// `scripts/test` runs the device tests over many seeds; a failure names its
+/// seed, and `GPUHEAP_ITS_SEEDS=S..S+1` replays it.
+pub fn its_seeds() -> std::ops::Range<u64> {
+    let v = std::env::var("GPUHEAP_ITS_SEEDS").unwrap_or_default();
+    let parse = |s: &str| s.trim().parse::<u64>().unwrap_or_else(|_| panic!("GPUHEAP_ITS_SEEDS={v:?}"));
+    match v.split_once("..") {
+        _ if v.trim().is_empty() => 0..1,
+        Some((a, b)) => parse(a)..parse(b),
+        None => 0..parse(&v),
+    }
+}
+
+/// Every backend to run a test on: the CPU in sequential and lockstep mode,
+/// in independent-thread-scheduling mode once per seed of [`its_seeds`],
+/// and the GPU when usable.
+///
+/// `GPUHEAP_TEST_BACKENDS` (a comma-separated subset of `sequential`,
+/// `lockstep`, `independent`, `gpu`) keeps only those: `scripts/test` runs
+/// the device tests once more with `independent` alone over many seeds.
 pub fn backends(test: &str) -> Vec<Backend> {
-    let mut v = vec![Backend::cpu(), Backend::cpu_lockstep()];
-    v.extend(gpu_or_skip(test));
+    let only = std::env::var("GPUHEAP_TEST_BACKENDS").unwrap_or_default();
+    let want = |name: &str| only.trim().is_empty() || only.split(',').any(|s| s.trim() == name);
+    let mut v = Vec::new();
+    if want("sequential") {
+        v.push(Backend::cpu());
+    }
+    if want("lockstep") {
+        v.push(Backend::cpu_lockstep());
+    }
+    if want("independent") {
+        v.extend(its_seeds().map(Backend::cpu_independent));
+    }
+    if want("gpu") {
+        v.extend(gpu_or_skip(test));
+    }
     v
+}
+
+/// `true` for the CPU modes whose warps have 32 lanes, one OS thread each
+/// (lockstep and independent): tests keep their launches small there.
+pub fn has_thread_per_lane(b: &Backend) -> bool {
+    matches!(b, Backend::Cpu(c) if c.mode().warp_lanes() > 1)
 }
 
 /// `true` when `e` is one of the "no GPU here" errors.

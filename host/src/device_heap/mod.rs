@@ -42,7 +42,18 @@ pub use gpuheap_kernels::heap::Heap;
 pub use movable::MovableStats;
 pub use ops::Sizes;
 
+use crate::analysis::{self, OomClass, OomDiagnosis};
 use crate::backend::{Backend, BackendError, DeviceBuffer, Result};
+
+/// The smallest arena a [`DeviceHeap`] accepts: one 64 KiB slab page.
+///
+/// Requests of up to 4 KiB are served from slab pages, which are 64 KiB
+/// buddy blocks; a smaller arena could serve none of them (a 4 KiB arena
+/// would refuse `malloc(16)`). With at least one whole page every request of
+/// up to 64 KiB can be served by an empty heap, and an arena of any larger
+/// size serves every request up to its largest buddy block (the largest
+/// power of two of 4 KiB units that fits).
+pub const MIN_HEAP_BYTES: u64 = PAGE;
 
 /// A heap in device memory that kernels allocate from with
 /// `gpuheap_kernels::heap::{malloc, free}`.
@@ -135,13 +146,20 @@ fn invalid(msg: String) -> BackendError {
 
 impl DeviceHeap {
     /// A heap with an arena of `bytes` bytes (rounded down to 4 KiB; at least
-    /// 4 KiB), every byte free.
+    /// [`MIN_HEAP_BYTES`] = 64 KiB), every byte free.
     ///
     /// # Errors
-    /// `InvalidArgument` when `bytes < 4096`; allocation errors of the backend.
+    /// `InvalidArgument` when `bytes` is below [`MIN_HEAP_BYTES`] or beyond the
+    /// largest supported arena; allocation errors of the backend.
     pub fn new(backend: &Backend, bytes: u64) -> Result<Self> {
+        if bytes < MIN_HEAP_BYTES {
+            return Err(invalid(format!(
+                "a device heap needs at least {MIN_HEAP_BYTES} bytes (one 64 KiB slab page: requests of up to \
+                 4 KiB are carved from whole pages), got {bytes}"
+            )));
+        }
         let layout = Heap::layout(bytes)
-            .ok_or_else(|| invalid(format!("a device heap needs at least 4096 bytes, got {bytes}")))?;
+            .ok_or_else(|| invalid(format!("a device heap of {bytes} bytes exceeds the largest supported arena")))?;
         let arena_len = usize::try_from(layout.capacity + PAGE)
             .map_err(|_| invalid(format!("{bytes} bytes do not fit the host's address space")))?;
         // One extra page so that the base can be aligned to a page: pages and
@@ -181,6 +199,56 @@ impl DeviceHeap {
     /// Arena bytes.
     pub fn capacity(&self) -> u64 {
         self.handle.capacity
+    }
+
+    /// The buddy block a `malloc(size)` takes when it cannot reuse a slot
+    /// of a formatted slab page, bytes: a whole 64 KiB page for sizes of 1
+    /// to 4096, `4096 << order` above (the next power of two of 4 KiB
+    /// units). `None` for 0 and when that block is larger than any block
+    /// this heap's buddy allocator can ever hold (larger than its largest
+    /// power of two of units; sizes near `u64::MAX` included, computed
+    /// without wrapping).
+    pub fn buddy_block_of(&self, size: u64) -> Option<u64> {
+        let block = match class_of(size) {
+            _ if size == 0 => return None,
+            Some(_) => PAGE,
+            None => UNIT.checked_mul(1u64.checked_shl(order_of(size))?)?,
+        };
+        let largest = UNIT << self.handle.max_order;
+        (block <= largest && (class_of(size).is_none() || self.handle.units >= 1 << PAGE_ORDER)).then_some(block)
+    }
+
+    /// Why a `malloc(size)` of this heap returned null, given the free
+    /// buddy blocks at that moment (`(offset, bytes)` from
+    /// [`free_blocks`](Self::free_blocks)):
+    ///
+    /// * [`OomClass::Capacity`] when the heap can never hold the request
+    ///   ([`buddy_block_of`](Self::buddy_block_of) is `None`; `requested` is
+    ///   then `size`), or when the free bytes in the buddy levels are fewer
+    ///   than the block it needs;
+    /// * [`OomClass::Fragmentation`] when they are enough but no free block
+    ///   is large enough (a compaction would make room);
+    /// * [`OomClass::Fits`] when a free block would hold it (the request
+    ///   failed for another reason, e.g. concurrent use).
+    ///
+    /// `requested` is the block the request needs (a 64 KiB page for slab
+    /// sizes), so a 1 KiB request into an empty heap whose free memory is
+    /// not a whole page is capacity, not fragmentation. Free slots inside
+    /// slab pages of other classes are not counted: only the buddy can serve
+    /// a new page. The replay's device-heap row uses this classification.
+    pub fn diagnose_failure(&self, size: u64, free_blocks: &[(u64, u64)]) -> OomDiagnosis {
+        let free = free_blocks.iter().fold(0u64, |a, b| a.saturating_add(b.1));
+        let largest = free_blocks.iter().map(|b| b.1).max().unwrap_or(0);
+        match self.buddy_block_of(size) {
+            Some(block) => analysis::diagnose(block, free, largest),
+            None => {
+                let mut d = analysis::diagnose(u64::MAX, free, largest);
+                d.requested = size;
+                d.shortfall = size.saturating_sub(free);
+                debug_assert_eq!(d.class, OomClass::Capacity);
+                d
+            }
+        }
     }
 
     /// Device address of the arena (page aligned).
