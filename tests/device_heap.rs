@@ -381,3 +381,53 @@ fn churn_heavy_release() {
     check_fully_free(&b, &heap, "heavy churn");
     run_mixed(&b, 1 << 17, 1 << 30);
 }
+
+/// Small heaps: below one 64 KiB page a heap is refused at creation with an
+/// error that names the minimum; the smallest accepted heap serves every
+/// request size up to its capacity when empty; a null is classified as
+/// capacity when the heap cannot hold the request (also `u64::MAX`, without
+/// a wrapped shift) and as fragmentation when compaction would make room.
+#[test]
+fn small_heaps_serve_up_to_their_size_or_are_refused_and_failures_are_classified() {
+    use gpuheap::analysis::OomClass;
+    use gpuheap::device_heap::MIN_HEAP_BYTES;
+    for b in common::backends("small_heaps") {
+        let what = format!("{b:?}");
+        for bytes in [0, 4096, 8192, 60 << 10, MIN_HEAP_BYTES - 1] {
+            let e = DeviceHeap::new(&b, bytes).unwrap_err().to_string();
+            assert!(e.contains("65536"), "{what}: {bytes} B: {e}");
+        }
+        let mut heap = DeviceHeap::new(&b, MIN_HEAP_BYTES).unwrap();
+        for size in [1, 16, 17, 1024, 4095, 4096, 4097, 8192, 32 << 10, 64 << 10] {
+            heap.reset().unwrap();
+            let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(size), 1, false).unwrap();
+            assert_ne!(batch.read_ptrs().unwrap()[0], 0, "{what}: malloc({size}) on an empty 64 KiB heap");
+        }
+        // 96 KiB: a 64 KiB block and 32 KiB free; a 1 KiB request needs a
+        // whole page: capacity, not fragmentation.
+        let heap = DeviceHeap::new(&b, 96 << 10).unwrap();
+        let big = ops::malloc_batch(&b, &heap, &Sizes::Uniform(64 << 10), 1, false).unwrap();
+        assert_ne!(big.read_ptrs().unwrap()[0], 0, "{what}");
+        let small = ops::malloc_batch(&b, &heap, &Sizes::Uniform(1024), 1, false).unwrap();
+        assert_eq!(small.read_ptrs().unwrap()[0], 0, "{what}");
+        let free = heap.free_blocks().unwrap();
+        assert_eq!(heap.diagnose_failure(1024, &free).class, OomClass::Capacity, "{what}: {free:?}");
+        let d = heap.diagnose_failure(u64::MAX, &free);
+        assert_eq!((d.class, d.requested), (OomClass::Capacity, u64::MAX), "{what}");
+        assert_eq!(heap.buddy_block_of(u64::MAX), None);
+        assert_eq!(heap.buddy_block_of(100 << 10), None, "{what}: 128 KiB never fits a 96 KiB heap");
+        // 128 KiB in four 32 KiB blocks; free the middle two (not buddies):
+        // 64 KiB free in two pieces, a 64 KiB request is fragmentation.
+        let heap = DeviceHeap::new(&b, 128 << 10).unwrap();
+        let q = ops::malloc_batch(&b, &heap, &Sizes::Uniform(32 << 10), 4, false).unwrap();
+        let mut ptrs = q.read_ptrs().unwrap();
+        ptrs.sort_unstable();
+        assert!(ptrs.iter().all(|&p| p != 0), "{what}");
+        let mid = ptrs[1..3].to_vec();
+        let batch = Batch { ptrs: b.upload(&mid).unwrap(), sizes: None, size: 32 << 10, threads: 2, timing: q.timing };
+        ops::free_batch(&b, &heap, batch, 1).unwrap();
+        let free = heap.free_blocks().unwrap();
+        assert_eq!(free.iter().map(|f| f.1).sum::<u64>(), 64 << 10, "{what}: {free:?}");
+        assert_eq!(heap.diagnose_failure(64 << 10, &free).class, OomClass::Fragmentation, "{what}: {free:?}");
+    }
+}
