@@ -29,10 +29,24 @@
 //! * `malloc` returns null when the request cannot be met, after a bounded
 //!   amount of work: every loop in the allocator has a fixed bound, nothing
 //!   waits for another thread, and nothing is written into the arena.
-//!   Under heavy concurrent churn a request may fail while memory is being
-//!   freed elsewhere (as in Gallatin, whose retry bounds have the same
-//!   consequence); splits and merges in flight do not cause failures
-//!   ([`buddy`], the transit counter).
+//! * **What a null means (the exact guarantee).** A slab request (1..=4096
+//!   bytes) returns null only after a *final scan* of its class (the
+//!   available-page bitmap, then a fresh page from the buddy, which first
+//!   retires empty current pages) during which the transit counter of
+//!   [`buddy`] showed no operation in flight at its end and none completed
+//!   since its start. Every operation that can hide free memory from that
+//!   scan is bracketed by the counter: buddy splits and merges, a page
+//!   between its buddy claim and its format, a page between its retirement
+//!   and its buddy free, a scavenge, and an available bit cleared and
+//!   re-checked. So at the final scan no page of the class had an unreserved
+//!   slot findable through the bitmap and the buddy had no free page. Large
+//!   requests have the same guarantee for their buddy order. Two bounded
+//!   exceptions: memory freed concurrently with the call (a free that ends
+//!   after the scan looked at its page), and a scan repeated
+//!   [`slab::FINAL_SCANS`] / [`buddy::ALLOC_ATTEMPTS`] times because
+//!   transits kept completing (heavy churn; as in Gallatin, whose retry
+//!   bounds have the same consequence). A fresh heap filled exactly by one
+//!   launch never sees a null (BL-26).
 //! * `free(null)` does nothing. Any thread of any block or later kernel may
 //!   free any pointer from `malloc` on the same heap. `free` uses no warp
 //!   collective, so it may be called divergently.
@@ -75,6 +89,22 @@
 //! is created with one (`Heap::movable_bytes`), never in a buddy level,
 //! never tagged and never a slab page. Raw `malloc` blocks lie outside it and
 //! never move.
+
+//! # Data races: the checker (decision)
+//!
+//! A plain access racing an atomic one in heap state is a bug on the GPU
+//! too. The heap's shared state is only ever accessed through
+//! [`crate::arch::atomic`] (there are no plain accesses to metadata), so the
+//! races that matter are protocol races between atomics, which a
+//! ThreadSanitizer build would not report (TSan sees atomics as
+//! synchronised) and which needs a nightly toolchain and `-Zbuild-std`.
+//! We use **loom** instead (`scripts/test`, `--cfg loom`): it explores the
+//! interleavings and weak-memory outcomes of the protocol cores on
+//! [`layout::VecHeap`] and reports a plain/atomic race as well as a broken
+//! invariant. Covered: bitmap summary bits, buddy split/merge and the
+//! transit check, slab reserve/claim/free/retire. The independent-thread
+//! scheduling mode of the CPU backend ([`crate::arch::emu::its`]) covers
+//! the warp-level paths loom cannot (whole kernels under seeded schedules).
 
 pub mod bitmap;
 pub mod buddy;
