@@ -164,14 +164,17 @@ fn bl_11_failing_lanes_fail_fast_and_write_nothing() {
 /// heap is full, never a lost race: the guarantee of
 /// `gpuheap_kernels::heap`'s module docs), the blocks are distinct and
 /// tile the heap, and one more request gets null. 20 repetitions per
-/// backend and CPU mode.
+/// backend (2 in the thread-per-lane CPU modes).
 #[test]
 fn bl_26_a_heap_filled_exactly_by_one_launch_has_no_spurious_null() {
     // (slot size, requests per launch, launches)
     let cases: [(u64, u64, u64); 4] = [(16, 8192, 1), (32, 4096, 1), (256, 512, 1), (16, 2048, 4)];
     for b in common::backends("bl_26") {
         let what = format!("{b:?}");
-        for rep in 0..20 {
+        // 20 repetitions; 2 where each lane is an OS thread (8,192 threads
+        // a launch), with another schedule per launch in independent mode.
+        let reps = if is_lockstep(&b) { 2 } else { 20 };
+        for rep in 0..reps {
             for &(size, n, launches) in &cases {
                 let heap = DeviceHeap::new(&b, 2 * PAGE).unwrap();
                 let mut ptrs = Vec::new();
