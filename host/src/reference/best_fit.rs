@@ -154,7 +154,7 @@ mod tests {
         // Layout: [a 10][hole 30][b 10][hole 12][c 10][hole 12][d 16]
         let offs: Vec<u64> = [10, 30, 10, 12, 10, 12, 16].iter().map(|&s| h.alloc(s, 1).unwrap().offset).collect();
         for i in [1, 3, 5] {
-            h.free(offs[i]).unwrap();
+            h.free_at(offs[i]).unwrap();
         }
         h.0.check_invariants();
         assert_eq!(h.alloc(11, 1).unwrap().offset, offs[3]);

@@ -282,7 +282,7 @@ mod tests {
         let mut h = FirstFit::with_granule(100, 1).unwrap();
         let offs: Vec<u64> = [10, 12, 10, 30, 10, 12, 16].iter().map(|&s| h.alloc(s, 1).unwrap().offset).collect();
         for i in [1, 3, 5] {
-            h.free(offs[i]).unwrap();
+            h.free_at(offs[i]).unwrap();
         }
         assert_eq!(h.alloc(13, 1).unwrap().offset, offs[3]);
         assert_eq!(h.alloc(5, 1).unwrap().offset, offs[1]);
@@ -297,7 +297,7 @@ mod tests {
         let a = h.alloc(16, 1).unwrap(); // [0,16)
         let b = h.alloc(64, 1).unwrap(); // [16,80)
         let _c = h.alloc(16, 1).unwrap(); // [80,96)
-        h.free(b.offset).unwrap(); // hole [16,80): 64 long but no 64-aligned 64-byte start
+        h.free(b).unwrap(); // hole [16,80): 64 long but no 64-aligned 64-byte start
         let d = h.alloc(64, 64).unwrap();
         assert_eq!(d.offset, 128);
         let e = h.alloc(32, 32).unwrap();
