@@ -319,48 +319,62 @@ impl<T: SubAllocator + ?Sized> SubAllocator for Box<T> {
     }
 }
 
-/// The strategies [`build`] can construct.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StrategyKind {
+/// The strategy registry: one line per strategy (variant, docs, name, constructor from a capacity in
+/// bytes). Adding a strategy is one line here; [`StrategyKind`], its names, parsing, [`StrategyKind::ALL`]
+/// and [`build`] all come from it.
+macro_rules! strategies {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal => |$cap:ident| $ctor:expr;)*) => {
+        /// The strategies [`build`] can construct.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum StrategyKind {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl StrategyKind {
+            /// All strategies, in a stable order.
+            pub const ALL: [StrategyKind; [$($name),*].len()] = [$(StrategyKind::$variant),*];
+
+            /// The kebab-case name, as [`FromStr`] accepts it and [`SubAllocator::name`] reports it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(StrategyKind::$variant => $name,)*
+                }
+            }
+
+            /// The strategy with default options over `capacity` bytes (not clamped).
+            fn construct(self, capacity: u64) -> Result<Box<dyn SubAllocator + Send>, AllocError> {
+                match self {
+                    $(StrategyKind::$variant => {
+                        let $cap = capacity;
+                        $ctor.map(|a| Box::new(a) as Box<dyn SubAllocator + Send>)
+                    })*
+                }
+            }
+        }
+    };
+}
+
+strategies! {
     /// [`FirstFit`]: `first-fit`.
-    FirstFit,
+    FirstFit = "first-fit" => |cap| FirstFit::new(cap);
     /// [`BestFit`]: `best-fit`.
-    BestFit,
+    BestFit = "best-fit" => |cap| BestFit::new(cap);
     /// [`Buddy`]: `buddy`.
-    Buddy,
+    Buddy = "buddy" => |cap| Buddy::new(cap);
     /// [`Tlsf`]: `tlsf`.
-    Tlsf,
+    Tlsf = "tlsf" => |cap| Tlsf::new(cap);
     /// [`Slab`] over [`BestFit`]: `slab`.
-    Slab,
+    Slab = "slab" => |cap| BestFit::new(cap).and_then(|b| Slab::with_backing(Box::new(b)));
     /// [`Tiered`]: `tiered`.
-    Tiered,
+    Tiered = "tiered" => |cap| Tiered::new(cap);
     /// [`CachingAllocator`]: `caching`.
-    Caching,
+    Caching = "caching" => |cap| CachingAllocator::new(CachingConfig::new(cap));
 }
 
 impl StrategyKind {
-    /// All strategies, in a stable order.
-    pub const ALL: [StrategyKind; 7] = [
-        StrategyKind::FirstFit,
-        StrategyKind::BestFit,
-        StrategyKind::Buddy,
-        StrategyKind::Tlsf,
-        StrategyKind::Slab,
-        StrategyKind::Tiered,
-        StrategyKind::Caching,
-    ];
-
-    /// The kebab-case name (`first-fit`, `best-fit`, `buddy`, `tlsf`, `slab`, `tiered`, `caching`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StrategyKind::FirstFit => "first-fit",
-            StrategyKind::BestFit => "best-fit",
-            StrategyKind::Buddy => "buddy",
-            StrategyKind::Tlsf => "tlsf",
-            StrategyKind::Slab => "slab",
-            StrategyKind::Tiered => "tiered",
-            StrategyKind::Caching => "caching",
-        }
+    /// Every name, comma-separated (for messages).
+    pub fn names() -> String {
+        StrategyKind::ALL.map(StrategyKind::as_str).join(", ")
     }
 }
 
@@ -372,7 +386,7 @@ impl fmt::Display for StrategyKind {
 
 /// Error of [`StrategyKind::from_str`].
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
-#[error("unknown strategy `{0}` (expected first-fit, best-fit, buddy, tlsf, slab, tiered or caching)")]
+#[error("unknown strategy `{0}` (expected one of {names})", names = StrategyKind::names())]
 pub struct UnknownStrategy(pub String);
 
 impl FromStr for StrategyKind {
@@ -387,21 +401,14 @@ impl FromStr for StrategyKind {
 ///
 /// Capacities a strategy cannot use completely are handled as its module describes (the buddy system
 /// ignores a tail below its minimum block; the arena strategies round the capacity down to their granule).
-/// A capacity below one granule or above [`MAX_BYTES`] is clamped into range so that this never fails;
-/// use the strategies' `new` constructors to get errors instead.
+/// A capacity below 4 KiB or above [`MAX_BYTES`] is clamped into range, and a capacity a strategy rejects
+/// (the caching model needs 2 MiB) is raised to the smallest it accepts, so that this never fails; use the
+/// strategies' `new` constructors to get errors instead.
 pub fn build(kind: StrategyKind, capacity: u64) -> Box<dyn SubAllocator + Send> {
     let cap = capacity.clamp(4096, MAX_BYTES);
-    let built: Result<Box<dyn SubAllocator + Send>, AllocError> = match kind {
-        StrategyKind::FirstFit => FirstFit::new(cap).map(|a| Box::new(a) as _),
-        StrategyKind::BestFit => BestFit::new(cap).map(|a| Box::new(a) as _),
-        StrategyKind::Buddy => Buddy::new(cap).map(|a| Box::new(a) as _),
-        StrategyKind::Tlsf => Tlsf::new(cap).map(|a| Box::new(a) as _),
-        StrategyKind::Slab => Slab::with_backing(Box::new(BestFit::new(cap).expect("clamped capacity is valid")))
-            .map(|a| Box::new(a) as _),
-        StrategyKind::Tiered => Tiered::new(cap).map(|a| Box::new(a) as _),
-        StrategyKind::Caching => CachingAllocator::new(CachingConfig::new(cap)).map(|a| Box::new(a) as _),
-    };
-    built.expect("defaults are valid for a clamped capacity")
+    kind.construct(cap)
+        .or_else(|_| kind.construct(cap.max(caching::SMALL_BUFFER)))
+        .expect("defaults are valid for a clamped capacity of at least 2 MiB")
 }
 
 // ---------------------------------------------------------------------------------------------------------
