@@ -242,11 +242,15 @@ impl FreeIndex for AddressIndex {
             }
             return None;
         }
+        if slack == 0 {
+            // Every block of `size` bytes fits: the first one is the answer.
+            return find_first(nodes, self.root, 0, size).map(|c| (c, Placement::Front));
+        }
         let stop = sure.and_then(|s| find_first(nodes, self.root, 0, s)).map(|n| nodes[n as usize].offset);
         let mut lo = 0;
         while let Some(c) = find_first(nodes, self.root, lo, size) {
             let node = &nodes[c as usize];
-            if slack == 0 || fit_front(node.offset, node.size, size, align).is_some() {
+            if fit_front(node.offset, node.size, size, align).is_some() {
                 return Some((c, Placement::Front));
             }
             if stop.is_some_and(|s| node.offset >= s) {
