@@ -101,6 +101,13 @@ impl Handle {
     }
 }
 
+impl Default for Handle {
+    /// [`Handle::NONE`].
+    fn default() -> Self {
+        Handle::NONE
+    }
+}
+
 /// A block handed out by [`SubAllocator::alloc`]; give it back to [`SubAllocator::free`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Allocation {
