@@ -136,6 +136,44 @@ fn remove(nodes: &mut [Node<TreapExtra>], t: u32, key: u64) -> u32 {
     t
 }
 
+/// Lowest-offset node with `size >= need`: one iterative descent, O(depth). Invariant of the loop: the
+/// subtree of `t` holds such a node (its maximum is at least `need`), so if neither its left subtree nor
+/// `t` does, its right subtree does.
+#[inline]
+fn lowest_fit(nodes: &[Node<TreapExtra>], mut t: u32, need: u64) -> Option<u32> {
+    if max_of(nodes, t) < need {
+        return None;
+    }
+    loop {
+        let n = &nodes[t as usize];
+        if max_of(nodes, n.a) >= need {
+            t = n.a;
+        } else if n.size >= need {
+            return Some(t);
+        } else {
+            t = n.b;
+        }
+    }
+}
+
+/// Highest-offset node with `size >= need` (the mirror of [`lowest_fit`]).
+#[inline]
+fn highest_fit(nodes: &[Node<TreapExtra>], mut t: u32, need: u64) -> Option<u32> {
+    if max_of(nodes, t) < need {
+        return None;
+    }
+    loop {
+        let n = &nodes[t as usize];
+        if max_of(nodes, n.b) >= need {
+            t = n.b;
+        } else if n.size >= need {
+            return Some(t);
+        } else {
+            t = n.a;
+        }
+    }
+}
+
 /// Lowest-offset node with `offset >= lo` and `size >= need`.
 fn find_first(nodes: &[Node<TreapExtra>], t: u32, lo: u64, need: u64) -> Option<u32> {
     if t == NIL || nodes[t as usize].x.max < need {
@@ -228,7 +266,10 @@ impl FreeIndex for AddressIndex {
         // The first block of this length always fits; no later candidate needs checking.
         let sure = size.checked_add(slack);
         if size >= self.high_threshold {
-            let stop = sure.and_then(|s| find_last(nodes, self.root, u64::MAX, s)).map(|n| nodes[n as usize].offset);
+            if slack == 0 {
+                return highest_fit(nodes, self.root, size).map(|c| (c, Placement::Back));
+            }
+            let stop = sure.and_then(|s| highest_fit(nodes, self.root, s)).map(|n| nodes[n as usize].offset);
             let mut hi = u64::MAX;
             while let Some(c) = find_last(nodes, self.root, hi, size) {
                 let node = &nodes[c as usize];
@@ -244,9 +285,9 @@ impl FreeIndex for AddressIndex {
         }
         if slack == 0 {
             // Every block of `size` bytes fits: the first one is the answer.
-            return find_first(nodes, self.root, 0, size).map(|c| (c, Placement::Front));
+            return lowest_fit(nodes, self.root, size).map(|c| (c, Placement::Front));
         }
-        let stop = sure.and_then(|s| find_first(nodes, self.root, 0, s)).map(|n| nodes[n as usize].offset);
+        let stop = sure.and_then(|s| lowest_fit(nodes, self.root, s)).map(|n| nodes[n as usize].offset);
         let mut lo = 0;
         while let Some(c) = find_first(nodes, self.root, lo, size) {
             let node = &nodes[c as usize];
