@@ -33,7 +33,7 @@ use super::fit_front;
 /// Sizes are at most 2^48 and free offsets below 2^48, so the fields fit.
 #[inline]
 fn key(size: u64, offset: u64, node: u32) -> u128 {
-    debug_assert!(size >= 1 && size <= 1 << 48 && offset < 1 << 48);
+    debug_assert!((1..=1 << 48).contains(&size) && offset < 1 << 48);
     ((size - 1) as u128) << 80 | (offset as u128) << 32 | node as u128
 }
 
