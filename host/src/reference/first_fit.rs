@@ -287,17 +287,21 @@ impl FreeIndex for AddressIndex {
             // Every block of `size` bytes fits: the first one is the answer.
             return lowest_fit(nodes, self.root, size).map(|c| (c, Placement::Front));
         }
-        let stop = sure.and_then(|s| lowest_fit(nodes, self.root, s)).map(|n| nodes[n as usize].offset);
-        let mut lo = 0;
-        while let Some(c) = find_first(nodes, self.root, lo, size) {
+        // Where to stop, computed only once the first candidate turned out misaligned.
+        let mut stop: Option<Option<u64>> = None;
+        let mut candidate = lowest_fit(nodes, self.root, size);
+        while let Some(c) = candidate {
             let node = &nodes[c as usize];
             if fit_front(node.offset, node.size, size, align).is_some() {
                 return Some((c, Placement::Front));
             }
+            let stop = *stop.get_or_insert_with(|| {
+                sure.and_then(|s| lowest_fit(nodes, self.root, s)).map(|n| nodes[n as usize].offset)
+            });
             if stop.is_some_and(|s| node.offset >= s) {
                 break;
             }
-            lo = node.offset + 1;
+            candidate = find_first(nodes, self.root, node.offset + 1, size);
         }
         None
     }
