@@ -94,26 +94,32 @@ fn merge(nodes: &mut [Node<TreapExtra>], l: u32, r: u32) -> u32 {
     }
 }
 
-fn insert(nodes: &mut [Node<TreapExtra>], t: u32, n: u32) -> u32 {
-    if t == NIL {
+/// Inserts node `n` (priority and size set) into the treap rooted at `root`; returns the new root. One
+/// descent to the first node of lower priority, raising the maxima on the way (the subtree gains `n`), then
+/// a split of that subtree at `n`'s key.
+fn insert(nodes: &mut [Node<TreapExtra>], root: u32, n: u32) -> u32 {
+    let Node { offset: key, size, x: TreapExtra { prio, .. }, .. } = nodes[n as usize];
+    let (mut parent, mut left, mut t) = (NIL, false, root);
+    while t != NIL && nodes[t as usize].x.prio >= prio {
+        let node = &mut nodes[t as usize];
+        node.x.max = node.x.max.max(size);
+        parent = t;
+        left = key < node.offset;
+        t = if left { node.a } else { node.b };
+    }
+    let (l, r) = split(nodes, t, key);
+    nodes[n as usize].a = l;
+    nodes[n as usize].b = r;
+    update(nodes, n);
+    if parent == NIL {
         return n;
     }
-    if nodes[n as usize].x.prio > nodes[t as usize].x.prio {
-        let (l, r) = split(nodes, t, nodes[n as usize].offset);
-        nodes[n as usize].a = l;
-        nodes[n as usize].b = r;
-        update(nodes, n);
-        return n;
-    }
-    if nodes[n as usize].offset < nodes[t as usize].offset {
-        let c = insert(nodes, nodes[t as usize].a, n);
-        nodes[t as usize].a = c;
+    if left {
+        nodes[parent as usize].a = n;
     } else {
-        let c = insert(nodes, nodes[t as usize].b, n);
-        nodes[t as usize].b = c;
+        nodes[parent as usize].b = n;
     }
-    update(nodes, t);
-    t
+    root
 }
 
 fn remove(nodes: &mut [Node<TreapExtra>], t: u32, key: u64) -> u32 {
