@@ -27,7 +27,7 @@ use super::{fit_back, fit_front};
 #[derive(Debug)]
 pub(crate) struct AddressIndex {
     root: u32,
-    /// Scratch stack for `update`.
+    /// Scratch stack for `update` and `remove`.
     path: Vec<u32>,
     rng: u64,
     high_threshold: u64,
@@ -122,24 +122,35 @@ fn insert(nodes: &mut [Node<TreapExtra>], root: u32, n: u32) -> u32 {
     root
 }
 
-fn remove(nodes: &mut [Node<TreapExtra>], t: u32, key: u64) -> u32 {
+/// Removes the node keyed `key` from the treap rooted at `root`; returns the new root. One descent
+/// (recorded in `path`), a merge of the node's children, then the maxima of the path are recomputed bottom-up
+/// until one does not change (above it none can).
+fn remove(nodes: &mut [Node<TreapExtra>], root: u32, key: u64, path: &mut Vec<u32>) -> u32 {
+    path.clear();
+    let mut t = root;
+    while t != NIL && nodes[t as usize].offset != key {
+        path.push(t);
+        t = if key < nodes[t as usize].offset { nodes[t as usize].a } else { nodes[t as usize].b };
+    }
     if t == NIL {
         debug_assert!(false, "treap remove of a missing key");
-        return NIL;
+        return root;
     }
-    let off = nodes[t as usize].offset;
-    if key == off {
-        return merge(nodes, nodes[t as usize].a, nodes[t as usize].b);
-    }
-    if key < off {
-        let c = remove(nodes, nodes[t as usize].a, key);
-        nodes[t as usize].a = c;
+    let removed = nodes[t as usize].size;
+    let m = merge(nodes, nodes[t as usize].a, nodes[t as usize].b);
+    let Some(&p) = path.last() else { return m };
+    if nodes[p as usize].a == t {
+        nodes[p as usize].a = m;
     } else {
-        let c = remove(nodes, nodes[t as usize].b, key);
-        nodes[t as usize].b = c;
+        nodes[p as usize].b = m;
     }
-    update(nodes, t);
-    t
+    for &p in path.iter().rev() {
+        if nodes[p as usize].x.max > removed {
+            break; // the maximum is another node, still there
+        }
+        update(nodes, p);
+    }
+    root
 }
 
 /// Lowest-offset node with `size >= need`: one iterative descent, O(depth). Invariant of the loop: the
@@ -246,7 +257,7 @@ impl FreeIndex for AddressIndex {
     }
 
     fn remove(&mut self, nodes: &mut [Node<TreapExtra>], n: u32) {
-        self.root = remove(nodes, self.root, nodes[n as usize].offset);
+        self.root = remove(nodes, self.root, nodes[n as usize].offset, &mut self.path);
     }
 
     /// The key changed without changing the order: walk the old key's path and refresh the maxima, O(log n).
