@@ -557,6 +557,12 @@ impl<I: FreeIndex> Arena<I> {
         f
     }
 
+    /// The nodes (tests of the free indices).
+    #[cfg(test)]
+    pub(crate) fn nodes(&self) -> &[Node<I::Extra>] {
+        &self.nodes
+    }
+
     /// Panics if an invariant of the module doc does not hold (tests only).
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) {

@@ -372,6 +372,45 @@ mod tests {
         h.0.check_invariants();
     }
 
+    /// In-order keys ascending, priorities max-heap ordered, every `x.max` exact; returns (count, max).
+    fn check_treap(nodes: &[Node<TreapExtra>], t: u32, lo: u64, hi: u64) -> (usize, u64) {
+        if t == NIL {
+            return (0, 0);
+        }
+        let n = nodes[t as usize];
+        assert!(n.offset >= lo && n.offset < hi, "key order at node {t}");
+        for c in [n.a, n.b] {
+            assert!(c == NIL || nodes[c as usize].x.prio <= n.x.prio, "heap order at node {t}");
+        }
+        let (lc, lm) = check_treap(nodes, n.a, lo, n.offset);
+        let (rc, rm) = check_treap(nodes, n.b, n.offset + 1, hi);
+        assert_eq!(n.x.max, n.size.max(lm).max(rm), "subtree maximum at node {t}");
+        (lc + rc + 1, n.x.max)
+    }
+
+    #[test]
+    fn treap_invariants_hold_under_churn() {
+        for threshold in [u64::MAX, 4096] {
+            let mut h = Arena::new(1 << 22, 64, AddressIndex::new(threshold)).unwrap();
+            let mut live = Vec::new();
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for _ in 0..3000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if x % 3 != 0 || live.is_empty() {
+                    if let Ok(a) = h.alloc(1 + (x >> 8) % 20_000, 1 << ((x >> 40) % 9)) {
+                        live.push(a);
+                    }
+                } else {
+                    h.free(live.swap_remove((x >> 20) as usize % live.len())).unwrap();
+                }
+                let (count, max) = check_treap(h.nodes(), h.index.root, 0, u64::MAX);
+                assert_eq!((count, max), (h.stats().free_blocks, h.stats().largest_free));
+            }
+        }
+    }
+
     #[test]
     fn high_threshold_places_at_the_top() {
         let mut h = Arena::new(1024, 16, AddressIndex::new(256)).unwrap();
