@@ -398,7 +398,7 @@ mod tests {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                if x % 3 != 0 || live.is_empty() {
+                if !x.is_multiple_of(3) || live.is_empty() {
                     if let Ok(a) = h.alloc(1 + (x >> 8) % 20_000, 1 << ((x >> 40) % 9)) {
                         live.push(a);
                     }
