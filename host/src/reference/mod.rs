@@ -7,13 +7,14 @@
 //! |---|---|---|---|---|
 //! | first-fit | [`first_fit`] | O(log n) (max-augmented treap by address) | O(log n) | lowest-address fit, immediate coalescing |
 //! | best-fit | [`best_fit`] | O(log n) (size bins + per-bin ordered sets) | O(log n) | smallest fitting block, ties to lowest address |
-//! | TLSF | [`tlsf`] | O(1) (two-level bitmaps) | O(1) | good-fit, immediate coalescing |
+//! | TLSF | [`tlsf`] | O(1) (two-level bitmaps) | O(1) | good fit (exact-size holes first), immediate coalescing |
 //! | buddy | [`buddy`] | O(log capacity) | O(log capacity) | power-of-two blocks, any capacity |
 //! | slab | [`slab`] | O(slots / 64) | O(1) | size classes over pages of a backing strategy |
 //! | tiered | [`tiered`] | O(log n) | O(log n) | small → slab, medium → lowest fit, large → highest fit |
 //! | caching | [`caching`] | O(log n) | O(log n) | model of PyTorch's `CUDACachingAllocator` |
 //!
-//! (n = number of blocks.) All sizes and offsets are bytes in `u64`; all arithmetic is overflow-checked,
+//! (n = number of blocks; "free" is [`SubAllocator::free`], which finds the block through the
+//! allocation's [`Handle`] in O(1) and then coalesces.) All sizes and offsets are bytes in `u64`; all arithmetic is overflow-checked,
 //! sizes up to 2^48 work, and bad input returns an [`AllocError`] instead of panicking.
 //!
 //! Compaction ([`compact`]) works on every strategy through [`SubAllocator::compaction_layout`] and
