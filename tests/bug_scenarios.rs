@@ -1,5 +1,5 @@
-//! The host-model rows of `shared/cases/bug-scenarios.md` as named tests (BL-01, 02, 05, 06, 07, 15, and
-//! BL-16's compaction half). Each test restates the row's minimal scenario and asserts its expected
+//! The host-model rows of `shared/cases/bug-scenarios.md` as named tests (BL-01, 02, 05, 06, 07, 15, 25,
+//! and BL-16's compaction half). Each test restates the row's minimal scenario and asserts its expected
 //! behaviour; the general kind of each fault is also covered by `tests/reference_props.rs`.
 
 use gpuheap::analysis::{diagnose, diagnose_error, diagnose_heap, OomClass, PeakTracker};
@@ -32,10 +32,10 @@ fn walk(a: &dyn SubAllocator) -> Vec<(u64, u64, bool)> {
 fn bl_01_setup(config: CachingConfig) -> (CachingAllocator, Vec<u64>) {
     let mut c = CachingAllocator::new(config).unwrap();
     let a = c.alloc(12 * GIB, 1).unwrap();
-    c.free(a.offset).unwrap();
+    c.free(a).unwrap();
     let small: Vec<u64> = (0..4).map(|_| c.alloc(GIB, 1).unwrap().offset).collect();
-    c.free(small[1]).unwrap();
-    c.free(small[3]).unwrap();
+    c.free_at(small[1]).unwrap();
+    c.free_at(small[3]).unwrap();
     (c, small)
 }
 
@@ -58,7 +58,7 @@ fn bl_01_caching_oom_after_release_and_retry_is_classified_as_fragmentation() {
 fn bl_01_caching_releases_wholly_free_cached_segments_before_failing() {
     let mut c = CachingAllocator::new(CachingConfig::new(16 * GIB)).unwrap();
     let a = c.alloc(12 * GIB, 1).unwrap();
-    c.free(a.offset).unwrap();
+    c.free(a).unwrap();
     // 14 units fit only once A's cached segment goes back to the device.
     let b = c.alloc(14 * GIB, 1).unwrap();
     assert_eq!((b.offset, c.segment_count(), c.reserved_bytes()), (0, 1, 14 * GIB));
@@ -77,7 +77,7 @@ fn bl_01_compaction_moves_the_live_blocks_and_the_request_succeeds() {
     assert_eq!(c.reserved_bytes(), 2 * GIB);
     let big = c.alloc(12 * GIB, 1).unwrap();
     assert_eq!(big.offset, 2 * GIB);
-    c.free(GIB).unwrap(); // the moved block is freed at its new offset
+    c.free_at(GIB).unwrap(); // the moved block is freed at its new offset
 }
 
 #[test]
@@ -144,7 +144,7 @@ fn bl_05_run(a: &mut dyn SubAllocator, u: u64) -> Vec<Option<u64>> {
     let b10 = take(a, 10);
     let free = |a: &mut dyn SubAllocator, o: Option<u64>| {
         if let Some(o) = o {
-            a.free(o).unwrap();
+            a.free_at(o).unwrap();
         }
     };
     free(a, b20);
@@ -232,9 +232,9 @@ fn bl_06_empty_pool_serves_a_request_of_its_whole_capacity() {
         let mut a = build(kind, 64 * MIB);
         // Second case of the row: 8 x 8 MiB up to a 64 MiB maximum after a small first allocation.
         let first = a.alloc(1_000_192, 1).unwrap();
-        a.free(first.offset).unwrap();
+        a.free(first).unwrap();
         let whole = a.alloc(64 * MIB, 1).unwrap_or_else(|e| panic!("{kind}: {e}"));
-        a.free(whole.offset).unwrap();
+        a.free(whole).unwrap();
         if kind != StrategyKind::Caching {
             // PyTorch's rules give each 8 MiB request a 20 MiB segment (kLargeBuffer), so the caching model,
             // like PyTorch, cannot place 8 x 8 MiB on a 64 MiB device; every other strategy must.
@@ -266,8 +266,8 @@ fn bl_07_peak_reserved_does_not_grow_with_the_loop_count() {
         for i in 0..10 {
             let p = c.alloc(u + u / 2, 1).unwrap();
             let q = c.alloc(u + u / 2, 1).unwrap();
-            c.free(p.offset).unwrap();
-            c.free(q.offset).unwrap();
+            c.free(p).unwrap();
+            c.free(q).unwrap();
             if i == 0 {
                 after_first = c.counters().peak_reserved;
             }
@@ -288,8 +288,8 @@ fn bl_07_peak_reserved_does_not_grow_with_the_loop_count() {
             for b in a.live_blocks() {
                 span = (span.0.min(b.offset), span.1.max(b.offset + b.size));
             }
-            a.free(p.offset).unwrap();
-            a.free(q.offset).unwrap();
+            a.free(p).unwrap();
+            a.free(q).unwrap();
             if i == 0 {
                 after_first = peaks.max_footprint;
             }
@@ -316,8 +316,8 @@ fn bl_15_coalescing_keeps_the_block_list_consistent() {
         let name = h.name();
         let offs: Vec<u64> = (0..4).map(|_| h.alloc(64, 1).unwrap().offset).collect();
         assert_eq!(offs, vec![0, 64, 128, 192], "{name}");
-        h.free(0).unwrap();
-        h.free(64).unwrap();
+        h.free_at(0).unwrap();
+        h.free_at(64).unwrap();
         let list = walk(&*h);
         assert_eq!(list, vec![(0, 128, false), (128, 64, true), (192, 64, true)], "{name}");
         // Both directions see the same blocks, tiling [0, 256).
@@ -325,9 +325,9 @@ fn bl_15_coalescing_keeps_the_block_list_consistent() {
         assert_eq!(back.iter().map(|b| b.1).sum::<u64>(), 256, "{name}");
         assert!(back.windows(2).all(|w| w[1].0 + w[1].1 == w[0].0), "{name}");
         // The freed 64-byte nodes are gone: freeing them again is a double free.
-        assert_eq!(h.free(64), Err(AllocError::DoubleFree { offset: 64 }), "{name}");
-        h.free(128).unwrap();
-        h.free(192).unwrap();
+        assert_eq!(h.free_at(64), Err(AllocError::DoubleFree { offset: 64 }), "{name}");
+        h.free_at(128).unwrap();
+        h.free_at(192).unwrap();
         assert_eq!(walk(&*h), vec![(0, 256, false)], "{name}");
     }
 }
@@ -342,7 +342,7 @@ fn bl_16_compaction_skips_pinned_blocks_and_never_reuses_their_range() {
     let before = a.alloc(MIB, 1).unwrap();
     let h = a.alloc(MIB, 1).unwrap(); // handle H with a pending write
     let after = a.alloc(MIB, 1).unwrap();
-    a.free(before.offset).unwrap(); // H becomes a compaction candidate
+    a.free(before).unwrap(); // H becomes a compaction candidate
     let plan = compact(&mut a, &|o, l| (o..o + l).contains(&h.offset)).unwrap();
     assert_eq!(plan.translate(h.offset), Some(h.offset), "pinned H stays");
     assert_eq!(plan.translate(after.offset), Some(after.offset), "the block behind H packs against it");
@@ -350,4 +350,54 @@ fn bl_16_compaction_skips_pinned_blocks_and_never_reuses_their_range() {
     // Unpinned, H moves to the front.
     let plan = compact(&mut a, &|_, _| false).unwrap();
     assert_eq!(plan.translate(h.offset), Some(0));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// BL-25: sysprog21/tlsf-bsd#4, a request of exactly a freed block's size must go back into that hole.
+// ---------------------------------------------------------------------------------------------------------
+
+/// Live blocks X, H, Y of `size` bytes; H is freed and `size` allocated again, 100 times. Returns, per
+/// round, whether the request landed in H's hole and the span of the three live blocks in bytes.
+fn bl_25_rounds(a: &mut dyn SubAllocator, size: u64) -> Vec<(bool, u64)> {
+    let x = a.alloc(size, 1).unwrap();
+    let mut h = a.alloc(size, 1).unwrap();
+    let y = a.alloc(size, 1).unwrap();
+    (0..100)
+        .map(|_| {
+            let hole = h.offset;
+            a.free(h).unwrap();
+            h = a.alloc(size, 1).unwrap();
+            let live = [x, h, y];
+            let lo = live.iter().map(|b| b.offset).min().unwrap();
+            let hi = live.iter().map(|b| b.offset + b.size).max().unwrap();
+            (h.offset == hole, hi - lo)
+        })
+        .collect()
+}
+
+#[test]
+fn bl_25_tlsf_puts_an_exact_size_request_back_into_the_freed_hole() {
+    for size in [255_983, 256_000, 3_160_320] {
+        let mut t = Tlsf::new(GIB).unwrap();
+        let reserved = t.alloc(size, 1).unwrap().size;
+        t.reset();
+        for (round, (reused, span)) in bl_25_rounds(&mut t, size).into_iter().enumerate() {
+            assert!(reused, "{size} B: round {round} did not reuse the hole");
+            assert_eq!(span, 3 * reserved, "{size} B: footprint grew in round {round}");
+        }
+    }
+}
+
+#[test]
+fn bl_25_every_strategy_reuses_an_exact_size_hole() {
+    for kind in StrategyKind::ALL {
+        for size in [255_983, 256_000, 3_160_320] {
+            let mut a = build(kind, GIB);
+            let reserved = a.alloc(size, 1).unwrap().size;
+            a.reset();
+            let rounds = bl_25_rounds(&mut *a, size);
+            assert!(rounds.iter().all(|r| r.0), "{kind} {size} B: the hole was not reused");
+            assert!(rounds.iter().all(|r| r.1 == 3 * reserved), "{kind} {size} B: the footprint grew");
+        }
+    }
 }

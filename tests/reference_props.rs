@@ -18,14 +18,15 @@ use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
 use gpuheap::reference::compact::compact;
 use gpuheap::reference::slab::{Slab, SlabConfig};
 use gpuheap::reference::tiered::{Tiered, TieredConfig};
-use gpuheap::reference::{AllocError, BestFit, FirstFit, SubAllocator, Tlsf};
+use gpuheap::reference::{AllocError, Allocation, BestFit, FirstFit, SubAllocator, Tlsf};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
 enum Op {
     /// Allocate `size` bytes with alignment `2^align_log2`.
     Alloc { size: u64, align_log2: u32 },
-    /// Free the live block chosen by this index (modulo the number of live blocks).
+    /// Free the live block chosen by this index (modulo the number of live blocks): by its allocation's
+    /// handle when the index is even, by offset when it is odd.
     Free(usize),
     /// Free an offset that is not live (if it happens to be live, it is skipped).
     BadFree(u64),
@@ -64,6 +65,8 @@ struct Shadow {
     size: u64,
     requested: u64,
     align: u64,
+    /// What `alloc` returned, its offset updated by compaction (handles survive it).
+    alloc: Allocation,
 }
 
 fn check_state(a: &dyn SubAllocator, model: &BTreeMap<u64, Shadow>) -> Result<(), TestCaseError> {
@@ -117,7 +120,7 @@ fn run(spec: &Spec, ops: &[Op]) -> Result<(), TestCaseError> {
                 match a.alloc(size, align) {
                     Ok(x) => {
                         prop_assert!(!model.contains_key(&x.offset));
-                        model.insert(x.offset, Shadow { size: x.size, requested: size, align });
+                        model.insert(x.offset, Shadow { size: x.size, requested: size, align, alloc: x });
                     }
                     Err(AllocError::BadAlignment { .. }) if align > spec.max_align => {}
                     Err(AllocError::OutOfMemory { requested, largest_free, free }) => {
@@ -131,18 +134,22 @@ fn run(spec: &Spec, ops: &[Op]) -> Result<(), TestCaseError> {
                 }
             }
             Op::Free(i) if !model.is_empty() => {
-                let o = *model.keys().nth(i % model.len()).unwrap();
-                a.free(o).map_err(|e| TestCaseError::fail(format!("free({o}): {e}")))?;
+                let (&o, s) = model.iter().nth(i % model.len()).unwrap();
+                let x = s.alloc;
+                let r = if i % 2 == 0 { a.free(x) } else { a.free_at(o) };
+                r.map_err(|e| TestCaseError::fail(format!("free({o}): {e}")))?;
                 model.remove(&o);
-                let again = a.free(o);
+                let again = a.free_at(o);
                 prop_assert!(is_bad_free(&again), "second free of {} gave {:?}", o, again);
+                let again = a.free(x);
+                prop_assert!(is_bad_free(&again), "second free of {:?} gave {:?}", x, again);
             }
             Op::Free(_) => {}
             Op::BadFree(o) => {
                 let o = o % (a.capacity() + 64);
                 if !model.contains_key(&o) {
                     let before = (a.stats(), a.free_blocks().collect::<Vec<_>>());
-                    let r = a.free(o);
+                    let r = a.free_at(o);
                     prop_assert!(is_bad_free(&r), "bogus free of {} gave {:?}", o, r);
                     prop_assert_eq!(before, (a.stats(), a.free_blocks().collect::<Vec<_>>()));
                 }
@@ -167,7 +174,7 @@ fn run(spec: &Spec, ops: &[Op]) -> Result<(), TestCaseError> {
                         prop_assert_eq!(d, o, "pinned block moved");
                     }
                     last_dst = Some(d);
-                    moved.insert(d, s);
+                    moved.insert(d, Shadow { alloc: Allocation { offset: d, ..s.alloc }, ..s });
                 }
                 model = moved;
                 prop_assert_eq!(free_before, a.stats().free + a.stats().stranded);
@@ -176,10 +183,10 @@ fn run(spec: &Spec, ops: &[Op]) -> Result<(), TestCaseError> {
         check_state(&*a, &model)?;
     }
     // Free everything in an order unlike the allocation order, then drop caches.
-    let offsets: Vec<u64> = model.keys().copied().collect();
-    let (evens, odds): (Vec<_>, Vec<_>) = offsets.iter().enumerate().partition(|(i, _)| i % 2 == 0);
-    for (_, &o) in odds.into_iter().rev().chain(evens) {
-        a.free(o).map_err(|e| TestCaseError::fail(format!("final free({o}): {e}")))?;
+    let allocs: Vec<Allocation> = model.values().map(|s| s.alloc).collect();
+    let (evens, odds): (Vec<_>, Vec<_>) = allocs.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    for (_, &x) in odds.into_iter().rev().chain(evens) {
+        a.free(x).map_err(|e| TestCaseError::fail(format!("final free({}): {e}", x.offset)))?;
     }
     model.clear();
     a.release_cached();
@@ -292,6 +299,59 @@ proptest! {
     }
 }
 
+/// Allocates `sizes` with `align`, frees the blocks chosen by `frees`, and returns the allocator.
+fn random_layout(
+    mut a: Box<dyn SubAllocator + Send>,
+    sizes: &[(u64, u32)],
+    frees: &[usize],
+) -> Box<dyn SubAllocator + Send> {
+    let mut live: Vec<Allocation> = sizes.iter().filter_map(|&(s, al)| a.alloc(s, 1 << al).ok()).collect();
+    for &i in frees {
+        if !live.is_empty() {
+            let x = live.swap_remove(i % live.len());
+            a.free(x).unwrap();
+        }
+    }
+    a
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// BL-25's kind (tlsf-bsd#4): after free(H), alloc(size(H)) lands at H's offset when H is the only free
+    /// block of that size (its neighbours are live, so it does not merge), for the size-class strategies.
+    #[test]
+    fn an_exact_size_request_reuses_the_only_hole_of_that_size(
+        sizes in prop::collection::vec((size_strategy(14), 0u32..6), 2..80),
+        frees in prop::collection::vec(any::<usize>(), 0..40),
+        pick in any::<usize>(),
+        which in 0usize..2,
+    ) {
+        let make = || -> Box<dyn SubAllocator + Send> {
+            match which {
+                0 => Box::new(Tlsf::with_granule(4 * MIB, 16).unwrap()),
+                _ => Box::new(BestFit::with_granule(4 * MIB, 16).unwrap()),
+            }
+        };
+        let mut a = random_layout(make(), &sizes, &frees);
+        let free: Vec<(u64, u64)> = a.free_blocks().collect();
+        let is_free_at = |o: u64| free.iter().any(|&(fo, fl)| o >= fo && o < fo + fl);
+        // Live blocks whose neighbours (or the range's ends) are live.
+        let candidates: Vec<(u64, u64)> = a
+            .live_blocks()
+            .iter()
+            .filter(|b| (b.offset == 0 || !is_free_at(b.offset - 1)) && !is_free_at(b.offset + b.size))
+            .filter(|b| free.iter().all(|f| f.1 != b.size))
+            .map(|b| (b.offset, b.size))
+            .collect();
+        prop_assume!(!candidates.is_empty());
+        let (h, size) = candidates[pick % candidates.len()];
+        a.free_at(h).unwrap();
+        let again = a.alloc(size, 1).unwrap();
+        prop_assert_eq!((again.offset, again.size), (h, size), "{} did not reuse the hole", a.name());
+    }
+}
+
 #[test]
 fn bad_requests_are_errors_not_panics() {
     let all: Vec<Box<dyn SubAllocator + Send>> =
@@ -305,7 +365,7 @@ fn bad_requests_are_errors_not_panics() {
         assert!(matches!(a.alloc((1 << 48) + 1, 1), Err(AllocError::SizeOverflow { .. })), "{name}");
         assert!(matches!(a.alloc(1 << 40, 1), Err(AllocError::OutOfMemory { .. })), "{name}");
         assert!(
-            matches!(a.free(u64::MAX), Err(AllocError::InvalidFree { .. } | AllocError::DoubleFree { .. })),
+            matches!(a.free_at(u64::MAX), Err(AllocError::InvalidFree { .. } | AllocError::DoubleFree { .. })),
             "{name}"
         );
     }

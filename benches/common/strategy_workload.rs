@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 
 use gpuheap::bench::SplitMix64;
 use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
-use gpuheap::reference::{BestFit, Buddy, FirstFit, Slab, SubAllocator, Tiered, Tlsf};
+use gpuheap::reference::{Allocation, BestFit, Buddy, FirstFit, Slab, SubAllocator, Tiered, Tlsf};
 
 pub const CAPACITY: u64 = 128 << 30;
 pub const LIVE: usize = 100_000;
@@ -57,13 +57,13 @@ pub trait Bench {
 pub struct Ours<A>(pub A);
 
 impl<A: SubAllocator> Bench for Ours<A> {
-    type Handle = u64;
+    type Handle = Allocation;
     #[inline]
-    fn alloc(&mut self, size: u64) -> Option<u64> {
-        self.0.alloc(size, 1).ok().map(|a| a.offset)
+    fn alloc(&mut self, size: u64) -> Option<Allocation> {
+        self.0.alloc(size, 1).ok()
     }
     #[inline]
-    fn free(&mut self, h: u64) {
+    fn free(&mut self, h: Allocation) {
         self.0.free(h).expect("live block");
     }
     fn report(&self) -> String {

@@ -344,7 +344,7 @@ mod tests {
         let mut a = build(StrategyKind::FirstFit, 1 << 20);
         let x = a.alloc(100, 1).unwrap(); // 256 reserved
         let _y = a.alloc(1000, 1).unwrap(); // 1024
-        a.free(x.offset).unwrap();
+        a.free(x).unwrap();
         let r = analyze(&*a);
         assert_eq!((r.footprint, r.allocated, r.in_use, r.rounding_waste, r.holes), (1280, 1000, 1024, 24, 256));
         assert_eq!(r.free_blocks, 2);

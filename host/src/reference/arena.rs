@@ -1,112 +1,84 @@
 //! The block arena shared by first-fit, best-fit, TLSF and the tiered backing.
 //!
 //! The range `[0, capacity)` is tiled by *blocks* kept out of band (offset-allocator style: the managed
-//! memory is never touched). Live and free blocks are stored differently, because the hot paths touch them
-//! differently:
+//! memory is never touched). Every block, live or free, is a [`Node`] of `nodes`, linked to its physical
+//! neighbours (`prev`/`next`, by address). A live block's [`Handle`] is its node index, so
+//! `free(allocation)` reads the node, checks it, and merges with its neighbours through the links: O(1),
+//! with no hashing and no table keyed by offset. Free nodes are also in the free index, a [`FreeIndex`]
+//! (what differs between strategies), through the links `a`/`b` and the extra data `x`; a live node has
+//! `a == LIVE` and keeps its alignment and rounding slack in `b`.
 //!
-//! - A **live** block exists only as one 16-byte entry of an open-addressing [`OffsetTable`], `bounds`,
-//!   keyed by its offset: size, log2 of the requested alignment and the rounding slack packed in one `u64`.
-//!   `free(offset)` must map an offset to its block anyway, so that lookup *is* the block read.
-//! - A **free** block is a [`Node`] in `nodes` (stable index while free, recycled through `spare`), found by
-//!   its start and by its end through two more entries of the *same* table, keyed `start | START` and
-//!   `end | END`. The table's hash ignores the tag bits, so the entries of one offset (the live block that
-//!   starts there, the free block that starts there, the free block that ends there) share a probe run,
-//!   usually one cache line. The free-block search structure, a [`FreeIndex`], links nodes by index; this
-//!   is what differs between strategies.
+//! A pair of alloc and free touches about four nodes: the freed node and its two neighbours, and the free
+//! node the request is carved from (the live block takes the node the free just recycled, which is still
+//! in cache). offset-allocator does the same; the previous design (free by offset through a 4 MiB table of
+//! live and free boundaries) paid two more cache misses per pair for the table (`strategies_icount` under
+//! callgrind: TLSF 1075 instructions, 12.2 D1 and 6.6 LL misses per pair, see `bench/results/`).
 //!
-//! Freeing `[o, o + size)` reads the line of `o` (the live entry and `END` of a free predecessor) and the
-//! line of `o + size` (`START` of a free successor, where the merged block's `END` also goes), and merges at
-//! once (immediate coalescing), so no physical list of blocks is kept. A pair of alloc and free touches the
-//! large table at about four places: the carved block's start, the remainder's new start, and the two lines
-//! of the freed block.
-//!
-//! Measured on the `strategies` workload (`strategies_icount` under callgrind, 200k pairs, 1 MiB LL):
-//! the previous layout (live table plus two 512 KiB–1 MiB start/end tables of the free blocks) cost TLSF
-//! 796 instructions, 13.8 D1 and 8.2 LL misses per pair; one tagged table costs 1075 instructions (longer
-//! probe runs: the table holds about 140k entries instead of 100k) but 12.2 D1 and 6.6 LL misses, and runs
-//! faster (criterion thread CPU time, same run as offset-allocator: 326 -> 261–293 ns per pair). The table
-//! grows past a load of 5/8 rather than 1/2 so that it stays at 2^18 slots (4 MiB); at 1/2 it doubles to
-//! 8 MiB, which cuts the simulated misses further (9.8 D1, 5.7 LL) but measured 348–494 ns per pair.
+//! `free_at(offset)` (callers that only have an address) uses an [`OffsetIndex`] built on its first call
+//! and kept up to date from then on.
 //!
 //! Invariants (checked by `check_invariants` in tests):
-//! - Live blocks (the untagged keys of `bounds`) and free blocks (the nodes of non-zero size) tile `[0, capacity)`
-//!   without gaps or overlaps; no two free blocks are adjacent (immediate coalescing).
-//! - Every offset and size is a multiple of `granule`; sizes are non-zero. Spare nodes have size 0.
-//! - `bounds[n.offset | START] == n` and `bounds[(n.offset + n.size) | END] == n` for every free node `n`,
-//!   untagged keys are exactly the live blocks, and the table holds nothing else; a node is in the free index iff it is free.
-//! - A live entry's slack is `reserved - requested` when below [`BIG_SLACK`], else the requested size is in
-//!   `big_slack` (only for granules above 512 B or rebuilt layouts with large slack).
-//! - Counters (`free_bytes`, `free_count`, `reserved_in_use`, `allocated`) match the blocks.
+//! - Live and free nodes (size > 0) tile `[0, capacity)` in `prev`/`next` order without gaps or overlaps;
+//!   no two free blocks are adjacent (immediate coalescing). Spare nodes have size 0 and `a != LIVE`.
+//! - Every offset and size is a multiple of `granule`. A node is in the free index iff it is free.
+//! - A live node's slack is `reserved - requested` when below [`BIG_SLACK`], else the requested size is in
+//!   `big_slack` under the node index.
+//! - Counters (`free_bytes`, `free_count`, `reserved_in_use`, `allocated`, `live_count`) match the blocks.
 //!
-//! Complexity: alloc and free are the index's cost plus O(1) expected table operations. `free_blocks`,
-//! `live_blocks` and the compaction layout sort, O(n log n); the error path of `free` (double or invalid
-//! free) scans the free blocks, O(free blocks).
+//! Complexity: alloc is the index's search plus O(1); free by handle is O(1) plus the index's updates.
+//! `free_blocks`, `live_blocks` and the compaction layout sort, O(n log n); the error path of `free`
+//! (double, stale or invalid free) scans the nodes, O(n).
 
 use super::compact::{relocate_live, CompactBlock, CompactionLayout, CompactionPlan, Region};
-use super::offset_table::OffsetTable;
+use super::live_slots::{Generations, OffsetIndex};
 use super::{
-    check_layout, check_request, fit_back, fit_front, offset_map, oom, AllocError, Allocation, LiveBlock, OffsetMap,
-    Stats, MAX_BYTES,
+    check_layout, check_request, fit_back, fit_front, offset_map, oom, AllocError, Allocation, Handle, LiveBlock,
+    OffsetMap, Stats, MAX_BYTES,
 };
 
 /// No node.
 pub(crate) const NIL: u32 = u32::MAX;
 
-/// Tag of a `bounds` key holding the free node that starts at the untagged offset.
-const START: u64 = 1 << 62;
-/// Tag of a `bounds` key holding the free node that ends at the untagged offset.
-const END: u64 = 1 << 63;
-/// Both tags; offsets are at most 2^48, so an untagged key is a live block.
-const TAGS: u64 = START | END;
+/// Value of `a` in a live node (never a node index: the arena holds fewer than `u32::MAX - 1` nodes).
+const LIVE: u32 = u32::MAX - 1;
 
-/// A free block: 24 bytes plus the index's extra data `X`. `a`, `b` and `x` belong to the free index
-/// (free-list links for TLSF, children and subtree maximum for the treap).
+/// A block: 32 bytes plus the index's extra data `X`. While free, `a`, `b` and `x` belong to the free
+/// index (free-list links for TLSF, children and subtree maximum for the treap); while live, `a == LIVE`
+/// and `b` packs log2 of the requested alignment (bits 0–5) and the slack (from bit 6).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Node<X> {
     pub offset: u64,
     pub size: u64,
     pub a: u32,
     pub b: u32,
+    /// Physical neighbour below (`NIL` at offset 0).
+    pub prev: u32,
+    /// Physical neighbour above (`NIL` at the end of the range).
+    pub next: u32,
     pub x: X,
 }
 
-impl<X: Default> Node<X> {
-    fn new(offset: u64, size: u64) -> Self {
-        Node { offset, size, a: NIL, b: NIL, x: X::default() }
+impl<X> Node<X> {
+    #[inline]
+    fn is_live(&self) -> bool {
+        self.a == LIVE
+    }
+    #[inline]
+    fn is_free(&self) -> bool {
+        self.a != LIVE && self.size > 0
+    }
+    #[inline]
+    fn align_log2(&self) -> u8 {
+        (self.b & 63) as u8
+    }
+    #[inline]
+    fn slack(&self) -> u64 {
+        (self.b >> 6) as u64
     }
 }
 
-/// A live block packed into the value of its `live` entry: reserved size (49 bits, up to 2^48 inclusive),
-/// log2 of the requested alignment (6 bits) and slack `reserved - requested` (9 bits, [`BIG_SLACK`] when it
-/// does not fit).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Live(u64);
-
-const SIZE_BITS: u32 = 49;
-const ALIGN_SHIFT: u32 = SIZE_BITS;
-const SLACK_SHIFT: u32 = SIZE_BITS + 6;
 /// Slack value meaning "the requested size is in `big_slack`".
-const BIG_SLACK: u64 = (1 << (64 - SLACK_SHIFT)) - 1;
-
-impl Live {
-    #[inline]
-    fn new(size: u64, align_log2: u8, slack: u64) -> Self {
-        debug_assert!(size <= MAX_BYTES && align_log2 < 64);
-        Live(size | (align_log2 as u64) << ALIGN_SHIFT | slack.min(BIG_SLACK) << SLACK_SHIFT)
-    }
-    #[inline]
-    fn size(self) -> u64 {
-        self.0 & ((1 << SIZE_BITS) - 1)
-    }
-    #[inline]
-    fn align_log2(self) -> u8 {
-        ((self.0 >> ALIGN_SHIFT) & 63) as u8
-    }
-    #[inline]
-    fn slack(self) -> u64 {
-        self.0 >> SLACK_SHIFT
-    }
-}
+const BIG_SLACK: u64 = (1 << 26) - 1;
 
 /// Where to carve the request from the chosen free block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,15 +113,14 @@ pub(crate) trait FreeIndex: Send {
 pub(crate) struct Arena<I: FreeIndex> {
     capacity: u64,
     granule: u64,
-    /// Free blocks (size > 0) and spare slots (size 0).
+    /// Live blocks, free blocks (size > 0) and spare slots (size 0).
     nodes: Vec<Node<I::Extra>>,
     spare: Vec<u32>,
-    /// One table for every boundary: live blocks by offset (untagged key, a [`Live`]), free nodes by start
-    /// (`offset | START`) and by end (`offset | END`). The hash ignores the tags, so all entries of one
-    /// offset share a probe run, usually one cache line.
-    bounds: OffsetTable<u64>,
+    generations: Generations,
+    /// Offset → node of the live blocks, for `free_at`; built on its first call.
+    by_offset: OffsetIndex,
     live_count: usize,
-    /// Requested bytes of the live blocks whose slack is [`BIG_SLACK`] or more.
+    /// Requested bytes of the live nodes (by index) whose slack is [`BIG_SLACK`] or more.
     big_slack: OffsetMap<u64>,
     pub(crate) index: I,
     allocated: u64,
@@ -176,7 +147,8 @@ impl<I: FreeIndex> Arena<I> {
             granule,
             nodes: Vec::new(),
             spare: Vec::new(),
-            bounds: OffsetTable::with_max_load_8ths(0, 5),
+            generations: Generations::default(),
+            by_offset: OffsetIndex::default(),
             live_count: 0,
             big_slack: offset_map(),
             index,
@@ -200,101 +172,102 @@ impl<I: FreeIndex> Arena<I> {
     pub(crate) fn reset(&mut self) {
         self.nodes.clear();
         self.spare.clear();
-        self.bounds.clear();
+        self.by_offset.clear();
         self.live_count = 0;
         self.big_slack.clear();
         self.index.clear();
         self.allocated = 0;
         self.reserved_in_use = 0;
         self.free_bytes = self.capacity;
-        self.free_count = 0;
-        self.add_free(0, self.capacity);
+        self.free_count = 1;
+        let n = self.new_node(0, self.capacity, NIL, NIL);
+        self.index.insert(&mut self.nodes, n);
     }
 
-    /// Creates, registers and indexes the free block `[offset, offset + size)`.
+    /// A node `[offset, offset + size)` between `prev` and `next` (the caller links them to it), from the
+    /// spare list (most recently recycled first) or new.
     #[inline]
-    fn add_free(&mut self, offset: u64, size: u64) -> u32 {
-        let node = Node::new(offset, size);
-        let n = if let Some(i) = self.spare.pop() {
+    fn new_node(&mut self, offset: u64, size: u64, prev: u32, next: u32) -> u32 {
+        let node = Node { offset, size, a: NIL, b: NIL, prev, next, x: I::Extra::default() };
+        if let Some(i) = self.spare.pop() {
             self.nodes[i as usize] = node;
             i
         } else {
+            debug_assert!(self.nodes.len() < LIVE as usize);
             self.nodes.push(node);
             (self.nodes.len() - 1) as u32
-        };
-        self.bounds.insert(offset | START, n as u64);
-        self.bounds.insert((offset + size) | END, n as u64);
-        self.index.insert(&mut self.nodes, n);
-        self.free_count += 1;
-        n
+        }
     }
 
-    /// Recycles free node `n`, already out of the index and the tables.
+    /// Returns node `n` (out of the index and the physical list) to the spare list.
     #[inline]
     fn recycle(&mut self, n: u32) {
-        self.nodes[n as usize].size = 0;
+        let node = &mut self.nodes[n as usize];
+        node.size = 0;
+        node.a = NIL;
         self.spare.push(n);
-        self.free_count -= 1;
     }
 
-    /// Carves the live block `[start, start + size)` out of free node `n`. Node `n` keeps a free remainder
-    /// when there is one (updated in place: its address order does not change), so most carves cost one
-    /// index update.
+    /// Carves the live block `[start, start + size)` out of free node `n` and returns the live node. Node
+    /// `n` keeps a free remainder when there is one (updated in place: its address order does not change),
+    /// so most carves cost one index update.
     #[inline]
-    fn carve(&mut self, n: u32, start: u64, size: u64, requested: u64, align_log2: u8) {
-        let Node { offset, size: len, .. } = self.nodes[n as usize];
+    fn carve(&mut self, n: u32, start: u64, size: u64, requested: u64, align_log2: u8) -> u32 {
+        let Node { offset, size: len, prev, next, .. } = self.nodes[n as usize];
         let end = offset + len;
         let (front, back) = (start - offset, end - start - size);
-        if front > 0 {
+        let live = if front > 0 {
             self.nodes[n as usize].size = front;
-            self.bounds.insert(start | END, n as u64);
-            if back > 0 {
-                // The back remainder takes over `end | END`.
-                self.index.update(&mut self.nodes, n, offset, len);
-                let t = self.add_free_unindexed(start + size, back);
-                self.bounds.insert(end | END, t as u64);
+            let live = self.new_node(start, size, n, next);
+            self.nodes[n as usize].next = live;
+            let after = if back > 0 {
+                let t = self.new_node(start + size, back, live, next);
+                self.nodes[live as usize].next = t;
                 self.index.insert(&mut self.nodes, t);
+                self.free_count += 1;
+                t
             } else {
-                self.bounds.remove(end | END);
-                self.index.update(&mut self.nodes, n, offset, len);
+                live
+            };
+            if next != NIL {
+                self.nodes[next as usize].prev = after;
             }
+            self.index.update(&mut self.nodes, n, offset, len);
+            live
         } else if back > 0 {
             self.nodes[n as usize].offset = start + size;
             self.nodes[n as usize].size = back;
-            self.bounds.remove(offset | START);
-            self.bounds.insert((start + size) | START, n as u64);
+            let live = self.new_node(start, size, prev, n);
+            self.nodes[n as usize].prev = live;
+            if prev != NIL {
+                self.nodes[prev as usize].next = live;
+            }
             self.index.update(&mut self.nodes, n, offset, len);
+            live
         } else {
             self.index.remove(&mut self.nodes, n);
-            self.bounds.remove(offset | START);
-            self.bounds.remove(end | END);
-            self.recycle(n);
-        }
-        let slack = size - requested;
-        if slack >= BIG_SLACK {
-            self.big_slack.insert(start, requested);
-        }
-        self.bounds.insert(start, Live::new(size, align_log2, slack).0);
-        self.live_count += 1;
+            self.free_count -= 1;
+            n
+        };
+        self.make_live(live, size, requested, align_log2);
         self.free_bytes -= size;
-        self.reserved_in_use += size;
-        self.allocated += requested;
+        live
     }
 
-    /// A new free node registered by its start only (the caller sets its `END` entry and indexes it).
+    /// Marks node `n` (offset and size set, linked) live with the given request.
     #[inline]
-    fn add_free_unindexed(&mut self, offset: u64, size: u64) -> u32 {
-        let node = Node::new(offset, size);
-        let n = if let Some(i) = self.spare.pop() {
-            self.nodes[i as usize] = node;
-            i
-        } else {
-            self.nodes.push(node);
-            (self.nodes.len() - 1) as u32
-        };
-        self.bounds.insert(offset | START, n as u64);
-        self.free_count += 1;
-        n
+    fn make_live(&mut self, n: u32, size: u64, requested: u64, align_log2: u8) {
+        let slack = size - requested;
+        if slack >= BIG_SLACK {
+            self.big_slack.insert(n as u64, requested);
+        }
+        let node = &mut self.nodes[n as usize];
+        node.a = LIVE;
+        node.b = (align_log2 as u32 & 63) | (slack.min(BIG_SLACK) as u32) << 6;
+        self.by_offset.insert(node.offset, n);
+        self.live_count += 1;
+        self.reserved_in_use += size;
+        self.allocated += requested;
     }
 
     pub(crate) fn alloc(&mut self, size: u64, align: u64) -> Result<Allocation, AllocError> {
@@ -317,70 +290,108 @@ impl<I: FreeIndex> Arena<I> {
             debug_assert!(false, "free index returned a block that does not fit");
             return Err(oom(size, self.free_bytes, self.index.largest(&self.nodes)));
         };
-        self.carve(n, start, rounded, size, align.trailing_zeros() as u8);
-        Ok(Allocation { offset: start, size: rounded })
+        let live = self.carve(n, start, rounded, size, align.trailing_zeros() as u8);
+        let generation = self.generations.bump(live as usize);
+        Ok(Allocation { offset: start, size: rounded, handle: Handle::new(live, generation) })
     }
 
-    pub(crate) fn free(&mut self, offset: u64) -> Result<(), AllocError> {
-        if offset & TAGS != 0 {
-            return Err(self.classify_bad_free(offset));
+    /// Frees the block named by `a.handle`. O(1) plus the index's updates.
+    #[inline]
+    pub(crate) fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
+        let n = a.handle.index();
+        match self.nodes.get(n) {
+            Some(node) if node.is_live() && node.offset == a.offset && self.generations.matches(a.handle) => {
+                self.free_node(n as u32);
+                Ok(())
+            }
+            _ => Err(self.classify_bad_free(a.offset, true)),
         }
-        let Some(live) = self.bounds.remove(offset).map(Live) else {
-            return Err(self.classify_bad_free(offset));
-        };
-        self.live_count -= 1;
-        let size = live.size();
-        let requested = if live.slack() == BIG_SLACK {
-            self.big_slack.remove(&offset).expect("big slack recorded")
+    }
+
+    /// Frees the block that starts at `offset`, through the offset index (built on the first call).
+    pub(crate) fn free_at(&mut self, offset: u64) -> Result<(), AllocError> {
+        if !self.by_offset.is_built() {
+            let live = self.nodes.iter().enumerate().filter(|(_, n)| n.is_live()).map(|(i, n)| (n.offset, i as u32));
+            self.by_offset.build(live);
+        }
+        match self.by_offset.get(offset) {
+            Some(n) => {
+                self.free_node(n);
+                Ok(())
+            }
+            None => Err(self.classify_bad_free(offset, false)),
+        }
+    }
+
+    /// Frees live node `l` and merges it with its free neighbours.
+    #[inline]
+    fn free_node(&mut self, l: u32) {
+        let node = self.nodes[l as usize];
+        let (offset, size, p, q) = (node.offset, node.size, node.prev, node.next);
+        let requested = if node.slack() == BIG_SLACK {
+            self.big_slack.remove(&(l as u64)).expect("big slack recorded")
         } else {
-            size - live.slack()
+            size - node.slack()
         };
+        self.by_offset.remove(offset);
+        self.live_count -= 1;
         self.allocated -= requested;
         self.reserved_in_use -= size;
         self.free_bytes += size;
-        let end = offset + size;
-        let prev = self.bounds.get(offset | END).map(|v| v as u32);
-        let next = self.bounds.get(end | START).map(|v| v as u32);
-        match (prev, next) {
-            (None, None) => {
-                self.add_free(offset, size);
+        let p_free = p != NIL && !self.nodes[p as usize].is_live();
+        let q_free = q != NIL && !self.nodes[q as usize].is_live();
+        match (p_free, q_free) {
+            (false, false) => {
+                let node = &mut self.nodes[l as usize];
+                (node.a, node.b) = (NIL, NIL);
+                self.index.insert(&mut self.nodes, l);
+                self.free_count += 1;
             }
-            (Some(p), None) => {
+            (true, false) => {
                 let Node { offset: po, size: ps, .. } = self.nodes[p as usize];
                 self.nodes[p as usize].size = ps + size;
-                self.bounds.remove(offset | END);
-                self.bounds.insert(end | END, p as u64);
+                self.nodes[p as usize].next = q;
+                if q != NIL {
+                    self.nodes[q as usize].prev = p;
+                }
+                self.recycle(l);
                 self.index.update(&mut self.nodes, p, po, ps);
             }
-            (None, Some(q)) => {
+            (false, true) => {
                 // `q` absorbs the block and keeps its place in the index.
-                let qs = self.nodes[q as usize].size;
-                self.nodes[q as usize].offset = offset;
-                self.nodes[q as usize].size = qs + size;
-                self.bounds.remove(end | START);
-                self.bounds.insert(offset | START, q as u64);
-                self.index.update(&mut self.nodes, q, end, qs);
+                let Node { offset: qo, size: qs, .. } = self.nodes[q as usize];
+                let qn = &mut self.nodes[q as usize];
+                (qn.offset, qn.size, qn.prev) = (offset, qs + size, p);
+                if p != NIL {
+                    self.nodes[p as usize].next = q;
+                }
+                self.recycle(l);
+                self.index.update(&mut self.nodes, q, qo, qs);
             }
-            (Some(p), Some(q)) => {
+            (true, true) => {
                 let Node { offset: po, size: ps, .. } = self.nodes[p as usize];
-                let qs = self.nodes[q as usize].size;
+                let Node { size: qs, next: qn, .. } = self.nodes[q as usize];
                 self.index.remove(&mut self.nodes, q);
-                self.bounds.remove(end | START);
-                self.bounds.remove(offset | END);
-                self.bounds.insert((end + qs) | END, p as u64);
-                self.recycle(q);
+                self.free_count -= 1;
                 self.nodes[p as usize].size = ps + size + qs;
+                self.nodes[p as usize].next = qn;
+                if qn != NIL {
+                    self.nodes[qn as usize].prev = p;
+                }
+                self.recycle(q);
+                self.recycle(l);
                 self.index.update(&mut self.nodes, p, po, ps);
             }
         }
-        Ok(())
     }
 
-    /// Error path only, O(free blocks): double free if `offset` lies in a free block.
-    fn classify_bad_free(&self, offset: u64) -> AllocError {
-        let in_free = self.free_nodes().any(|n| n.offset <= offset && offset - n.offset < n.size);
-        if in_free {
+    /// Error path only, O(n): double free if `offset` lies in a free block, a stale handle if (for a free by
+    /// handle) a live block starts there, else an invalid free.
+    fn classify_bad_free(&self, offset: u64, by_handle: bool) -> AllocError {
+        if self.free_nodes().any(|n| n.offset <= offset && offset - n.offset < n.size) {
             AllocError::DoubleFree { offset }
+        } else if by_handle && self.nodes.iter().any(|n| n.is_live() && n.offset == offset) {
+            AllocError::StaleHandle { offset }
         } else {
             AllocError::InvalidFree { offset }
         }
@@ -402,23 +413,28 @@ impl<I: FreeIndex> Arena<I> {
 
     /// The free nodes, in no particular order.
     fn free_nodes(&self) -> impl Iterator<Item = &Node<I::Extra>> + '_ {
-        self.nodes.iter().filter(|n| n.size > 0)
+        self.nodes.iter().filter(|n| n.is_free())
     }
 
-    /// Live blocks as `(offset, entry)`, ascending.
-    fn live_sorted(&self) -> Vec<(u64, Live)> {
-        let mut v: Vec<(u64, Live)> =
-            self.bounds.iter().filter(|e| e.0 & TAGS == 0).map(|(k, v)| (k, Live(v))).collect();
-        v.sort_unstable_by_key(|e| e.0);
+    /// Live nodes by index, ascending by offset.
+    fn live_sorted(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..self.nodes.len() as u32).filter(|&i| self.nodes[i as usize].is_live()).collect();
+        v.sort_unstable_by_key(|&i| self.nodes[i as usize].offset);
         v
     }
 
-    fn requested_of(&self, offset: u64, live: Live) -> u64 {
-        if live.slack() == BIG_SLACK {
-            self.big_slack.get(&offset).copied().unwrap_or(0)
+    fn requested_of(&self, n: u32) -> u64 {
+        let node = &self.nodes[n as usize];
+        if node.slack() == BIG_SLACK {
+            self.big_slack.get(&(n as u64)).copied().unwrap_or(0)
         } else {
-            live.size() - live.slack()
+            node.size - node.slack()
         }
+    }
+
+    fn live_block(&self, n: u32) -> LiveBlock {
+        let node = &self.nodes[n as usize];
+        LiveBlock { offset: node.offset, size: node.size, requested: self.requested_of(n) }
     }
 
     /// O(f log f) for f free blocks.
@@ -430,102 +446,161 @@ impl<I: FreeIndex> Arena<I> {
 
     /// O(n log n) for n live blocks.
     pub(crate) fn live_blocks(&self) -> Vec<LiveBlock> {
-        self.live_sorted()
-            .into_iter()
-            .map(|(offset, l)| LiveBlock { offset, size: l.size(), requested: self.requested_of(offset, l) })
-            .collect()
+        self.live_sorted().into_iter().map(|n| self.live_block(n)).collect()
     }
 
     pub(crate) fn compaction_layout(&self) -> CompactionLayout {
         let blocks = self
             .live_sorted()
             .into_iter()
-            .map(|(offset, l)| CompactBlock {
-                id: offset,
-                offset,
-                len: l.size(),
-                align: (1u64 << l.align_log2()).max(self.granule),
-                pinned: false,
+            .map(|n| {
+                let node = &self.nodes[n as usize];
+                CompactBlock {
+                    id: node.offset,
+                    offset: node.offset,
+                    len: node.size,
+                    align: (1u64 << node.align_log2()).max(self.granule),
+                    pinned: false,
+                }
             })
             .collect();
         CompactionLayout { blocks, regions: vec![Region::new(0, self.capacity)] }
     }
 
+    /// Moves the live blocks as `plan` says; every live block keeps its node, so handles stay valid.
     pub(crate) fn apply_relocation(&mut self, plan: &CompactionPlan) -> Result<(), AllocError> {
         let layout = self.compaction_layout();
+        let sorted = self.live_sorted();
         let moved = relocate_live(&self.live_blocks(), &layout, plan)?;
-        let with_align: Vec<(LiveBlock, u8)> = moved
+        let keep: Vec<(LiveBlock, u8, Option<u32>)> = moved
             .into_iter()
-            .map(|(old, new)| (new, self.bounds.get(old).map_or(0, |v| Live(v).align_log2())))
+            .map(|(old, new)| {
+                let i = sorted.partition_point(|&n| self.nodes[n as usize].offset < old);
+                let n = sorted[i];
+                (new, self.nodes[n as usize].align_log2(), Some(n))
+            })
             .collect();
-        self.rebuild(&with_align)
+        self.rebuild_keeping(&keep)
     }
 
-    /// Resets and re-creates exactly the live blocks given (ascending, disjoint); O(n) expected.
+    /// Resets and re-creates exactly the live blocks given (ascending, disjoint) with new handles; O(n).
     pub(crate) fn rebuild(&mut self, live: &[(LiveBlock, u8)]) -> Result<(), AllocError> {
+        let v: Vec<(LiveBlock, u8, Option<u32>)> = live.iter().map(|&(b, a)| (b, a, None)).collect();
+        self.rebuild_keeping(&v)
+    }
+
+    /// Re-creates exactly the live blocks given (ascending, disjoint); a block with `Some(node)` stays in that
+    /// live node (its handle stays valid), the others get new nodes. O(n).
+    fn rebuild_keeping(&mut self, live: &[(LiveBlock, u8, Option<u32>)]) -> Result<(), AllocError> {
         let blocks: Vec<LiveBlock> = live.iter().map(|x| x.0).collect();
         check_layout(&blocks, self.capacity, self.granule)?;
-        self.reset();
-        // One node holds the whole range; every carve leaves the remaining tail as the free block that
-        // starts right after the carved one.
-        let mut tail = 0;
-        for &(b, align_log2) in live {
-            self.carve(tail, b.offset, b.size, b.requested, align_log2);
-            match self.bounds.get((b.offset + b.size) | START).map(|v| v as u32) {
-                Some(t) => tail = t,
-                None => break, // the range is full; the layout check guarantees nothing follows
+        let mut kept = vec![false; self.nodes.len()];
+        for &(_, _, n) in live {
+            match n {
+                Some(n) if self.nodes.get(n as usize).is_some_and(|x| x.is_live()) && !kept[n as usize] => {
+                    kept[n as usize] = true
+                }
+                Some(_) => return Err(AllocError::InvalidRelocation("kept node is not a distinct live node")),
+                None => {}
             }
         }
+        self.spare.clear();
+        for i in (0..self.nodes.len()).rev() {
+            if !kept[i] {
+                let node = &mut self.nodes[i];
+                (node.size, node.a) = (0, NIL);
+                self.spare.push(i as u32);
+            }
+        }
+        self.by_offset.clear();
+        self.big_slack.clear();
+        self.index.clear();
+        (self.live_count, self.allocated, self.reserved_in_use, self.free_bytes, self.free_count) = (0, 0, 0, 0, 0);
+        let (mut cursor, mut prev) = (0u64, NIL);
+        for &(b, align_log2, keep) in live {
+            if b.offset > cursor {
+                prev = self.link_free(cursor, b.offset - cursor, prev);
+            }
+            let n = match keep {
+                Some(n) => {
+                    let node = &mut self.nodes[n as usize];
+                    (node.offset, node.size, node.prev, node.next) = (b.offset, b.size, prev, NIL);
+                    n
+                }
+                None => {
+                    let n = self.new_node(b.offset, b.size, prev, NIL);
+                    self.generations.bump(n as usize);
+                    n
+                }
+            };
+            if prev != NIL {
+                self.nodes[prev as usize].next = n;
+            }
+            self.make_live(n, b.size, b.requested, align_log2);
+            (cursor, prev) = (b.offset + b.size, n);
+        }
+        if cursor < self.capacity {
+            self.link_free(cursor, self.capacity - cursor, prev);
+        }
         Ok(())
+    }
+
+    /// Appends the free block `[offset, offset + size)` after `prev` during a rebuild; returns its node.
+    fn link_free(&mut self, offset: u64, size: u64, prev: u32) -> u32 {
+        let f = self.new_node(offset, size, prev, NIL);
+        if prev != NIL {
+            self.nodes[prev as usize].next = f;
+        }
+        self.index.insert(&mut self.nodes, f);
+        self.free_count += 1;
+        self.free_bytes += size;
+        f
+    }
+
+    /// The nodes (tests of the free indices).
+    #[cfg(test)]
+    pub(crate) fn nodes(&self) -> &[Node<I::Extra>] {
+        &self.nodes
     }
 
     /// Panics if an invariant of the module doc does not hold (tests only).
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) {
-        let mut blocks: Vec<(u64, u64, bool)> = Vec::new();
-        let (mut free, mut count) = (0u64, 0usize);
-        for (i, n) in self.nodes.iter().enumerate() {
-            if n.size == 0 {
-                assert!(self.spare.contains(&(i as u32)), "node {i} of size 0 is not spare");
-                continue;
+        let (mut free, mut count, mut reserved, mut allocated, mut live) = (0u64, 0usize, 0u64, 0u64, 0usize);
+        let mut n = self.nodes.iter().position(|x| x.size > 0 && x.offset == 0).expect("a block at 0") as u32;
+        assert_eq!(self.nodes[n as usize].prev, NIL);
+        let (mut expect, mut prev, mut prev_free, mut seen) = (0u64, NIL, false, 0usize);
+        while n != NIL {
+            let node = &self.nodes[n as usize];
+            assert_eq!(node.prev, prev, "prev link of node {n}");
+            assert_eq!(node.offset, expect, "gap or overlap at {expect}");
+            assert!(node.size > 0 && node.size.is_multiple_of(self.granule));
+            assert!(node.offset.is_multiple_of(self.granule));
+            if node.is_live() {
+                let requested = self.requested_of(n);
+                assert!(requested > 0 && requested <= node.size);
+                assert_eq!(self.big_slack.contains_key(&(n as u64)), node.slack() == BIG_SLACK);
+                (reserved, allocated, live) = (reserved + node.size, allocated + requested, live + 1);
+                prev_free = false;
+            } else {
+                assert!(!prev_free, "adjacent free blocks at {expect}");
+                (free, count, prev_free) = (free + node.size, count + 1, true);
             }
-            assert_eq!(self.bounds.get(n.offset | START).map(|v| v as u32), Some(i as u32), "by_start of node {i}");
-            assert_eq!(
-                self.bounds.get((n.offset + n.size) | END).map(|v| v as u32),
-                Some(i as u32),
-                "by_end of node {i}"
-            );
-            free += n.size;
-            count += 1;
-            blocks.push((n.offset, n.size, true));
-        }
-        let tagged = |t: u64| self.bounds.iter().filter(|e| e.0 & TAGS == t).count();
-        assert_eq!((tagged(START), tagged(END)), (count, count));
-        let mut reserved = 0;
-        let mut allocated = 0;
-        for (offset, l) in self.live_sorted() {
-            reserved += l.size();
-            let requested = self.requested_of(offset, l);
-            assert!(requested > 0 && requested <= l.size());
-            assert_eq!(self.big_slack.contains_key(&offset), l.slack() == BIG_SLACK);
-            allocated += requested;
-            blocks.push((offset, l.size(), false));
-        }
-        blocks.sort_unstable();
-        let mut expect = 0u64;
-        let mut prev_free = false;
-        for &(offset, size, is_free) in &blocks {
-            assert_eq!(offset, expect, "gap or overlap at {offset}");
-            assert!(size > 0 && size.is_multiple_of(self.granule));
-            assert!(!(prev_free && is_free), "adjacent free blocks at {offset}");
-            prev_free = is_free;
-            expect += size;
+            expect += node.size;
+            (prev, n, seen) = (n, node.next, seen + 1);
         }
         assert_eq!(expect, self.capacity);
+        for (i, x) in self.nodes.iter().enumerate() {
+            assert_eq!(x.size == 0, self.spare.contains(&(i as u32)), "node {i}: spare iff size 0");
+        }
+        assert_eq!(seen + self.spare.len(), self.nodes.len(), "a node is neither in the list nor spare");
         assert_eq!((free, count), (self.free_bytes, self.free_count));
-        assert_eq!((reserved, allocated), (self.reserved_in_use, self.allocated));
-        assert_eq!(self.live_count, tagged(0));
-        assert_eq!(self.bounds.len(), self.live_count + 2 * count);
+        assert_eq!((reserved, allocated, live), (self.reserved_in_use, self.allocated, self.live_count));
+        if self.by_offset.is_built() {
+            for (i, x) in self.nodes.iter().enumerate().filter(|x| x.1.is_live()) {
+                assert_eq!(self.by_offset.get(x.offset), Some(i as u32));
+            }
+        }
     }
 }
 
@@ -576,8 +651,11 @@ macro_rules! arena_strategy {
             ) -> Result<$crate::reference::Allocation, $crate::reference::AllocError> {
                 self.0.alloc(size, align)
             }
-            fn free(&mut self, offset: u64) -> Result<(), $crate::reference::AllocError> {
-                self.0.free(offset)
+            fn free(&mut self, a: $crate::reference::Allocation) -> Result<(), $crate::reference::AllocError> {
+                self.0.free(a)
+            }
+            fn free_at(&mut self, offset: u64) -> Result<(), $crate::reference::AllocError> {
+                self.0.free_at(offset)
             }
             fn stats(&self) -> $crate::reference::Stats {
                 self.0.stats()
@@ -684,11 +762,11 @@ mod churn_tests {
     use super::*;
 
     /// Random alloc/free churn with every invariant checked after each step, for each index; best-fit's
-    /// choice is compared with a brute-force scan of the free blocks.
+    /// choice is compared with a brute-force scan of the free blocks. Every third free goes by offset.
     fn churn<I: FreeIndex>(mut a: Arena<I>, best_fit: bool) {
-        let mut live: Vec<u64> = Vec::new();
+        let mut live: Vec<Allocation> = Vec::new();
         let mut x = 0x2545_f491_4f6c_dd1du64;
-        for _ in 0..3000 {
+        for step in 0..3000 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -708,20 +786,24 @@ mod churn_tests {
                             let (o, l) = w.expect("allocated although nothing fits");
                             assert!(b.offset >= o && b.offset < o + l, "best fit is ({o}, {l}), got {b:?}");
                         }
-                        live.push(b.offset);
+                        live.push(b);
                     }
                     Err(AllocError::OutOfMemory { .. }) => assert!(want.is_none_or(|w| w.is_none())),
                     Err(e) => panic!("{e}"),
                 }
             } else {
-                let o = live.swap_remove((x >> 20) as usize % live.len());
-                a.free(o).unwrap();
-                assert_eq!(a.free(o), Err(AllocError::DoubleFree { offset: o }));
+                let b = live.swap_remove((x >> 20) as usize % live.len());
+                if step % 3 == 0 {
+                    a.free_at(b.offset).unwrap();
+                } else {
+                    a.free(b).unwrap();
+                }
+                assert_eq!(a.free(b), Err(AllocError::DoubleFree { offset: b.offset }));
             }
             a.check_invariants();
         }
-        for o in live {
-            a.free(o).unwrap();
+        for b in live {
+            a.free(b).unwrap();
         }
         a.check_invariants();
         assert_eq!(a.free_blocks().collect::<Vec<_>>(), vec![(0, a.capacity())]);
@@ -743,17 +825,47 @@ mod churn_tests {
     }
 
     #[test]
-    fn tagged_offsets_are_invalid_frees() {
-        // The keys of free blocks carry tag bits; a caller's offset with those bits must not reach them.
+    fn stale_and_foreign_handles_are_errors() {
         let mut a = Arena::new(1 << 20, 64, TlsfIndex::new(64)).unwrap();
         let b = a.alloc(100, 1).unwrap();
-        let tail = b.offset + b.size; // a free block starts here and the live one ends here
-        for o in [tail | START, tail | END, b.offset | START, u64::MAX] {
-            assert_eq!(a.free(o), Err(AllocError::InvalidFree { offset: o }));
+        a.free(b).unwrap();
+        // The node is reused for a new block at the same offset: the old handle is stale.
+        let c = a.alloc(100, 1).unwrap();
+        assert_eq!((c.offset, c.handle.index()), (b.offset, b.handle.index()));
+        if cfg!(debug_assertions) {
+            assert_eq!(a.free(b), Err(AllocError::StaleHandle { offset: b.offset }));
+        }
+        let inside = Allocation { offset: c.offset + 64, ..c };
+        assert_eq!(a.free(inside), Err(AllocError::InvalidFree { offset: c.offset + 64 }));
+        let in_free = Allocation { offset: c.offset + c.size, ..c };
+        assert_eq!(a.free(in_free), Err(AllocError::DoubleFree { offset: c.offset + c.size }));
+        let out_of_range = Allocation { handle: Handle::new(1000, 0), ..c };
+        assert_eq!(a.free(out_of_range), Err(AllocError::StaleHandle { offset: c.offset }));
+        assert_eq!(a.free(Allocation { handle: Handle::NONE, ..c }), Err(AllocError::StaleHandle { offset: c.offset }));
+        for o in [c.offset + 1, 1 << 62, u64::MAX] {
+            assert_eq!(a.free_at(o), Err(AllocError::InvalidFree { offset: o }), "{o}");
+        }
+        a.check_invariants();
+        a.free(c).unwrap();
+        a.check_invariants();
+        assert_eq!(a.free_blocks().collect::<Vec<_>>(), vec![(0, 1 << 20)]);
+    }
+
+    #[test]
+    fn handles_survive_relocation() {
+        let mut a = Arena::new(1 << 20, 64, BestFitIndex::new(64)).unwrap();
+        let v: Vec<Allocation> = (0..6).map(|i| a.alloc(100 * (i + 1), 1).unwrap()).collect();
+        a.free(v[1]).unwrap();
+        a.free(v[3]).unwrap();
+        let plan = crate::reference::compact::plan_slide(&a.compaction_layout()).unwrap();
+        a.apply_relocation(&plan).unwrap();
+        a.check_invariants();
+        for b in [v[0], v[2], v[4], v[5]] {
+            let moved = Allocation { offset: plan.translate(b.offset).unwrap(), ..b };
+            a.free(moved).unwrap();
             a.check_invariants();
         }
-        a.free(b.offset).unwrap();
-        a.check_invariants();
+        assert_eq!(a.free_blocks().collect::<Vec<_>>(), vec![(0, 1 << 20)]);
     }
 
     #[test]
@@ -765,7 +877,7 @@ mod churn_tests {
         assert_eq!(a.live_blocks()[0].requested, 1);
         assert_eq!(a.stats().allocated, 1);
         a.check_invariants();
-        a.free(b.offset).unwrap();
+        a.free(b).unwrap();
         a.check_invariants();
         assert_eq!(a.stats().allocated, 0);
     }

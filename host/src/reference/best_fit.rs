@@ -1,11 +1,11 @@
 //! Best-fit: the smallest free block that fits, ties broken by the lowest address, O(log n).
 //!
 //! Free blocks are segregated into the TLSF size classes (32 per power of two, see
-//! [`tlsf`](super::tlsf)), and *within* a class ordered exactly by `(size, offset)` in a `BTreeMap`. A
-//! two-level bitmap finds the next non-empty class in O(1), so the search is one ordered-map lookup in the
-//! request's class (`range((size, 0)..)`) and, if that class has nothing large enough, the minimum of the
-//! next non-empty class: exact best fit, with maps that stay small because each class holds only the blocks
-//! of one narrow size band.
+//! [`tlsf`](super::tlsf)), and *within* a class ordered exactly by `(size, offset)` in a `BTreeSet` of
+//! packed 128-bit keys. A two-level bitmap finds the next non-empty class in O(1), so the search is one
+//! ordered-set lookup in the request's class (first key at or above `(size, 0)`) and, if that class has
+//! nothing large enough, the minimum of the next non-empty class: exact best fit, with sets that stay small
+//! because each class holds only the blocks of one narrow size band.
 //!
 //! Blocks live in the shared block arena (`arena.rs`): free blocks are out-of-band nodes found by their
 //! start and end offsets in one tagged hash table, so merging with free neighbours on free is O(1) expected
@@ -21,19 +21,38 @@
 //! - `free`: O(1) expected hash lookup + O(log k) map updates for the merged neighbours.
 //! - `stats`: O(log k) (`largest_free` is the last key of the highest non-empty bin).
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use super::arena::{
     arena_strategy, first_class_at_or_above, size_class, Arena, FreeIndex, Node, Placement, FL_COUNT, SL_COUNT,
 };
 use super::fit_front;
 
-/// Size-class bins of exact `(size, offset)`-ordered maps.
+/// A free block as one ordered key: `size - 1` (48 bits), offset (48 bits), node index (32 bits), so keys
+/// order by `(size, offset)` and a B-tree leaf holds keys only (16 bytes each, one comparison per key).
+/// Sizes are at most 2^48 and free offsets below 2^48, so the fields fit.
+#[inline]
+fn key(size: u64, offset: u64, node: u32) -> u128 {
+    debug_assert!((1..=1 << 48).contains(&size) && offset < 1 << 48);
+    ((size - 1) as u128) << 80 | (offset as u128) << 32 | node as u128
+}
+
+#[inline]
+fn key_node(k: u128) -> u32 {
+    k as u32
+}
+
+#[inline]
+fn key_size(k: u128) -> u64 {
+    (k >> 80) as u64 + 1
+}
+
+/// Size-class bins of exact `(size, offset)`-ordered sets.
 #[derive(Debug)]
 pub(crate) struct BestFitIndex {
     fl_bitmap: u64,
     sl_bitmap: [u32; FL_COUNT],
-    bins: Vec<BTreeMap<(u64, u64), u32>>,
+    bins: Vec<BTreeSet<u128>>,
     granule_log2: u32,
 }
 
@@ -42,7 +61,7 @@ impl BestFitIndex {
         BestFitIndex {
             fl_bitmap: 0,
             sl_bitmap: [0; FL_COUNT],
-            bins: (0..FL_COUNT * SL_COUNT).map(|_| BTreeMap::new()).collect(),
+            bins: (0..FL_COUNT * SL_COUNT).map(|_| BTreeSet::new()).collect(),
             granule_log2: granule.trailing_zeros(),
         }
     }
@@ -52,12 +71,12 @@ impl BestFitIndex {
         size_class(size >> self.granule_log2)
     }
 
-    /// Removes the entry `(size, offset)`.
+    /// Removes the entry of node `n` filed as `(size, offset)`.
     #[inline]
-    fn remove_key(&mut self, size: u64, offset: u64) {
+    fn remove_key(&mut self, size: u64, offset: u64, n: u32) {
         let (fl, sl) = self.bin_of(size);
         let bin = &mut self.bins[fl * SL_COUNT + sl];
-        bin.remove(&(size, offset));
+        bin.remove(&key(size, offset, n));
         if bin.is_empty() {
             self.sl_bitmap[fl] &= !(1 << sl);
             if self.sl_bitmap[fl] == 0 {
@@ -79,7 +98,7 @@ impl FreeIndex for BestFitIndex {
     fn insert(&mut self, nodes: &mut [Node<()>], n: u32) {
         let Node { size, offset, .. } = nodes[n as usize];
         let (fl, sl) = self.bin_of(size);
-        self.bins[fl * SL_COUNT + sl].insert((size, offset), n);
+        self.bins[fl * SL_COUNT + sl].insert(key(size, offset, n));
         self.sl_bitmap[fl] |= 1 << sl;
         self.fl_bitmap |= 1 << fl;
     }
@@ -87,12 +106,12 @@ impl FreeIndex for BestFitIndex {
     #[inline]
     fn remove(&mut self, nodes: &mut [Node<()>], n: u32) {
         let Node { size, offset, .. } = nodes[n as usize];
-        self.remove_key(size, offset);
+        self.remove_key(size, offset, n);
     }
 
     #[inline]
     fn update(&mut self, nodes: &mut [Node<()>], n: u32, old_offset: u64, old_size: u64) {
-        self.remove_key(old_size, old_offset);
+        self.remove_key(old_size, old_offset, n);
         self.insert(nodes, n);
     }
 
@@ -105,15 +124,15 @@ impl FreeIndex for BestFitIndex {
         // The request's own bin: first key >= (size, 0).
         let first = &self.bins[fl * SL_COUNT + sl];
         if !first.is_empty() {
-            if let Some((_, &n)) = first.range((size, 0)..).find(|(_, &n)| fits(n)) {
-                return Some((n, Placement::Front));
+            if let Some(&k) = first.range(key(size, 0, 0)..).find(|&&k| fits(key_node(k))) {
+                return Some((key_node(k), Placement::Front));
             }
         }
         // Every block of a later bin is larger than `size`; the first key of each bin is its best fit.
         while let Some((f, s)) = self.next_bin(fl, sl) {
             (fl, sl) = (f, s);
-            if let Some((_, &n)) = self.bins[fl * SL_COUNT + sl].iter().find(|(_, &n)| fits(n)) {
-                return Some((n, Placement::Front));
+            if let Some(&k) = self.bins[fl * SL_COUNT + sl].iter().find(|&&k| fits(key_node(k))) {
+                return Some((key_node(k), Placement::Front));
             }
         }
         None
@@ -125,7 +144,7 @@ impl FreeIndex for BestFitIndex {
         }
         let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
         let sl = 31 - self.sl_bitmap[fl].leading_zeros() as usize;
-        self.bins[fl * SL_COUNT + sl].last_key_value().map_or(0, |(k, _)| k.0)
+        self.bins[fl * SL_COUNT + sl].last().map_or(0, |&k| key_size(k))
     }
 
     fn clear(&mut self) {
@@ -154,7 +173,7 @@ mod tests {
         // Layout: [a 10][hole 30][b 10][hole 12][c 10][hole 12][d 16]
         let offs: Vec<u64> = [10, 30, 10, 12, 10, 12, 16].iter().map(|&s| h.alloc(s, 1).unwrap().offset).collect();
         for i in [1, 3, 5] {
-            h.free(offs[i]).unwrap();
+            h.free_at(offs[i]).unwrap();
         }
         h.0.check_invariants();
         assert_eq!(h.alloc(11, 1).unwrap().offset, offs[3]);

@@ -10,26 +10,28 @@
 //! - Every block (free or live) is `2^k` bytes, `min_block <= 2^k <= its top block`, aligned to `2^k`.
 //! - Free and live blocks tile the usable range; a free block's buddy is never entirely free (merging is
 //!   complete up to the top order).
-//! - `blocks` maps each live block's offset to its order and requested size, `free_set` each free block's
-//!   offset to its order and list index (two open-addressing tables: the free one stays small and
-//!   cache-resident, so the merge checks rarely miss; each entry is packed in one `u64`, so a slot is 16
-//!   bytes and four share a cache line); `free_lists[k]` holds exactly the free blocks
-//!   of order `k` (a free block records its index there); bit `k` of `nonempty` mirrors `free_lists[k]`.
+//! - `live` holds one record (order and requested size, packed in one `u64`) per live block, named by the
+//!   block's [`Handle`](super::Handle): `free` reads that one record, with no offset lookup. `free_set` maps
+//!   each free block's offset to its order and list index (an open-addressing table that stays small and
+//!   cache-resident, so the merge checks rarely miss; 16-byte slots, four to a cache line); `free_lists[k]`
+//!   holds exactly the free blocks of order `k` (a free block records its index there); bit `k` of
+//!   `nonempty` mirrors `free_lists[k]`.
 //!
 //! # Time complexity
 //! - `alloc`: O(log(capacity / min_block)) for the splits; finding the order is one `trailing_zeros`.
-//! - `free`: O(log(capacity / min_block)) merges, each O(1) expected (lookup in an open-addressing
-//!   `OffsetTable`, swap-remove).
+//! - `free`: O(1) to find the block from its handle, then O(log(capacity / min_block)) merges, each O(1)
+//!   expected (lookup in the free blocks' open-addressing `OffsetTable`, swap-remove).
 //! - `stats`: O(1); `free_blocks`: O(n log n) (sorts).
 //!
 //! Within an order, blocks are reused LIFO (the most recently freed first).
 //!
 //! Measured (`strategies_icount` under callgrind, 200k pairs, 1 MiB LL): packing the entry from 16 to 8
 //! bytes (24- to 16-byte slots; the 100k-entry live table 6 -> 4 MiB) cut the misses per pair from 7.63 to
-//! 6.05 in D1 and 3.17 to 2.56 in LL, at 582 -> 605 instructions (with the tag mask and load test that the
-//! shared table gained for the arena).
+//! 6.05 in D1 and 3.17 to 2.56 in LL, at 582 -> 605 instructions. Replacing that live table (keyed by
+//! offset) by handle-named records removed its insert and lookup; the figures are in `bench/results/`.
 
 use super::compact::{relocate_live, CompactBlock, CompactionLayout, CompactionPlan, Region};
+use super::live_slots::LiveSlots;
 use super::offset_table::OffsetTable;
 use super::{check_request, oom, AllocError, Allocation, LiveBlock, Stats, SubAllocator, MAX_BYTES};
 
@@ -72,13 +74,12 @@ pub struct Buddy {
     nonempty: u64,
     /// Free blocks by offset (few: they stay cache-resident).
     free_set: OffsetTable<Entry>,
-    /// Live blocks by offset.
-    blocks: OffsetTable<Entry>,
+    /// Live blocks by handle.
+    live: LiveSlots<Entry>,
     allocated: u64,
     reserved_in_use: u64,
     free_bytes: u64,
     free_count: usize,
-    live: usize,
 }
 
 impl Buddy {
@@ -108,12 +109,11 @@ impl Buddy {
             free_lists: vec![Vec::new(); 64],
             nonempty: 0,
             free_set: OffsetTable::new(Entry(0)),
-            blocks: OffsetTable::new(Entry(0)),
+            live: LiveSlots::default(),
             allocated: 0,
             reserved_in_use: 0,
             free_bytes: 0,
             free_count: 0,
-            live: 0,
         };
         b.reset();
         Ok(b)
@@ -168,29 +168,53 @@ impl Buddy {
         }
     }
 
-    /// Error path: is `offset` inside a free block (double free) or not (invalid)? O(log capacity).
-    fn classify_bad_free(&self, offset: u64) -> AllocError {
+    /// Error path, O(log capacity) (plus O(live) for a free by handle): a double free if `offset` lies in a
+    /// free block, a stale handle if (for a free by handle) a live block starts there, else an invalid free.
+    fn classify_bad_free(&self, offset: u64, by_handle: bool) -> AllocError {
         if offset < self.usable {
             for k in self.min_log2..64 {
                 let s = offset & !((1u64 << k) - 1);
-                if let Some(e) = self.blocks.get(s).or_else(|| self.free_set.get(s)) {
-                    if s + (1u64 << e.order()) > offset {
-                        return if e.used() {
-                            AllocError::InvalidFree { offset }
-                        } else {
-                            AllocError::DoubleFree { offset }
-                        };
-                    }
+                if self.free_set.get(s).is_some_and(|e| s + (1u64 << e.order()) > offset) {
+                    return AllocError::DoubleFree { offset };
                 }
                 if s == 0 {
                     break;
                 }
             }
         }
-        AllocError::InvalidFree { offset }
+        if by_handle && self.live.contains_offset(offset) {
+            AllocError::StaleHandle { offset }
+        } else {
+            AllocError::InvalidFree { offset }
+        }
     }
 
-    fn rebuild(&mut self, live: &[LiveBlock]) -> Result<(), AllocError> {
+    /// Frees the live block `offset` whose record was just taken, merging with free buddies.
+    #[inline]
+    fn release(&mut self, offset: u64, entry: Entry) {
+        let mut order = entry.order();
+        self.allocated -= entry.val();
+        self.reserved_in_use -= 1 << order;
+        let mut off = offset;
+        let top = self.top_order(off);
+        while order < top {
+            let buddy = off ^ (1 << order);
+            match self.free_set.get(buddy) {
+                Some(e) if !e.used() && e.order() == order => {
+                    let idx = e.val() as usize;
+                    self.take_free(buddy, order, idx);
+                    off = off.min(buddy);
+                    order += 1;
+                }
+                _ => break,
+            }
+        }
+        self.push_free(off, order);
+    }
+
+    /// Checks that `live` (ascending) is a set of disjoint buddy blocks and rebuilds the free structures
+    /// around it; the live records are not touched.
+    fn rebuild_free(&mut self, live: &[LiveBlock]) -> Result<(), AllocError> {
         let mut cursor = 0u64;
         for b in live {
             let ok = b.size.is_power_of_two()
@@ -205,19 +229,12 @@ impl Buddy {
             }
             cursor = b.offset + b.size;
         }
-        self.reset();
         self.free_lists.iter_mut().for_each(Vec::clear);
-        self.blocks.clear();
         self.free_set.clear();
         (self.nonempty, self.free_bytes, self.free_count) = (0, 0, 0);
         let mut cursor = 0;
         for b in live {
             self.add_free_range(cursor, b.offset);
-            let order = b.size.trailing_zeros();
-            self.blocks.insert(b.offset, Entry::new(order, true, b.requested));
-            self.allocated += b.requested;
-            self.reserved_in_use += b.size;
-            self.live += 1;
             cursor = b.offset + b.size;
         }
         self.add_free_range(cursor, self.usable);
@@ -251,39 +268,32 @@ impl SubAllocator for Buddy {
             j -= 1;
             self.push_free(off + (1 << j), j);
         }
-        self.blocks.insert(off, Entry::new(order, true, size));
+        let handle = self.live.insert(off, Entry::new(order, true, size));
         self.allocated += size;
         self.reserved_in_use += need;
-        self.live += 1;
-        Ok(Allocation { offset: off, size: need })
+        Ok(Allocation { offset: off, size: need, handle })
     }
 
-    fn free(&mut self, offset: u64) -> Result<(), AllocError> {
-        let entry = match self.blocks.get(offset) {
-            Some(e) if e.used() => e,
-            _ => return Err(self.classify_bad_free(offset)),
-        };
-        self.blocks.remove(offset);
-        let mut order = entry.order();
-        self.allocated -= entry.val();
-        self.reserved_in_use -= 1 << order;
-        self.live -= 1;
-        let mut off = offset;
-        let top = self.top_order(off);
-        while order < top {
-            let buddy = off ^ (1 << order);
-            match self.free_set.get(buddy) {
-                Some(e) if !e.used() && e.order() == order => {
-                    let idx = e.val() as usize;
-                    self.take_free(buddy, order, idx);
-                    off = off.min(buddy);
-                    order += 1;
-                }
-                _ => break,
+    #[inline]
+    fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
+        match self.live.take(a.handle, a.offset) {
+            Some(entry) => {
+                self.release(a.offset, entry);
+                Ok(())
             }
+            None => Err(self.classify_bad_free(a.offset, true)),
         }
-        self.push_free(off, order);
-        Ok(())
+    }
+
+    fn free_at(&mut self, offset: u64) -> Result<(), AllocError> {
+        let entry = self.live.handle_at(offset).and_then(|h| self.live.take(h, offset));
+        match entry {
+            Some(entry) => {
+                self.release(offset, entry);
+                Ok(())
+            }
+            None => Err(self.classify_bad_free(offset, false)),
+        }
     }
 
     fn stats(&self) -> Stats {
@@ -296,7 +306,7 @@ impl SubAllocator for Buddy {
             largest_free: if self.nonempty == 0 { 0 } else { 1 << (63 - self.nonempty.leading_zeros()) },
             stranded: self.capacity - self.usable,
             free_blocks: self.free_count,
-            live_blocks: self.live,
+            live_blocks: self.live.len(),
         }
     }
 
@@ -308,10 +318,9 @@ impl SubAllocator for Buddy {
 
     fn live_blocks(&self) -> Vec<LiveBlock> {
         let mut v: Vec<LiveBlock> = self
-            .blocks
+            .live
             .iter()
-            .filter(|(_, e)| e.used())
-            .map(|(offset, e)| LiveBlock { offset, size: 1 << e.order(), requested: e.val() })
+            .map(|(offset, e, _)| LiveBlock { offset, size: 1 << e.order(), requested: e.val() })
             .collect();
         v.sort_unstable();
         v
@@ -319,10 +328,10 @@ impl SubAllocator for Buddy {
 
     fn reset(&mut self) {
         self.free_lists.iter_mut().for_each(Vec::clear);
-        self.blocks.clear();
+        self.live.clear();
         self.free_set.clear();
         self.nonempty = 0;
-        (self.allocated, self.reserved_in_use, self.free_bytes, self.free_count, self.live) = (0, 0, 0, 0, 0);
+        (self.allocated, self.reserved_in_use, self.free_bytes, self.free_count) = (0, 0, 0, 0);
         self.add_free_range(0, self.usable);
     }
 
@@ -335,11 +344,14 @@ impl SubAllocator for Buddy {
         CompactionLayout { blocks, regions: vec![Region::new(0, self.usable)] }
     }
 
+    /// Live blocks keep their handles (their records move with them).
     fn apply_relocation(&mut self, plan: &CompactionPlan) -> Result<(), AllocError> {
         let live = self.live_blocks();
         let moved: Vec<LiveBlock> =
             relocate_live(&live, &self.compaction_layout(), plan)?.into_iter().map(|x| x.1).collect();
-        self.rebuild(&moved)
+        self.rebuild_free(&moved)?;
+        self.live.relocate(|o, _| plan.translate(o).expect("checked by relocate_live"));
+        Ok(())
     }
 }
 
@@ -357,24 +369,32 @@ mod tests {
         let y = b.alloc(8192, 1).unwrap();
         assert_eq!(y.offset, 0);
         assert!(matches!(b.alloc(1, 1), Err(AllocError::OutOfMemory { free: 0, .. })));
-        b.free(x.offset).unwrap();
-        b.free(y.offset).unwrap();
+        b.free(x).unwrap();
+        b.free(y).unwrap();
         assert_eq!(b.free_blocks().collect::<Vec<_>>(), vec![(0, 8192), (8192, 4096)]);
     }
 
     #[test]
     fn merges_up_to_the_top_and_detects_double_free() {
         let mut b = Buddy::with_min_block(1 << 20, 64).unwrap();
-        let v: Vec<u64> = (0..16).map(|_| b.alloc(100, 1).unwrap().offset).collect();
-        assert!(v.iter().all(|o| o % 128 == 0));
-        for &o in v.iter().rev() {
-            b.free(o).unwrap();
+        let v: Vec<Allocation> = (0..16).map(|_| b.alloc(100, 1).unwrap()).collect();
+        assert!(v.iter().all(|a| a.offset % 128 == 0));
+        for (i, a) in v.iter().enumerate().rev() {
+            if i % 2 == 0 {
+                b.free(*a).unwrap();
+            } else {
+                b.free_at(a.offset).unwrap();
+            }
         }
         assert_eq!(b.free_blocks().collect::<Vec<_>>(), vec![(0, 1 << 20)]);
-        assert_eq!(b.free(v[3]), Err(AllocError::DoubleFree { offset: v[3] }));
+        assert_eq!(b.free(v[3]), Err(AllocError::DoubleFree { offset: v[3].offset }));
+        assert_eq!(b.free_at(v[3].offset), Err(AllocError::DoubleFree { offset: v[3].offset }));
         let a = b.alloc(64, 4096).unwrap();
         assert_eq!((a.offset % 4096, a.size), (0, 4096));
-        assert_eq!(b.free(a.offset + 64), Err(AllocError::InvalidFree { offset: a.offset + 64 }));
-        assert_eq!(b.free(1 << 40), Err(AllocError::InvalidFree { offset: 1 << 40 }));
+        assert_eq!(b.free_at(a.offset + 64), Err(AllocError::InvalidFree { offset: a.offset + 64 }));
+        assert_eq!(b.free_at(1 << 40), Err(AllocError::InvalidFree { offset: 1 << 40 }));
+        let stale = Allocation { handle: crate::reference::Handle::NONE, ..a };
+        assert_eq!(b.free(stale), Err(AllocError::StaleHandle { offset: a.offset }));
+        b.free(a).unwrap();
     }
 }

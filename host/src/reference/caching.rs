@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::compact::{check_plan_matches, CompactBlock, CompactionLayout, CompactionPlan, Region};
 use super::first_fit::FirstFit;
-use super::{align_down, align_up, check_request, oom, AllocError, Allocation, LiveBlock, Stats, SubAllocator};
+use super::{align_down, align_up, check_request, oom, AllocError, Allocation, Handle, LiveBlock, Stats, SubAllocator};
 
 /// `kMinBlockSize`: rounding and alignment of every block, bytes.
 pub const MIN_BLOCK: u64 = 512;
@@ -326,7 +326,7 @@ impl CachingAllocator {
         let c = &mut self.counters;
         c.peak_allocated = c.peak_allocated.max(self.allocated);
         c.peak_in_use = c.peak_in_use.max(self.in_use);
-        Ok(Allocation { offset, size })
+        Ok(Allocation { offset, size, handle: Handle::NONE })
     }
 
     /// Segments with their blocks, ascending by offset.
@@ -490,7 +490,7 @@ impl CachingAllocator {
             let whole = self.blocks.get(&seg.start).is_some_and(|b| !b.live && b.size == seg.size);
             if whole && pick(&seg) {
                 self.remove_free(seg.start);
-                self.device.as_mut().expect("non-expandable").free(seg.start).expect("segment is a device block");
+                self.device.as_mut().expect("non-expandable").free_at(seg.start).expect("segment is a device block");
                 self.segments[id] = None;
                 self.reserved -= seg.size;
                 self.counters.segment_frees += 1;
@@ -620,10 +620,16 @@ impl SubAllocator for CachingAllocator {
         let c = &mut self.counters;
         c.peak_allocated = c.peak_allocated.max(self.allocated);
         c.peak_in_use = c.peak_in_use.max(self.in_use);
-        Ok(Allocation { offset: off, size: taken })
+        Ok(Allocation { offset: off, size: taken, handle: Handle::NONE })
     }
 
-    fn free(&mut self, offset: u64) -> Result<(), AllocError> {
+    /// Finds the block by `a.offset` (the model keeps its blocks by offset; its allocations carry
+    /// [`Handle::NONE`]).
+    fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
+        self.free_at(a.offset)
+    }
+
+    fn free_at(&mut self, offset: u64) -> Result<(), AllocError> {
         let b = match self.blocks.get(&offset) {
             Some(b) if b.live => *b,
             _ => {
@@ -814,12 +820,12 @@ mod tests {
         assert_eq!((c.reserved_bytes(), c.segment_count()), (2 * MIB, 1));
         let b = c.alloc(3 * MIB, 1).unwrap();
         assert_eq!((b.size, c.reserved_bytes()), (3 * MIB, 22 * MIB));
-        c.free(b.offset).unwrap();
-        c.free(a.offset).unwrap();
+        c.free(b).unwrap();
+        c.free(a).unwrap();
         assert_eq!(c.reserved_bytes(), 22 * MIB, "segments stay cached");
         assert_eq!(c.empty_cache(), 22 * MIB);
         assert_eq!((c.reserved_bytes(), c.segment_count()), (0, 0));
-        assert_eq!(c.free(a.offset), Err(AllocError::DoubleFree { offset: a.offset }));
+        assert_eq!(c.free(a), Err(AllocError::DoubleFree { offset: a.offset }));
     }
 
     #[test]
@@ -828,9 +834,9 @@ mod tests {
         let run = |first: u64, n1: usize, second: u64, n2: usize, expandable: bool| {
             let mut c = CachingAllocator::new(CachingConfig::new(1 << 30).expandable(expandable)).unwrap();
             let v: Vec<u64> = (0..n1).map(|_| c.alloc(first, 1).unwrap().offset).collect();
-            v.into_iter().for_each(|o| c.free(o).unwrap());
+            v.into_iter().for_each(|o| c.free_at(o).unwrap());
             let w: Vec<u64> = (0..n2).map(|_| c.alloc(second, 1).unwrap().offset).collect();
-            w.into_iter().for_each(|o| c.free(o).unwrap());
+            w.into_iter().for_each(|o| c.free_at(o).unwrap());
             c.counters().peak_reserved
         };
         assert_eq!(run(16 * MIB, 8, 32 * MIB, 4, false), 256 * MIB);
@@ -842,7 +848,7 @@ mod tests {
     fn small_blocks_split_at_512_large_above_1_mib() {
         let mut c = CachingAllocator::new(CachingConfig::new(1 << 30)).unwrap();
         let big = c.alloc(12 * MIB, 1).unwrap();
-        c.free(big.offset).unwrap();
+        c.free(big).unwrap();
         // 11.5 MiB from the cached 12 MiB block: the 0.5 MiB remainder is not split off.
         let x = c.alloc(11 * MIB + MIB / 2, 1).unwrap();
         assert_eq!((x.offset, x.size), (big.offset, 12 * MIB));

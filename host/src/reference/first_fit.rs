@@ -27,7 +27,7 @@ use super::{fit_back, fit_front};
 #[derive(Debug)]
 pub(crate) struct AddressIndex {
     root: u32,
-    /// Scratch stack for `update`.
+    /// Scratch stack for `update` and `remove`.
     path: Vec<u32>,
     rng: u64,
     high_threshold: u64,
@@ -94,46 +94,101 @@ fn merge(nodes: &mut [Node<TreapExtra>], l: u32, r: u32) -> u32 {
     }
 }
 
-fn insert(nodes: &mut [Node<TreapExtra>], t: u32, n: u32) -> u32 {
-    if t == NIL {
+/// Inserts node `n` (priority and size set) into the treap rooted at `root`; returns the new root. One
+/// descent to the first node of lower priority, raising the maxima on the way (the subtree gains `n`), then
+/// a split of that subtree at `n`'s key.
+fn insert(nodes: &mut [Node<TreapExtra>], root: u32, n: u32) -> u32 {
+    let Node { offset: key, size, x: TreapExtra { prio, .. }, .. } = nodes[n as usize];
+    let (mut parent, mut left, mut t) = (NIL, false, root);
+    while t != NIL && nodes[t as usize].x.prio >= prio {
+        let node = &mut nodes[t as usize];
+        node.x.max = node.x.max.max(size);
+        parent = t;
+        left = key < node.offset;
+        t = if left { node.a } else { node.b };
+    }
+    let (l, r) = split(nodes, t, key);
+    nodes[n as usize].a = l;
+    nodes[n as usize].b = r;
+    update(nodes, n);
+    if parent == NIL {
         return n;
     }
-    if nodes[n as usize].x.prio > nodes[t as usize].x.prio {
-        let (l, r) = split(nodes, t, nodes[n as usize].offset);
-        nodes[n as usize].a = l;
-        nodes[n as usize].b = r;
-        update(nodes, n);
-        return n;
-    }
-    if nodes[n as usize].offset < nodes[t as usize].offset {
-        let c = insert(nodes, nodes[t as usize].a, n);
-        nodes[t as usize].a = c;
+    if left {
+        nodes[parent as usize].a = n;
     } else {
-        let c = insert(nodes, nodes[t as usize].b, n);
-        nodes[t as usize].b = c;
+        nodes[parent as usize].b = n;
     }
-    update(nodes, t);
-    t
+    root
 }
 
-fn remove(nodes: &mut [Node<TreapExtra>], t: u32, key: u64) -> u32 {
+/// Removes the node keyed `key` from the treap rooted at `root`; returns the new root. One descent
+/// (recorded in `path`), a merge of the node's children, then the maxima of the path are recomputed bottom-up
+/// until one does not change (above it none can).
+fn remove(nodes: &mut [Node<TreapExtra>], root: u32, key: u64, path: &mut Vec<u32>) -> u32 {
+    path.clear();
+    let mut t = root;
+    while t != NIL && nodes[t as usize].offset != key {
+        path.push(t);
+        t = if key < nodes[t as usize].offset { nodes[t as usize].a } else { nodes[t as usize].b };
+    }
     if t == NIL {
         debug_assert!(false, "treap remove of a missing key");
-        return NIL;
+        return root;
     }
-    let off = nodes[t as usize].offset;
-    if key == off {
-        return merge(nodes, nodes[t as usize].a, nodes[t as usize].b);
-    }
-    if key < off {
-        let c = remove(nodes, nodes[t as usize].a, key);
-        nodes[t as usize].a = c;
+    let removed = nodes[t as usize].size;
+    let m = merge(nodes, nodes[t as usize].a, nodes[t as usize].b);
+    let Some(&p) = path.last() else { return m };
+    if nodes[p as usize].a == t {
+        nodes[p as usize].a = m;
     } else {
-        let c = remove(nodes, nodes[t as usize].b, key);
-        nodes[t as usize].b = c;
+        nodes[p as usize].b = m;
     }
-    update(nodes, t);
-    t
+    for &p in path.iter().rev() {
+        if nodes[p as usize].x.max > removed {
+            break; // the maximum is another node, still there
+        }
+        update(nodes, p);
+    }
+    root
+}
+
+/// Lowest-offset node with `size >= need`: one iterative descent, O(depth). Invariant of the loop: the
+/// subtree of `t` holds such a node (its maximum is at least `need`), so if neither its left subtree nor
+/// `t` does, its right subtree does.
+#[inline]
+fn lowest_fit(nodes: &[Node<TreapExtra>], mut t: u32, need: u64) -> Option<u32> {
+    if max_of(nodes, t) < need {
+        return None;
+    }
+    loop {
+        let n = &nodes[t as usize];
+        if max_of(nodes, n.a) >= need {
+            t = n.a;
+        } else if n.size >= need {
+            return Some(t);
+        } else {
+            t = n.b;
+        }
+    }
+}
+
+/// Highest-offset node with `size >= need` (the mirror of [`lowest_fit`]).
+#[inline]
+fn highest_fit(nodes: &[Node<TreapExtra>], mut t: u32, need: u64) -> Option<u32> {
+    if max_of(nodes, t) < need {
+        return None;
+    }
+    loop {
+        let n = &nodes[t as usize];
+        if max_of(nodes, n.b) >= need {
+            t = n.b;
+        } else if n.size >= need {
+            return Some(t);
+        } else {
+            t = n.a;
+        }
+    }
 }
 
 /// Lowest-offset node with `offset >= lo` and `size >= need`.
@@ -202,7 +257,7 @@ impl FreeIndex for AddressIndex {
     }
 
     fn remove(&mut self, nodes: &mut [Node<TreapExtra>], n: u32) {
-        self.root = remove(nodes, self.root, nodes[n as usize].offset);
+        self.root = remove(nodes, self.root, nodes[n as usize].offset, &mut self.path);
     }
 
     /// The key changed without changing the order: walk the old key's path and refresh the maxima, O(log n).
@@ -228,7 +283,10 @@ impl FreeIndex for AddressIndex {
         // The first block of this length always fits; no later candidate needs checking.
         let sure = size.checked_add(slack);
         if size >= self.high_threshold {
-            let stop = sure.and_then(|s| find_last(nodes, self.root, u64::MAX, s)).map(|n| nodes[n as usize].offset);
+            if slack == 0 {
+                return highest_fit(nodes, self.root, size).map(|c| (c, Placement::Back));
+            }
+            let stop = sure.and_then(|s| highest_fit(nodes, self.root, s)).map(|n| nodes[n as usize].offset);
             let mut hi = u64::MAX;
             while let Some(c) = find_last(nodes, self.root, hi, size) {
                 let node = &nodes[c as usize];
@@ -242,17 +300,25 @@ impl FreeIndex for AddressIndex {
             }
             return None;
         }
-        let stop = sure.and_then(|s| find_first(nodes, self.root, 0, s)).map(|n| nodes[n as usize].offset);
-        let mut lo = 0;
-        while let Some(c) = find_first(nodes, self.root, lo, size) {
+        if slack == 0 {
+            // Every block of `size` bytes fits: the first one is the answer.
+            return lowest_fit(nodes, self.root, size).map(|c| (c, Placement::Front));
+        }
+        // Where to stop, computed only once the first candidate turned out misaligned.
+        let mut stop: Option<Option<u64>> = None;
+        let mut candidate = lowest_fit(nodes, self.root, size);
+        while let Some(c) = candidate {
             let node = &nodes[c as usize];
-            if slack == 0 || fit_front(node.offset, node.size, size, align).is_some() {
+            if fit_front(node.offset, node.size, size, align).is_some() {
                 return Some((c, Placement::Front));
             }
+            let stop = *stop.get_or_insert_with(|| {
+                sure.and_then(|s| lowest_fit(nodes, self.root, s)).map(|n| nodes[n as usize].offset)
+            });
             if stop.is_some_and(|s| node.offset >= s) {
                 break;
             }
-            lo = node.offset + 1;
+            candidate = find_first(nodes, self.root, node.offset + 1, size);
         }
         None
     }
@@ -282,7 +348,7 @@ mod tests {
         let mut h = FirstFit::with_granule(100, 1).unwrap();
         let offs: Vec<u64> = [10, 12, 10, 30, 10, 12, 16].iter().map(|&s| h.alloc(s, 1).unwrap().offset).collect();
         for i in [1, 3, 5] {
-            h.free(offs[i]).unwrap();
+            h.free_at(offs[i]).unwrap();
         }
         assert_eq!(h.alloc(13, 1).unwrap().offset, offs[3]);
         assert_eq!(h.alloc(5, 1).unwrap().offset, offs[1]);
@@ -297,13 +363,52 @@ mod tests {
         let a = h.alloc(16, 1).unwrap(); // [0,16)
         let b = h.alloc(64, 1).unwrap(); // [16,80)
         let _c = h.alloc(16, 1).unwrap(); // [80,96)
-        h.free(b.offset).unwrap(); // hole [16,80): 64 long but no 64-aligned 64-byte start
+        h.free(b).unwrap(); // hole [16,80): 64 long but no 64-aligned 64-byte start
         let d = h.alloc(64, 64).unwrap();
         assert_eq!(d.offset, 128);
         let e = h.alloc(32, 32).unwrap();
         assert_eq!(e.offset, 32);
         assert_eq!(a.offset, 0);
         h.0.check_invariants();
+    }
+
+    /// In-order keys ascending, priorities max-heap ordered, every `x.max` exact; returns (count, max).
+    fn check_treap(nodes: &[Node<TreapExtra>], t: u32, lo: u64, hi: u64) -> (usize, u64) {
+        if t == NIL {
+            return (0, 0);
+        }
+        let n = nodes[t as usize];
+        assert!(n.offset >= lo && n.offset < hi, "key order at node {t}");
+        for c in [n.a, n.b] {
+            assert!(c == NIL || nodes[c as usize].x.prio <= n.x.prio, "heap order at node {t}");
+        }
+        let (lc, lm) = check_treap(nodes, n.a, lo, n.offset);
+        let (rc, rm) = check_treap(nodes, n.b, n.offset + 1, hi);
+        assert_eq!(n.x.max, n.size.max(lm).max(rm), "subtree maximum at node {t}");
+        (lc + rc + 1, n.x.max)
+    }
+
+    #[test]
+    fn treap_invariants_hold_under_churn() {
+        for threshold in [u64::MAX, 4096] {
+            let mut h = Arena::new(1 << 22, 64, AddressIndex::new(threshold)).unwrap();
+            let mut live = Vec::new();
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for _ in 0..3000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if !x.is_multiple_of(3) || live.is_empty() {
+                    if let Ok(a) = h.alloc(1 + (x >> 8) % 20_000, 1 << ((x >> 40) % 9)) {
+                        live.push(a);
+                    }
+                } else {
+                    h.free(live.swap_remove((x >> 20) as usize % live.len())).unwrap();
+                }
+                let (count, max) = check_treap(h.nodes(), h.index.root, 0, u64::MAX);
+                assert_eq!((count, max), (h.stats().free_blocks, h.stats().largest_free));
+            }
+        }
     }
 
     #[test]

@@ -7,24 +7,28 @@
 //! |---|---|---|---|---|
 //! | first-fit | [`first_fit`] | O(log n) (max-augmented treap by address) | O(log n) | lowest-address fit, immediate coalescing |
 //! | best-fit | [`best_fit`] | O(log n) (size bins + per-bin ordered sets) | O(log n) | smallest fitting block, ties to lowest address |
-//! | TLSF | [`tlsf`] | O(1) (two-level bitmaps) | O(1) | good-fit, immediate coalescing |
+//! | TLSF | [`tlsf`] | O(1) (two-level bitmaps) | O(1) | good fit (exact-size holes first), immediate coalescing |
 //! | buddy | [`buddy`] | O(log capacity) | O(log capacity) | power-of-two blocks, any capacity |
 //! | slab | [`slab`] | O(slots / 64) | O(1) | size classes over pages of a backing strategy |
 //! | tiered | [`tiered`] | O(log n) | O(log n) | small → slab, medium → lowest fit, large → highest fit |
 //! | caching | [`caching`] | O(log n) | O(log n) | model of PyTorch's `CUDACachingAllocator` |
 //!
-//! (n = number of blocks.) All sizes and offsets are bytes in `u64`; all arithmetic is overflow-checked,
+//! (n = number of blocks; "free" is [`SubAllocator::free`], which finds the block through the
+//! allocation's [`Handle`] in O(1) and then coalesces.) All sizes and offsets are bytes in `u64`; all arithmetic is overflow-checked,
 //! sizes up to 2^48 work, and bad input returns an [`AllocError`] instead of panicking.
 //!
 //! Compaction ([`compact`]) works on every strategy through [`SubAllocator::compaction_layout`] and
 //! [`SubAllocator::apply_relocation`].
 //!
 //! ```
-//! use gpuheap::reference::{build, StrategyKind};
+//! use gpuheap::reference::{build, AllocError, StrategyKind};
 //! let mut heap = build(StrategyKind::Tlsf, 1 << 30);
 //! let a = heap.alloc(1000, 256).unwrap();
 //! assert!(a.size >= 1000 && a.offset % 256 == 0);
-//! heap.free(a.offset).unwrap();
+//! let b = heap.alloc(1000, 256).unwrap();
+//! heap.free(a).unwrap(); // by handle: O(1), no offset lookup
+//! heap.free_at(b.offset).unwrap(); // by address
+//! assert_eq!(heap.free(a), Err(AllocError::DoubleFree { offset: a.offset }));
 //! assert_eq!(heap.free_blocks().collect::<Vec<_>>(), vec![(0, 1 << 30)]);
 //! ```
 
@@ -38,6 +42,7 @@ pub mod buddy;
 pub mod caching;
 pub mod compact;
 pub mod first_fit;
+pub(crate) mod live_slots;
 pub(crate) mod offset_table;
 pub mod sizes;
 pub mod slab;
@@ -60,13 +65,59 @@ pub const DEFAULT_GRANULE: u64 = 256;
 /// Largest capacity, size or alignment in bytes that the strategies accept (2^48 = 256 TiB).
 pub const MAX_BYTES: u64 = 1 << 48;
 
-/// A block handed out by [`SubAllocator::alloc`].
+/// Opaque name of a live block, carried in its [`Allocation`]: the index of the strategy's record of the
+/// block (an arena node, a slot), so that [`SubAllocator::free`] finds the block in O(1) without hashing
+/// its offset.
+///
+/// A handle is only meaningful to the allocator that returned it, and only while its block is live. In
+/// debug builds it also carries the record's generation, so a handle kept past its free is rejected even
+/// after the record was reused; release builds check that the record is live and starts at the
+/// allocation's offset. Either way a stale or foreign handle gives an [`AllocError`], never undefined
+/// behaviour or a panic. Handles survive [`SubAllocator::apply_relocation`] (only offsets change).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Handle(u64);
+
+impl Handle {
+    /// The handle of strategies that find blocks by offset (no record index): [`SubAllocator::free`] then
+    /// uses the allocation's offset.
+    pub const NONE: Handle = Handle(u64::MAX);
+
+    /// Record `index` at generation `generation` (kept in debug builds only).
+    #[inline]
+    pub(crate) fn new(index: u32, generation: u32) -> Self {
+        let generation = if cfg!(debug_assertions) { generation } else { 0 };
+        Handle(index as u64 | (generation as u64) << 32)
+    }
+
+    /// The record index.
+    #[inline]
+    pub(crate) fn index(self) -> usize {
+        self.0 as u32 as usize
+    }
+
+    /// The generation (0 in release builds).
+    #[inline]
+    pub(crate) fn generation(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+}
+
+impl Default for Handle {
+    /// [`Handle::NONE`].
+    fn default() -> Self {
+        Handle::NONE
+    }
+}
+
+/// A block handed out by [`SubAllocator::alloc`]; give it back to [`SubAllocator::free`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Allocation {
     /// Offset of the block in bytes from the start of the managed range.
     pub offset: u64,
     /// Reserved size in bytes (`>=` the requested size; includes rounding).
     pub size: u64,
+    /// The allocator's name for the block (see [`Handle`]).
+    pub handle: Handle,
 }
 
 /// A live allocation as reported by [`SubAllocator::live_blocks`].
@@ -105,6 +156,13 @@ pub enum AllocError {
     #[error("double free at offset {offset}")]
     DoubleFree {
         /// Offending offset in bytes.
+        offset: u64,
+    },
+    /// A live block starts at `offset`, but the allocation's [`Handle`] does not name it: the allocation
+    /// was freed before and its offset handed out again, or it comes from another allocator.
+    #[error("stale handle: the live block at offset {offset} was not allocated under this handle")]
+    StaleHandle {
+        /// Offset of the allocation in bytes.
         offset: u64,
     },
     /// A zero-byte request.
@@ -157,7 +215,12 @@ pub struct Stats {
     pub live_blocks: usize,
 }
 
-/// Offset-based sub-allocation of the device range `[0, capacity)`.
+/// Sub-allocation of the device range `[0, capacity)`.
+///
+/// [`alloc`](SubAllocator::alloc) returns an [`Allocation`] (offset, reserved size, [`Handle`]);
+/// [`free`](SubAllocator::free) takes it back and finds the block through the handle in O(1), without
+/// hashing. [`free_at`](SubAllocator::free_at) frees by offset for callers that only have an address; the
+/// strategies build their offset index on its first use, so callers that free by handle never pay for one.
 ///
 /// The trait is object-safe; [`build`] returns `Box<dyn SubAllocator + Send>`.
 pub trait SubAllocator {
@@ -174,12 +237,22 @@ pub trait SubAllocator {
     /// [`AllocError::OutOfMemory`] (with the free totals, for capacity/fragmentation classification).
     fn alloc(&mut self, size: u64, align: u64) -> Result<Allocation, AllocError>;
 
-    /// Frees the block that starts at `offset` (bytes).
+    /// Frees the block `a` (returned by this allocator's `alloc`), found through its handle: O(1), plus the
+    /// strategy's coalescing.
+    ///
+    /// # Errors
+    /// When the handle does not name a live block at `a.offset`: [`AllocError::DoubleFree`] if `a.offset`
+    /// lies in free memory, [`AllocError::StaleHandle`] if another live block starts there, else
+    /// [`AllocError::InvalidFree`]. The allocator is unchanged on error.
+    fn free(&mut self, a: Allocation) -> Result<(), AllocError>;
+
+    /// Frees the block that starts at `offset` (bytes). The first call builds an offset index (O(n)), which
+    /// is then kept up to date (O(1) expected per `alloc` and `free`).
     ///
     /// # Errors
     /// [`AllocError::DoubleFree`] if `offset` lies in free memory, else [`AllocError::InvalidFree`] if no live
     /// block starts at `offset`. The allocator is unchanged on error.
-    fn free(&mut self, offset: u64) -> Result<(), AllocError>;
+    fn free_at(&mut self, offset: u64) -> Result<(), AllocError>;
 
     /// Current counters.
     fn stats(&self) -> Stats;
@@ -206,7 +279,8 @@ pub trait SubAllocator {
     fn compaction_layout(&self) -> CompactionLayout;
 
     /// Applies a plan computed from [`SubAllocator::compaction_layout`]: every unit moves to its destination
-    /// and the free structures are rebuilt from the new layout.
+    /// and the free structures are rebuilt from the new layout. Live allocations keep their handles: an
+    /// [`Allocation`] stays valid with its offset replaced by [`CompactionPlan::translate`] of it.
     ///
     /// # Errors
     /// [`AllocError::InvalidRelocation`] if the plan does not match the current layout; the allocator is then
@@ -224,8 +298,11 @@ impl<T: SubAllocator + ?Sized> SubAllocator for Box<T> {
     fn alloc(&mut self, size: u64, align: u64) -> Result<Allocation, AllocError> {
         (**self).alloc(size, align)
     }
-    fn free(&mut self, offset: u64) -> Result<(), AllocError> {
-        (**self).free(offset)
+    fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
+        (**self).free(a)
+    }
+    fn free_at(&mut self, offset: u64) -> Result<(), AllocError> {
+        (**self).free_at(offset)
     }
     fn stats(&self) -> Stats {
         (**self).stats()
@@ -250,48 +327,62 @@ impl<T: SubAllocator + ?Sized> SubAllocator for Box<T> {
     }
 }
 
-/// The strategies [`build`] can construct.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StrategyKind {
+/// The strategy registry: one line per strategy (variant, docs, name, constructor from a capacity in
+/// bytes). Adding a strategy is one line here; [`StrategyKind`], its names, parsing, [`StrategyKind::ALL`]
+/// and [`build`] all come from it.
+macro_rules! strategies {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal => |$cap:ident| $ctor:expr;)*) => {
+        /// The strategies [`build`] can construct.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum StrategyKind {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl StrategyKind {
+            /// All strategies, in a stable order.
+            pub const ALL: [StrategyKind; [$($name),*].len()] = [$(StrategyKind::$variant),*];
+
+            /// The kebab-case name, as [`FromStr`] accepts it and [`SubAllocator::name`] reports it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(StrategyKind::$variant => $name,)*
+                }
+            }
+
+            /// The strategy with default options over `capacity` bytes (not clamped).
+            fn construct(self, capacity: u64) -> Result<Box<dyn SubAllocator + Send>, AllocError> {
+                match self {
+                    $(StrategyKind::$variant => {
+                        let $cap = capacity;
+                        $ctor.map(|a| Box::new(a) as Box<dyn SubAllocator + Send>)
+                    })*
+                }
+            }
+        }
+    };
+}
+
+strategies! {
     /// [`FirstFit`]: `first-fit`.
-    FirstFit,
+    FirstFit = "first-fit" => |cap| FirstFit::new(cap);
     /// [`BestFit`]: `best-fit`.
-    BestFit,
+    BestFit = "best-fit" => |cap| BestFit::new(cap);
     /// [`Buddy`]: `buddy`.
-    Buddy,
+    Buddy = "buddy" => |cap| Buddy::new(cap);
     /// [`Tlsf`]: `tlsf`.
-    Tlsf,
+    Tlsf = "tlsf" => |cap| Tlsf::new(cap);
     /// [`Slab`] over [`BestFit`]: `slab`.
-    Slab,
+    Slab = "slab" => |cap| BestFit::new(cap).and_then(|b| Slab::with_backing(Box::new(b)));
     /// [`Tiered`]: `tiered`.
-    Tiered,
+    Tiered = "tiered" => |cap| Tiered::new(cap);
     /// [`CachingAllocator`]: `caching`.
-    Caching,
+    Caching = "caching" => |cap| CachingAllocator::new(CachingConfig::new(cap));
 }
 
 impl StrategyKind {
-    /// All strategies, in a stable order.
-    pub const ALL: [StrategyKind; 7] = [
-        StrategyKind::FirstFit,
-        StrategyKind::BestFit,
-        StrategyKind::Buddy,
-        StrategyKind::Tlsf,
-        StrategyKind::Slab,
-        StrategyKind::Tiered,
-        StrategyKind::Caching,
-    ];
-
-    /// The kebab-case name (`first-fit`, `best-fit`, `buddy`, `tlsf`, `slab`, `tiered`, `caching`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StrategyKind::FirstFit => "first-fit",
-            StrategyKind::BestFit => "best-fit",
-            StrategyKind::Buddy => "buddy",
-            StrategyKind::Tlsf => "tlsf",
-            StrategyKind::Slab => "slab",
-            StrategyKind::Tiered => "tiered",
-            StrategyKind::Caching => "caching",
-        }
+    /// Every name, comma-separated (for messages).
+    pub fn names() -> String {
+        StrategyKind::ALL.map(StrategyKind::as_str).join(", ")
     }
 }
 
@@ -303,7 +394,7 @@ impl fmt::Display for StrategyKind {
 
 /// Error of [`StrategyKind::from_str`].
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
-#[error("unknown strategy `{0}` (expected first-fit, best-fit, buddy, tlsf, slab, tiered or caching)")]
+#[error("unknown strategy `{0}` (expected one of {names})", names = StrategyKind::names())]
 pub struct UnknownStrategy(pub String);
 
 impl FromStr for StrategyKind {
@@ -318,21 +409,14 @@ impl FromStr for StrategyKind {
 ///
 /// Capacities a strategy cannot use completely are handled as its module describes (the buddy system
 /// ignores a tail below its minimum block; the arena strategies round the capacity down to their granule).
-/// A capacity below one granule or above [`MAX_BYTES`] is clamped into range so that this never fails;
-/// use the strategies' `new` constructors to get errors instead.
+/// A capacity below 4 KiB or above [`MAX_BYTES`] is clamped into range, and a capacity a strategy rejects
+/// (the caching model needs 2 MiB) is raised to the smallest it accepts, so that this never fails; use the
+/// strategies' `new` constructors to get errors instead.
 pub fn build(kind: StrategyKind, capacity: u64) -> Box<dyn SubAllocator + Send> {
     let cap = capacity.clamp(4096, MAX_BYTES);
-    let built: Result<Box<dyn SubAllocator + Send>, AllocError> = match kind {
-        StrategyKind::FirstFit => FirstFit::new(cap).map(|a| Box::new(a) as _),
-        StrategyKind::BestFit => BestFit::new(cap).map(|a| Box::new(a) as _),
-        StrategyKind::Buddy => Buddy::new(cap).map(|a| Box::new(a) as _),
-        StrategyKind::Tlsf => Tlsf::new(cap).map(|a| Box::new(a) as _),
-        StrategyKind::Slab => Slab::with_backing(Box::new(BestFit::new(cap).expect("clamped capacity is valid")))
-            .map(|a| Box::new(a) as _),
-        StrategyKind::Tiered => Tiered::new(cap).map(|a| Box::new(a) as _),
-        StrategyKind::Caching => CachingAllocator::new(CachingConfig::new(cap)).map(|a| Box::new(a) as _),
-    };
-    built.expect("defaults are valid for a clamped capacity")
+    kind.construct(cap)
+        .or_else(|_| kind.construct(cap.max(caching::SMALL_BUFFER)))
+        .expect("defaults are valid for a clamped capacity of at least 2 MiB")
 }
 
 // ---------------------------------------------------------------------------------------------------------

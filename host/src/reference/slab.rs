@@ -11,16 +11,19 @@
 //!   page's slots are `class` bytes, slot `i` at `page + i * class`; its bitmap has bit `i` set iff slot `i`
 //!   is live, and `used` counts the set bits (`0 < used`: empty pages are released at once).
 //! - A page is in its class's partial list iff `used < slots`.
-//! - `objects` holds exactly the live slots (offset → requested bytes); `direct` exactly the live
-//!   pass-through blocks.
+//! - `live` holds one record per live object (slot or pass-through block), named by its handle: its page
+//!   (`NIL` for a pass-through block), sizes, and the backing allocation's handle.
 //!
 //! # Time complexity
 //! `alloc`: O(slots / 64) for the bitmap scan plus the backing strategy's cost when a page is taken;
-//! `free`: O(1) expected plus the backing cost when a page empties. Hash maps are keyed by offset.
+//! `free` by handle: O(1) plus the backing cost when a page empties (the page and the backing handle come
+//! from the record, no offset lookup). `page_of` (pages by offset) serves only the error path.
 
 use super::compact::{CompactionLayout, CompactionPlan};
+use super::live_slots::LiveSlots;
 use super::{
-    check_request, offset_map, oom, AllocError, Allocation, LiveBlock, OffsetMap, Stats, SubAllocator, MAX_BYTES,
+    check_request, offset_map, oom, AllocError, Allocation, Handle, LiveBlock, OffsetMap, Stats, SubAllocator,
+    MAX_BYTES,
 };
 
 /// Slab geometry. All values are bytes.
@@ -46,9 +49,23 @@ impl SlabConfig {
 
 const NIL: u32 = u32::MAX;
 
+/// A live object: a slot of page `page`, or (`page == NIL`) a block passed through to the backing.
+#[derive(Clone, Copy, Debug)]
+struct Object {
+    /// Requested bytes.
+    requested: u64,
+    /// Reserved bytes (the class size, or the backing block's size).
+    size: u64,
+    page: u32,
+    /// The backing block's handle (pass-through blocks only).
+    backing: Handle,
+}
+
 #[derive(Debug)]
 struct Page {
     offset: u64,
+    /// The page's block in the backing strategy.
+    backing: Handle,
     class: u8,
     used: u32,
     partial_pos: u32,
@@ -64,8 +81,7 @@ pub struct Slab {
     spare_pages: Vec<u32>,
     page_of: OffsetMap<u32>,
     partial: Vec<Vec<u32>>,
-    objects: OffsetMap<u64>,
-    direct: OffsetMap<(u64, u64)>,
+    live: LiveSlots<Object>,
     allocated: u64,
     reserved_in_use: u64,
     name: &'static str,
@@ -77,7 +93,7 @@ impl std::fmt::Debug for Slab {
             .field("backing", &self.backing.name())
             .field("config", &self.config)
             .field("pages", &self.page_of.len())
-            .field("objects", &self.objects.len())
+            .field("objects", &self.live.len())
             .finish()
     }
 }
@@ -131,8 +147,7 @@ impl Slab {
             pages: Vec::new(),
             spare_pages: Vec::new(),
             page_of: offset_map(),
-            objects: offset_map(),
-            direct: offset_map(),
+            live: LiveSlots::default(),
             allocated: 0,
             reserved_in_use: 0,
             name,
@@ -191,7 +206,14 @@ impl Slab {
             Err(e) => return Err(e),
         };
         let words = (self.slots(class) as usize).div_ceil(64);
-        let page = Page { offset: page.offset, class: class as u8, used: 0, partial_pos: NIL, bitmap: vec![0; words] };
+        let page = Page {
+            offset: page.offset,
+            backing: page.handle,
+            class: class as u8,
+            used: 0,
+            partial_pos: NIL,
+            bitmap: vec![0; words],
+        };
         let p = if let Some(p) = self.spare_pages.pop() {
             self.pages[p as usize] = page;
             p
@@ -202,6 +224,61 @@ impl Slab {
         self.page_of.insert(self.pages[p as usize].offset, p);
         self.push_partial(p);
         Ok(p)
+    }
+
+    /// Frees the object at `offset` whose record was just taken.
+    #[inline]
+    fn release(&mut self, offset: u64, obj: Object) {
+        self.allocated -= obj.requested;
+        self.reserved_in_use -= obj.size;
+        if obj.page == NIL {
+            let a = Allocation { offset, size: obj.size, handle: obj.backing };
+            self.backing.free(a).expect("a pass-through block is a live backing block");
+            return;
+        }
+        let p = obj.page;
+        let class = self.pages[p as usize].class as usize;
+        let slots = self.slots(class);
+        let page = &mut self.pages[p as usize];
+        let slot = ((offset - page.offset) / obj.size) as usize;
+        page.bitmap[slot / 64] &= !(1 << (slot % 64));
+        let was_full = page.used == slots;
+        page.used -= 1;
+        if page.used == 0 {
+            let a = Allocation { offset: page.offset, size: self.config.page_size, handle: page.backing };
+            if !was_full {
+                self.remove_partial(p);
+            }
+            self.page_of.remove(&a.offset);
+            self.spare_pages.push(p);
+            self.pages[p as usize].bitmap = Vec::new();
+            self.backing.free(a).expect("a page is a live backing block");
+        } else if was_full {
+            self.push_partial(p);
+        }
+    }
+
+    /// Error path: a free slot of a live page, or free backing memory, is a double free; a live object at
+    /// `offset` under another handle is a stale handle.
+    fn classify_bad_free(&self, offset: u64, by_handle: bool) -> AllocError {
+        let base = offset & !(self.config.page_size - 1);
+        let in_free = match self.page_of.get(&base) {
+            Some(&p) => {
+                let page = &self.pages[p as usize];
+                let csize = self.classes[page.class as usize];
+                let slot = (offset - base) / csize;
+                slot < self.slots(page.class as usize) as u64
+                    && page.bitmap[slot as usize / 64] & (1 << (slot % 64)) == 0
+            }
+            None => self.backing.free_blocks().any(|(o, l)| offset >= o && offset - o < l),
+        };
+        if in_free {
+            AllocError::DoubleFree { offset }
+        } else if by_handle && self.live.contains_offset(offset) {
+            AllocError::StaleHandle { offset }
+        } else {
+            AllocError::InvalidFree { offset }
+        }
     }
 }
 
@@ -227,10 +304,11 @@ impl SubAllocator for Slab {
                 Err(AllocError::OutOfMemory { .. }) => return Err(self.oom(size)),
                 Err(e) => return Err(e),
             };
-            self.direct.insert(a.offset, (a.size, size));
+            let handle =
+                self.live.insert(a.offset, Object { requested: size, size: a.size, page: NIL, backing: a.handle });
             self.allocated += size;
             self.reserved_in_use += a.size;
-            return Ok(a);
+            return Ok(Allocation { handle, ..a });
         };
         let p = match self.partial[class].last() {
             Some(&p) => p,
@@ -248,59 +326,31 @@ impl SubAllocator for Slab {
         if page.used == slots {
             self.remove_partial(p);
         }
-        self.objects.insert(offset, size);
+        let handle = self.live.insert(offset, Object { requested: size, size: csize, page: p, backing: Handle::NONE });
         self.allocated += size;
         self.reserved_in_use += csize;
-        Ok(Allocation { offset, size: csize })
+        Ok(Allocation { offset, size: csize, handle })
     }
 
-    fn free(&mut self, offset: u64) -> Result<(), AllocError> {
-        if let Some(requested) = self.objects.remove(&offset) {
-            let base = offset & !(self.config.page_size - 1);
-            let p = self.page_of[&base];
-            let class = self.pages[p as usize].class as usize;
-            let csize = self.classes[class];
-            let slot = ((offset - base) / csize) as usize;
-            let slots = self.slots(class);
-            let page = &mut self.pages[p as usize];
-            page.bitmap[slot / 64] &= !(1 << (slot % 64));
-            let was_full = page.used == slots;
-            page.used -= 1;
-            let empty = page.used == 0;
-            self.allocated -= requested;
-            self.reserved_in_use -= csize;
-            if empty {
-                if !was_full {
-                    self.remove_partial(p);
-                }
-                self.page_of.remove(&base);
-                self.spare_pages.push(p);
-                self.pages[p as usize].bitmap = Vec::new();
-                self.backing.free(base).expect("a page is a live backing block");
-            } else if was_full {
-                self.push_partial(p);
+    #[inline]
+    fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
+        match self.live.take(a.handle, a.offset) {
+            Some(obj) => {
+                self.release(a.offset, obj);
+                Ok(())
             }
-            return Ok(());
+            None => Err(self.classify_bad_free(a.offset, true)),
         }
-        if let Some((size, requested)) = self.direct.remove(&offset) {
-            self.backing.free(offset).expect("a direct block is a live backing block");
-            self.allocated -= requested;
-            self.reserved_in_use -= size;
-            return Ok(());
-        }
-        // Error path: a free slot of a live page, or free backing memory, is a double free.
-        let base = offset & !(self.config.page_size - 1);
-        let in_free = match self.page_of.get(&base) {
-            Some(&p) => {
-                let page = &self.pages[p as usize];
-                let csize = self.classes[page.class as usize];
-                let slot = (offset - base) / csize;
-                slot < self.slots(page.class as usize) as u64
-                    && page.bitmap[slot as usize / 64] & (1 << (slot % 64)) == 0
+    }
+
+    fn free_at(&mut self, offset: u64) -> Result<(), AllocError> {
+        match self.live.handle_at(offset).and_then(|h| self.live.take(h, offset)) {
+            Some(obj) => {
+                self.release(offset, obj);
+                Ok(())
             }
-            None => self.backing.free_blocks().any(|(o, l)| offset >= o && offset - o < l),
-        };
-        Err(if in_free { AllocError::DoubleFree { offset } } else { AllocError::InvalidFree { offset } })
+            None => Err(self.classify_bad_free(offset, false)),
+        }
     }
 
     fn stats(&self) -> Stats {
@@ -314,7 +364,7 @@ impl SubAllocator for Slab {
             largest_free: b.largest_free,
             stranded: b.capacity.saturating_sub(self.reserved_in_use + b.free),
             free_blocks: b.free_blocks,
-            live_blocks: self.objects.len() + self.direct.len(),
+            live_blocks: self.live.len(),
         }
     }
 
@@ -323,15 +373,8 @@ impl SubAllocator for Slab {
     }
 
     fn live_blocks(&self) -> Vec<LiveBlock> {
-        let mut v: Vec<LiveBlock> = self
-            .objects
-            .iter()
-            .map(|(&offset, &requested)| {
-                let p = self.page_of[&(offset & !(self.config.page_size - 1))];
-                LiveBlock { offset, size: self.classes[self.pages[p as usize].class as usize], requested }
-            })
-            .chain(self.direct.iter().map(|(&offset, &(size, requested))| LiveBlock { offset, size, requested }))
-            .collect();
+        let mut v: Vec<LiveBlock> =
+            self.live.iter().map(|(offset, o, _)| LiveBlock { offset, size: o.size, requested: o.requested }).collect();
         v.sort_unstable();
         v
     }
@@ -342,8 +385,7 @@ impl SubAllocator for Slab {
         self.spare_pages.clear();
         self.page_of.clear();
         self.partial.iter_mut().for_each(Vec::clear);
-        self.objects.clear();
-        self.direct.clear();
+        self.live.clear();
         self.allocated = 0;
         self.reserved_in_use = 0;
     }
@@ -357,6 +399,8 @@ impl SubAllocator for Slab {
         self.backing.compaction_layout()
     }
 
+    /// Pages and pass-through blocks move in the backing strategy, which keeps their handles; objects keep
+    /// theirs.
     fn apply_relocation(&mut self, plan: &CompactionPlan) -> Result<(), AllocError> {
         self.backing.apply_relocation(plan)?;
         let t = |o: u64| plan.translate(o).expect("every page and direct block is a unit of the plan");
@@ -365,8 +409,7 @@ impl SubAllocator for Slab {
             page.offset = t(page.offset);
         }
         self.page_of = self.page_of.values().map(|&p| (self.pages[p as usize].offset, p)).collect();
-        self.objects = self.objects.iter().map(|(&o, &r)| (t(o), r)).collect();
-        self.direct = self.direct.iter().map(|(&o, &v)| (t(o), v)).collect();
+        self.live.relocate(|o, _| t(o));
         Ok(())
     }
 }
@@ -386,11 +429,15 @@ mod tests {
         // BL-09's kind: pages formatted for 16-byte-class objects must become available to other classes.
         let mut s = slab();
         assert_eq!(s.classes(), &[64, 96, 128, 192, 256, 384, 512, 768, 1024]);
-        let small: Vec<u64> = (0..128).map(|_| s.alloc(16, 1).unwrap().offset).collect();
+        let small: Vec<Allocation> = (0..128).map(|_| s.alloc(16, 1).unwrap()).collect();
         assert_eq!(s.pages(), 2);
         assert!(s.alloc(1000, 1).is_err(), "both pages are formatted for 64 B");
-        for o in small {
-            s.free(o).unwrap();
+        for (i, a) in small.into_iter().enumerate() {
+            if i % 2 == 0 {
+                s.free(a).unwrap();
+            } else {
+                s.free_at(a.offset).unwrap();
+            }
         }
         assert_eq!(s.pages(), 0);
         assert_eq!(s.free_blocks().collect::<Vec<_>>(), vec![(0, 8192)]);
@@ -398,13 +445,18 @@ mod tests {
         assert_eq!(big.size, 1024);
         let direct = s.alloc(4096, 1).unwrap();
         assert_eq!(s.stats().live_blocks, 2);
-        assert_eq!(s.free(big.offset + 64), Err(AllocError::InvalidFree { offset: big.offset + 64 }));
+        assert_eq!(s.free_at(big.offset + 64), Err(AllocError::InvalidFree { offset: big.offset + 64 }));
         let other = s.alloc(1000, 1).unwrap();
-        s.free(other.offset).unwrap();
-        assert_eq!(s.free(other.offset), Err(AllocError::DoubleFree { offset: other.offset }));
-        s.free(direct.offset).unwrap();
-        assert_eq!(s.free(direct.offset), Err(AllocError::DoubleFree { offset: direct.offset }));
-        s.free(big.offset).unwrap();
+        s.free(other).unwrap();
+        assert_eq!(s.free(other), Err(AllocError::DoubleFree { offset: other.offset }));
+        assert_eq!(s.free_at(other.offset), Err(AllocError::DoubleFree { offset: other.offset }));
+        s.free(direct).unwrap();
+        assert_eq!(s.free(direct), Err(AllocError::DoubleFree { offset: direct.offset }));
+        assert_eq!(
+            s.free(Allocation { handle: Handle::NONE, ..big }),
+            Err(AllocError::StaleHandle { offset: big.offset })
+        );
+        s.free(big).unwrap();
         assert_eq!(s.stats().reserved, 0);
     }
 }

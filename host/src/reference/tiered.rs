@@ -105,8 +105,11 @@ impl SubAllocator for Tiered {
     fn alloc(&mut self, size: u64, align: u64) -> Result<Allocation, AllocError> {
         self.slab.alloc(size, align)
     }
-    fn free(&mut self, offset: u64) -> Result<(), AllocError> {
-        self.slab.free(offset)
+    fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
+        self.slab.free(a)
+    }
+    fn free_at(&mut self, offset: u64) -> Result<(), AllocError> {
+        self.slab.free_at(offset)
     }
     fn stats(&self) -> Stats {
         self.slab.stats()
@@ -142,9 +145,9 @@ mod tests {
         assert_eq!(small.offset, 0, "first slab page at the bottom");
         assert_eq!(medium.offset, 8192);
         assert_eq!(large.offset + large.size, 1 << 20);
-        t.free(medium.offset).unwrap();
-        t.free(large.offset).unwrap();
-        t.free(small.offset).unwrap();
+        t.free(medium).unwrap();
+        t.free_at(large.offset).unwrap();
+        t.free(small).unwrap();
         assert_eq!(t.free_blocks().collect::<Vec<_>>(), vec![(0, 1 << 20)]);
     }
 }

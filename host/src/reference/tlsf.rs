@@ -21,9 +21,14 @@
 //! - No two physically adjacent blocks are free.
 //!
 //! # Time complexity
-//! - `alloc`: O(1): the request is rounded up to a class boundary (good fit), and two `trailing_zeros` find
-//!   the first non-empty class that is guaranteed to fit. Only if that fails is the request's own class list
-//!   scanned for an exact fit, O(k) in that list's length (this keeps "the whole free block is allocatable").
+//! - `alloc`: O(1). First the head blocks of the request's *own* class are tried (at most
+//!   `OWN_CLASS_PROBES`): a freed hole of exactly the request's size is there, and plain TLSF, which rounds
+//!   the request up to the next class boundary before searching, would never look at it (tlsf-bsd#4; BL-25:
+//!   a 255,983 B request freed and asked for again went to the top of the heap each time, and three live
+//!   blocks spanned four). Then the request is rounded up to a class boundary (good fit), and two
+//!   `trailing_zeros` find the first non-empty class that is guaranteed to fit. Only if that fails is the
+//!   rest of the own class list scanned for an exact fit, O(k) in that list's length (this keeps "the whole
+//!   free block is allocatable").
 //! - `free`: O(1) (hash lookup of the offset, neighbour merge, list insert).
 //! - `stats`: O(k) for `largest_free` (scan of the highest non-empty class).
 //!
@@ -35,6 +40,25 @@ use super::arena::{
     NIL, SL_COUNT,
 };
 use super::fit_front;
+
+/// Blocks of the request's own class looked at before the good-fit search (step 1 of `find`).
+const OWN_CLASS_PROBES: usize = 2;
+
+/// The first of at most `limit` list nodes from `n` that holds `size` bytes at an `align`-aligned start, and
+/// the node where the walk stopped (`NIL` at the end of the list).
+#[inline]
+fn scan_fit(nodes: &[Node<()>], mut n: u32, size: u64, align: u64, limit: usize) -> (Option<u32>, u32) {
+    let mut left = limit;
+    while n != NIL && left > 0 {
+        let node = &nodes[n as usize];
+        if fit_front(node.offset, node.size, size, align).is_some() {
+            return (Some(n), n);
+        }
+        n = node.b;
+        left -= 1;
+    }
+    (None, n)
+}
 
 /// The TLSF free index: bitmaps and segregated free lists.
 #[derive(Debug)]
@@ -117,25 +141,28 @@ impl FreeIndex for TlsfIndex {
     }
 
     fn find(&mut self, nodes: &[Node<()>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
+        // 1. The request's own class first (tlsf-bsd#4, BL-25): a hole of exactly the request's size sits
+        //    there, below the rounded-up class, and is the best fit the lists can offer. Only the first
+        //    `OWN_CLASS_PROBES` blocks are looked at (a freed hole goes to the head of its list), so this
+        //    stays O(1).
+        let own = size_class((size >> self.granule_log2).max(1));
+        let start = if self.sl_bitmap[own.0] & (1 << own.1) != 0 { self.heads[own.0][own.1] } else { NIL };
+        let (hit, rest) = scan_fit(nodes, start, size, align, OWN_CLASS_PROBES);
+        if hit.is_some() {
+            return hit.map(|n| (n, Placement::Front));
+        }
+        // 2. Good fit: the first non-empty class above the request rounded up to a class boundary; any of
+        //    its blocks fits.
         let need = size.checked_add(align - granule.min(align))?;
-        let g = need >> self.granule_log2;
-        if let Some(r) = round_to_class(g) {
+        if let Some(r) = round_to_class(need >> self.granule_log2) {
             let (fl, sl) = size_class(r);
             if let Some((fl, sl)) = self.first_at_or_above(fl, sl) {
                 return Some((self.heads[fl][sl], Placement::Front));
             }
         }
-        // Slow path: an exact fit may still sit in the request's own class.
-        let (fl, sl) = size_class((size >> self.granule_log2).max(1));
-        let mut n = self.heads[fl][sl];
-        while n != NIL {
-            let node = &nodes[n as usize];
-            if fit_front(node.offset, node.size, size, align).is_some() {
-                return Some((n, Placement::Front));
-            }
-            n = node.b;
-        }
-        None
+        // 3. Slow path: the rest of the request's own class list, for an exact fit ("the whole free block is
+        //    allocatable").
+        scan_fit(nodes, rest, size, align, usize::MAX).0.map(|n| (n, Placement::Front))
     }
 
     fn largest(&self, nodes: &[Node<()>]) -> u64 {
@@ -178,9 +205,9 @@ mod tests {
         // 1000 granules is not a class boundary: the good-fit search fails, the exact-class scan succeeds.
         let mut t = Tlsf::with_granule(1000 * 256, 256).unwrap();
         let a = t.alloc(1000 * 256, 1).unwrap();
-        assert_eq!(a, crate::reference::Allocation { offset: 0, size: 256_000 });
+        assert_eq!((a.offset, a.size), (0, 256_000));
         t.0.check_invariants();
-        t.free(0).unwrap();
+        t.free(a).unwrap();
         t.0.check_invariants();
     }
 
@@ -191,11 +218,12 @@ mod tests {
         let b = t.alloc(1000, 4096).unwrap();
         assert_eq!((a.offset, b.offset % 4096), (0, 0));
         t.0.check_invariants();
-        assert_eq!(t.free(a.offset + 256), Err(AllocError::DoubleFree { offset: 256 }));
-        assert_eq!(t.free(b.offset + 256), Err(AllocError::InvalidFree { offset: b.offset + 256 }));
-        t.free(b.offset).unwrap();
-        t.free(a.offset).unwrap();
-        assert_eq!(t.free(0), Err(AllocError::DoubleFree { offset: 0 }));
+        assert_eq!(t.free_at(a.offset + 256), Err(AllocError::DoubleFree { offset: 256 }));
+        assert_eq!(t.free_at(b.offset + 256), Err(AllocError::InvalidFree { offset: b.offset + 256 }));
+        t.free(b).unwrap();
+        t.free(a).unwrap();
+        assert_eq!(t.free(a), Err(AllocError::DoubleFree { offset: 0 }));
+        assert_eq!(t.free_at(0), Err(AllocError::DoubleFree { offset: 0 }));
         assert_eq!(t.free_blocks().collect::<Vec<_>>(), vec![(0, 1 << 20)]);
     }
 

@@ -1031,7 +1031,7 @@ pub fn replay(
                     if s.state == LIVE {
                         s.state = FREED;
                         let (off, req) = (s.offset, s.requested);
-                        eng.heap.free(off).map_err(|source| ReplayError::Strategy { event: i, source })?;
+                        eng.heap.free_at(off).map_err(|source| ReplayError::Strategy { event: i, source })?;
                         eng.allocated -= req;
                     }
                 }
