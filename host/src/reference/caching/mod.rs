@@ -72,8 +72,10 @@ use super::compact::{check_plan_matches, CompactBlock, CompactionLayout, Compact
 use super::{align_down, align_up, check_request, oom, AllocError, Allocation, LiveBlock, Stats, SubAllocator};
 
 pub mod config;
+pub mod seed;
 
 pub use config::{CachingConfig, ConfigError, ConfigWarning, ROUNDUP_INTERVALS};
+pub use seed::{capacity_at_oom, config_for_trace, fidelity, seed_from_trace, Fidelity, Seeded};
 
 /// `kMinBlockSize`: rounding and alignment of every block, bytes.
 pub const MIN_BLOCK: u64 = 512;
@@ -357,6 +359,72 @@ impl CachingAllocator {
             self.release_blocks(pool);
         }
         before - self.reserved
+    }
+
+    /// The segment holding `offset` as `(start, size, expandable)` (an expandable segment's whole virtual
+    /// reservation), if any.
+    pub fn segment_at(&self, offset: u64) -> Option<(u64, u64, bool)> {
+        let (_, b) = self.blocks.range(..=offset).next_back()?;
+        let s = self.seg(b.seg);
+        (offset < s.start + s.size).then_some((s.start, s.size, s.expandable))
+    }
+
+    /// Start of the expandable reservation of (`pool`, `stream`), if it exists.
+    pub fn reservation_start(&self, pool: Pool, stream: i64) -> Option<u64> {
+        let st = self.streams.iter().position(|&s| s == stream)? as u32;
+        self.segments.iter().flatten().find(|s| s.expandable && s.pool == pool && s.stream == st).map(|s| s.start)
+    }
+
+    /// Releases the non-expandable segment that starts at `start` if it is wholly free (`release_block`, as
+    /// a replay does at a recorded `segment_free`). Returns its size.
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidFree`] when no wholly free non-expandable segment starts there.
+    pub fn release_segment(&mut self, start: u64) -> Result<u64, AllocError> {
+        let b = self.blocks.get(&start).copied().ok_or(AllocError::InvalidFree { offset: start })?;
+        if b.state != FREE || !self.releasable((b.stream, b.size, start)) {
+            return Err(AllocError::InvalidFree { offset: start });
+        }
+        self.release_block(start);
+        Ok(b.size)
+    }
+
+    /// Unmaps the whole pages of `[offset, offset + size)` that lie in free blocks of an expandable segment
+    /// (`unmap_block` on that part of each free block, as a replay does at a recorded `segment_unmap`).
+    /// Returns the bytes unmapped.
+    pub fn unmap_range(&mut self, offset: u64, size: u64) -> u64 {
+        let end = offset.saturating_add(size);
+        let mut unmapped = 0;
+        let mut at = offset;
+        while at < end {
+            let from = self.blocks.range(..=at).next_back().map_or(at, |(&o, _)| o);
+            let Some((&o, &b)) = self.blocks.range(from..end).find(|(&o, b)| o + b.size > at && b.state == FREE) else {
+                break;
+            };
+            let b_end = o + b.size;
+            at = b_end;
+            if !self.seg(b.seg).expandable {
+                continue;
+            }
+            let (lo, hi) = (o.max(offset), b_end.min(end));
+            self.remove_free(o);
+            if lo > o {
+                self.insert_free(o, lo - o, b.seg, b.stream);
+            }
+            if b_end > hi {
+                self.insert_free(hi, b_end - hi, b.seg, b.stream);
+            }
+            self.insert_free(lo, hi - lo, b.seg, b.stream);
+            unmapped += self.unmap_block(lo);
+            // Pieces that stayed mapped merge back with their free neighbours.
+            for p in [lo, hi] {
+                if let Some(k) = self.blocks.get(&p).filter(|k| k.state == FREE).copied() {
+                    self.remove_free(p);
+                    self.insert_free_merged(p, k.size, k.seg, k.stream);
+                }
+            }
+        }
+        unmapped
     }
 
     /// The dense index of stream handle `stream`.
@@ -837,6 +905,13 @@ impl CachingAllocator {
         seg.start == k.2 && seg.size == k.1
     }
 
+    /// Whether the cached block `k` is a whole non-expandable segment. With PyTorch's smallest
+    /// `max_split_size` (20 MiB) every cached block at or above it is one; the model also accepts smaller
+    /// values, and then skips split blocks instead of releasing part of a segment.
+    fn releasable(&self, k: (u32, u64, u64)) -> bool {
+        !self.seg(self.blocks[&k.2].seg).expandable && self.is_whole_segment(k)
+    }
+
     /// `release_blocks` of one pool: whole free segments are released, free expandable pages unmapped.
     fn release_blocks(&mut self, pool: Pool) {
         let keys: Vec<(u32, u64, u64)> = self.free_sets[pool as usize].iter().copied().collect();
@@ -863,7 +938,7 @@ impl CachingAllocator {
         let key = size.max(max_split);
         let set = &self.free_sets[pool as usize];
         if let Some(&k) = set.range((stream, key, 0)..).next() {
-            if k.0 == stream && !self.seg(self.blocks[&k.2].seg).expandable {
+            if k.0 == stream && self.releasable(k) {
                 self.release_block(k.2);
                 return true;
             }
@@ -879,7 +954,7 @@ impl CachingAllocator {
             if released >= key {
                 break;
             }
-            if !self.seg(self.blocks[&k.2].seg).expandable {
+            if self.releasable(k) {
                 self.release_block(k.2);
                 released += k.1;
             }
