@@ -116,8 +116,10 @@ fn dump() {
     for (i, e) in dev.events.iter().enumerate().skip(at.saturating_sub(30)).take(40) {
         println!("{i} {:?} id {} addr {:#x} size {} stream {}", e.kind, e.id, e.addr, e.size, e.stream);
     }
-    let mut d2 = dev.clone();
-    d2.events.truncate(at + 1);
-    let (f, _) = run(&d2);
+    let (cfg, _) = config_for_trace(dev, capacity(dev));
+    let (f, m) = gpuheap::reference::caching::fidelity_until(dev, cfg, at + 1).unwrap();
     println!("{f:?}");
+    for s in m.segments() {
+        println!("seg {:#x} {} {:?} stream {} blocks {:?}", s.offset, s.size, s.pool, s.stream, s.blocks);
+    }
 }

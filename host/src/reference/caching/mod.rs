@@ -75,7 +75,7 @@ pub mod config;
 pub mod seed;
 
 pub use config::{CachingConfig, ConfigError, ConfigWarning, ROUNDUP_INTERVALS};
-pub use seed::{capacity_at_oom, config_for_trace, fidelity, seed_from_trace, Fidelity, Seeded};
+pub use seed::{capacity_at_oom, config_for_trace, fidelity, fidelity_until, seed_from_trace, Fidelity, Seeded};
 
 /// `kMinBlockSize`: rounding and alignment of every block, bytes.
 pub const MIN_BLOCK: u64 = 512;
@@ -190,6 +190,8 @@ pub struct CachingAllocator {
     streams: Vec<i64>,
     /// `get_free_blocks_call_count` per pool.
     gc_calls: [u64; 2],
+    /// Virtual address for the next new segment or reservation ([`CachingAllocator::hint_next_segment`]).
+    va_hint: Option<u64>,
     allocated: u64,
     in_use: u64,
     reserved: u64,
@@ -305,6 +307,7 @@ impl CachingAllocator {
             segments: Vec::new(),
             streams: vec![0],
             gc_calls: [0, 0],
+            va_hint: None,
             allocated: 0,
             in_use: 0,
             reserved: 0,
@@ -676,8 +679,31 @@ impl CachingAllocator {
         }
     }
 
-    /// Lowest unused virtual range of `size` bytes.
+    /// Places the next new segment (or expandable reservation) at virtual address `addr` when that range is
+    /// unused, instead of the lowest unused range. A replay passes the address a recorded `segment_alloc`
+    /// (or first `segment_map`) shows, so that the model's addresses, and with them the address order that
+    /// breaks ties between equal-size cached blocks (`BlockComparatorSize`), are PyTorch's. The hint is
+    /// used by the next segment created and dropped by the next [`CachingAllocator::alloc_on`].
+    pub fn hint_next_segment(&mut self, addr: Option<u64>) {
+        self.va_hint = addr;
+    }
+
+    /// The unused virtual range of `size` bytes at the hint if possible, else the lowest one.
     fn va_alloc(&mut self, size: u64) -> Option<u64> {
+        if let Some(a) = self.va_hint.take() {
+            if let Some((&hs, &hl)) = self.va_holes.range(..=a).next_back() {
+                if a.checked_add(size).is_some_and(|e| e <= hs + hl) && a.is_multiple_of(MIN_BLOCK) {
+                    self.va_holes.remove(&hs);
+                    if a > hs {
+                        self.va_holes.insert(hs, a - hs);
+                    }
+                    if hs + hl > a + size {
+                        self.va_holes.insert(a + size, hs + hl - a - size);
+                    }
+                    return Some(a);
+                }
+            }
+        }
         let (&start, &len) = self.va_holes.iter().find(|(_, &l)| l >= size)?;
         self.va_holes.remove(&start);
         if len > size {
@@ -1030,6 +1056,7 @@ impl CachingAllocator {
             }
         }
         let Some(off) = found else {
+            self.va_hint = None;
             self.counters.ooms += 1;
             let dev = self.config.device_capacity - self.reserved;
             return Err(oom(size, dev + self.cached_free, dev.max(self.largest_cached())));
@@ -1048,6 +1075,7 @@ impl CachingAllocator {
             b.size
         };
         self.insert_live(off, taken, size, b.seg, b.stream);
+        self.va_hint = None;
         Ok(Allocation { offset: off, size: taken })
     }
 

@@ -109,12 +109,16 @@ pub fn seed_from_trace(dev: &DeviceTrace, config: CachingConfig) -> Result<Seede
     segs.sort_by_key(|s| s.addr);
     for s in segs {
         let pool = model_pool(s.pool, s.size);
+        // At the recorded addresses where the model's address range allows (see `hint_next_segment`).
         let off = if s.is_expandable && config.expandable_segments {
             let Some(&(_, _, base, end)) = spans.iter().find(|x| x.0 == s.stream && x.1 == s.pool) else { continue };
+            model.hint_next_segment(Some(base));
             model.seed_mapped(pool, s.stream, s.addr - base, s.size, end - base)
         } else {
+            model.hint_next_segment(Some(s.addr));
             model.seed_segment_on(s.size, pool, s.stream)
         };
+        model.hint_next_segment(None);
         if let Ok(off) = off {
             placed.push((s.addr, s.size, off));
             segment_offsets.push((s.id, off));
@@ -229,6 +233,18 @@ pub fn capacity_at_oom(dev: &DeviceTrace) -> Option<u64> {
 /// [`AllocError::InvalidConfig`] for a configuration the model refuses; a free the model refuses (a bug)
 /// is returned as is.
 pub fn fidelity(dev: &DeviceTrace, config: CachingConfig) -> Result<Fidelity, AllocError> {
+    fidelity_until(dev, config, dev.events.len()).map(|r| r.0)
+}
+
+/// [`fidelity`] over the first `events` events, with the model as it is after them.
+///
+/// # Errors
+/// As [`fidelity`].
+pub fn fidelity_until(
+    dev: &DeviceTrace,
+    config: CachingConfig,
+    events: usize,
+) -> Result<(Fidelity, CachingAllocator), AllocError> {
     let mut seeded = seed_from_trace(dev, config)?;
     let mut m = std::mem::replace(&mut seeded.model, CachingAllocator::new(CachingConfig::new(SMALL_BUFFER))?);
     let mut seg_off = vec![u64::MAX; dev.segment_ids as usize];
@@ -259,7 +275,7 @@ pub fn fidelity(dev: &DeviceTrace, config: CachingConfig) -> Result<Fidelity, Al
         ..Fidelity::default()
     };
     let mut prev = EventKind::Other;
-    for (i, e) in dev.events.iter().enumerate() {
+    for (i, e) in dev.events.iter().enumerate().take(events) {
         match e.kind {
             EventKind::Alloc => {
                 if let Some(slot) = offset.get_mut(e.id as usize) {
@@ -289,8 +305,13 @@ pub fn fidelity(dev: &DeviceTrace, config: CachingConfig) -> Result<Fidelity, Al
             EventKind::SegmentAlloc => {
                 pt = pt.saturating_add(e.size);
                 pending_segment = Some(e.id);
+                m.hint_next_segment(Some(e.addr));
             }
-            EventKind::SegmentMap => pt = pt.saturating_add(e.size),
+            EventKind::SegmentMap => {
+                pt = pt.saturating_add(e.size);
+                // The first mapping of a new reservation is at its start.
+                m.hint_next_segment(Some(e.addr));
+            }
             EventKind::SegmentFree | EventKind::SegmentUnmap => {
                 pt = pt.saturating_sub(e.size);
                 if !matches!(prev, EventKind::SegmentFree | EventKind::SegmentUnmap) {
@@ -337,5 +358,5 @@ pub fn fidelity(dev: &DeviceTrace, config: CachingConfig) -> Result<Fidelity, Al
     f.model_peak = m.counters().peak_reserved;
     f.model_end = m.reserved_bytes();
     f.model_segments = m.segment_count() as u64;
-    Ok(f)
+    Ok((f, m))
 }
