@@ -492,7 +492,8 @@ impl CachingAllocator {
             return Err(oom(size, self.config.device_capacity - self.reserved, 0));
         }
         let st = self.stream_index(stream);
-        let existing = self.segments.iter().position(|s| s.is_some_and(|s| s.expandable && s.pool == pool && s.stream == st));
+        let existing =
+            self.segments.iter().position(|s| s.is_some_and(|s| s.expandable && s.pool == pool && s.stream == st));
         let id = match existing {
             Some(id) => id as u32,
             None => {
@@ -731,7 +732,9 @@ impl CachingAllocator {
     /// (`ExpandableSegment`).
     fn reservation_size(&self, pool: Pool) -> u64 {
         let cap = self.config.device_capacity;
-        round_up_to(cap + cap / 8, pool.page()).unwrap_or(ADDRESS_RANGE).min(round_down_to(ADDRESS_RANGE / 4, pool.page()))
+        round_up_to(cap + cap / 8, pool.page())
+            .unwrap_or(ADDRESS_RANGE)
+            .min(round_down_to(ADDRESS_RANGE / 4, pool.page()))
     }
 
     fn new_reservation(&mut self, pool: Pool, stream: u32, len: u64) -> Option<u32> {
@@ -754,7 +757,12 @@ impl CachingAllocator {
         }
         if self.config.expandable_segments && self.seg(self.blocks[&cur.2].seg).expandable {
             let room = |k: (u32, u64, u64)| {
-                k.1 + self.blocks.get(&(k.2 + k.1)).filter(|n| n.state == UNMAPPED).map_or(0, |n| n.size)
+                let seg = self.blocks[&k.2].seg;
+                k.1 + self
+                    .blocks
+                    .get(&(k.2 + k.1))
+                    .filter(|n| n.state == UNMAPPED && n.seg == seg)
+                    .map_or(0, |n| n.size)
             };
             for &next in it {
                 if next.0 != stream || room(next) >= room(cur) {
@@ -969,12 +977,8 @@ impl CachingAllocator {
                 return true;
             }
         }
-        let below: Vec<(u32, u64, u64)> = set
-            .range(..(stream, key, 0))
-            .rev()
-            .take_while(|k| k.0 == stream && k.1 >= max_split)
-            .copied()
-            .collect();
+        let below: Vec<(u32, u64, u64)> =
+            set.range(..(stream, key, 0)).rev().take_while(|k| k.0 == stream && k.1 >= max_split).copied().collect();
         let mut released = 0u64;
         for k in below {
             if released >= key {
@@ -1036,7 +1040,8 @@ impl CachingAllocator {
     /// the device's free bytes and the largest cached block.
     pub fn alloc_on(&mut self, size: u64, stream: i64) -> Result<Allocation, AllocError> {
         check_request(size, 1, MIN_BLOCK)?;
-        let rounded = self.config.round_size(size).filter(|&r| r <= super::MAX_BYTES).ok_or(AllocError::SizeOverflow { size })?;
+        let rounded =
+            self.config.round_size(size).filter(|&r| r <= super::MAX_BYTES).ok_or(AllocError::SizeOverflow { size })?;
         let pool = pool_of(rounded);
         let alloc_size = segment_size(rounded).ok_or(AllocError::SizeOverflow { size })?;
         let st = self.stream_index(stream);
@@ -1354,5 +1359,128 @@ mod tests {
         let s = c.alloc(1000, 1).unwrap();
         let t = c.alloc(1000, 1).unwrap();
         assert_eq!(t.offset, s.offset + 1024);
+    }
+
+    #[test]
+    fn expandable_unmap_in_the_middle_and_remap() {
+        // Large pages are 20 MiB (`kLargeBuffer`); the segment's blocks split at 512 B (`should_split` with
+        // expandable segments); `empty_cache` unmaps whole free pages anywhere (`release_blocks`,
+        // `unmap_block`); a request maps the lowest unmapped range with the free block before it
+        // (`find_expandable_block`, `map_block`).
+        let mut c = CachingAllocator::new(CachingConfig::new(1 << 30).expandable(true)).unwrap();
+        let a = c.alloc(30 * MIB, 1).unwrap();
+        let base = a.offset;
+        assert_eq!(c.reserved_bytes(), 40 * MIB, "30 MiB maps two 20 MiB pages");
+        let b = c.alloc(30 * MIB, 1).unwrap();
+        assert_eq!(
+            (b.offset - base, c.reserved_bytes()),
+            (30 * MIB, 60 * MIB),
+            "the free 10 MiB tail grows by one page"
+        );
+        let d = c.alloc(20 * MIB, 1).unwrap();
+        assert_eq!((d.offset - base, c.reserved_bytes()), (60 * MIB, 80 * MIB));
+        c.free(b.offset).unwrap();
+        assert_eq!(c.empty_cache(), 20 * MIB, "only the page [40, 60) MiB is wholly free");
+        assert_eq!(c.reserved_bytes(), 60 * MIB);
+        let segs: Vec<(u64, u64)> = c.segments().iter().map(|s| (s.offset - base, s.size)).collect();
+        assert_eq!(segs, vec![(0, 40 * MIB), (60 * MIB, 20 * MIB)], "two mapped ranges around the hole");
+        assert_eq!(c.segment_count(), 2);
+        let e = c.alloc(20 * MIB, 1).unwrap();
+        assert_eq!((e.offset - base, c.reserved_bytes()), (30 * MIB, 80 * MIB), "the hole is mapped again");
+        assert_eq!(c.segment_count(), 1);
+        // The device model: 1 GiB minus 80 MiB reserved leaves 944 MiB, 47 whole 20 MiB pages.
+        assert!(c.alloc(941 * MIB, 1).is_err());
+        assert!(c.alloc(940 * MIB, 1).is_ok());
+    }
+
+    #[test]
+    fn roundup_power2_divisions_list_and_single_forms() {
+        // `round_size` / `roundup_power2_next_division`; `[256:1,512:2,>:4]` gives 1 division up to 512 MiB
+        // and 4 from 512 MiB on (`>` fills from the last named interval inclusive).
+        let (cfg, _) = CachingConfig::from_env("roundup_power2_divisions:[256:1,512:2,>:4]", 4 << 30).unwrap();
+        assert_eq!(cfg.round_size(1000), Some(1024), "1 division: next power of two");
+        assert_eq!(cfg.round_size(300 * MIB), Some(512 * MIB));
+        assert_eq!(cfg.round_size(600 * MIB), Some(640 * MIB), "4 divisions of [512, 1024) MiB: steps of 128");
+        assert_eq!(cfg.round_size(512 * MIB), Some(512 * MIB), "a power of two stays");
+        let mut c = CachingAllocator::new(cfg).unwrap();
+        let a = c.alloc(300 * MIB, 1).unwrap();
+        assert_eq!((a.size, c.reserved_bytes()), (512 * MIB, 512 * MIB));
+        let single = CachingConfig::new(1 << 30).roundup_divisions(4);
+        assert_eq!(single.round_size(1_153_434), Some(1_310_720), "1.1 MiB: steps of 256 KiB above 1 MiB");
+        assert_eq!(single.round_size(2000), Some(2048), "not above 512 x 4: multiple of 512");
+        assert_eq!(CachingConfig::new(1 << 30).request_pad(32).round_size(512), Some(1024), "torch_npu's pad");
+    }
+
+    #[test]
+    fn max_non_split_rounding_lets_an_oversize_block_serve_a_large_request() {
+        // `get_free_block`: a request at or above max_split_size takes a cached block only if it is less than
+        // `max_non_split_rounding` larger.
+        let run = |conf: &str| {
+            let (cfg, _) = CachingConfig::from_env(conf, 4 << 30).unwrap();
+            let mut c = CachingAllocator::new(cfg).unwrap();
+            let a = c.alloc(300 * MIB, 1).unwrap();
+            c.free(a.offset).unwrap();
+            let b = c.alloc(250 * MIB, 1).unwrap();
+            (b.size, c.reserved_bytes())
+        };
+        assert_eq!(run("max_split_size_mb:100,max_non_split_rounding_mb:64"), (300 * MIB, 300 * MIB));
+        assert_eq!(run("max_split_size_mb:100"), (250 * MIB, 550 * MIB), "300 >= 250 + 20: a new segment");
+    }
+
+    #[test]
+    fn garbage_collection_frees_old_cached_segments_only_with_a_memory_fraction() {
+        // `garbage_collect_cached_blocks`: fraction 0.5 of 1 GiB allows 512 MiB; threshold 0.6 starts
+        // collecting above 307.2 MiB. Ages in `get_free_block` calls: A 3, B 2, C 1, average 2: A and B go.
+        let run = |fraction: Option<f64>| {
+            let cfg = CachingConfig::new(1 << 30).gc_threshold(0.6).memory_fraction(fraction);
+            let mut c = CachingAllocator::new(cfg).unwrap();
+            for s in [100, 150, 200] {
+                let x = c.alloc(s * MIB, 1).unwrap();
+                c.free(x.offset).unwrap();
+            }
+            c.alloc(250 * MIB, 1).unwrap();
+            (c.reserved_bytes(), c.counters().gc_releases, c.counters().alloc_retries)
+        };
+        assert_eq!(run(Some(0.5)), (450 * MIB, 2, 0), "C (200) stays cached next to D (250)");
+        assert_eq!(run(None), (700 * MIB, 0, 0), "without a fraction PyTorch never collects");
+        let cfg = CachingConfig::new(1 << 30).memory_fraction(Some(0.5));
+        let mut c = CachingAllocator::new(cfg).unwrap();
+        for s in [100, 150, 200] {
+            let x = c.alloc(s * MIB, 1).unwrap();
+            c.free(x.offset).unwrap();
+        }
+        c.alloc(250 * MIB, 1).unwrap();
+        assert_eq!((c.reserved_bytes(), c.counters().alloc_retries), (250 * MIB, 1), "fraction alone: empty_cache");
+    }
+
+    #[test]
+    fn blocks_are_reused_only_by_their_stream() {
+        // `BlockComparatorSize` orders by stream first; `get_free_block` stops at another stream's block.
+        let mut c = CachingAllocator::new(CachingConfig::new(1 << 30)).unwrap();
+        let a = c.alloc_on(4 * MIB, 1).unwrap();
+        c.free(a.offset).unwrap();
+        let b = c.alloc_on(4 * MIB, 2).unwrap();
+        assert_ne!(b.offset, a.offset);
+        assert_eq!(c.reserved_bytes(), 40 * MIB, "stream 2 gets its own 20 MiB segment");
+        let a2 = c.alloc_on(4 * MIB, 1).unwrap();
+        assert_eq!((a2.offset, c.reserved_bytes()), (a.offset, 40 * MIB), "stream 1 reuses its block");
+        let segs = c.segments();
+        assert_eq!(segs.iter().map(|s| s.stream).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_new_segment_needs_free_pages_not_a_free_address_range() {
+        // Five 12 MiB segments on a 64 MiB device, three of them cached: a 40 MiB segment fits once they are
+        // released (`release_cached_blocks`), although no 40 MiB range of [0, 64 MiB) is free around the two
+        // live ones: the device counts free pages, and virtual addresses go past the device size.
+        let mut c = CachingAllocator::new(CachingConfig::new(64 * MIB)).unwrap();
+        let v: Vec<u64> = (0..5).map(|_| c.alloc(12 * MIB, 1).unwrap().offset).collect();
+        assert_eq!(v, (0..5).map(|i| i * 12 * MIB).collect::<Vec<_>>());
+        for i in [0, 2, 4] {
+            c.free(v[i]).unwrap();
+        }
+        let big = c.alloc(40 * MIB, 1).unwrap();
+        assert_eq!((c.reserved_bytes(), c.counters().alloc_retries), (64 * MIB, 1));
+        assert_eq!(big.offset, 48 * MIB, "[48, 88) MiB: past the 64 MiB device size");
     }
 }

@@ -85,13 +85,11 @@ pub fn seed_from_trace(dev: &DeviceTrace, config: CachingConfig) -> Result<Seede
         known.extend(f.segments.iter().filter(|s| s.is_expandable).map(|s| (s.stream, s.addr, s.pool)));
     }
     let mut spans: Vec<(i64, TracePool, u64, u64)> = Vec::new();
-    let mut widen = |stream: i64, pool: TracePool, a: u64, b: u64| match spans
-        .iter_mut()
-        .find(|s| s.0 == stream && s.1 == pool)
-    {
-        Some(s) => (s.2, s.3) = (s.2.min(a), s.3.max(b)),
-        None => spans.push((stream, pool, a, b)),
-    };
+    let mut widen =
+        |stream: i64, pool: TracePool, a: u64, b: u64| match spans.iter_mut().find(|s| s.0 == stream && s.1 == pool) {
+            Some(s) => (s.2, s.3) = (s.2.min(a), s.3.max(b)),
+            None => spans.push((stream, pool, a, b)),
+        };
     for s in dev.initial_segments.iter().filter(|s| s.is_expandable) {
         widen(s.stream, s.pool, s.addr, s.addr.saturating_add(s.size));
     }
@@ -320,7 +318,10 @@ pub fn fidelity_until(
                 // The same segment or pages when the model has them free; else the model's whole cache,
                 // once per run of releases (the model placed that memory elsewhere).
                 let exact = if e.kind == EventKind::SegmentFree {
-                    seg_off.get(e.id as usize).filter(|&&o| o != u64::MAX).is_some_and(|&o| m.release_segment(o).is_ok())
+                    seg_off
+                        .get(e.id as usize)
+                        .filter(|&&o| o != u64::MAX)
+                        .is_some_and(|&o| m.release_segment(o).is_ok())
                 } else {
                     seeded.expandable_offset(&m, e.stream, e.addr).is_some_and(|o| m.unmap_range(o, e.size) == e.size)
                 };
