@@ -45,6 +45,10 @@ pub struct CachingConfig {
     /// `AddPadSize()` = 32 B (`torch_npu/csrc/core/npu/NPUCachingAllocator.cpp`). Not an environment
     /// option: a replay infers it from the snapshot's block sizes.
     pub request_pad: u64,
+    /// torch_npu only (`base_addr_aligned_kb`, default 16 KiB, `kAlignRoundLarge`; 0 = off, PyTorch): with
+    /// expandable segments, a block found for a request of 2 MiB or more starts at the next multiple of
+    /// this many bytes, the bytes before it staying cached (`NPUCachingAllocator.cpp` `malloc`).
+    pub base_addr_align: u64,
 }
 
 /// An option the model read but does not implement (or that has no effect as set), with the reason.
@@ -82,7 +86,16 @@ impl CachingConfig {
             garbage_collection_threshold: 0.0,
             memory_fraction: None,
             request_pad: 0,
+            base_addr_align: 0,
         }
+    }
+
+    /// torch_npu's allocator: the 32-byte request pad and 16 KiB base-address alignment of large blocks
+    /// with expandable segments.
+    pub fn torch_npu(mut self) -> Self {
+        self.request_pad = 32;
+        self.base_addr_align = 16 << 10;
+        self
     }
 
     /// With `pad` bytes added to every request before rounding (torch_npu: 32).
@@ -214,6 +227,14 @@ impl CachingConfig {
                     cfg.memory_fraction = Some(f);
                 }
                 "expandable_segments" => cfg.expandable_segments = boolean(&value(i)?)?,
+                "base_addr_aligned_kb" => {
+                    let v = value(i)?;
+                    let kb: u64 = v.parse().map_err(|_| bad(format!("`{key}` = `{v}` is not a whole number")))?;
+                    if kb > 16 {
+                        return Err(bad(format!("`{key}` = {kb} is above 16")));
+                    }
+                    cfg.base_addr_align = kb << 10;
+                }
                 "roundup_power2_divisions" => {
                     i = parse_divisions(&toks, i, &mut cfg.roundup_power2_divisions)?;
                 }
@@ -343,6 +364,9 @@ impl CachingConfig {
         }
         if let Some(f) = self.memory_fraction {
             parts.push(format!("per_process_memory_fraction:{f}"));
+        }
+        if self.base_addr_align != 0 {
+            parts.push(format!("base_addr_aligned_kb:{}", self.base_addr_align >> 10));
         }
         parts.join(",")
     }

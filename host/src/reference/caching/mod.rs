@@ -50,7 +50,11 @@
 //! **torch_npu** (`NPUCachingAllocator`, Ascend NPUs, e.g. the MemSnapDump snapshot) is a port of this
 //! allocator: same constants, pools, search, split, free and expandable-segment rules. It differs in
 //! `round_size`, which first adds a pad (`AddPadSize`, 32 B by default) to every request, so a request of
-//! `k × 512` bytes takes one more 512-byte unit; [`CachingConfig::request_pad`] models it.
+//! `k × 512` bytes takes one more 512-byte unit; [`CachingConfig::request_pad`] models it. With expandable
+//! segments it also starts every block of 2 MiB or more on a 16 KiB boundary (`base_addr_aligned_kb`,
+//! `kAlignRoundLarge`), leaving the bytes before it cached ([`CachingConfig::base_addr_align`]). Both are
+//! inferred from a snapshot's block sizes and addresses ([`config_for_trace`]) and tested on the MemSnapDump
+//! snapshot (`tests/caching_model.rs`).
 //!
 //! **Compaction** ([`SubAllocator::apply_relocation`]) models a compacting caching allocator: blocks slide
 //! toward the start of their segment (of their mapped range, expandable), each segment is then trimmed to
@@ -1066,7 +1070,18 @@ impl CachingAllocator {
             let dev = self.config.device_capacity - self.reserved;
             return Err(oom(size, dev + self.cached_free, dev.max(self.largest_cached())));
         };
-        let b = self.remove_free(off);
+        let mut b = self.remove_free(off);
+        let mut off = off;
+        let align = self.config.base_addr_align;
+        if align != 0 && rounded >= ROUND_LARGE && self.config.expandable_segments && off % align != 0 {
+            // torch_npu: start large blocks on an `align` boundary; the bytes before stay cached.
+            let front = align - off % align;
+            if front + rounded <= b.size {
+                self.insert_free(off, front, b.seg, b.stream);
+                off += front;
+                b.size -= front;
+            }
+        }
         let remaining = b.size - rounded;
         let split = if pool == Pool::Small || self.config.expandable_segments {
             remaining >= MIN_BLOCK

@@ -10,8 +10,8 @@ use crate::trace::{guess_expandable_pool, BlockStatus, DeviceTrace, EventKind, P
 /// option the model does not implement ([`CachingConfig::from_settings`]). Besides the recorded
 /// `allocator_settings`, the snapshot's own evidence is used: expandable segments in the final state or
 /// `segment_map`/`segment_unmap` events turn expandable segments on (snapshots without settings, such as
-/// torch_npu's), and block sizes that show torch_npu's 32-byte request pad set
-/// [`CachingConfig::request_pad`] ([`crate::trace::SnapshotState::request_pad`]).
+/// torch_npu's), and block sizes that show torch_npu's 32-byte request pad select torch_npu's rules
+/// ([`CachingConfig::torch_npu`], [`crate::trace::SnapshotState::request_pad`]).
 pub fn config_for_trace(dev: &DeviceTrace, capacity: u64) -> (CachingConfig, Vec<ConfigWarning>) {
     let (mut cfg, warnings) = match &dev.allocator_settings {
         Some(s) => CachingConfig::from_settings(s, capacity),
@@ -21,8 +21,9 @@ pub fn config_for_trace(dev: &DeviceTrace, capacity: u64) -> (CachingConfig, Vec
     if mapped || dev.final_state.as_ref().is_some_and(|f| f.segments.iter().any(|s| s.is_expandable)) {
         cfg.expandable_segments = true;
     }
-    if let Some(f) = &dev.final_state {
-        cfg.request_pad = f.request_pad();
+    if dev.final_state.as_ref().is_some_and(|f| f.request_pad() == 32) {
+        // torch_npu (its allocator pads requests); its expandable segments align large blocks to 16 KiB.
+        cfg = cfg.torch_npu();
     }
     (cfg, warnings)
 }
@@ -190,6 +191,11 @@ pub struct Fidelity {
     pub reproduced_ooms: usize,
     /// Alloc events PyTorch served that the model failed (indices).
     pub invented_failures: Vec<usize>,
+    /// Alloc events the model placed at another address than PyTorch (the model uses PyTorch's segment
+    /// addresses, so a faithful replay places every block where PyTorch did).
+    pub placement_mismatches: usize,
+    /// The first of them.
+    pub first_placement_mismatch: Option<usize>,
 }
 
 impl Fidelity {
@@ -281,6 +287,10 @@ pub fn fidelity_until(
                     match m.alloc_on(e.size.max(1), e.stream) {
                         Ok(a) => {
                             *slot = a.offset;
+                            if a.offset != e.addr {
+                                f.placement_mismatches += 1;
+                                f.first_placement_mismatch.get_or_insert(i);
+                            }
                             // The segment PyTorch allocated for this request is the model's new one.
                             if let (Some(id), Some((start, _, false))) = (pending_segment, m.segment_at(a.offset)) {
                                 if m.counters().segment_allocs > before {
