@@ -644,7 +644,8 @@ impl CachingAllocator {
         }
         if let Some((&po, p)) = self.blocks.range(..off).next_back() {
             if p.state == FREE && p.seg == seg && po + p.size == off {
-                self.remove_free(po);
+                self.uncache(po);
+                self.blocks.remove(&off);
                 size += off - po;
                 off = po;
             }
@@ -652,12 +653,19 @@ impl CachingAllocator {
         self.insert_free(off, size, seg, stream);
     }
 
-    fn remove_free(&mut self, off: u64) -> Block {
-        let b = self.blocks.remove(&off).expect("free block exists");
+    /// Takes the free block at `off` out of its free set; it stays in `blocks` for the caller to replace.
+    fn uncache(&mut self, off: u64) -> Block {
+        let b = self.blocks[&off];
         debug_assert_eq!(b.state, FREE);
         self.free_sets[self.seg(b.seg).pool as usize].remove(&(b.stream, b.size, off));
         self.cached_free -= b.size;
         self.cached_free_count -= 1;
+        b
+    }
+
+    fn remove_free(&mut self, off: u64) -> Block {
+        let b = self.uncache(off);
+        self.blocks.remove(&off);
         b
     }
 
@@ -1070,7 +1078,8 @@ impl CachingAllocator {
             let dev = self.config.device_capacity - self.reserved;
             return Err(oom(size, dev + self.cached_free, dev.max(self.largest_cached())));
         };
-        let mut b = self.remove_free(off);
+        // The block's entry stays in `blocks` and is overwritten below (one tree operation less).
+        let mut b = self.uncache(off);
         let mut off = off;
         let align = self.config.base_addr_align;
         if align != 0 && rounded >= ROUND_LARGE && self.config.expandable_segments && off % align != 0 {
@@ -1150,7 +1159,7 @@ impl SubAllocator for CachingAllocator {
                 });
             }
         };
-        self.blocks.remove(&offset);
+        // The entry at `offset` is overwritten (or removed when it merges into the block before it).
         self.allocated -= b.requested;
         self.in_use -= b.size;
         self.live -= 1;
