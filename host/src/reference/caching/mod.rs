@@ -79,7 +79,9 @@ pub mod config;
 pub mod seed;
 
 pub use config::{CachingConfig, ConfigError, ConfigWarning, ROUNDUP_INTERVALS};
-pub use seed::{capacity_at_oom, config_for_trace, fidelity, fidelity_until, seed_from_trace, Fidelity, Seeded};
+pub use seed::{
+    capacity_at_oom, config_for_trace, fidelity, fidelity_until, seed_from_trace, Fidelity, RecordedSegments, Seeded,
+};
 
 /// `kMinBlockSize`: rounding and alignment of every block, bytes.
 pub const MIN_BLOCK: u64 = 512;

@@ -4,7 +4,7 @@
 
 use super::{CachingAllocator, CachingConfig, ConfigWarning, Pool, SMALL_BUFFER};
 use crate::reference::{AllocError, Allocation, SubAllocator};
-use crate::trace::{guess_expandable_pool, BlockStatus, DeviceTrace, EventKind, Pool as TracePool};
+use crate::trace::{guess_expandable_pool, BlockStatus, DeviceTrace, Event, EventKind, Pool as TracePool};
 
 /// The model's configuration for `dev` on a device of `capacity` bytes, with a warning for every recorded
 /// option the model does not implement ([`CachingConfig::from_settings`]). Besides the recorded
@@ -45,15 +45,6 @@ pub struct Seeded {
     /// Expandable reservations the trace shows: (stream, pool, lowest address, highest end), addresses of
     /// the trace. The model's reservation of (stream, pool) starts where the lowest address is.
     pub reservations: Vec<(i64, Pool, u64, u64)>,
-}
-
-impl Seeded {
-    /// The model offset of trace address `addr` of an expandable range on `stream`, when its reservation is
-    /// known to both.
-    pub fn expandable_offset(&self, model: &CachingAllocator, stream: i64, addr: u64) -> Option<u64> {
-        let r = self.reservations.iter().find(|r| r.0 == stream && (r.2..r.3).contains(&addr))?;
-        Some(model.reservation_start(r.1, stream)? + (addr - r.2))
-    }
 }
 
 fn model_pool(p: TracePool, size: u64) -> Pool {
@@ -157,6 +148,104 @@ pub fn seed_from_trace(dev: &DeviceTrace, config: CachingConfig) -> Result<Seede
     Ok(Seeded { model, blocks, unplaced, segments: placed.len() as u64, segment_offsets, reservations })
 }
 
+/// Drives a seeded model through a trace's segment events, so that it reserves and releases where PyTorch
+/// did: a `segment_alloc` (or `segment_map`) hints its address for the model's next new segment
+/// ([`CachingAllocator::hint_next_segment`]); the model's segment created by the `alloc` that follows is
+/// matched to it; a `segment_free` releases that segment and a `segment_unmap` unmaps those pages
+/// ([`CachingAllocator::release_segment`], [`CachingAllocator::unmap_range`]) when the model has them
+/// free, else the model's whole cache is emptied, once per run of releases (PyTorch's `empty_cache`, or its
+/// release before a retry). Allocation-free per event.
+///
+/// Use: [`RecordedSegments::new`] after [`seed_from_trace`]; per event, [`RecordedSegments::before_alloc`]
+/// and [`RecordedSegments::after_alloc`] around the model's `alloc_on` of an `alloc` event, and
+/// [`RecordedSegments::on_segment_event`] for the four segment kinds.
+#[derive(Debug)]
+pub struct RecordedSegments {
+    seg_off: Vec<u64>,
+    reservations: Vec<(i64, Pool, u64, u64)>,
+    pending: Option<u32>,
+    segment_allocs: u64,
+    emptied_in_run: bool,
+    prev: EventKind,
+}
+
+impl RecordedSegments {
+    /// For `dev` seeded as `seeded` (its segment offsets and reservations are taken over).
+    pub fn new(dev: &DeviceTrace, seeded: &Seeded) -> Self {
+        let mut seg_off = vec![u64::MAX; dev.segment_ids as usize];
+        for &(id, off) in &seeded.segment_offsets {
+            if let Some(s) = seg_off.get_mut(id as usize) {
+                *s = off;
+            }
+        }
+        RecordedSegments {
+            seg_off,
+            reservations: seeded.reservations.clone(),
+            pending: None,
+            segment_allocs: 0,
+            emptied_in_run: false,
+            prev: EventKind::Other,
+        }
+    }
+
+    /// Call before the model serves an `alloc` event.
+    pub fn before_alloc(&mut self, m: &CachingAllocator) {
+        self.segment_allocs = m.counters().segment_allocs;
+    }
+
+    /// Call after the model served an `alloc` event (`placed`: the block's offset, `None` if it failed).
+    pub fn after_alloc(&mut self, m: &mut CachingAllocator, placed: Option<u64>) {
+        if let (Some(id), Some(off)) = (self.pending.take(), placed) {
+            if m.counters().segment_allocs > self.segment_allocs {
+                if let (Some((start, _, false)), Some(slot)) = (m.segment_at(off), self.seg_off.get_mut(id as usize)) {
+                    *slot = start;
+                }
+            }
+        }
+        m.hint_next_segment(None);
+        self.prev = EventKind::Alloc;
+    }
+
+    /// Applies a `segment_alloc`, `segment_free`, `segment_map` or `segment_unmap` event to the model (other
+    /// kinds only end a run of releases). Returns the bytes the model released.
+    pub fn on_segment_event(&mut self, m: &mut CachingAllocator, e: &Event) -> u64 {
+        let before = m.reserved_bytes();
+        match e.kind {
+            EventKind::SegmentAlloc => {
+                self.pending = Some(e.id);
+                m.hint_next_segment(Some(e.addr));
+            }
+            // The first mapping of a new reservation is at its start.
+            EventKind::SegmentMap => m.hint_next_segment(Some(e.addr)),
+            EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                if !matches!(self.prev, EventKind::SegmentFree | EventKind::SegmentUnmap) {
+                    self.emptied_in_run = false;
+                }
+                let exact = if e.kind == EventKind::SegmentFree {
+                    self.seg_off
+                        .get(e.id as usize)
+                        .filter(|&&o| o != u64::MAX)
+                        .is_some_and(|&o| m.release_segment(o).is_ok())
+                } else {
+                    self.expandable_offset(m, e.stream, e.addr).is_some_and(|o| m.unmap_range(o, e.size) == e.size)
+                };
+                if !exact && !self.emptied_in_run {
+                    m.empty_cache();
+                    self.emptied_in_run = true;
+                }
+            }
+            _ => {}
+        }
+        self.prev = e.kind;
+        before.saturating_sub(m.reserved_bytes())
+    }
+
+    fn expandable_offset(&self, model: &CachingAllocator, stream: i64, addr: u64) -> Option<u64> {
+        let r = self.reservations.iter().find(|r| r.0 == stream && (r.2..r.3).contains(&addr))?;
+        Some(model.reservation_start(r.1, stream)? + (addr - r.2))
+    }
+}
+
 /// How closely the model follows PyTorch's reserved bytes over one trace ([`fidelity`]). Bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Fidelity {
@@ -226,9 +315,8 @@ pub fn capacity_at_oom(dev: &DeviceTrace) -> Option<u64> {
 
 /// Replays `dev` through the model seeded with its initial state ([`seed_from_trace`]) under `config`,
 /// and compares the model's reserved bytes with PyTorch's after every event. Allocs go to the event's
-/// stream; a block is freed at its `free_completed`; the first event of each run of `segment_free` /
-/// `segment_unmap` events (PyTorch's `empty_cache`, or its release before a retry) empties the model's
-/// cache; at an `oom` event the model is asked for the same request on the same stream (and gives it
+/// stream; a block is freed at its `free_completed`; segment events drive the model as
+/// [`RecordedSegments`] describes; at an `oom` event the model is asked for the same request on the same stream (and gives it
 /// back if it succeeds). Reserved bytes are compared between allocator calls: not right after a
 /// `segment_alloc`/`segment_map` (the `alloc` it serves follows) nor inside a run of releases. Allocation-free
 /// per event.
@@ -249,14 +337,9 @@ pub fn fidelity_until(
     config: CachingConfig,
     events: usize,
 ) -> Result<(Fidelity, CachingAllocator), AllocError> {
-    let mut seeded = seed_from_trace(dev, config)?;
-    let mut m = std::mem::replace(&mut seeded.model, CachingAllocator::new(CachingConfig::new(SMALL_BUFFER))?);
-    let mut seg_off = vec![u64::MAX; dev.segment_ids as usize];
-    for &(id, off) in &seeded.segment_offsets {
-        seg_off[id as usize] = off;
-    }
-    let mut pending_segment: Option<u32> = None;
-    let mut emptied_in_run = false;
+    let seeded = seed_from_trace(dev, config)?;
+    let mut rec = RecordedSegments::new(dev, &seeded);
+    let mut m = seeded.model;
     let mut offset = vec![u64::MAX; dev.block_ids as usize];
     for (id, a) in &seeded.blocks {
         offset[*id as usize] = a.offset;
@@ -278,24 +361,19 @@ pub fn fidelity_until(
         max_deviation: pt.abs_diff(m.reserved_bytes()),
         ..Fidelity::default()
     };
-    let mut prev = EventKind::Other;
     for (i, e) in dev.events.iter().enumerate().take(events) {
         match e.kind {
             EventKind::Alloc => {
                 if let Some(slot) = offset.get_mut(e.id as usize) {
-                    let before = m.counters().segment_allocs;
-                    match m.alloc_on(e.size.max(1), e.stream) {
+                    rec.before_alloc(&m);
+                    let r = m.alloc_on(e.size.max(1), e.stream);
+                    rec.after_alloc(&mut m, r.as_ref().ok().map(|a| a.offset));
+                    match r {
                         Ok(a) => {
                             *slot = a.offset;
                             if a.offset != e.addr {
                                 f.placement_mismatches += 1;
                                 f.first_placement_mismatch.get_or_insert(i);
-                            }
-                            // The segment PyTorch allocated for this request is the model's new one.
-                            if let (Some(id), Some((start, _, false))) = (pending_segment, m.segment_at(a.offset)) {
-                                if m.counters().segment_allocs > before {
-                                    seg_off[id as usize] = start;
-                                }
                             }
                         }
                         Err(AllocError::OutOfMemory { .. }) => f.invented_failures.push(i),
@@ -310,35 +388,13 @@ pub fn fidelity_until(
                     }
                 }
             }
-            EventKind::SegmentAlloc => {
+            EventKind::SegmentAlloc | EventKind::SegmentMap => {
                 pt = pt.saturating_add(e.size);
-                pending_segment = Some(e.id);
-                m.hint_next_segment(Some(e.addr));
-            }
-            EventKind::SegmentMap => {
-                pt = pt.saturating_add(e.size);
-                // The first mapping of a new reservation is at its start.
-                m.hint_next_segment(Some(e.addr));
+                rec.on_segment_event(&mut m, e);
             }
             EventKind::SegmentFree | EventKind::SegmentUnmap => {
                 pt = pt.saturating_sub(e.size);
-                if !matches!(prev, EventKind::SegmentFree | EventKind::SegmentUnmap) {
-                    emptied_in_run = false;
-                }
-                // The same segment or pages when the model has them free; else the model's whole cache,
-                // once per run of releases (the model placed that memory elsewhere).
-                let exact = if e.kind == EventKind::SegmentFree {
-                    seg_off
-                        .get(e.id as usize)
-                        .filter(|&&o| o != u64::MAX)
-                        .is_some_and(|&o| m.release_segment(o).is_ok())
-                } else {
-                    seeded.expandable_offset(&m, e.stream, e.addr).is_some_and(|o| m.unmap_range(o, e.size) == e.size)
-                };
-                if !exact && !emptied_in_run {
-                    m.empty_cache();
-                    emptied_in_run = true;
-                }
+                rec.on_segment_event(&mut m, e);
             }
             EventKind::Oom => {
                 f.recorded_ooms.push(i);
@@ -349,10 +405,6 @@ pub fn fidelity_until(
             }
             _ => {}
         }
-        if e.kind == EventKind::Alloc {
-            pending_segment = None;
-        }
-        prev = e.kind;
         f.pytorch_peak = f.pytorch_peak.max(pt);
         // Compared between allocator calls: PyTorch records a `segment_alloc`/`segment_map` just before the
         // `alloc` it serves, and a release as a run of `segment_free`/`segment_unmap` events.
