@@ -321,6 +321,7 @@ impl CachingConfig {
                 }
                 k if k.starts_with("pinned_") => "host pinned memory: no effect on device memory",
                 "graph_capture_record_stream_reuse" => "CUDA graph capture is not modelled",
+                "roundup_power2_divisions" => "recorded in a form the reader does not know: not applied",
                 _ => "not modelled (unknown to the model)",
             };
             if !warnings.iter().any(|w| &w.option == k) {
