@@ -291,3 +291,24 @@ fn bl31_roundup_settings_are_applied_and_gc_is_named() {
     let plain = fidelity(dev, CachingConfig::new(80 * GIB)).unwrap();
     assert_eq!(plain.model_peak, 514 * MIB);
 }
+
+/// The replay engine (`gpuheap replay`, `compare`) drives the same model the same way: on every snapshot its
+/// caching row serves every request, peaks at PyTorch's peak and ends at the snapshot's reserved bytes.
+#[test]
+fn replay_engine_caching_row_matches_pytorch_on_every_snapshot() {
+    use gpuheap::reference::StrategyKind;
+    use gpuheap::replay::{replay, ReplayOptions};
+    for p in snapshots() {
+        let t = read_trace(&p).unwrap();
+        let dev = &t.devices[0];
+        let mut opts = ReplayOptions::new(StrategyKind::Caching);
+        opts.capacity = Some(capacity(dev));
+        let r = replay(&t, dev, &opts, None, &mut |_| {}).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let pt = r.pytorch.as_ref().unwrap();
+        let end = r.caching_end.as_ref().unwrap();
+        assert!(r.failed.is_empty(), "{}: {:?}", p.display(), &r.failed[..1]);
+        assert_eq!(r.peak_reserved, pt.peak.max(pt.initial), "{}", p.display());
+        assert_eq!(Some(end.reserved), pt.snapshot_reserved, "{}", p.display());
+        assert_eq!(Some(end.segments), pt.snapshot_segments, "{}", p.display());
+    }
+}
