@@ -271,19 +271,19 @@ proptest! {
     #[test]
     fn caching_matches_model(ops in ops(24, 10, 120)) {
         run(&Spec { make: || Box::new(CachingAllocator::new(CachingConfig::new(64 * MIB)).unwrap()),
-                    exact_oom: None, max_align: 512, fresh_layout: None }, &ops)?;
+                    exact_oom: None, max_align: 512, fresh_layout: Some(vec![(0, 64 * MIB)]) }, &ops)?;
     }
 
     #[test]
     fn caching_max_split_matches_model(ops in ops(24, 9, 120)) {
         run(&Spec { make: || Box::new(CachingAllocator::new(CachingConfig::new(64 * MIB).max_split(4 * MIB)).unwrap()),
-                    exact_oom: None, max_align: 512, fresh_layout: None }, &ops)?;
+                    exact_oom: None, max_align: 512, fresh_layout: Some(vec![(0, 64 * MIB)]) }, &ops)?;
     }
 
     #[test]
     fn caching_expandable_matches_model(ops in ops(24, 9, 120)) {
         run(&Spec { make: || Box::new(CachingAllocator::new(CachingConfig::new(60 * MIB).expandable(true)).unwrap()),
-                    exact_oom: None, max_align: 512, fresh_layout: None }, &ops)?;
+                    exact_oom: None, max_align: 512, fresh_layout: Some(vec![(0, 60 * MIB)]) }, &ops)?;
     }
 
     /// Sizes up to 2^46 on a 2^48-byte range: no overflow, no panic.

@@ -4,6 +4,8 @@
 /// A pickled value.
 pub enum V<'a> {
     Int(i128),
+    Float(f64),
+    Bool(bool),
     Str(&'a str),
     List(Vec<V<'a>>),
     Dict(Vec<(&'a str, V<'a>)>),
@@ -30,6 +32,11 @@ pub fn emit(v: &V, out: &mut Vec<u8>) {
                 out.extend_from_slice(&bytes[..n]);
             }
         }
+        V::Float(f) => {
+            out.push(b'G');
+            out.extend_from_slice(&f.to_be_bytes());
+        }
+        V::Bool(b) => out.push(if *b { 0x88 } else { 0x89 }),
         V::Str(s) => {
             out.push(b'X');
             out.extend_from_slice(&(s.len() as u32).to_le_bytes());

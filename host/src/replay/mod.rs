@@ -13,15 +13,17 @@
 //!   id ([`crate::trace::Event::id`]); `free_requested` is only counted. A free of a block whose alloc
 //!   failed is skipped.
 //! * **Initial state.** Blocks alive before the first event ([`crate::trace::DeviceTrace::initial_blocks`])
-//!   are allocated first, in address order. For the caching model of a PyTorch snapshot the recorded
-//!   segments alive before the first event are seeded too, with those blocks at their recorded places
-//!   ([`CachingAllocator::seed_segment`], [`CachingAllocator::seed_block`]), so the model starts
-//!   from PyTorch's own state.
+//!   are allocated first, in address order. For the caching model of a PyTorch snapshot the model is built
+//!   with the snapshot's own settings ([`caching::config_for_trace`]) and seeded with the segments (and
+//!   expandable mapped ranges) alive before the first event, with those blocks at their recorded places
+//!   ([`caching::seed_from_trace`]), so the model starts from PyTorch's own state.
+//! * **Streams.** The caching model serves each `alloc` on the event's stream (per-stream pools).
 //! * **Segment events** drive the *PyTorch reserved* series (initial segments, plus `segment_alloc` /
-//!   `segment_map`, minus `segment_free` / `segment_unmap`). A run of consecutive `segment_free` events is
-//!   PyTorch releasing its cached segments (`empty_cache`, or release-and-retry after a failed
-//!   `cudaMalloc`); the replay calls the strategy's [`SubAllocator::release_cached`] at the first event of
-//!   each run (a no-op for strategies without a cache).
+//!   `segment_map`, minus `segment_free` / `segment_unmap`, counted once: expandable ranges mapped during the
+//!   trace are not initial). For the caching model they also place its segments at PyTorch's addresses and
+//!   release or unmap what PyTorch released, at the same event ([`caching::RecordedSegments`]); another
+//!   strategy's [`SubAllocator::release_cached`] is called at the first event of each run of releases (a
+//!   no-op for strategies without a cache).
 //! * **Footprint** ("reserved" of a strategy, bytes): for the caching model its reserved bytes (the sum
 //!   of its segments, PyTorch's `reserved_bytes`); for tiered, the bytes spanned by its two ends (end of
 //!   the highest block placed bottom-up plus capacity minus the start of the lowest large block placed
@@ -55,10 +57,10 @@ use serde::Serialize;
 
 use crate::analysis::{self, FragLevel, PeakTracker};
 use crate::backend::Backend;
-use crate::reference::caching::{self, CachingAllocator, CachingConfig};
+use crate::reference::caching::{self, CachingAllocator};
 use crate::reference::compact::plan_slide;
 use crate::reference::{build, AllocError, StrategyKind, SubAllocator, TieredConfig};
-use crate::trace::{DeviceTrace, EventKind, Pool, Trace, TraceFormat};
+use crate::trace::{DeviceTrace, EventKind, Trace, TraceFormat};
 
 pub mod device;
 pub mod materialize;
@@ -652,15 +654,8 @@ fn make_heap(kind: StrategyKind, capacity: u64, dev: &DeviceTrace) -> Result<Hea
     if kind != StrategyKind::Caching {
         return Ok(Heap::Other(build(kind, capacity)));
     }
-    let mut cfg = CachingConfig::new(capacity);
-    if let Some(s) = &dev.allocator_settings {
-        if s.expandable_segments == Some(true) {
-            cfg = cfg.expandable(true);
-        }
-        if let Some(m) = s.max_split_size.filter(|&m| m > 0) {
-            cfg = cfg.max_split(m as u64);
-        }
-    }
+    // The snapshot's own settings and evidence (expandable segments, torch_npu), see `config_for_trace`.
+    let (cfg, _) = caching::config_for_trace(dev, capacity);
     CachingAllocator::new(cfg)
         .map(|c| Heap::Caching(Box::new(c)))
         .map_err(|e| ReplayError::Config(format!("caching allocator with {capacity} B: {e}")))
@@ -695,7 +690,6 @@ fn ext_of(free: u64, largest: u64) -> f64 {
 
 /// The replay state machine (one strategy, one device trace).
 struct Engine<'a> {
-    dev: &'a DeviceTrace,
     heap: Heap,
     caching: bool,
     slots: Vec<Slot>,
@@ -710,6 +704,10 @@ struct Engine<'a> {
     backend: Option<&'a Backend>,
     limit: u64,
     excluded_ns: u64,
+    /// Stream of the request being served (caching model: per-stream pools).
+    stream: i64,
+    /// Caching model of a snapshot: the recorded segment events drive its releases.
+    recorded: Option<caching::RecordedSegments>,
 }
 
 impl Engine<'_> {
@@ -736,7 +734,20 @@ impl Engine<'_> {
     #[inline]
     fn try_alloc(&mut self, id: u32, requested: u64) -> Result<(), AllocError> {
         let size = requested.max(1).div_ceil(self.align).saturating_mul(self.align);
-        let a = self.heap.alloc(size, self.align)?;
+        let a = match &mut self.heap {
+            // The model rounds the request itself (roundup divisions, torch_npu's pad) on its stream.
+            Heap::Caching(c) => {
+                if let Some(r) = self.recorded.as_mut() {
+                    r.before_alloc(c);
+                }
+                let a = c.alloc_on(requested.max(1), self.stream);
+                if let Some(r) = self.recorded.as_mut() {
+                    r.after_alloc(c, a.as_ref().ok().map(|a| a.offset));
+                }
+                a?
+            }
+            Heap::Other(h) => h.alloc(size, self.align)?,
+        };
         let top = size >= self.large_min;
         let s = Slot { offset: a.offset, size: a.size, requested, state: LIVE, top };
         self.slots[id as usize] = s;
@@ -837,89 +848,6 @@ impl Engine<'_> {
             measurement,
         }))
     }
-
-    /// Seeds the caching model with the snapshot's initial segments and blocks; returns the ids of the
-    /// initial blocks that could not be placed that way (allocated normally afterwards) and the number
-    /// of seeded segments.
-    fn seed_caching(&mut self, model: &mut CachingAllocator) -> (Vec<usize>, u64) {
-        let dev = self.dev;
-        // Segments the trace frees come last (in the order it frees them), so that releasing them leaves
-        // one free range at the top of the model's device range instead of holes between survivors (a
-        // real GPU maps physical pages into any virtual range and has no such holes).
-        let mut freed_at = vec![usize::MAX; dev.initial_segments.len()];
-        for (i, e) in dev.events.iter().enumerate() {
-            if e.kind == EventKind::SegmentFree {
-                if let Some(f) = freed_at.get_mut(e.id as usize) {
-                    *f = (*f).min(i);
-                }
-            }
-        }
-        let mut segs: Vec<_> = dev.initial_segments.iter().collect();
-        segs.sort_by_key(|s| {
-            (
-                freed_at.get(s.id as usize).copied().unwrap_or(usize::MAX) != usize::MAX,
-                freed_at.get(s.id as usize).copied(),
-                s.addr,
-            )
-        });
-        // (trace address, size, model offset), sorted by address below.
-        // (trace address, size, model offset)
-        let mut placed: Vec<(u64, u64, u64)> = Vec::with_capacity(segs.len());
-        for s in segs {
-            let pool = match s.pool {
-                Pool::Small => caching::Pool::Small,
-                Pool::Large => caching::Pool::Large,
-                Pool::Unknown if s.size <= caching::SMALL_BUFFER => caching::Pool::Small,
-                Pool::Unknown => caching::Pool::Large,
-            };
-            if let Ok(off) = model.seed_segment(s.size, pool) {
-                placed.push((s.addr, s.size, off));
-            }
-        }
-        placed.sort_unstable();
-        let block_size = |addr: u64| {
-            dev.final_state.as_ref().and_then(|f| {
-                f.blocks().find(|b| b.addr == addr && b.state != crate::trace::BlockStatus::Inactive).map(|b| b.size)
-            })
-        };
-        let mut rest = Vec::new();
-        let mut blocks: Vec<usize> = (0..dev.initial_blocks.len()).collect();
-        blocks.sort_by_key(|&i| dev.initial_blocks[i].addr);
-        // Final-state block sizes by address, for O(log n) look-ups.
-        let mut sizes: Vec<(u64, u64)> = Vec::new();
-        if dev.final_state.is_some() && dev.initial_blocks.len() > 64 {
-            sizes = dev
-                .final_state
-                .iter()
-                .flat_map(|f| f.blocks())
-                .filter(|b| b.state != crate::trace::BlockStatus::Inactive)
-                .map(|b| (b.addr, b.size))
-                .collect();
-            sizes.sort_unstable();
-        }
-        for i in blocks {
-            let b = &dev.initial_blocks[i];
-            let seg = placed.partition_point(|p| p.0 <= b.addr).checked_sub(1).map(|k| placed[k]);
-            let size = if sizes.is_empty() {
-                block_size(b.addr)
-            } else {
-                sizes.binary_search_by_key(&b.addr, |x| x.0).ok().map(|k| sizes[k].1)
-            }
-            .unwrap_or_else(|| caching::round_size(b.size).unwrap_or(u64::MAX));
-            let ok = seg
-                .filter(|&(a, l, _)| b.addr - a < l)
-                .and_then(|(a, _, off)| model.seed_block(off + (b.addr - a), size, b.size.max(1)).ok());
-            match ok {
-                Some(a) => {
-                    self.slots[b.id as usize] =
-                        Slot { offset: a.offset, size: a.size, requested: b.size, state: LIVE, top: false };
-                    self.allocated += b.size;
-                }
-                None => rest.push(i),
-            }
-        }
-        (rest, placed.len() as u64)
-    }
 }
 
 /// Replays `dev` (a device of `trace`) with `opts`. Compactions run their kernel measurement on
@@ -959,10 +887,8 @@ pub fn replay(
     let has_segments =
         pytorch_snapshot && (!dev.initial_segments.is_empty() || dev.events.iter().any(|e| e.kind.is_segment()));
 
-    // Seeding (caching model of a snapshot): take the model out of its box to call its own methods.
     let mut seeded_segments = 0;
     let mut eng = Engine {
-        dev,
         heap: Heap::Other(build(StrategyKind::FirstFit, MIN_CAPACITY)),
         caching,
         slots: vec![Slot::default(); n_blocks],
@@ -977,26 +903,29 @@ pub fn replay(
         backend,
         limit,
         excluded_ns: 0,
+        stream: 0,
+        recorded: None,
     };
     let mut initial: Vec<usize> = (0..dev.initial_blocks.len()).collect();
     initial.sort_by_key(|&i| dev.initial_blocks[i].addr);
-    if caching && pytorch_snapshot && !dev.initial_segments.is_empty() {
-        let expandable = dev.allocator_settings.as_ref().and_then(|s| s.expandable_segments) == Some(true);
-        if !expandable {
-            let mut cfg = CachingConfig::new(capacity.bytes);
-            if let Some(m) = dev.allocator_settings.as_ref().and_then(|s| s.max_split_size).filter(|&m| m > 0) {
-                cfg = cfg.max_split(m as u64);
-            }
-            let mut model = CachingAllocator::new(cfg).map_err(|e| ReplayError::Config(e.to_string()))?;
-            let (rest, n) = eng.seed_caching(&mut model);
-            seeded_segments = n;
-            initial = rest;
-            heap = Heap::Caching(Box::new(model));
+    if let (true, Heap::Caching(c)) = (pytorch_snapshot, &heap) {
+        let cfg = c.config();
+        let seeded = caching::seed_from_trace(dev, cfg).map_err(|e| ReplayError::Config(e.to_string()))?;
+        eng.recorded = Some(caching::RecordedSegments::new(dev, &seeded));
+        for &(id, a) in &seeded.blocks {
+            let requested = dev.initial_blocks[id as usize].size;
+            eng.slots[id as usize] = Slot { offset: a.offset, size: a.size, requested, state: LIVE, top: false };
+            eng.allocated += requested;
         }
+        seeded_segments = seeded.segments;
+        initial = seeded.unplaced;
+        initial.sort_by_key(|&i| dev.initial_blocks[i].addr);
+        heap = Heap::Caching(Box::new(seeded.model));
     }
     eng.heap = heap;
     for i in initial {
         let b = &dev.initial_blocks[i];
+        eng.stream = b.stream;
         eng.alloc(None, b.id, b.size, CompactPolicy::Never)?;
     }
     eng.observe(None);
@@ -1022,6 +951,7 @@ pub fn replay(
         match e.kind {
             EventKind::Alloc => {
                 allocs += 1;
+                eng.stream = e.stream;
                 eng.alloc(Some(i), e.id, e.size, opts.policy)?;
                 fp = eng.observe(Some(i));
             }
@@ -1053,11 +983,26 @@ pub fn replay(
                 }
             }
             EventKind::FreeRequested => free_requests += 1,
-            EventKind::SegmentAlloc | EventKind::SegmentMap => pt_reserved = pt_reserved.saturating_add(e.size),
-            EventKind::SegmentUnmap => pt_reserved = pt_reserved.saturating_sub(e.size),
-            EventKind::SegmentFree => {
-                pt_reserved = pt_reserved.saturating_sub(e.size);
-                if prev_kind != EventKind::SegmentFree && eng.heap.release_cached() > 0 {
+            EventKind::SegmentAlloc | EventKind::SegmentMap | EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                if matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentMap) {
+                    pt_reserved = pt_reserved.saturating_add(e.size);
+                } else {
+                    pt_reserved = pt_reserved.saturating_sub(e.size);
+                }
+                // The caching model releases what PyTorch released (`RecordedSegments`); a strategy without
+                // a cache is asked to release at the first event of each run of releases.
+                let released = match (&mut eng.heap, eng.recorded.as_mut()) {
+                    (Heap::Caching(c), Some(r)) => r.on_segment_event(c, e),
+                    (h, _) => {
+                        let first = !matches!(prev_kind, EventKind::SegmentFree | EventKind::SegmentUnmap);
+                        if first && matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap) {
+                            h.release_cached()
+                        } else {
+                            0
+                        }
+                    }
+                };
+                if released > 0 {
                     fp = eng.observe(Some(i));
                 }
             }

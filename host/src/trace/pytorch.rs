@@ -374,14 +374,24 @@ impl<'p, 'a> Reader<'p, 'a> {
                 }
                 b"expandable_segments" => s.expandable_segments = Some(self.bool(v, at())?),
                 b"roundup_power2_divisions" => {
+                    // A dict `interval start in MiB (as text) -> divisions`; anything else is kept in `other`
+                    // so that a reader of the settings can name it.
+                    let mut kept = false;
                     if let Node::Dict(pairs) = self.node(v) {
+                        kept = true;
                         for &(rk, rv) in pairs {
                             let interval = std::str::from_utf8(self.key(rk)).ok().and_then(|t| t.parse::<u64>().ok());
-                            if let Some(interval) = interval {
-                                s.roundup_power2_divisions.push((interval, self.u64(rv, at())?));
+                            match (interval, self.node(rv)) {
+                                (Some(interval), Node::Int(_)) => {
+                                    s.roundup_power2_divisions.push((interval, self.u64(rv, at())?))
+                                }
+                                _ => kept = false,
                             }
                         }
                         s.roundup_power2_divisions.sort_unstable();
+                    }
+                    if !kept {
+                        s.other.push(("roundup_power2_divisions".into(), format!("<{}>", self.node(v).type_name())));
                     }
                 }
                 key => {

@@ -299,7 +299,8 @@ pub(crate) fn seed_and_link(trace: &mut DeviceTrace) -> Result<(), ValidationErr
         }
     }
     if let Some(fin) = &trace.final_state {
-        for s in &fin.segments {
+        // Expandable segments: their mapped ranges before the first event are worked out below.
+        for s in fin.segments.iter().filter(|s| !s.is_expandable) {
             if live.contains_key(&s.addr) {
                 continue;
             }
@@ -315,6 +316,10 @@ pub(crate) fn seed_and_link(trace: &mut DeviceTrace) -> Result<(), ValidationErr
                 is_expandable: s.is_expandable,
             });
         }
+    }
+
+    if expandable {
+        seg_seeds.extend(super::expandable_initial_ranges(trace));
     }
 
     // 2. Blocks, with the live segment ranges alongside for the containment check.

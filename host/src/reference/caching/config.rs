@@ -1,0 +1,539 @@
+//! The options of the caching-allocator model: PyTorch's `CUDAAllocatorConfig`.
+//!
+//! A [`CachingConfig`] is built with [`CachingConfig::new`] and the builder methods, from a
+//! `PYTORCH_CUDA_ALLOC_CONF` string ([`CachingConfig::from_env`]), or from the `allocator_settings` a
+//! snapshot records ([`CachingConfig::from_settings`]); [`CachingConfig::to_env`] prints it back as the
+//! `PYTORCH_CUDA_ALLOC_CONF` value that sets it. Parsing follows `c10/core/AllocatorConfig.cpp`
+//! (`AllocatorConfig::parseArgs`, `lexArgs`, `parseMaxSplitSize`, `parseMaxNonSplitRoundingSize`,
+//! `parseGarbageCollectionThreshold`, `parseRoundUpPower2Divisions`; before PyTorch 2.9 the same code
+//! lived in `c10/cuda/CUDAAllocatorConfig.cpp`), with the same range checks. Options the model does
+//! not implement are never dropped silently: each is returned as a [`ConfigWarning`].
+
+use std::fmt;
+
+use crate::trace::AllocatorSettings;
+
+/// Number of `roundup_power2_divisions` intervals: `[1 MiB, 2 MiB)`, `[2 MiB, 4 MiB)`, ..., the last
+/// one `[32 GiB, ∞)` (`kRoundUpPowerOfTwoIntervals`).
+pub const ROUNDUP_INTERVALS: usize = 16;
+
+const MIB: u64 = 1 << 20;
+/// `kLargeBuffer`, the default `max_non_split_rounding` and the smallest `max_split_size_mb`, bytes.
+const LARGE_BUFFER: u64 = 20 * MIB;
+
+/// Options of [`super::CachingAllocator`] (bytes unless named otherwise).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CachingConfig {
+    /// Device memory in bytes (`totalGlobalMem`).
+    pub device_capacity: u64,
+    /// `expandable_segments:True`.
+    pub expandable_segments: bool,
+    /// `max_split_size_mb` in bytes (`u64::MAX`: unlimited, the default).
+    pub max_split_size: u64,
+    /// `max_non_split_rounding_mb` in bytes (default 20 MiB, `kLargeBuffer`).
+    pub max_non_split_rounding: u64,
+    /// `roundup_power2_divisions` per interval (index `i`: requests in `[2^i MiB, 2^(i+1) MiB)`, the last
+    /// interval open-ended); 0 = off (the default).
+    pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
+    /// `garbage_collection_threshold` in `(0, 1)`, 0 = off (the default). PyTorch applies it only when a
+    /// per-process memory fraction is set ([`CachingConfig::memory_fraction`]).
+    pub garbage_collection_threshold: f64,
+    /// `torch.cuda.set_per_process_memory_fraction(f)` (`None`: not called, the default): the allocator
+    /// may reserve at most `f × device_capacity` bytes (`allowed_memory_maximum`).
+    pub memory_fraction: Option<f64>,
+    /// Bytes added to every request before rounding: 0 in PyTorch; torch_npu's `round_size` adds
+    /// `AddPadSize()` = 32 B (`torch_npu/csrc/core/npu/NPUCachingAllocator.cpp`). Not an environment
+    /// option: a replay infers it from the snapshot's block sizes.
+    pub request_pad: u64,
+    /// torch_npu only (`base_addr_aligned_kb`, default 16 KiB, `kAlignRoundLarge`; 0 = off, PyTorch): with
+    /// expandable segments, a block found for a request of 2 MiB or more starts at the next multiple of
+    /// this many bytes, the bytes before it staying cached (`NPUCachingAllocator.cpp` `malloc`).
+    pub base_addr_align: u64,
+}
+
+/// An option the model read but does not implement (or that has no effect as set), with the reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// The option's name as PyTorch spells it (`backend`, `pinned_num_register_threads`, ...).
+    pub option: String,
+    /// Its value as given.
+    pub value: String,
+    /// Why it is not modelled, or why it has no effect.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "allocator option `{}` = {}: {}", self.option, self.value, self.reason)
+    }
+}
+
+/// A `PYTORCH_CUDA_ALLOC_CONF` string PyTorch itself would refuse (its `TORCH_CHECK` message, in our
+/// words), naming the option.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("PYTORCH_CUDA_ALLOC_CONF: {0}")]
+pub struct ConfigError(pub String);
+
+impl CachingConfig {
+    /// PyTorch's defaults for a device of `device_capacity` bytes.
+    pub fn new(device_capacity: u64) -> Self {
+        CachingConfig {
+            device_capacity,
+            expandable_segments: false,
+            max_split_size: u64::MAX,
+            max_non_split_rounding: LARGE_BUFFER,
+            roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
+            garbage_collection_threshold: 0.0,
+            memory_fraction: None,
+            request_pad: 0,
+            base_addr_align: 0,
+        }
+    }
+
+    /// torch_npu's allocator: the 32-byte request pad and 16 KiB base-address alignment of large blocks
+    /// with expandable segments.
+    pub fn torch_npu(mut self) -> Self {
+        self.request_pad = 32;
+        self.base_addr_align = 16 << 10;
+        self
+    }
+
+    /// With `pad` bytes added to every request before rounding (torch_npu: 32).
+    pub fn request_pad(mut self, pad: u64) -> Self {
+        self.request_pad = pad;
+        self
+    }
+
+    /// With expandable segments on or off.
+    pub fn expandable(mut self, on: bool) -> Self {
+        self.expandable_segments = on;
+        self
+    }
+
+    /// With `max_split_size` bytes (`u64::MAX`: unlimited).
+    pub fn max_split(mut self, bytes: u64) -> Self {
+        self.max_split_size = bytes;
+        self
+    }
+
+    /// With `max_non_split_rounding` bytes.
+    pub fn max_non_split_rounding(mut self, bytes: u64) -> Self {
+        self.max_non_split_rounding = bytes;
+        self
+    }
+
+    /// With `divisions` in every interval (the single-value form `roundup_power2_divisions:N`).
+    pub fn roundup_divisions(mut self, divisions: u64) -> Self {
+        self.roundup_power2_divisions = [divisions; ROUNDUP_INTERVALS];
+        self
+    }
+
+    /// With per-interval divisions (index `i`: requests in `[2^i MiB, 2^(i+1) MiB)`).
+    pub fn roundup_divisions_per_interval(mut self, divisions: [u64; ROUNDUP_INTERVALS]) -> Self {
+        self.roundup_power2_divisions = divisions;
+        self
+    }
+
+    /// With `garbage_collection_threshold` (0 = off).
+    pub fn gc_threshold(mut self, fraction: f64) -> Self {
+        self.garbage_collection_threshold = fraction;
+        self
+    }
+
+    /// With a per-process memory fraction (`torch.cuda.set_per_process_memory_fraction`).
+    pub fn memory_fraction(mut self, fraction: Option<f64>) -> Self {
+        self.memory_fraction = fraction;
+        self
+    }
+
+    /// The divisions that apply to a request of `size` bytes: PyTorch's
+    /// `AllocatorConfig::roundup_power2_divisions(size)` (interval `floor(log2(size)) − 20`, clamped to
+    /// `[0, 15]`).
+    pub fn divisions_for(&self, size: u64) -> u64 {
+        let log = 63 - u64::from(size.max(1).leading_zeros());
+        let idx = log.saturating_sub(20).min(ROUNDUP_INTERVALS as u64 - 1);
+        self.roundup_power2_divisions[idx as usize]
+    }
+
+    /// Whether the garbage collector runs: PyTorch's `malloc` calls `garbage_collect_cached_blocks` only
+    /// when `set_fraction && garbage_collection_threshold() > 0` (`c10/cuda/CUDACachingAllocator.cpp`).
+    pub fn gc_active(&self) -> bool {
+        self.memory_fraction.is_some() && self.garbage_collection_threshold > 0.0
+    }
+
+    /// `allowed_memory_maximum`: `fraction × device_capacity` with a memory fraction, else the capacity.
+    pub fn allowed_memory_maximum(&self) -> u64 {
+        match self.memory_fraction {
+            Some(f) => (f * self.device_capacity as f64) as u64,
+            None => self.device_capacity,
+        }
+    }
+
+    /// Parses a `PYTORCH_CUDA_ALLOC_CONF` value for a device of `device_capacity` bytes.
+    ///
+    /// Implemented: `max_split_size_mb`, `max_non_split_rounding_mb`, `garbage_collection_threshold`,
+    /// `roundup_power2_divisions` (both forms), `expandable_segments`, `per_process_memory_fraction`
+    /// (torch_npu's spelling of the memory fraction). Read and reported as warnings: `backend`,
+    /// `release_lock_on_cudamalloc`, `pinned_use_cuda_host_register`, `pinned_num_register_threads`,
+    /// `pinned_use_background_threads` and any other `key:value` (PyTorch refuses unknown keys; torch_npu
+    /// has more, so an unknown key is a warning here, not an error).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a value PyTorch refuses: `max_split_size_mb` or `max_non_split_rounding_mb`
+    /// below 20, a threshold outside `(0, 1)`, divisions or intervals that are not powers of two, a
+    /// malformed list, a boolean that is not `True`/`False`, a missing `:`.
+    pub fn from_env(conf: &str, device_capacity: u64) -> Result<(CachingConfig, Vec<ConfigWarning>), ConfigError> {
+        let mut cfg = CachingConfig::new(device_capacity);
+        let mut warnings = Vec::new();
+        let toks = lex(conf);
+        let mut i = 0;
+        let bad = |m: String| ConfigError(m);
+        while i < toks.len() {
+            let key = toks[i].clone();
+            if toks.get(i + 1).map(String::as_str) != Some(":") {
+                return Err(bad(format!("expected `:` after `{key}`")));
+            }
+            i += 2;
+            let value = |i: usize| toks.get(i).cloned().ok_or_else(|| bad(format!("`{key}` has no value")));
+            let mb = |v: &str| -> Result<u64, ConfigError> {
+                let n: u64 = v.parse().map_err(|_| bad(format!("`{key}` = `{v}` is not a whole number of MB")))?;
+                if n < LARGE_BUFFER / MIB {
+                    return Err(bad(format!("`{key}` = {n} is too small, must be >= 20")));
+                }
+                Ok(n.min(u64::MAX / MIB) * MIB)
+            };
+            let boolean = |v: &str| match v {
+                "True" => Ok(true),
+                "False" => Ok(false),
+                _ => Err(bad(format!("`{key}` expects True or False, got `{v}`"))),
+            };
+            match key.as_str() {
+                "max_split_size_mb" => cfg.max_split_size = mb(&value(i)?)?,
+                "max_non_split_rounding_mb" => cfg.max_non_split_rounding = mb(&value(i)?)?,
+                "garbage_collection_threshold" => {
+                    let v = value(i)?;
+                    let f: f64 = v.parse().map_err(|_| bad(format!("`{key}` = `{v}` is not a number")))?;
+                    if !(f > 0.0 && f < 1.0) {
+                        return Err(bad(format!("`{key}` = {v} is not in (0.0, 1.0)")));
+                    }
+                    cfg.garbage_collection_threshold = f;
+                }
+                "per_process_memory_fraction" => {
+                    let v = value(i)?;
+                    let f: f64 = v.parse().map_err(|_| bad(format!("`{key}` = `{v}` is not a number")))?;
+                    if !(f > 0.0 && f <= 1.0) {
+                        return Err(bad(format!("`{key}` = {v} is not in (0.0, 1.0]")));
+                    }
+                    cfg.memory_fraction = Some(f);
+                }
+                "expandable_segments" => cfg.expandable_segments = boolean(&value(i)?)?,
+                "base_addr_aligned_kb" => {
+                    let v = value(i)?;
+                    let kb: u64 = v.parse().map_err(|_| bad(format!("`{key}` = `{v}` is not a whole number")))?;
+                    if kb > 16 {
+                        return Err(bad(format!("`{key}` = {kb} is above 16")));
+                    }
+                    cfg.base_addr_align = kb << 10;
+                }
+                "roundup_power2_divisions" => {
+                    i = parse_divisions(&toks, i, &mut cfg.roundup_power2_divisions)?;
+                }
+                _ => {
+                    let v = value(i)?;
+                    let reason = match key.as_str() {
+                        "backend" if v == "native" => "the native caching allocator is the one modelled",
+                        "backend" => "cudaMallocAsync is not modelled: the replay uses the native caching allocator",
+                        "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
+                            "a locking detail: no effect on where memory goes"
+                        }
+                        k if k.starts_with("pinned_") => "host pinned memory: no effect on device memory",
+                        _ => "not modelled (unknown to the model)",
+                    };
+                    if key == "backend" && v != "native" && v != "cudaMallocAsync" {
+                        return Err(bad(format!("unknown allocator backend `{v}` (native or cudaMallocAsync)")));
+                    }
+                    warnings.push(ConfigWarning { option: key.clone(), value: v, reason: reason.into() });
+                }
+            }
+            i += 1;
+            match toks.get(i).map(String::as_str) {
+                None => {}
+                Some(",") => i += 1,
+                Some(t) => return Err(bad(format!("expected `,` after `{key}`, found `{t}`"))),
+            }
+        }
+        Ok((cfg, warnings))
+    }
+
+    /// The configuration a snapshot's `allocator_settings` records, for a device of `device_capacity`
+    /// bytes, with a warning for every option the model does not implement and for settings that have no
+    /// effect as recorded (a `garbage_collection_threshold` without a memory fraction).
+    ///
+    /// The recorded `PYTORCH_CUDA_ALLOC_CONF` string is parsed first (for options only it names, such as
+    /// `max_non_split_rounding_mb`); the structured fields (`max_split_size` in bytes, −1 = unlimited;
+    /// `garbage_collection_threshold`; `expandable_segments`; `roundup_power2_divisions` keyed by interval
+    /// start in MiB) then take precedence, as they are what the allocator used.
+    pub fn from_settings(s: &AllocatorSettings, device_capacity: u64) -> (CachingConfig, Vec<ConfigWarning>) {
+        let mut warnings = Vec::new();
+        let mut cfg = CachingConfig::new(device_capacity);
+        if let Some(conf) = s.alloc_conf.as_deref().filter(|c| !c.trim().is_empty()) {
+            match CachingConfig::from_env(conf, device_capacity) {
+                Ok((c, w)) => {
+                    cfg = c;
+                    warnings.extend(w);
+                }
+                Err(e) => warnings.push(ConfigWarning {
+                    option: "PYTORCH_CUDA_ALLOC_CONF".into(),
+                    value: format!("{conf:?}"),
+                    reason: format!("not parsed ({e}); the structured settings are used"),
+                }),
+            }
+        }
+        if let Some(m) = s.max_split_size {
+            cfg.max_split_size = if m < 0 { u64::MAX } else { m as u64 };
+        }
+        if let Some(g) = s.garbage_collection_threshold {
+            cfg.garbage_collection_threshold = g.max(0.0);
+        }
+        if let Some(e) = s.expandable_segments {
+            cfg.expandable_segments = e;
+        }
+        if !s.roundup_power2_divisions.is_empty() {
+            let mut d = [0u64; ROUNDUP_INTERVALS];
+            for &(mb, div) in &s.roundup_power2_divisions {
+                if mb.is_power_of_two() {
+                    let idx = (63 - u64::from(mb.leading_zeros())).min(ROUNDUP_INTERVALS as u64 - 1);
+                    d[idx as usize] = div;
+                } else {
+                    warnings.push(ConfigWarning {
+                        option: "roundup_power2_divisions".into(),
+                        value: format!("{mb}:{div}"),
+                        reason: "interval is not a power of two MiB; ignored".into(),
+                    });
+                }
+            }
+            cfg.roundup_power2_divisions = d;
+        }
+        for (k, v) in &s.other {
+            let reason = match k.as_str() {
+                "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
+                    "a locking detail: no effect on where memory goes"
+                }
+                k if k.starts_with("pinned_") => "host pinned memory: no effect on device memory",
+                "graph_capture_record_stream_reuse" => "CUDA graph capture is not modelled",
+                "roundup_power2_divisions" => "recorded in a form the reader does not know: not applied",
+                _ => "not modelled (unknown to the model)",
+            };
+            if !warnings.iter().any(|w| &w.option == k) {
+                warnings.push(ConfigWarning { option: k.clone(), value: v.clone(), reason: reason.into() });
+            }
+        }
+        if cfg.garbage_collection_threshold > 0.0 && cfg.memory_fraction.is_none() {
+            warnings.push(ConfigWarning {
+                option: "garbage_collection_threshold".into(),
+                value: cfg.garbage_collection_threshold.to_string(),
+                reason: "no effect: PyTorch collects only when a per-process memory fraction is set \
+                         (CUDACachingAllocator.cpp malloc: `set_fraction && garbage_collection_threshold() > 0`, \
+                         pytorch/pytorch#106660); the snapshot does not record a fraction"
+                    .into(),
+            });
+        }
+        (cfg, warnings)
+    }
+
+    /// The `PYTORCH_CUDA_ALLOC_CONF` value that sets this configuration (defaults left out; "" for all
+    /// defaults). A memory fraction is not an environment option in PyTorch's CUDA allocator (it is
+    /// `torch.cuda.set_per_process_memory_fraction`); it is printed as torch_npu's
+    /// `per_process_memory_fraction`. [`CachingConfig::from_env`] of the result gives `self` back.
+    pub fn to_env(&self) -> String {
+        let mut parts = Vec::new();
+        if self.expandable_segments {
+            parts.push("expandable_segments:True".to_string());
+        }
+        if self.max_split_size != u64::MAX {
+            parts.push(format!("max_split_size_mb:{}", self.max_split_size / MIB));
+        }
+        if self.max_non_split_rounding != LARGE_BUFFER {
+            parts.push(format!("max_non_split_rounding_mb:{}", self.max_non_split_rounding / MIB));
+        }
+        let d = &self.roundup_power2_divisions;
+        if d.iter().any(|&x| x != 0) {
+            parts.push(format!("roundup_power2_divisions:{}", divisions_to_env(d)));
+        }
+        if self.garbage_collection_threshold > 0.0 {
+            parts.push(format!("garbage_collection_threshold:{}", self.garbage_collection_threshold));
+        }
+        if let Some(f) = self.memory_fraction {
+            parts.push(format!("per_process_memory_fraction:{f}"));
+        }
+        if self.base_addr_align != 0 {
+            parts.push(format!("base_addr_aligned_kb:{}", self.base_addr_align >> 10));
+        }
+        parts.join(",")
+    }
+}
+
+/// `AllocatorConfig::lexArgs`: `,` `:` `[` `]` are tokens of their own, spaces are dropped.
+fn lex(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut buf = String::new();
+    for c in s.chars() {
+        if matches!(c, ',' | ':' | '[' | ']') {
+            if !buf.is_empty() {
+                out.push(std::mem::take(&mut buf));
+            }
+            out.push(c.to_string());
+        } else if c != ' ' {
+            buf.push(c);
+        }
+    }
+    if !buf.is_empty() {
+        out.push(buf);
+    }
+    out
+}
+
+/// `AllocatorConfig::parseRoundUpPower2Divisions` from token `i` (the value); returns the index of the
+/// last token used. Quirks kept: the first `interval:div` also fills every interval below it, and `>`
+/// fills from the last named interval *inclusive* (`[256:1,512:2,>:4]` sets 512 MiB to 4).
+fn parse_divisions(toks: &[String], mut i: usize, d: &mut [u64; ROUNDUP_INTERVALS]) -> Result<usize, ConfigError> {
+    let bad = |m: &str| ConfigError(format!("roundup_power2_divisions: {m}"));
+    let num = |t: Option<&String>| -> Result<u64, ConfigError> {
+        let t = t.ok_or_else(|| bad("missing value"))?;
+        t.parse::<u64>().map_err(|_| bad(&format!("`{t}` is not a whole number")))
+    };
+    if toks.get(i).map(String::as_str) != Some("[") {
+        let v = num(toks.get(i))?;
+        if !v.is_power_of_two() {
+            return Err(bad(&format!("divisions {v} is not a power of two")));
+        }
+        *d = [v; ROUNDUP_INTERVALS];
+        return Ok(i);
+    }
+    let (mut first, mut last_index) = (true, 0usize);
+    loop {
+        i += 1;
+        match toks.get(i).map(String::as_str) {
+            None => return Err(bad("missing `]`")),
+            Some("]") => return Ok(i),
+            _ => {}
+        }
+        let key = toks[i].clone();
+        if toks.get(i + 1).map(String::as_str) != Some(":") {
+            return Err(bad(&format!("expected `:` after `{key}`")));
+        }
+        i += 2;
+        let v = num(toks.get(i))?;
+        if v != 0 && !v.is_power_of_two() {
+            return Err(bad(&format!("divisions {v} is not a power of two or 0")));
+        }
+        if key == ">" {
+            d[last_index..].iter_mut().for_each(|x| *x = v);
+        } else {
+            let mb: u64 = key.parse().map_err(|_| bad(&format!("interval `{key}` is not a number")))?;
+            if !mb.is_power_of_two() {
+                return Err(bad(&format!("interval {mb} is not a power of two")));
+            }
+            let idx = ((63 - mb.leading_zeros()) as usize).min(ROUNDUP_INTERVALS - 1);
+            if first {
+                d[..idx].iter_mut().for_each(|x| *x = v);
+                first = false;
+            }
+            d[idx] = v;
+            last_index = idx;
+        }
+        match toks.get(i + 1).map(String::as_str) {
+            Some("]") => {}
+            Some(",") => i += 1,
+            _ => return Err(bad("expected `,` or `]`")),
+        }
+    }
+}
+
+/// The shortest form that [`parse_divisions`] reads back as `d`.
+fn divisions_to_env(d: &[u64; ROUNDUP_INTERVALS]) -> String {
+    if d.iter().all(|&x| x == d[0]) {
+        return d[0].to_string();
+    }
+    let lead_end = d.iter().position(|&x| x != d[0]).unwrap_or(ROUNDUP_INTERVALS) - 1;
+    let tail_start = (0..ROUNDUP_INTERVALS).rev().take_while(|&i| d[i] == d[ROUNDUP_INTERVALS - 1]).last().unwrap_or(0);
+    let mut items: Vec<String> = (lead_end..tail_start).map(|i| format!("{}:{}", 1u64 << i, d[i])).collect();
+    items.push(format!("{}:{}", 1u64 << tail_start, d[tail_start]));
+    if tail_start < ROUNDUP_INTERVALS - 1 {
+        items.push(format!(">:{}", d[tail_start]));
+    }
+    format!("[{}]", items.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_form_follows_pytorch_quirks_and_round_trips() {
+        let (c, w) = CachingConfig::from_env("roundup_power2_divisions:[256:1,512:2,>:4]", 1 << 34).unwrap();
+        assert!(w.is_empty());
+        let mut want = [1u64; ROUNDUP_INTERVALS];
+        want[9..].iter_mut().for_each(|x| *x = 4); // `>` fills from 512 MiB (index 9) inclusive
+        assert_eq!(c.roundup_power2_divisions, want);
+        assert_eq!(c.to_env(), "roundup_power2_divisions:[256:1,512:4,>:4]");
+        assert_eq!(CachingConfig::from_env(&c.to_env(), 1 << 34).unwrap().0, c);
+        let (c, _) = CachingConfig::from_env("roundup_power2_divisions:[1:2,2:8,64:16]", 1 << 34).unwrap();
+        assert_eq!(&c.roundup_power2_divisions[..8], &[2, 8, 0, 0, 0, 0, 16, 0]);
+        assert_eq!(CachingConfig::from_env(&c.to_env(), 1 << 34).unwrap().0, c);
+        assert_eq!(c.divisions_for(100), 2);
+        assert_eq!(c.divisions_for(3 << 20), 8);
+        assert_eq!(c.divisions_for(65 << 20), 16);
+    }
+
+    #[test]
+    fn env_options_errors_and_warnings() {
+        let s = "expandable_segments:True, max_split_size_mb:128,garbage_collection_threshold:0.6,\
+                 max_non_split_rounding_mb:64,roundup_power2_divisions:4,backend:native,pinned_num_register_threads:8";
+        let (c, w) = CachingConfig::from_env(s, 1 << 34).unwrap();
+        assert!(c.expandable_segments);
+        assert_eq!((c.max_split_size, c.max_non_split_rounding), (128 * MIB, 64 * MIB));
+        assert_eq!(c.roundup_power2_divisions, [4; ROUNDUP_INTERVALS]);
+        assert_eq!(c.garbage_collection_threshold, 0.6);
+        assert_eq!(w.iter().map(|w| w.option.as_str()).collect::<Vec<_>>(), ["backend", "pinned_num_register_threads"]);
+        let back = c.to_env();
+        assert_eq!(
+            back,
+            "expandable_segments:True,max_split_size_mb:128,max_non_split_rounding_mb:64,roundup_power2_divisions:4,\
+             garbage_collection_threshold:0.6"
+        );
+        assert_eq!(CachingConfig::from_env(&back, 1 << 34).unwrap().0, c);
+        for bad in [
+            "max_split_size_mb:19",
+            "garbage_collection_threshold:1.0",
+            "roundup_power2_divisions:3",
+            "roundup_power2_divisions:[3:2]",
+            "roundup_power2_divisions:[256:2",
+            "expandable_segments:true",
+            "max_split_size_mb",
+            "backend:magic",
+        ] {
+            assert!(CachingConfig::from_env(bad, 1 << 34).is_err(), "{bad}");
+        }
+        assert_eq!(CachingConfig::new(1 << 30).to_env(), "");
+    }
+
+    #[test]
+    fn settings_warn_about_what_is_not_modelled() {
+        let s = AllocatorSettings {
+            alloc_conf: Some("roundup_power2_divisions:[>:1],garbage_collection_threshold:0.6".into()),
+            max_split_size: Some(-1),
+            garbage_collection_threshold: Some(0.6),
+            expandable_segments: Some(false),
+            roundup_power2_divisions: (0..16).map(|i| (1u64 << i, 1)).collect(),
+            other: vec![("release_lock_on_cudamalloc".into(), "False".into())],
+        };
+        let (c, w) = CachingConfig::from_settings(&s, 1 << 34);
+        assert_eq!(c.roundup_power2_divisions, [1; ROUNDUP_INTERVALS]);
+        assert_eq!(c.max_split_size, u64::MAX);
+        let names: Vec<&str> = w.iter().map(|w| w.option.as_str()).collect();
+        assert_eq!(names, ["release_lock_on_cudamalloc", "garbage_collection_threshold"]);
+        assert!(!c.gc_active());
+        assert!(c.memory_fraction(Some(0.9)).gc_active());
+    }
+}
