@@ -57,14 +57,14 @@ pub struct DeviceSummary {
 
 /// The demand and reserved peaks of `dev` (bytes, 128-bit sums), with the events after which they are
 /// first reached (`None`: before the first event).
-struct Peaks {
-    allocated: u128,
-    allocated_event: Option<usize>,
-    reserved: u128,
-    reserved_event: Option<usize>,
+pub(crate) struct Peaks {
+    pub(crate) allocated: u128,
+    pub(crate) allocated_event: Option<usize>,
+    pub(crate) reserved: u128,
+    pub(crate) reserved_event: Option<usize>,
 }
 
-fn peaks(dev: &DeviceTrace) -> Peaks {
+pub(crate) fn peaks(dev: &DeviceTrace) -> Peaks {
     let mut size = vec![0u64; dev.block_ids as usize];
     let mut live: u128 = 0;
     for b in &dev.initial_blocks {
@@ -342,14 +342,14 @@ pub fn capacity_from_evidence(trace: &Trace, dev: &DeviceTrace, given: Option<u6
             path: trace.source.clone(),
             at,
             message: format!(
-                "{what} reaches {v} B, beyond the largest device modelled (2^48 B); no capacity can be derived from \
-                 it: give --capacity to replay the rest with the oversized requests refused"
+                "{what} {v} B: no capacity can be derived within the largest device modelled (2^48 B); give \
+                 --capacity to replay the rest with the oversized requests refused as capacity failures"
             ),
         }
     };
     if matches!(trace.format, TraceFormat::PytorchSnapshot(_)) && p.reserved > 0 {
         if p.reserved > MAX_BYTES as u128 {
-            return Err(too_big(p.reserved_event, "PyTorch's reserved memory", p.reserved));
+            return Err(too_big(p.reserved_event, "PyTorch's reserved bytes peak at", p.reserved));
         }
         return Ok(Capacity { bytes: (p.reserved as u64).max(min), source: CapacitySource::PeakReserved });
     }
@@ -359,7 +359,12 @@ pub fn capacity_from_evidence(trace: &Trace, dev: &DeviceTrace, given: Option<u6
     let two_mib = 2u128 << 20;
     let twice = (p.allocated * 2).div_ceil(two_mib) * two_mib;
     if twice > MAX_BYTES as u128 {
-        return Err(too_big(p.allocated_event, "the peak of live requested bytes", p.allocated));
+        // Name the first buffer that alone is larger than any device, else the event at the peak.
+        let huge = dev.events.iter().position(|e| e.kind == EventKind::Alloc && e.size > MAX_BYTES / 2);
+        return Err(match huge {
+            Some(i) => too_big(Some(i), "a buffer of", dev.events[i].size as u128),
+            None => too_big(p.allocated_event, "live requested bytes peak at", p.allocated),
+        });
     }
     Ok(Capacity { bytes: (twice as u64).max(min), source: CapacitySource::TwiceDemandPeak })
 }
@@ -549,8 +554,8 @@ pub struct Explanation {
     pub live_blocks: usize,
     /// The largest live tensors at the moment, largest first (at most [`TOP_ITEMS`]).
     pub largest_tensors: Vec<Tensor>,
-    /// Segments holding the most reserved-but-unallocated bytes (at most [`TOP_ITEMS`], each with at
-    /// most [`TOP_ITEMS`] holes).
+    /// Segments holding the most reserved-but-unallocated bytes (at most [`TOP_ITEMS`]), each with all
+    /// its holes.
     pub segments_with_holes: Vec<SegmentView>,
     /// For a dumped state without an `oom` event: the requests it would have served.
     pub request_bounds: Option<RequestBounds>,
@@ -661,9 +666,6 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
     let mut with_holes: Vec<SegmentView> = st.segments.iter().filter(|s| s.hole_bytes() > 0).cloned().collect();
     with_holes.sort_by(|a, b| b.hole_bytes().cmp(&a.hole_bytes()).then(a.addr.cmp(&b.addr)));
     with_holes.truncate(TOP_ITEMS);
-    for s in &mut with_holes {
-        s.holes.truncate(TOP_ITEMS);
-    }
     let request_bounds = (moment == Moment::DumpedState).then(|| {
         let device_free = cap.bytes.saturating_sub(st.reserved);
         RequestBounds {

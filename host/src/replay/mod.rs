@@ -344,37 +344,11 @@ pub fn pytorch_series(dev: &DeviceTrace) -> PytorchReserved {
 }
 
 /// The event after which the trace's live requested bytes are highest (`None`: before the first
-/// event, i.e. the initial blocks), and that peak in bytes.
+/// event, i.e. the initial blocks), and that peak in bytes (summed in 128 bits; a peak above
+/// 2^64 − 1 B, possible only with sizes no device holds, is reported as 2^64 − 1).
 pub fn demand_peak(dev: &DeviceTrace) -> (Option<usize>, u64) {
-    let mut size = vec![0u64; dev.block_ids as usize];
-    let mut live: u64 = 0;
-    for b in &dev.initial_blocks {
-        if let Some(s) = size.get_mut(b.id as usize) {
-            *s = b.size;
-            live += b.size;
-        }
-    }
-    let (mut peak, mut at) = (live, None);
-    for (i, e) in dev.events.iter().enumerate() {
-        match e.kind {
-            EventKind::Alloc => {
-                if let Some(s) = size.get_mut(e.id as usize) {
-                    *s = e.size;
-                    live += e.size;
-                }
-            }
-            EventKind::Free => {
-                if let Some(s) = size.get_mut(e.id as usize) {
-                    live -= std::mem::take(s);
-                }
-            }
-            _ => continue,
-        }
-        if live > peak {
-            (peak, at) = (live, Some(i));
-        }
-    }
-    (at, peak)
+    let p = crate::explain::peaks(dev);
+    (p.allocated_event, u64::try_from(p.allocated).unwrap_or(u64::MAX))
 }
 
 /// A request the strategy could not serve.
