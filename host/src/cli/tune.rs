@@ -129,12 +129,12 @@ pub(crate) fn table(t: &TuneReport, oom: bool) -> String {
          (bisection at 2 MiB); failed = requests that fail at {}:",
         fmt_bytes(t.capacity.bytes)
     );
-    let _ = writeln!(s, "{:>4}  {:<62} {:>11} {:>7} {:>13}", "rank", "setting", "peak resv", "failed", "min capacity");
+    let _ = writeln!(s, "{:>4}  {:<64} {:>11} {:>7} {:>13}", "rank", "setting", "peak resv", "failed", "min capacity");
     for (i, r) in t.rows.iter().enumerate() {
         let kind = match r.kind {
             RowKind::Pytorch if r.own => " [snapshot's own]",
             RowKind::Pytorch => "",
-            RowKind::Compacting => " [what a compacting allocator would do]",
+            RowKind::Compacting => " [a compacting allocator]",
             RowKind::Host => " [host strategy]",
         };
         let label = format!("{}{kind}", r.setting);
@@ -147,7 +147,7 @@ pub(crate) fn table(t: &TuneReport, oom: bool) -> String {
         };
         let _ = writeln!(
             s,
-            "{:>4}  {:<62} {:>11} {:>7} {:>13}{mark}",
+            "{:>4}  {:<64} {:>11} {:>7} {:>13}{mark}",
             i + 1,
             label,
             fmt_bytes(r.peak_reserved),
