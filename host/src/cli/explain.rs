@@ -281,7 +281,12 @@ pub(crate) fn render(p: &Explanation) -> String {
     }
     if let Some(t) = &p.tune {
         s += "\n";
-        s += &cli_tune::table(t, !p.ooms.is_empty() || p.moment == Moment::DumpedState);
+        if p.moment == Moment::DumpedState {
+            s += "The dump records no request: below, a setting \"fits\" when it holds the dumped live tensors in the \
+                  capacity, and its minimum capacity is what they need under it; the difference to PyTorch's \
+                  reserved bytes is headroom the failed request would have had.\n";
+        }
+        s += &cli_tune::table(t, !p.ooms.is_empty());
     }
     s
 }

@@ -111,7 +111,7 @@ pub fn run(a: &Args) -> Result<(), CliError> {
         s += &devices_text(&devices, &choice);
         s += &capacity_text(&cap);
         let _ = writeln!(s, "\n{} settings, {} replays in {wall_s:.1} s", report.rows.len(), report.replays);
-        let oom = !dev.ooms.is_empty() || (dev.events.is_empty() && a.capacity.is_some());
+        let oom = !dev.ooms.is_empty();
         s += "\n";
         s += &table(&report, oom);
         print!("{s}");
