@@ -334,8 +334,8 @@ fn bl23_huge_sizes_never_wrap() {
 /// The real snapshots: what explain reports agrees with what the snapshot records.
 #[test]
 fn real_snapshots_agree_with_their_records() {
-    if let Some(p) = shared("traces", "equivariant-posteriors_oom_snapshot_new.pickle") {
-        let trace = read_trace(&p).unwrap();
+    {
+        let trace = read_trace(workspace().join("data/equivariant-posteriors_oom_snapshot_new.pickle")).unwrap();
         let e = explain::explain(&trace, None, None).unwrap();
         assert_eq!(e.moment, Moment::DumpedState);
         // SOURCES.md: reserved 40,691,040,256 B, allocated 39,293,964,288 B, 155 active blocks, 62 segments.
@@ -345,12 +345,11 @@ fn real_snapshots_agree_with_their_records() {
         let b = e.request_bounds.unwrap();
         assert_eq!((b.device_free, b.fits_up_to), (0, e.largest_hole));
     }
-    for f in [
-        "decomfl_opt_zo_federated_memory.pickle",
-        "memory_ctx512_fullstep_.pickle",
-        "sqattn_qwen2_layerwise_calibration.pickle",
-    ] {
-        let Some(p) = shared("traces", f) else { continue };
+    let mut files = vec![workspace().join("data/decomfl_opt_zo_federated_memory.pickle")];
+    files.extend(shared("traces", "memory_ctx512_fullstep_.pickle"));
+    files.extend(shared("traces", "sqattn_qwen2_layerwise_calibration.pickle"));
+    for p in files {
+        let f = p.display();
         let trace = read_trace(&p).unwrap();
         let dev = &trace.devices[0];
         let e = explain::explain(&trace, None, None).unwrap();
