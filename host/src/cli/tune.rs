@@ -165,7 +165,7 @@ pub(crate) fn table(t: &TuneReport, oom: bool) -> String {
                 r.min_capacity.map_or_else(String::new, fmt_bytes)
             );
             let _ = writeln!(s, "  {env}");
-            if let Some(o) = own.filter(|o| !o.env.as_ref().is_some_and(|e| e == env)) {
+            if let Some(o) = own.filter(|o| o.env.as_ref().is_none_or(|e| e != env)) {
                 let _ = writeln!(
                     s,
                     "  (the snapshot's own settings need {})",
