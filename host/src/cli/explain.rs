@@ -85,7 +85,7 @@ pub(crate) fn devices_text(devices: &[DeviceSummary], choice: &DeviceChoice) -> 
         DeviceReason::Given => "as asked",
         DeviceReason::RecordedOom => "it has a recorded OOM",
         DeviceReason::MostAllocations => "it has the most allocation events",
-        DeviceReason::FinalState => "no device has events; it holds the most live blocks",
+        DeviceReason::FinalState => "no device has allocation events; it holds the most live blocks",
     };
     let others = if choice.others.is_empty() {
         String::new()
@@ -216,19 +216,31 @@ pub(crate) fn render(p: &Explanation) -> String {
             let _ = writeln!(s, "No OOM is recorded on device {d}; below, the moment of peak reserved memory ({at}).");
             "At that moment:".into()
         }
+        Moment::PeakAllocated => {
+            let at = p.event.map_or_else(|| "before the first event".to_string(), |e| format!("after event {e}"));
+            let _ = writeln!(
+                s,
+                "No OOM and no reserved bytes are recorded on device {d}; below, the moment of peak live bytes ({at})."
+            );
+            "At that moment:".into()
+        }
     };
-    let _ = writeln!(
-        s,
-        "{moment} PyTorch reserved {} in {} segments and allocated {} in {} blocks; {} ({} of reserved) reserved \
+    if p.moment == Moment::PeakAllocated {
+        let _ = writeln!(s, "{moment} {} live in {} blocks.", fmt_bytes(p.allocated), p.live_blocks);
+    } else {
+        let _ = writeln!(
+            s,
+            "{moment} PyTorch reserved {} in {} segments and allocated {} in {} blocks; {} ({} of reserved) reserved \
          but unallocated, the largest hole {}.",
-        fmt_bytes(p.reserved),
-        p.segments,
-        fmt_bytes(p.allocated),
-        p.live_blocks,
-        fmt_bytes(p.reserved_unallocated),
-        pct(p.reserved_unallocated, p.reserved),
-        fmt_bytes(p.largest_hole)
-    );
+            fmt_bytes(p.reserved),
+            p.segments,
+            fmt_bytes(p.allocated),
+            p.live_blocks,
+            fmt_bytes(p.reserved_unallocated),
+            pct(p.reserved_unallocated, p.reserved),
+            fmt_bytes(p.largest_hole)
+        );
+    }
     if let Some(b) = &p.request_bounds {
         let _ = writeln!(
             s,

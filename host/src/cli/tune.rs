@@ -140,7 +140,8 @@ pub(crate) fn table(t: &TuneReport, oom: bool) -> String {
         let label = format!("{}{kind}", r.setting);
         let min = r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes);
         let mark = match (&r.note, r.fits, oom) {
-            (Some(n), _, _) => format!("  not run: {n}"),
+            (Some(n), _, _) if r.min_capacity.is_none() => format!("  not run: {n}"),
+            (Some(n), _, _) => format!("  ({n})"),
             (None, true, true) => "  would have avoided the OOM".into(),
             (None, true, false) => "  fits".into(),
             (None, false, _) => String::new(),
@@ -164,7 +165,11 @@ pub(crate) fn table(t: &TuneReport, oom: bool) -> String {
                 "\nBest PyTorch setting (least memory needed: {}):",
                 r.min_capacity.map_or_else(String::new, fmt_bytes)
             );
-            let _ = writeln!(s, "  {env}");
+            if env.trim_end() == "PYTORCH_CUDA_ALLOC_CONF=" {
+                s += "  PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)\n";
+            } else {
+                let _ = writeln!(s, "  {env}");
+            }
             if let Some(o) = own.filter(|o| o.env.as_ref().is_none_or(|e| e != env)) {
                 let _ = writeln!(
                     s,

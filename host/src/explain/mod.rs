@@ -484,6 +484,9 @@ pub enum Moment {
     DumpedState,
     /// No OOM recorded: the event after which PyTorch's reserved bytes peak.
     PeakReserved,
+    /// No OOM and no reserved bytes recorded (formats without segments): the event after which the
+    /// live requested bytes peak.
+    PeakAllocated,
 }
 
 /// A live tensor with the top user frames of the code that allocated it.
@@ -656,7 +659,12 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
         (Moment::DumpedState, st.map_err(|e| trace_error(trace, dev, e))?)
     } else {
         let p = peaks(dev);
-        (Moment::PeakReserved, state_after(dev, p.reserved_event).map_err(|e| trace_error(trace, dev, e))?)
+        let (moment, at) = if p.reserved > 0 {
+            (Moment::PeakReserved, p.reserved_event)
+        } else {
+            (Moment::PeakAllocated, p.allocated_event)
+        };
+        (moment, state_after(dev, at).map_err(|e| trace_error(trace, dev, e))?)
     };
     let mut largest: Vec<Tensor> =
         st.live.iter().take(TOP_ITEMS).map(|b| Tensor { block: b.clone(), frames: Vec::new() }).collect();

@@ -272,10 +272,15 @@ fn min_capacity(
     progress: &(dyn Fn() + Sync),
 ) -> Result<(Option<u64>, usize), ExplainError> {
     let cap_max = MAX_BYTES / GRANULE * GRANULE;
+    // A capacity the allocator cannot be built with (the caching model below 2 MiB) fails like an OOM.
     let ok = |c: u64| -> Result<bool, ExplainError> {
         let r = run(trace, dev, setting, c);
         progress();
-        Ok(r?.failed.is_empty())
+        match r {
+            Ok(r) => Ok(r.failed.is_empty()),
+            Err(e) if e.is_input() => Ok(false),
+            Err(e) => Err(e),
+        }
     };
     let mut replays = 0;
     // An upper bound that succeeds: the hint (a peak reserved), doubled until it does.
@@ -343,28 +348,34 @@ pub fn tune(
                 note,
                 replays: 0,
             };
-            let at = match run(trace, dev, s, capacity.bytes) {
-                Ok(r) => r,
-                Err(e) if e.is_input() => return Ok(row(Some(e.to_string()))),
+            // At the capacity; a capacity the row cannot use (below the caching model's 2 MiB) is its note,
+            // and the search still runs.
+            let mut r = row(None);
+            match run(trace, dev, s, capacity.bytes) {
+                Ok(at) => {
+                    r.peak_reserved = at.peak_reserved;
+                    r.failed = at.failed.len();
+                    r.first_failure = at.failed.first().and_then(|f| f.event);
+                }
+                Err(e) if e.is_input() => r.note = Some(format!("cannot run at the capacity: {e}")),
                 Err(e) => return Err(e),
-            };
+            }
             progress();
             // The unconstrained peak: a replay on the largest device modelled.
             let free_run = run(trace, dev, s, MAX_BYTES / GRANULE * GRANULE);
             progress();
             let hint = match &free_run {
-                Ok(r) if r.failed.is_empty() => r.peak_reserved,
-                _ => at.peak_reserved,
+                Ok(x) if x.failed.is_empty() => x.peak_reserved,
+                _ => r.peak_reserved,
             };
             let (min, replays) = match min_capacity(trace, dev, s, peak_live, hint, progress) {
                 Ok(v) => v,
-                Err(e) if e.is_input() => return Ok(row(Some(e.to_string()))),
+                Err(e) if e.is_input() => {
+                    r.note.get_or_insert_with(|| e.to_string());
+                    (None, 0)
+                }
                 Err(e) => return Err(e),
             };
-            let mut r = row(None);
-            r.peak_reserved = at.peak_reserved;
-            r.failed = at.failed.len();
-            r.first_failure = at.failed.first().and_then(|f| f.event);
             r.min_capacity = min;
             r.fits = min.is_some_and(|m| m <= capacity.bytes);
             r.replays = replays + 2;
