@@ -259,7 +259,7 @@ fn explain_and_tune_cli_json() {
     let text = gpuheap(&["explain", p]);
     let out = String::from_utf8_lossy(&text.stdout);
     assert!(out.contains("Verdict: fragmentation"), "{out}");
-    assert!(out.contains("PYTORCH_CUDA_ALLOC_CONF="), "{out}");
+    assert!(out.contains("Best PyTorch setting"), "{out}");
 }
 
 #[test]
