@@ -547,6 +547,8 @@ pub struct Explanation {
     pub reserved: u64,
     /// Allocated (block) bytes at the moment.
     pub allocated: u64,
+    /// Requested bytes of the live blocks at the moment (`allocated` less PyTorch's rounding).
+    pub requested: u64,
     /// Reserved but unallocated bytes at the moment (the holes).
     pub reserved_unallocated: u64,
     /// Largest hole at the moment.
@@ -698,6 +700,7 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
         },
         reserved: st.reserved,
         allocated: st.allocated,
+        requested: st.requested,
         reserved_unallocated: st.hole_bytes,
         largest_hole: st.largest_hole,
         segments: st.segments.len(),
