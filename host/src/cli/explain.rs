@@ -230,12 +230,13 @@ pub(crate) fn render(p: &Explanation) -> String {
     } else {
         let _ = writeln!(
             s,
-            "{moment} PyTorch reserved {} in {} segments and allocated {} in {} blocks; {} ({} of reserved) reserved \
-         but unallocated, the largest hole {}.",
+            "{moment} PyTorch reserved {} in {} segments and allocated {} in {} blocks ({} requested); {} ({} of \
+             reserved) reserved but unallocated, the largest hole {}.",
             fmt_bytes(p.reserved),
             p.segments,
             fmt_bytes(p.allocated),
             p.live_blocks,
+            fmt_bytes(p.requested),
             fmt_bytes(p.reserved_unallocated),
             pct(p.reserved_unallocated, p.reserved),
             fmt_bytes(p.largest_hole)
