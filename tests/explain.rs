@@ -84,11 +84,12 @@ fn oom<'a>(size: u64, device_free: u64) -> V<'a> {
 const S1: u64 = 0x7f00_0000_0000;
 const S2: u64 = 0x7f00_1000_0000;
 
-/// Two 20 MiB segments recorded from empty: S1 holds A (8 MiB), B (4 MiB, freed) and C (8 MiB); S2
-/// holds D (14 MiB) and a 6 MiB free tail. Then an `oom` of `request` with `device_free` bytes free.
+/// Two 20 MiB segments recorded from empty, as PyTorch makes them (a request below 10 MiB gets a 20 MiB
+/// segment, `kLargeBuffer`): S1 holds A (8 MiB), B (4 MiB, freed) and C (8 MiB); S2 holds D (8 MiB),
+/// E (6 MiB) and a 6 MiB free tail. Then, at event 9, an `oom` of `request` with `device_free` bytes free.
 ///
-/// At the OOM, by hand: reserved 40 MiB; allocated 8 + 8 + 14 = 30 MiB; holes 4 MiB (S1) and 6 MiB (S2):
-/// 10 MiB reserved but unallocated, the largest 6 MiB.
+/// At the OOM, by hand: reserved 40 MiB; allocated 8 + 8 + 8 + 6 = 30 MiB; holes 4 MiB (S1) and 6 MiB
+/// (S2): 10 MiB reserved but unallocated, the largest 6 MiB.
 fn oom_snapshot(request: u64, device_free: u64) -> Vec<u8> {
     let user = || {
         vec![
@@ -106,7 +107,8 @@ fn oom_snapshot(request: u64, device_free: u64) -> Vec<u8> {
         event("free_requested", S1 + 8 * MIB, 4 * MIB, vec![]),
         event("free_completed", S1 + 8 * MIB, 4 * MIB, vec![]),
         event("segment_alloc", S2, 20 * MIB, vec![]),
-        event("alloc", S2, 14 * MIB, vec![frame("load", "data/loader.py", 7)]),
+        event("alloc", S2, 8 * MIB, vec![frame("load", "data/loader.py", 7)]),
+        event("alloc", S2 + 8 * MIB, 6 * MIB, vec![]),
         oom(request, device_free),
     ];
     pickle(&V::Dict(vec![("segments", V::List(vec![])), ("device_traces", V::List(vec![V::List(events)]))]))
@@ -125,7 +127,7 @@ fn fragmentation_oom_explained_by_hand() {
     assert_eq!(e.device.reason, DeviceReason::RecordedOom);
     assert_eq!(e.ooms.len(), 1);
     let o = &e.ooms[0];
-    assert_eq!((o.event, o.request, o.segment_request), (8, 8 * MIB, 20 * MIB));
+    assert_eq!((o.event, o.request, o.segment_request), (9, 8 * MIB, 20 * MIB));
     assert_eq!(
         (o.reserved, o.allocated, o.reserved_unallocated, o.largest_hole),
         (40 * MIB, 30 * MIB, 10 * MIB, 6 * MIB)
@@ -135,19 +137,21 @@ fn fragmentation_oom_explained_by_hand() {
     assert_eq!(o.verdict, Verdict::Fragmentation);
     // Capacity from the evidence: reserved at the OOM + device_free.
     assert_eq!(e.capacity.bytes, 46 * MIB);
-    assert_eq!(e.capacity.source, CapacitySource::RecordedOom { event: 8, reserved: 40 * MIB, device_free: 6 * MIB });
+    assert_eq!(e.capacity.source, CapacitySource::RecordedOom { event: 9, reserved: 40 * MIB, device_free: 6 * MIB });
+    // The caching model at 46 MiB: no cached block holds 8 MiB, a new 20 MiB segment does not fit in the
+    // 6 MiB left, no segment is wholly free to release: the same request fails.
+    let r = o.replay.as_ref().unwrap();
+    assert_eq!((r.capacity, r.first_failure, r.reproduced), (46 * MIB, Some(9), true));
     assert_eq!(e.gpu_capacity, Some(46 * MIB));
     // The detail is about the OOM: largest tensors first, with their user frames only.
     assert_eq!(e.moment, Moment::RecordedOom);
-    let sizes: Vec<u64> = e.largest_tensors.iter().map(|t| t.block.requested).collect();
-    assert_eq!(sizes, vec![14 * MIB, 8 * MIB, 8 * MIB]);
-    let top = &e.largest_tensors[0];
-    assert_eq!(top.block.alloc_event, Some(7));
-    assert_eq!(
-        top.frames.iter().map(|f| (f.filename.as_str(), f.line)).collect::<Vec<_>>(),
-        vec![("data/loader.py", 7)]
-    );
-    let a = e.largest_tensors.iter().find(|t| t.block.addr == S1).unwrap();
+    let sizes: Vec<(u64, Option<usize>)> =
+        e.largest_tensors.iter().map(|t| (t.block.requested, t.block.alloc_event)).collect();
+    assert_eq!(sizes, vec![(8 * MIB, Some(1)), (8 * MIB, Some(3)), (8 * MIB, Some(7)), (6 * MIB, Some(8))]);
+    let d = &e.largest_tensors[2];
+    assert_eq!(d.frames.iter().map(|f| (f.filename.as_str(), f.line)).collect::<Vec<_>>(), vec![("data/loader.py", 7)]);
+    assert!(e.largest_tensors[1].frames.is_empty());
+    let a = &e.largest_tensors[0];
     assert_eq!(
         a.frames.iter().map(|f| (f.name.as_str(), f.line)).collect::<Vec<_>>(),
         vec![("train_step", 42), ("main", 90)]
@@ -156,6 +160,19 @@ fn fragmentation_oom_explained_by_hand() {
     let holes: Vec<(u64, u64, u64)> =
         e.segments_with_holes.iter().map(|s| (s.addr, s.hole_bytes(), s.holes[0].addr)).collect();
     assert_eq!(holes, vec![(S2, 6 * MIB, S2 + 14 * MIB), (S1, 4 * MIB, S1 + 8 * MIB)]);
+    // tune: the OOM request is replayed where it failed; the snapshot's own setting fails it at 46 MiB.
+    let t = explain::tune::tune(&trace, &trace.devices[0], &e.capacity, &|| {}).unwrap();
+    let own = t.rows.iter().find(|r| r.own).unwrap();
+    assert_eq!((own.failed, own.first_failure, own.fits), (1, Some(9), false));
+    // Expandable segments map the large pool in 20 MiB pages (`kLargeBuffer`, PyTorch's
+    // `ExpandableSegment` segment size): the 30 MiB of blocks span two pages (4 and 6 MiB free in
+    // them), the 8 MiB request needs a third: 60 MiB, more than the GPU had.
+    let exp = t.rows.iter().find(|r| r.setting == "expandable_segments:True").unwrap();
+    assert_eq!((exp.failed, exp.fits, exp.min_capacity), (1, false, Some(60 * MIB)), "{exp:?}");
+    // First-fit over one flat range: A 0-8, B 8-12 (freed), C 12-20, D 20-28, E 28-34 MiB; the request
+    // goes to 34-42 MiB: 42 MiB suffice, so it would have avoided the OOM.
+    let ff = t.rows.iter().find(|r| r.setting == "first-fit").unwrap();
+    assert_eq!((ff.failed, ff.fits, ff.min_capacity), (0, true, Some(42 * MIB)), "{ff:?}");
 }
 
 #[test]
@@ -163,11 +180,11 @@ fn capacity_oom_is_never_called_fragmentation() {
     // BL-02 (b) in small: a 20 MiB request with 4 MiB free on the device and 10 MiB of holes: 14 MiB
     // even after a perfect compaction, 6 MiB short.
     let trace = parse("cap.pickle", &oom_snapshot(20 * MIB, 4 * MIB));
-    let o = explain::explain_oom(&trace.devices[0], 8, Some(4 * MIB)).unwrap();
+    let o = explain::explain_oom(&trace.devices[0], 9, Some(4 * MIB)).unwrap();
     assert_eq!(o.verdict, Verdict::Capacity);
     assert_eq!((o.free_total, o.shortfall, o.capacity), (Some(14 * MIB), 6 * MIB, Some(44 * MIB)));
     // Without the driver's free bytes the verdict is not guessed.
-    let o = explain::explain_oom(&trace.devices[0], 8, None).unwrap();
+    let o = explain::explain_oom(&trace.devices[0], 9, None).unwrap();
     assert_eq!(o.verdict, Verdict::Undetermined);
 }
 
@@ -228,14 +245,15 @@ fn explain_and_tune_cli_json() {
     let p = path.to_str().unwrap();
     let v = json(&gpuheap(&["explain", p, "--json"]));
     assert_eq!(v["ooms"][0]["verdict"], "fragmentation");
-    assert_eq!(v["ooms"][0]["event"], 8);
+    assert_eq!(v["ooms"][0]["event"], 9);
+    assert_eq!(v["ooms"][0]["replay"]["reproduced"], true);
     let reserved = v["ooms"][0]["reserved"].as_u64().unwrap();
     let free = v["ooms"][0]["device_free"].as_u64().unwrap();
     assert_eq!(v["capacity"]["bytes"].as_u64().unwrap(), reserved + free);
     assert_eq!(v["capacity"]["source"]["kind"], "recorded-oom");
     assert_eq!(v["device"]["device"], 0);
-    assert_eq!(v["largest_tensors"][0]["requested"], 14 * MIB);
-    assert_eq!(v["largest_tensors"][0]["frames"][0]["filename"], "data/loader.py");
+    assert_eq!(v["largest_tensors"][0]["requested"], 8 * MIB);
+    assert_eq!(v["largest_tensors"][0]["frames"][0]["filename"], "train.py");
     let tune = &v["tune"];
     let rows = tune["rows"].as_array().unwrap();
     assert!(rows.len() >= 10, "a grid of settings: {rows:?}");

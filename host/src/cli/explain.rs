@@ -180,6 +180,18 @@ fn oom_text(o: &OomExplanation) -> String {
         ),
     };
     let _ = writeln!(s, "  Verdict: {verdict}");
+    if let Some(r) = &o.replay {
+        let what = match (r.reproduced, r.first_failure) {
+            (true, _) => "fails this request too: the OOM is reproduced".to_string(),
+            (false, Some(e)) => format!("fails earlier, at event {e}: the model differs from PyTorch there"),
+            (false, None) => "serves this request: the OOM is not reproduced".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "  Replay: the caching model with the snapshot's own settings on {} {what}.",
+            fmt_bytes(r.capacity)
+        );
+    }
     s
 }
 

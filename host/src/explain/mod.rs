@@ -435,6 +435,9 @@ pub struct OomExplanation {
     pub shortfall: u64,
     /// The verdict.
     pub verdict: Verdict,
+    /// The caching model's replay with the snapshot's own settings at `capacity` ([`reproduce`]);
+    /// `None` without a capacity.
+    pub replay: Option<Reproduction>,
     /// The allocator state at the event.
     #[serde(skip)]
     pub state: HeapState,
@@ -470,8 +473,62 @@ pub fn explain_oom(dev: &DeviceTrace, event: usize, device_free: Option<u64>) ->
         largest_extent,
         shortfall,
         verdict,
+        replay: None,
         state: st,
     })
+}
+
+/// `dev` with the request of every `oom` event tried where it failed: the event becomes an `alloc` of
+/// its size, followed by the `free_completed` of that block (PyTorch never served it, so it must not
+/// hold memory afterwards). Also returns, per event of the new trace, the index of the event of `dev` it
+/// comes from (an inserted free maps to its `oom` event).
+pub fn with_oom_requests(dev: &DeviceTrace) -> (DeviceTrace, Vec<usize>) {
+    if dev.ooms.is_empty() {
+        return (dev.clone(), (0..dev.events.len()).collect());
+    }
+    let mut out = DeviceTrace { events: Vec::with_capacity(dev.events.len() + dev.ooms.len()), ..dev.clone() };
+    let mut map = Vec::with_capacity(out.events.capacity());
+    for (i, e) in dev.events.iter().enumerate() {
+        if e.kind == EventKind::Oom {
+            let id = out.block_ids;
+            out.block_ids = out.block_ids.saturating_add(1);
+            let alloc = crate::trace::Event { kind: EventKind::Alloc, id, ..*e };
+            out.events.push(alloc);
+            out.events.push(crate::trace::Event { kind: EventKind::Free, ..alloc });
+            map.extend([i, i]);
+        } else {
+            out.events.push(*e);
+            map.push(i);
+        }
+    }
+    (out, map)
+}
+
+/// Whether the caching model, with the snapshot's own settings, fails a recorded OOM's request where
+/// PyTorch did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Reproduction {
+    /// The capacity of the replay (the GPU's memory at the OOM), bytes.
+    pub capacity: u64,
+    /// The first request the model failed (event index in the file); `None`: none failed.
+    pub first_failure: Option<usize>,
+    /// `first_failure` is the recorded OOM itself.
+    pub reproduced: bool,
+}
+
+/// Replays `dev` (with [`with_oom_requests`]) through the caching model with the snapshot's own
+/// settings at `capacity` and reports whether the first failure is the `oom` event `event`.
+///
+/// # Errors
+/// [`ExplainError::Replay`] when the replay cannot run.
+pub fn reproduce(trace: &Trace, dev: &DeviceTrace, event: usize, capacity: u64) -> Result<Reproduction, ExplainError> {
+    let (d, map) = with_oom_requests(dev);
+    let mut opts = crate::replay::ReplayOptions::new(crate::reference::StrategyKind::Caching);
+    opts.capacity = Some(capacity);
+    opts.timeline_points = 1;
+    let r = crate::replay::replay(trace, &d, &opts, None, &mut |_| {})?;
+    let first_failure = r.failed.first().and_then(|f| f.event).and_then(|e| map.get(e).copied());
+    Ok(Reproduction { capacity, first_failure, reproduced: first_failure == Some(event) })
 }
 
 /// Which moment the detail of an [`Explanation`] describes.
@@ -649,7 +706,11 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
             }
             (None, f) => f,
         };
-        ooms.push(explain_oom(dev, o.event, free).map_err(|e| trace_error(trace, dev, e))?);
+        let mut x = explain_oom(dev, o.event, free).map_err(|e| trace_error(trace, dev, e))?;
+        if let Some(c) = x.capacity {
+            x.replay = Some(reproduce(trace, dev, o.event, c)?);
+        }
+        ooms.push(x);
     }
     let (moment, st) = if let Some(first) = ooms.first() {
         (Moment::RecordedOom, first.state.clone())

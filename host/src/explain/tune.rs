@@ -23,6 +23,10 @@
 //! replay whose device never runs out makes the same choices at any capacity above that peak), and
 //! bisects between the peak of live requested bytes (a lower bound for every allocator) and it.
 //!
+//! # Recorded OOMs
+//! The request of each recorded `oom` event is tried where it failed and released right after
+//! ([`super::with_oom_requests`]): a row that serves it would have avoided that OOM.
+//!
 //! Settings run in parallel (rayon); a callback reports each finished replay.
 
 use rayon::prelude::*;
@@ -107,7 +111,7 @@ pub struct TuneRow {
     pub peak_reserved: u64,
     /// Requests that failed at the capacity.
     pub failed: usize,
-    /// Event index of the first failed request at the capacity.
+    /// Event index (in the file) of the first failed request at the capacity.
     pub first_failure: Option<usize>,
     /// The least capacity (a multiple of [`GRANULE`]) at which the whole trace replays without a failed
     /// request; `None` when none up to 2^48 B does (a request larger than any device, or a replay
@@ -237,7 +241,17 @@ pub fn grid(dev: &DeviceTrace) -> Vec<Setting> {
     out
 }
 
-/// One replay of `setting` at `capacity` bytes.
+/// The trace a row replays: the OOM requests tried where they failed ([`super::with_oom_requests`]),
+/// and for PyTorch rows the row's settings in place of the snapshot's.
+fn row_trace(dev: &DeviceTrace, setting: &Setting) -> DeviceTrace {
+    let mut d = super::with_oom_requests(dev).0;
+    if let Setting::Pytorch { settings, .. } = setting {
+        d.allocator_settings = Some(settings.clone());
+    }
+    d
+}
+
+/// One replay of `dev` (a [`row_trace`]) under `setting` at `capacity` bytes.
 fn run(trace: &Trace, dev: &DeviceTrace, setting: &Setting, capacity: u64) -> Result<ReplayReport, ExplainError> {
     let (strategy, policy) = match setting {
         Setting::Pytorch { .. } => (StrategyKind::Caching, CompactPolicy::Never),
@@ -248,16 +262,6 @@ fn run(trace: &Trace, dev: &DeviceTrace, setting: &Setting, capacity: u64) -> Re
     opts.capacity = Some(capacity);
     opts.policy = policy;
     opts.timeline_points = 1;
-    let owned;
-    let dev = match setting {
-        Setting::Pytorch { settings, .. } => {
-            let mut d = dev.clone();
-            d.allocator_settings = Some(settings.clone());
-            owned = d;
-            &owned
-        }
-        _ => dev,
-    };
     Ok(replay::replay(trace, dev, &opts, None, &mut |_| {})?)
 }
 
@@ -328,10 +332,13 @@ pub fn tune(
 ) -> Result<TuneReport, ExplainError> {
     let settings = grid(dev);
     let peak_live = super::peaks(dev).allocated.min(MAX_BYTES as u128) as u64;
+    let index_map = super::with_oom_requests(dev).1;
     let rows: Vec<Result<TuneRow, ExplainError>> = settings
         .par_iter()
         .enumerate()
         .map(|(i, s)| {
+            let owned = row_trace(dev, s);
+            let dev = &owned;
             let row = |note: Option<String>| TuneRow {
                 setting: s.label(),
                 kind: s.kind(),
@@ -355,7 +362,7 @@ pub fn tune(
                 Ok(at) => {
                     r.peak_reserved = at.peak_reserved;
                     r.failed = at.failed.len();
-                    r.first_failure = at.failed.first().and_then(|f| f.event);
+                    r.first_failure = at.failed.first().and_then(|f| f.event).and_then(|e| index_map.get(e).copied());
                 }
                 Err(e) if e.is_input() => r.note = Some(format!("cannot run at the capacity: {e}")),
                 Err(e) => return Err(e),
