@@ -68,10 +68,10 @@ pub(crate) fn devices_text(devices: &[DeviceSummary], choice: &DeviceChoice) -> 
         };
         let _ = writeln!(
             s,
-            " {mark} device {}: {} events, {} allocations, peak allocated {}, peak reserved {}, {ooms}{}",
+            " {mark} device {}: {}, {}, peak allocated {}, peak reserved {}, {ooms}{}",
             d.device,
-            d.events,
-            d.alloc_events,
+            plural(d.events, "event"),
+            plural(d.alloc_events, "allocation"),
             opt(d.peak_allocated),
             opt(d.peak_reserved),
             if d.events == 0 && d.final_blocks > 0 {
@@ -117,6 +117,15 @@ pub(crate) fn capacity_text(c: &Capacity) -> String {
         }
     };
     format!("capacity {} ({} B): {why}", fmt_bytes(c.bytes), c.bytes)
+}
+
+/// `1 segment`, `2 segments`.
+pub(crate) fn plural(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 fn pct(part: u64, whole: u64) -> String {
@@ -238,16 +247,16 @@ pub(crate) fn render(p: &Explanation) -> String {
         }
     };
     if p.moment == Moment::PeakAllocated {
-        let _ = writeln!(s, "{moment} {} live in {} blocks.", fmt_bytes(p.allocated), p.live_blocks);
+        let _ = writeln!(s, "{moment} {} live in {}.", fmt_bytes(p.allocated), plural(p.live_blocks, "block"));
     } else {
         let _ = writeln!(
             s,
-            "{moment} PyTorch reserved {} in {} segments and allocated {} in {} blocks ({} requested); {} ({} of \
+            "{moment} PyTorch reserved {} in {} and allocated {} in {} ({} requested); {} ({} of \
              reserved) reserved but unallocated, the largest hole {}.",
             fmt_bytes(p.reserved),
-            p.segments,
+            plural(p.segments, "segment"),
             fmt_bytes(p.allocated),
-            p.live_blocks,
+            plural(p.live_blocks, "block"),
             fmt_bytes(p.requested),
             fmt_bytes(p.reserved_unallocated),
             pct(p.reserved_unallocated, p.reserved),

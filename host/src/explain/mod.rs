@@ -90,6 +90,8 @@ pub(crate) fn peaks(dev: &DeviceTrace) -> Peaks {
         |m: &std::collections::BTreeMap<u64, u64>| m.iter().map(|(&s, &e)| (e - s) as u128).sum::<u128>();
     let mut mapped_total = mapped_bytes(&mapped);
     p.reserved = fixed + mapped_total;
+    // Live bytes at `reserved_event`: among the moments at peak reserved, the one with the most live.
+    let mut live_at_reserved = live;
     for (i, e) in dev.events.iter().enumerate() {
         match e.kind {
             EventKind::Alloc => {
@@ -127,8 +129,8 @@ pub(crate) fn peaks(dev: &DeviceTrace) -> Peaks {
             }
             _ => continue,
         }
-        if fixed + mapped_total > p.reserved {
-            (p.reserved, p.reserved_event) = (fixed + mapped_total, Some(i));
+        if (fixed + mapped_total, live) > (p.reserved, live_at_reserved) {
+            (p.reserved, p.reserved_event, live_at_reserved) = (fixed + mapped_total, Some(i), live);
         }
     }
     if let Some(f) = &dev.final_state {
@@ -539,7 +541,8 @@ pub enum Moment {
     RecordedOom,
     /// The state a snapshot without events holds (e.g. dumped by an OOM observer).
     DumpedState,
-    /// No OOM recorded: the event after which PyTorch's reserved bytes peak.
+    /// No OOM recorded: the event after which PyTorch's reserved bytes peak (of those, the one with the
+    /// most live requested bytes).
     PeakReserved,
     /// No OOM and no reserved bytes recorded (formats without segments): the event after which the
     /// live requested bytes peak.
@@ -650,9 +653,14 @@ impl ExplainError {
     }
 }
 
-/// `allocator_settings` as the `PYTORCH_CUDA_ALLOC_CONF` value they amount to (empty: defaults).
+/// `allocator_settings` as the `PYTORCH_CUDA_ALLOC_CONF` value that sets them: the recorded variable
+/// when it is set, else the non-default values of the structured fields (empty: PyTorch's defaults).
+/// `None` when the snapshot records no settings.
 pub fn settings_env(dev: &DeviceTrace) -> Option<String> {
     let s = dev.allocator_settings.as_ref()?;
+    if let Some(c) = s.alloc_conf.as_ref().filter(|c| !c.trim().is_empty()) {
+        return Some(c.clone());
+    }
     let mut parts = Vec::new();
     if let Some(m) = s.max_split_size.filter(|&m| m > 0) {
         parts.push(format!("max_split_size_mb:{}", m >> 20));

@@ -149,13 +149,10 @@ fn with_roundup(mut s: AllocatorSettings, div: impl Fn(u64) -> u64) -> Allocator
     s
 }
 
-/// The `PYTORCH_CUDA_ALLOC_CONF` value of the snapshot's own settings: the recorded variable when
-/// set, else the non-default values (empty: all defaults).
+/// The `PYTORCH_CUDA_ALLOC_CONF` value of the snapshot's own settings ([`super::settings_env`]; empty
+/// for PyTorch's defaults or when none are recorded).
 pub fn own_env(dev: &DeviceTrace) -> String {
-    match dev.allocator_settings.as_ref().and_then(|s| s.alloc_conf.clone()).filter(|c| !c.trim().is_empty()) {
-        Some(c) => c,
-        None => super::settings_env(dev).unwrap_or_default(),
-    }
+    super::settings_env(dev).unwrap_or_default()
 }
 
 /// `max_split_size_mb` values derived from the request sizes of `dev`: the smallest whole MiB above the
