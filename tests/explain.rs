@@ -309,6 +309,14 @@ fn bl19_default_device_has_allocations() {
     assert_eq!(choice.others, vec![0]);
     let s2 = sums.iter().find(|s| s.device == 2).unwrap();
     assert_eq!((s2.alloc_events, s2.peak_allocated, s2.peak_reserved), (2, Some(12 * MIB), Some(20 * MIB)));
+    for cmd in ["replay", "compare"] {
+        let out = gpuheap(&[cmd, path.to_str().unwrap()]);
+        let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{cmd}: {err}");
+        assert!(text.contains("device 2"), "{cmd}: {text}");
+        assert!(err.contains("device 2 is reported") && err.contains("also has device 0"), "{cmd}: {err}");
+        assert!(text.contains("12.00 MiB"), "{cmd}: the 4 + 8 MiB peak, not an all-zero report: {text}");
+    }
     for cmd in ["explain", "tune"] {
         let out = gpuheap(&[cmd, path.to_str().unwrap()]);
         let text = String::from_utf8_lossy(&out.stdout);

@@ -69,24 +69,17 @@ fn parse_policy(s: &str) -> Result<CompactPolicy, String> {
     s.parse()
 }
 
-/// Reads the trace and picks the device: bad input is [`CliError::Input`].
+/// Reads the trace and picks the device ([`gpuheap::explain::choose_device`]: `--device`, else the
+/// one with a recorded OOM, else the most allocation events); when the file has other devices, one
+/// line on stderr says which was chosen and how to pick another. Bad input is [`CliError::Input`].
 pub(crate) fn load(path: &Path, device: Option<i64>) -> Result<(Trace, usize), CliError> {
     let trace = read_trace(path).map_err(|e| CliError::Input(e.to_string()))?;
-    let idx = match device {
-        Some(d) => trace.devices.iter().position(|t| t.device == d).ok_or_else(|| {
-            let have: Vec<String> = trace.devices.iter().map(|t| t.device.to_string()).collect();
-            CliError::Input(format!("{}: no device {d} in the trace (devices: {})", path.display(), have.join(", ")))
-        })?,
-        None => trace
-            .devices
-            .iter()
-            .position(|t| !t.events.is_empty())
-            .or_else(|| (!trace.devices.is_empty()).then_some(0))
-            .ok_or_else(|| {
-                CliError::Input(format!("{}: the trace has no device with events or blocks", path.display()))
-            })?,
-    };
-    Ok((trace, idx))
+    let devices = gpuheap::explain::summarize(&trace);
+    let choice = gpuheap::explain::choose_device(&trace, &devices, device).map_err(CliError::Input)?;
+    if !choice.others.is_empty() {
+        eprint!("{}", super::explain::devices_text(&devices, &choice));
+    }
+    Ok((trace, choice.index))
 }
 
 /// The backend for compaction measurements (`None` when the policy never compacts).
