@@ -342,11 +342,22 @@ fn bl23_huge_sizes_never_wrap() {
         let s = &explain::summarize(&trace)[0];
         let expect = if p == &one { Some(u64::MAX) } else { None };
         assert_eq!(s.peak_allocated, expect, "a sum beyond 2^64 - 1 is not representable, never wrapped");
-        for cmd in ["explain", "tune"] {
+        for cmd in ["explain", "tune", "compare", "replay"] {
             let out = gpuheap(&[cmd, p.to_str().unwrap(), "--json"]);
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{cmd}: {err}");
-            assert!(err.contains("line 2"), "{cmd}: {err}");
+            assert!(err.contains("line 2") && err.contains("18446744073709551615 B"), "{cmd}: {err}");
+            assert_eq!(err.lines().count(), 1, "{cmd}: one line: {err}");
+        }
+        // With a capacity the huge requests fail for capacity and the 1 KiB buffer is placed.
+        let v = json(&gpuheap(&["compare", p.to_str().unwrap(), "--capacity", "1GiB", "--json"]));
+        for r in v["strategies"].as_array().unwrap() {
+            let failed = r["failed"].as_array().unwrap();
+            assert_eq!(failed.len(), if p == &one { 1 } else { 2 }, "{}", r["strategy"]);
+            assert!(failed.iter().all(|f| f["size"].as_u64().unwrap() > 1 << 60), "{}", r["strategy"]);
+            let peak = r["peak_allocated"].as_u64().unwrap();
+            assert_eq!(peak, if p == &one { 0 } else { 1024 }, "{}: only the 1 KiB buffer is placed", r["strategy"]);
+            assert!(r["capacity"]["bytes"].as_u64().unwrap() == 1 << 30, "{}", r["strategy"]);
         }
         let v = json(&gpuheap(&["tune", p.to_str().unwrap(), "--capacity", "1GiB", "--json"]));
         for r in v["rows"].as_array().unwrap().iter().filter(|r| r["note"].is_null()) {

@@ -99,22 +99,9 @@ pub(crate) fn devices_text(devices: &[DeviceSummary], choice: &DeviceChoice) -> 
 
 /// The capacity and where it comes from, in words.
 pub(crate) fn capacity_text(c: &Capacity) -> String {
-    let why = match &c.source {
-        CapacitySource::RecordedOom { event, reserved, device_free } => format!(
-            "the GPU's memory at the recorded OOM (event {event}): PyTorch reserved {} + {} the driver still had free",
-            fmt_bytes(*reserved),
-            fmt_bytes(*device_free)
-        ),
+    let why = match c.source {
         CapacitySource::Given => "given with --capacity".into(),
-        CapacitySource::PeakReserved => {
-            "PyTorch's recorded peak reserved bytes: the least the GPU had (its real size is not recorded; \
-             give it with --capacity)"
-                .into()
-        }
-        CapacitySource::FileName => "from the file name (minimalloc NAME.CAPACITY.csv)".into(),
-        CapacitySource::TwiceDemandPeak => {
-            "no reserved bytes recorded: twice the peak of live requested bytes, rounded up to 2 MiB".into()
-        }
+        _ => c.describe(),
     };
     format!("capacity {} ({} B): {why}", fmt_bytes(c.bytes), c.bytes)
 }

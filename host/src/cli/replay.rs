@@ -82,6 +82,15 @@ pub(crate) fn load(path: &Path, device: Option<i64>) -> Result<(Trace, usize), C
     Ok((trace, choice.index))
 }
 
+/// Without `--capacity`, checks once that a capacity can be derived from the trace (BL-23: a buffer
+/// larger than any device is refused naming its line), so that every row does not repeat the error.
+pub(crate) fn check_capacity(trace: &Trace, dev: &DeviceTrace, common: &Common) -> Result<(), CliError> {
+    if common.capacity.is_none() {
+        replay::default_capacity(trace, dev).map_err(|e| CliError::Input(e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// The backend for compaction measurements (`None` when the policy never compacts).
 ///
 /// An explicit `--backend gpu` is resolved even then, so that asking for a GPU
@@ -196,6 +205,7 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     let plot_format = a.common.plot.as_deref().map(check_plot_path).transpose()?;
     let (trace, idx) = load(&a.trace, a.common.device)?;
     let dev = &trace.devices[idx];
+    check_capacity(&trace, dev, &a.common)?;
     let backend = backend_for(&a.common)?;
     let pb = progress_bar(dev.events.len(), a.common.json, a.strategy.as_str());
     let report = run_one(&trace, dev, a.strategy, &a.common, backend.as_ref(), &pb)?;

@@ -134,9 +134,11 @@ pub(crate) fn peaks(dev: &DeviceTrace) -> Peaks {
         }
     }
     if let Some(f) = &dev.final_state {
+        // The final state is a recorded moment too (it is the only one of a snapshot without events).
         let fin: u128 = f.segments.iter().map(|s| s.size as u128).sum();
-        if fin > p.reserved && dev.events.is_empty() {
+        if fin > p.reserved {
             p.reserved = fin;
+            p.reserved_event = dev.events.len().checked_sub(1);
         }
         if dev.events.is_empty() {
             let req: u128 = f
@@ -287,6 +289,31 @@ pub struct Capacity {
     pub source: CapacitySource,
 }
 
+impl Capacity {
+    /// Where the capacity comes from, in words (one line).
+    pub fn describe(&self) -> String {
+        use crate::replay::fmt_bytes;
+        match &self.source {
+            CapacitySource::RecordedOom { event, reserved, device_free } => format!(
+                "the GPU's memory at the recorded OOM (event {event}): PyTorch reserved {} + {} the driver still \
+                 had free",
+                fmt_bytes(*reserved),
+                fmt_bytes(*device_free)
+            ),
+            CapacitySource::Given => "given".into(),
+            CapacitySource::PeakReserved => {
+                "PyTorch's recorded peak reserved bytes: the least the GPU had (its real size is not recorded; give \
+                 it with --capacity)"
+                    .into()
+            }
+            CapacitySource::FileName => "from the file name (minimalloc NAME.CAPACITY.csv)".into(),
+            CapacitySource::TwiceDemandPeak => {
+                "no reserved bytes recorded: twice the peak of live requested bytes, rounded up to 2 MiB".into()
+            }
+        }
+    }
+}
+
 /// The location of event `index` of `dev` for a message: the CSV line of a minimalloc buffer (its
 /// data row + 2), else the device and event index.
 pub fn event_location(trace: &Trace, dev: &DeviceTrace, index: usize) -> Location {
@@ -359,7 +386,7 @@ pub fn capacity_from_evidence(trace: &Trace, dev: &DeviceTrace, given: Option<u6
         return Ok(Capacity { bytes: bytes.max(min), source: CapacitySource::FileName });
     }
     let two_mib = 2u128 << 20;
-    let twice = (p.allocated * 2).div_ceil(two_mib) * two_mib;
+    let twice = (p.allocated * 2).div_ceil(two_mib).max(1) * two_mib;
     if twice > MAX_BYTES as u128 {
         // Name the first buffer that alone is larger than any device, else the event at the peak.
         let huge = dev.events.iter().position(|e| e.kind == EventKind::Alloc && e.size > MAX_BYTES / 2);

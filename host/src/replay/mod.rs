@@ -233,44 +233,36 @@ pub struct CapacityChoice {
     pub source: String,
 }
 
-/// The capacity a replay of `dev` uses when none is given:
+/// The capacity a replay of `dev` uses when none is given, from the evidence
+/// ([`crate::explain::capacity_from_evidence`]):
 ///
-/// * PyTorch snapshots: PyTorch's peak reserved bytes (initial segments plus segment events; at least
-///   the snapshot's final reserved bytes), rounded up to a whole GiB — the memory PyTorch itself used,
-///   plus the slack of a partly used last GiB;
+/// * at a recorded OOM: the GPU's memory then (PyTorch's reserved bytes plus the event's `device_free`);
+/// * PyTorch snapshots otherwise: PyTorch's recorded peak reserved bytes (segment events, and the
+///   snapshot's final state), rounded up to a whole GiB — the memory PyTorch itself used, plus the slack
+///   of a partly used last GiB (said in the source text);
 /// * minimalloc CSV files named `NAME.CAPACITY.csv` (minimalloc's convention, e.g. `K.1048576.csv`):
 ///   that capacity;
 /// * otherwise twice the peak of live requested bytes, rounded up to 2 MiB.
 ///
 /// Never below [`MIN_CAPACITY`].
-pub fn default_capacity(trace: &Trace, dev: &DeviceTrace) -> CapacityChoice {
-    let pt = pytorch_series(dev);
-    let c = if matches!(trace.format, TraceFormat::PytorchSnapshot(_)) {
-        let fin = dev.final_state.as_ref().map_or(0, |s| s.reserved_bytes());
-        let peak = pt.peak.max(fin);
-        let gib = 1u64 << 30;
-        CapacityChoice {
-            bytes: peak.div_ceil(gib).max(1) * gib,
-            source: format!("PyTorch peak reserved {} rounded up to a whole GiB", fmt_bytes(peak)),
+///
+/// # Errors
+/// [`ReplayError::Config`] (bad input) naming the event or CSV line when no capacity can be derived: a
+/// size beyond the largest device modelled (shared/cases BL-23); `--capacity` then replays the rest.
+pub fn default_capacity(trace: &Trace, dev: &DeviceTrace) -> Result<CapacityChoice, ReplayError> {
+    use crate::explain::{capacity_from_evidence, CapacitySource};
+    let c = capacity_from_evidence(trace, dev, None).map_err(|e| ReplayError::Config(e.to_string()))?;
+    let choice = match c.source {
+        CapacitySource::PeakReserved => {
+            let gib = 1u64 << 30;
+            CapacityChoice {
+                bytes: c.bytes.div_ceil(gib).max(1).saturating_mul(gib),
+                source: format!("PyTorch peak reserved {} rounded up to a whole GiB", fmt_bytes(c.bytes)),
+            }
         }
-    } else if let Some(cap) = capacity_from_name(trace) {
-        CapacityChoice { bytes: cap, source: "from the file name (minimalloc NAME.CAPACITY.csv)".into() }
-    } else {
-        let peak = demand_peak(dev).1;
-        CapacityChoice {
-            bytes: (peak.saturating_mul(2)).div_ceil(2 << 20).max(1) * (2 << 20),
-            source: "twice the peak of live requested bytes, rounded up to 2 MiB".into(),
-        }
+        _ => CapacityChoice { bytes: c.bytes, source: c.describe() },
     };
-    CapacityChoice { bytes: c.bytes.max(MIN_CAPACITY), ..c }
-}
-
-fn capacity_from_name(trace: &Trace) -> Option<u64> {
-    if trace.format != TraceFormat::LifetimeCsv {
-        return None;
-    }
-    let stem = trace.source.file_stem()?.to_str()?;
-    stem.rsplit('.').next().filter(|s| !s.is_empty() && s.len() < stem.len())?.parse().ok()
+    Ok(CapacityChoice { bytes: choice.bytes.max(MIN_CAPACITY), ..choice })
 }
 
 /// Alignment used for `trace`'s requests (see the module docs).
@@ -913,7 +905,7 @@ pub fn replay(
 ) -> Result<ReplayReport, ReplayError> {
     let capacity = match opts.capacity {
         Some(c) => CapacityChoice { bytes: c, source: "given".into() },
-        None => default_capacity(trace, dev),
+        None => default_capacity(trace, dev)?,
     };
     let align = alignment_for(trace);
     let caching = opts.strategy == StrategyKind::Caching;
