@@ -32,7 +32,7 @@ pub struct Args {
 #[derive(Debug, clap::Args)]
 pub struct Common {
     /// Managed capacity: bytes (1073741824), a float (1.5e9) or with a unit (80GiB, 512MiB, 2GB).
-    /// Default: PyTorch's peak reserved rounded up to a GiB (snapshots), the capacity in a minimalloc
+    /// Default: the GPU's memory at a recorded OOM (reserved + the driver's free bytes), else PyTorch's peak reserved rounded up to a GiB (snapshots), the capacity in a minimalloc
     /// file name, else twice the peak of live bytes.
     #[arg(long, value_parser = parse_bytes_arg)]
     pub capacity: Option<u64>,
@@ -42,7 +42,7 @@ pub struct Common {
     pub policy: CompactPolicy,
     #[command(flatten)]
     pub backend: BackendArgs,
-    /// Device of the trace to replay (default: the first device with events).
+    /// Device of the trace to replay (default: the one with a recorded OOM, else the most allocation events).
     #[arg(long)]
     pub device: Option<i64>,
     /// Largest image a compaction materialises on the backend before it compacts a scaled image
