@@ -32,8 +32,9 @@ pub struct Args {
 #[derive(Debug, clap::Args)]
 pub struct Common {
     /// Managed capacity: bytes (1073741824), a float (1.5e9) or with a unit (80GiB, 512MiB, 2GB).
-    /// Default: the GPU's memory at a recorded OOM (reserved + the driver's free bytes), else PyTorch's peak reserved rounded up to a GiB (snapshots), the capacity in a minimalloc
-    /// file name, else twice the peak of live bytes.
+    /// Default: the GPU's memory at a recorded OOM (reserved + the driver's free bytes), else PyTorch's
+    /// peak reserved rounded up to a GiB (snapshots), the capacity in a minimalloc file name, else twice
+    /// the peak of live bytes.
     #[arg(long, value_parser = parse_bytes_arg)]
     pub capacity: Option<u64>,
     /// Compaction policy: never, on-oom (compact and retry a request that fails for fragmentation) or
