@@ -139,13 +139,15 @@ pub(crate) fn table(t: &TuneReport, oom: bool) -> String {
         };
         let label = format!("{}{kind}", r.setting);
         let min = r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes);
-        let mark = match (&r.note, r.fits, oom) {
-            (Some(n), _, _) if r.min_capacity.is_none() => format!("  not run: {n}"),
-            (Some(n), _, _) => format!("  ({n})"),
-            (None, true, true) => "  would have avoided the OOM".into(),
-            (None, true, false) => "  fits".into(),
-            (None, false, _) => String::new(),
+        let mut mark = match (r.min_capacity, r.fits, oom) {
+            (None, _, _) => "  not run".to_string(),
+            (Some(_), true, true) => "  would have avoided the OOM".into(),
+            (Some(_), true, false) => "  fits".into(),
+            (Some(_), false, _) => String::new(),
         };
+        if let Some(n) = &r.note {
+            mark += &format!(" ({n})");
+        }
         let _ = writeln!(
             s,
             "{:>4}  {:<64} {:>11} {:>7} {:>13}{mark}",

@@ -136,7 +136,7 @@ pub struct TuneReport {
     /// Rows ranked: fitting rows first, then by minimum capacity, failures, peak reserved.
     pub rows: Vec<TuneRow>,
     /// The PyTorch row with the least minimum capacity (ties: the snapshot's own first, then grid
-    /// order): its `PYTORCH_CUDA_ALLOC_CONF=...` line.
+    /// order; rows with a note are left out): its `PYTORCH_CUDA_ALLOC_CONF=...` line.
     pub best_env: Option<String>,
     /// Index into `rows` of that row.
     pub best: Option<usize>,
@@ -236,6 +236,21 @@ pub fn grid(dev: &DeviceTrace) -> Vec<Setting> {
     out.push(Setting::CompactingCaching);
     out.extend(StrategyKind::ALL.iter().filter(|&&k| k != StrategyKind::Caching).map(|&k| Setting::Host(k)));
     out
+}
+
+/// Options of a PyTorch row that the caching model of this build does not implement
+/// ([`crate::reference::caching`] models `expandable_segments` and `max_split_size_mb`): such a row
+/// replays as if they were unset, and says so.
+fn unmodelled(setting: &Setting) -> Option<String> {
+    let Setting::Pytorch { settings, .. } = setting else { return None };
+    let mut v = Vec::new();
+    if settings.roundup_power2_divisions.iter().any(|&(_, d)| d > 0) {
+        v.push("roundup_power2_divisions");
+    }
+    if settings.garbage_collection_threshold.is_some_and(|t| t > 0.0) {
+        v.push("garbage_collection_threshold");
+    }
+    (!v.is_empty()).then(|| format!("{} not modelled by this build: replayed as unset", v.join(" and ")))
 }
 
 /// The trace a row replays: the OOM requests tried where they failed ([`super::with_oom_requests`]),
@@ -354,7 +369,7 @@ pub fn tune(
             };
             // At the capacity; a capacity the row cannot use (below the caching model's 2 MiB) is its note,
             // and the search still runs.
-            let mut r = row(None);
+            let mut r = row(unmodelled(s));
             match run(trace, dev, s, capacity.bytes) {
                 Ok(at) => {
                     r.peak_reserved = at.peak_reserved;
@@ -393,7 +408,7 @@ pub fn tune(
             |r: &TuneRow| (r.min_capacity.is_none(), r.min_capacity.unwrap_or(u64::MAX), r.failed, r.peak_reserved);
         key(a).cmp(&key(b))
     });
-    let best = rows.iter().position(|r| r.kind == RowKind::Pytorch && r.min_capacity.is_some());
+    let best = rows.iter().position(|r| r.kind == RowKind::Pytorch && r.min_capacity.is_some() && r.note.is_none());
     let replays = rows.iter().map(|r| r.replays).sum();
     Ok(TuneReport {
         device: dev.device,
