@@ -94,7 +94,7 @@ fn shipped_inference_snapshot_caching_model_matches() {
     assert_eq!(r.at_end.footprint, pt.snapshot_reserved.unwrap());
     assert_eq!(r.at_end.reserved_unallocated, r.at_end.footprint - r.at_end.allocated);
     assert_eq!(r.at_end.rounding_waste + r.at_end.holes, r.at_end.reserved_unallocated);
-    assert_eq!(default_capacity(&t, &t.devices[0]).bytes, 8 << 30, "7.09 GiB rounded up to a GiB");
+    assert_eq!(default_capacity(&t, &t.devices[0]).unwrap().bytes, 8 << 30, "7.09 GiB rounded up to a GiB");
 }
 
 #[test]
@@ -140,7 +140,7 @@ fn every_strategy_replays_every_trace_consistently() {
 #[test]
 fn minimalloc_capacity_from_the_file_name_and_failures_classified() {
     let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
-    assert_eq!(default_capacity(&t, &t.devices[0]).bytes, 1_048_576);
+    assert_eq!(default_capacity(&t, &t.devices[0]).unwrap().bytes, 1_048_576);
     let r = run(&t, &ReplayOptions::new(StrategyKind::FirstFit), None);
     // The peak of live bytes is exactly the capacity: only a perfect packing would succeed.
     assert_eq!(demand_peak(&t.devices[0]).1, 1_048_576);

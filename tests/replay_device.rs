@@ -106,7 +106,7 @@ fn device_heap_replays_the_shipped_snapshot_at_full_size() {
     let d = &t.devices[0];
     // At full size without filling (5.3 GiB live): the checks of pointers and metadata still run.
     let r = run(&t, &DeviceReplayOptions::default());
-    let cap = default_capacity(&t, d).bytes;
+    let cap = default_capacity(&t, d).unwrap().bytes;
     assert_eq!(cap, 8 << 30);
     assert_eq!(r.device_heap.as_ref().unwrap().scaled_by, 1, "8 GiB fits the CPU default limit");
     assert!(r.failed.is_empty(), "{:?}", r.failed.first());

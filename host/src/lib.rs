@@ -13,6 +13,8 @@
 //! * [`mod@reference`]: host reference allocators (first-fit, best-fit, buddy,
 //!   TLSF, slab, tiered, PyTorch-style caching) and the reference compaction;
 //! * [`analysis`]: fragmentation metrics and OOM diagnosis;
+//! * [`explain`]: recorded OOMs explained from the trace itself, device and capacity from the
+//!   evidence, and the allocator-settings search ([`explain::tune`]);
 //! * [`trace`]: allocation trace readers;
 //! * [`replay`]: trace replay through the strategies and the compaction
 //!   kernel, reports and plots;
@@ -24,6 +26,7 @@ pub mod backend;
 pub mod bench;
 pub mod compaction;
 pub mod device_heap;
+pub mod explain;
 pub mod ops;
 pub mod ptx;
 pub mod reference;

@@ -132,6 +132,7 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     let plot_format = a.common.plot.as_deref().map(cli_replay::check_plot_path).transpose()?;
     let (trace, idx) = cli_replay::load(&a.trace, a.common.device)?;
     let dev = &trace.devices[idx];
+    cli_replay::check_capacity(&trace, dev, &a.common)?;
     let backend = cli_replay::backend_for(&a.common)?;
     let list = contenders();
     let pb = cli_replay::progress_bar(dev.events.len() * list.len(), a.common.json, "compare");

@@ -7,8 +7,10 @@ mod bench_alloc;
 mod bench_compact;
 mod check;
 mod compare;
+mod explain;
 mod info;
 mod replay;
+mod tune;
 
 use std::process::ExitCode;
 
@@ -36,6 +38,12 @@ enum Command {
     Replay(replay::Args),
     /// Replays a trace through every strategy side by side, with PyTorch's own reserved bytes.
     Compare(compare::Args),
+    /// Explains a PyTorch snapshot's out-of-memory: capacity or fragmentation, the largest live tensors,
+    /// where the cached bytes sit, and the allocator setting that would have avoided it.
+    Explain(explain::Args),
+    /// Replays a trace under a grid of PYTORCH_CUDA_ALLOC_CONF settings and every strategy: the least
+    /// GPU memory each needs, ranked; the best setting as an env line.
+    Tune(tune::Args),
 }
 
 #[derive(Subcommand)]
@@ -81,6 +89,8 @@ pub fn main() -> ExitCode {
         Command::Bench(Bench::Compact(a)) => bench_compact::run(&a),
         Command::Replay(a) => replay::run(&a),
         Command::Compare(a) => compare::run(&a),
+        Command::Explain(a) => explain::run(&a),
+        Command::Tune(a) => tune::run(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

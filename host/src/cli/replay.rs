@@ -32,8 +32,9 @@ pub struct Args {
 #[derive(Debug, clap::Args)]
 pub struct Common {
     /// Managed capacity: bytes (1073741824), a float (1.5e9) or with a unit (80GiB, 512MiB, 2GB).
-    /// Default: PyTorch's peak reserved rounded up to a GiB (snapshots), the capacity in a minimalloc
-    /// file name, else twice the peak of live bytes.
+    /// Default: the GPU's memory at a recorded OOM (reserved + the driver's free bytes), else PyTorch's
+    /// peak reserved rounded up to a GiB (snapshots), the capacity in a minimalloc file name, else twice
+    /// the peak of live bytes.
     #[arg(long, value_parser = parse_bytes_arg)]
     pub capacity: Option<u64>,
     /// Compaction policy: never, on-oom (compact and retry a request that fails for fragmentation) or
@@ -42,7 +43,7 @@ pub struct Common {
     pub policy: CompactPolicy,
     #[command(flatten)]
     pub backend: BackendArgs,
-    /// Device of the trace to replay (default: the first device with events).
+    /// Device of the trace to replay (default: the one with a recorded OOM, else the most allocation events).
     #[arg(long)]
     pub device: Option<i64>,
     /// Largest image a compaction materialises on the backend before it compacts a scaled image
@@ -69,24 +70,26 @@ fn parse_policy(s: &str) -> Result<CompactPolicy, String> {
     s.parse()
 }
 
-/// Reads the trace and picks the device: bad input is [`CliError::Input`].
+/// Reads the trace and picks the device ([`gpuheap::explain::choose_device`]: `--device`, else the
+/// one with a recorded OOM, else the most allocation events); when the file has other devices, one
+/// line on stderr says which was chosen and how to pick another. Bad input is [`CliError::Input`].
 pub(crate) fn load(path: &Path, device: Option<i64>) -> Result<(Trace, usize), CliError> {
     let trace = read_trace(path).map_err(|e| CliError::Input(e.to_string()))?;
-    let idx = match device {
-        Some(d) => trace.devices.iter().position(|t| t.device == d).ok_or_else(|| {
-            let have: Vec<String> = trace.devices.iter().map(|t| t.device.to_string()).collect();
-            CliError::Input(format!("{}: no device {d} in the trace (devices: {})", path.display(), have.join(", ")))
-        })?,
-        None => trace
-            .devices
-            .iter()
-            .position(|t| !t.events.is_empty())
-            .or_else(|| (!trace.devices.is_empty()).then_some(0))
-            .ok_or_else(|| {
-                CliError::Input(format!("{}: the trace has no device with events or blocks", path.display()))
-            })?,
-    };
-    Ok((trace, idx))
+    let devices = gpuheap::explain::summarize(&trace);
+    let choice = gpuheap::explain::choose_device(&trace, &devices, device).map_err(CliError::Input)?;
+    if !choice.others.is_empty() {
+        eprint!("{}", super::explain::devices_text(&devices, &choice));
+    }
+    Ok((trace, choice.index))
+}
+
+/// Without `--capacity`, checks once that a capacity can be derived from the trace (BL-23: a buffer
+/// larger than any device is refused naming its line), so that every row does not repeat the error.
+pub(crate) fn check_capacity(trace: &Trace, dev: &DeviceTrace, common: &Common) -> Result<(), CliError> {
+    if common.capacity.is_none() {
+        replay::default_capacity(trace, dev).map_err(|e| CliError::Input(e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// The backend for compaction measurements (`None` when the policy never compacts).
@@ -203,6 +206,7 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     let plot_format = a.common.plot.as_deref().map(check_plot_path).transpose()?;
     let (trace, idx) = load(&a.trace, a.common.device)?;
     let dev = &trace.devices[idx];
+    check_capacity(&trace, dev, &a.common)?;
     let backend = backend_for(&a.common)?;
     let pb = progress_bar(dev.events.len(), a.common.json, a.strategy.as_str());
     let report = run_one(&trace, dev, a.strategy, &a.common, backend.as_ref(), &pb)?;

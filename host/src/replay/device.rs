@@ -522,7 +522,7 @@ pub fn replay_device(
 ) -> Result<ReplayReport, ReplayError> {
     let capacity = match opts.capacity {
         Some(c) => CapacityChoice { bytes: c, source: "given".into() },
-        None => default_capacity(trace, dev),
+        None => default_capacity(trace, dev)?,
     };
     if capacity.bytes < MIN_CAPACITY {
         return Err(ReplayError::Config(format!("capacity {} B is below {MIN_CAPACITY} B", capacity.bytes)));

@@ -235,44 +235,36 @@ pub struct CapacityChoice {
     pub source: String,
 }
 
-/// The capacity a replay of `dev` uses when none is given:
+/// The capacity a replay of `dev` uses when none is given, from the evidence
+/// ([`crate::explain::capacity_from_evidence`]):
 ///
-/// * PyTorch snapshots: PyTorch's peak reserved bytes (initial segments plus segment events; at least
-///   the snapshot's final reserved bytes), rounded up to a whole GiB — the memory PyTorch itself used,
-///   plus the slack of a partly used last GiB;
+/// * at a recorded OOM: the GPU's memory then (PyTorch's reserved bytes plus the event's `device_free`);
+/// * PyTorch snapshots otherwise: PyTorch's recorded peak reserved bytes (segment events, and the
+///   snapshot's final state), rounded up to a whole GiB — the memory PyTorch itself used, plus the slack
+///   of a partly used last GiB (said in the source text);
 /// * minimalloc CSV files named `NAME.CAPACITY.csv` (minimalloc's convention, e.g. `K.1048576.csv`):
 ///   that capacity;
 /// * otherwise twice the peak of live requested bytes, rounded up to 2 MiB.
 ///
 /// Never below [`MIN_CAPACITY`].
-pub fn default_capacity(trace: &Trace, dev: &DeviceTrace) -> CapacityChoice {
-    let pt = pytorch_series(dev);
-    let c = if matches!(trace.format, TraceFormat::PytorchSnapshot(_)) {
-        let fin = dev.final_state.as_ref().map_or(0, |s| s.reserved_bytes());
-        let peak = pt.peak.max(fin);
-        let gib = 1u64 << 30;
-        CapacityChoice {
-            bytes: peak.div_ceil(gib).max(1) * gib,
-            source: format!("PyTorch peak reserved {} rounded up to a whole GiB", fmt_bytes(peak)),
+///
+/// # Errors
+/// [`ReplayError::Config`] (bad input) naming the event or CSV line when no capacity can be derived: a
+/// size beyond the largest device modelled (shared/cases BL-23); `--capacity` then replays the rest.
+pub fn default_capacity(trace: &Trace, dev: &DeviceTrace) -> Result<CapacityChoice, ReplayError> {
+    use crate::explain::{capacity_from_evidence, CapacitySource};
+    let c = capacity_from_evidence(trace, dev, None).map_err(|e| ReplayError::Config(e.to_string()))?;
+    let choice = match c.source {
+        CapacitySource::PeakReserved => {
+            let gib = 1u64 << 30;
+            CapacityChoice {
+                bytes: c.bytes.div_ceil(gib).max(1).saturating_mul(gib),
+                source: format!("PyTorch peak reserved {} rounded up to a whole GiB", fmt_bytes(c.bytes)),
+            }
         }
-    } else if let Some(cap) = capacity_from_name(trace) {
-        CapacityChoice { bytes: cap, source: "from the file name (minimalloc NAME.CAPACITY.csv)".into() }
-    } else {
-        let peak = demand_peak(dev).1;
-        CapacityChoice {
-            bytes: (peak.saturating_mul(2)).div_ceil(2 << 20).max(1) * (2 << 20),
-            source: "twice the peak of live requested bytes, rounded up to 2 MiB".into(),
-        }
+        _ => CapacityChoice { bytes: c.bytes, source: c.describe() },
     };
-    CapacityChoice { bytes: c.bytes.max(MIN_CAPACITY), ..c }
-}
-
-fn capacity_from_name(trace: &Trace) -> Option<u64> {
-    if trace.format != TraceFormat::LifetimeCsv {
-        return None;
-    }
-    let stem = trace.source.file_stem()?.to_str()?;
-    stem.rsplit('.').next().filter(|s| !s.is_empty() && s.len() < stem.len())?.parse().ok()
+    Ok(CapacityChoice { bytes: choice.bytes.max(MIN_CAPACITY), ..choice })
 }
 
 /// Alignment used for `trace`'s requests (see the module docs).
@@ -346,37 +338,11 @@ pub fn pytorch_series(dev: &DeviceTrace) -> PytorchReserved {
 }
 
 /// The event after which the trace's live requested bytes are highest (`None`: before the first
-/// event, i.e. the initial blocks), and that peak in bytes.
+/// event, i.e. the initial blocks), and that peak in bytes (summed in 128 bits; a peak above
+/// 2^64 − 1 B, possible only with sizes no device holds, is reported as 2^64 − 1).
 pub fn demand_peak(dev: &DeviceTrace) -> (Option<usize>, u64) {
-    let mut size = vec![0u64; dev.block_ids as usize];
-    let mut live: u64 = 0;
-    for b in &dev.initial_blocks {
-        if let Some(s) = size.get_mut(b.id as usize) {
-            *s = b.size;
-            live += b.size;
-        }
-    }
-    let (mut peak, mut at) = (live, None);
-    for (i, e) in dev.events.iter().enumerate() {
-        match e.kind {
-            EventKind::Alloc => {
-                if let Some(s) = size.get_mut(e.id as usize) {
-                    *s = e.size;
-                    live += e.size;
-                }
-            }
-            EventKind::Free => {
-                if let Some(s) = size.get_mut(e.id as usize) {
-                    live -= std::mem::take(s);
-                }
-            }
-            _ => continue,
-        }
-        if live > peak {
-            (peak, at) = (live, Some(i));
-        }
-    }
-    (at, peak)
+    let p = crate::explain::peaks(dev);
+    (p.allocated_event, u64::try_from(p.allocated).unwrap_or(u64::MAX))
 }
 
 /// A request the strategy could not serve.
@@ -867,7 +833,7 @@ pub fn replay(
 ) -> Result<ReplayReport, ReplayError> {
     let capacity = match opts.capacity {
         Some(c) => CapacityChoice { bytes: c, source: "given".into() },
-        None => default_capacity(trace, dev),
+        None => default_capacity(trace, dev)?,
     };
     let align = alignment_for(trace);
     let caching = opts.strategy == StrategyKind::Caching;

@@ -410,3 +410,120 @@ impl<'p, 'a> Reader<'p, 'a> {
         Ok(s)
     }
 }
+
+/// One stack frame a snapshot records (`frames` entries of events and blocks).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Frame {
+    /// Function name (`name`).
+    pub name: String,
+    /// Source file (`filename`), as the snapshot stores it.
+    pub filename: String,
+    /// Line number (`line`; 0 when not recorded, as for C++ frames).
+    pub line: i64,
+}
+
+impl Frame {
+    /// Whether the frame is user code: a Python file outside `torch/`, the Python standard library
+    /// and the snapshot machinery (C++ frames, `??` and `torch/...` frames are not).
+    pub fn is_user(&self) -> bool {
+        let f = self.filename.as_str();
+        f.ends_with(".py") && !f.starts_with("torch/") && !f.starts_with("python-stdlib/") && !f.starts_with('<')
+    }
+}
+
+/// The stack frames of chosen events and blocks of one device, read by [`read_frames`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SnapshotFrames {
+    /// `(event index, frames)` for each asked event that has frames, ascending by index.
+    pub events: Vec<(usize, Vec<Frame>)>,
+    /// `(block address, frames)` for each asked block of the snapshot's `segments` that has frames.
+    pub blocks: Vec<(u64, Vec<Frame>)>,
+}
+
+/// Reads the stack frames the snapshot `bytes` (the content of `path`) records for the events at
+/// `events` (indices into `device_traces[device]`) and for the blocks of device `device`'s segments
+/// at the addresses `blocks`. Frames are skipped by [`parse`] to keep traces small; this decodes the
+/// pickle again (the cost of one [`parse`]).
+///
+/// Frames are supplementary: an entry that is not a dict of `name`/`filename`/`line` is left out.
+///
+/// # Errors
+/// The [`TraceError`]s of [`parse`] for a pickle that cannot be decoded.
+pub fn read_frames(
+    path: &Path,
+    bytes: &[u8],
+    device: i64,
+    events: &[usize],
+    blocks: &[u64],
+) -> Result<SnapshotFrames, TraceError> {
+    let p = pickle::decode(bytes).map_err(|e| TraceError::PickleCorrupt {
+        path: path.to_path_buf(),
+        offset: e.offset,
+        message: "cannot decode the pickle again to read stack frames".into(),
+    })?;
+    let frames_of = |d: &[(NodeId, NodeId)]| -> Vec<Frame> {
+        let Some(Node::List(list) | Node::Tuple(list)) = p.get(d, "frames").map(|f| p.node(f)) else {
+            return Vec::new();
+        };
+        list.iter()
+            .filter_map(|&f| {
+                let Node::Dict(fd) = p.node(f) else { return None };
+                let text = |k: &str| match p.get(fd, k).map(|v| p.node(v)) {
+                    Some(Node::Str(s)) => Some(String::from_utf8_lossy(s).into_owned()),
+                    _ => None,
+                };
+                let line = match p.get(fd, "line").map(|v| p.node(v)) {
+                    Some(Node::Int(v)) => i64::try_from(*v).unwrap_or(0),
+                    _ => 0,
+                };
+                Some(Frame { name: text("name")?, filename: text("filename").unwrap_or_default(), line })
+            })
+            .collect()
+    };
+    let mut out = SnapshotFrames::default();
+    let Node::Dict(root) = p.node(p.root) else { return Ok(out) };
+    if let Some(Node::List(devs)) = p.get(root, "device_traces").map(|n| p.node(n)) {
+        let trace = usize::try_from(device).ok().and_then(|d| devs.get(d)).map(|&t| p.node(t));
+        if let Some(Node::List(entries)) = trace {
+            let mut want: Vec<usize> = events.to_vec();
+            want.sort_unstable();
+            want.dedup();
+            for i in want {
+                if let Some(Node::Dict(d)) = entries.get(i).map(|&e| p.node(e)) {
+                    let f = frames_of(d);
+                    if !f.is_empty() {
+                        out.events.push((i, f));
+                    }
+                }
+            }
+        }
+    }
+    if let Some(Node::List(segs)) = p.get(root, "segments").map(|n| p.node(n)) {
+        let want: std::collections::HashSet<u64> = blocks.iter().copied().collect();
+        for &s in segs {
+            let Node::Dict(sd) = p.node(s) else { continue };
+            let dev = match p.get(sd, "device").map(|v| p.node(v)) {
+                Some(Node::Int(v)) => i64::try_from(*v).unwrap_or(-1),
+                _ => 0,
+            };
+            if dev != device {
+                continue;
+            }
+            let Some(Node::List(bl)) = p.get(sd, "blocks").map(|v| p.node(v)) else { continue };
+            for &b in bl {
+                let Node::Dict(bd) = p.node(b) else { continue };
+                let addr = match p.get(bd, "address").map(|v| p.node(v)) {
+                    Some(Node::Int(v)) => u64::try_from(*v).ok(),
+                    _ => None,
+                };
+                if let Some(a) = addr.filter(|a| want.contains(a)) {
+                    let f = frames_of(bd);
+                    if !f.is_empty() {
+                        out.blocks.push((a, f));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}

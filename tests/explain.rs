@@ -1,0 +1,407 @@
+//! `gpuheap explain` and `gpuheap tune`, and the library behind them (`gpuheap::explain`): recorded
+//! OOMs explained with numbers worked out by hand from hand-made snapshots, device choice (BL-19),
+//! checked sizes (BL-23), and the real snapshots' own records (reserved at the peak, the dumped
+//! state's totals) where they are present.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gpuheap::explain::{self, CapacitySource, DeviceReason, Moment, Verdict};
+use gpuheap::trace::{parse_trace, read_trace, Trace};
+
+mod common;
+use common::pickle::{pickle, V};
+
+const MIB: u64 = 1 << 20;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn gpuheap(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuheap"))
+        .args(args)
+        .current_dir(workspace())
+        .env("GPUHEAP_BACKEND", "cpu")
+        .output()
+        .expect("runs")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+fn write_temp(name: &str, bytes: &[u8]) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gpuheap-explain-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let p = d.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// `../shared/DIR/FILE` (the folder `GPUHEAP_SHARED` names, if set), or `None` after printing why a
+/// test part is skipped.
+fn shared(dir: &str, file: &str) -> Option<PathBuf> {
+    let root = std::env::var_os("GPUHEAP_SHARED").map_or_else(|| workspace().join("../shared"), PathBuf::from);
+    let p = root.join(dir).join(file);
+    if p.exists() {
+        Some(p)
+    } else {
+        println!("skipped: {} is absent", p.display());
+        None
+    }
+}
+
+fn i(v: u64) -> V<'static> {
+    V::Int(v as i128)
+}
+
+fn event<'a>(action: &'a str, addr: u64, size: u64, frames: Vec<V<'a>>) -> V<'a> {
+    V::Dict(vec![
+        ("action", V::Str(action)),
+        ("addr", i(addr)),
+        ("size", i(size)),
+        ("stream", V::Int(0)),
+        ("frames", V::List(frames)),
+    ])
+}
+
+fn frame<'a>(name: &'a str, filename: &'a str, line: u64) -> V<'a> {
+    V::Dict(vec![("name", V::Str(name)), ("filename", V::Str(filename)), ("line", i(line))])
+}
+
+fn oom<'a>(size: u64, device_free: u64) -> V<'a> {
+    V::Dict(vec![
+        ("action", V::Str("oom")),
+        ("size", i(size)),
+        ("device_free", i(device_free)),
+        ("stream", V::Int(0)),
+        ("frames", V::List(vec![])),
+    ])
+}
+
+const S1: u64 = 0x7f00_0000_0000;
+const S2: u64 = 0x7f00_1000_0000;
+
+/// Two 20 MiB segments recorded from empty, as PyTorch makes them (a request below 10 MiB gets a 20 MiB
+/// segment, `kLargeBuffer`): S1 holds A (8 MiB), B (4 MiB, freed) and C (8 MiB); S2 holds D (8 MiB),
+/// E (6 MiB) and a 6 MiB free tail. Then, at event 9, an `oom` of `request` with `device_free` bytes free.
+///
+/// At the OOM, by hand: reserved 40 MiB; allocated 8 + 8 + 8 + 6 = 30 MiB; holes 4 MiB (S1) and 6 MiB
+/// (S2): 10 MiB reserved but unallocated, the largest 6 MiB.
+fn oom_snapshot(request: u64, device_free: u64) -> Vec<u8> {
+    let user = || {
+        vec![
+            frame("malloc", "CUDACachingAllocator.cpp", 0),
+            frame("forward", "torch/nn/modules/linear.py", 125),
+            frame("train_step", "train.py", 42),
+            frame("main", "train.py", 90),
+        ]
+    };
+    let events = vec![
+        event("segment_alloc", S1, 20 * MIB, vec![]),
+        event("alloc", S1, 8 * MIB, user()),
+        event("alloc", S1 + 8 * MIB, 4 * MIB, vec![]),
+        event("alloc", S1 + 12 * MIB, 8 * MIB, vec![]),
+        event("free_requested", S1 + 8 * MIB, 4 * MIB, vec![]),
+        event("free_completed", S1 + 8 * MIB, 4 * MIB, vec![]),
+        event("segment_alloc", S2, 20 * MIB, vec![]),
+        event("alloc", S2, 8 * MIB, vec![frame("load", "data/loader.py", 7)]),
+        event("alloc", S2 + 8 * MIB, 6 * MIB, vec![]),
+        oom(request, device_free),
+    ];
+    pickle(&V::Dict(vec![("segments", V::List(vec![])), ("device_traces", V::List(vec![V::List(events)]))]))
+}
+
+fn parse(name: &str, bytes: &[u8]) -> Trace {
+    parse_trace(Path::new(name), bytes).expect("parses")
+}
+
+#[test]
+fn fragmentation_oom_explained_by_hand() {
+    // BL-02 (a) in small: an 8 MiB request, 6 MiB free on the device, 10 MiB of holes, none ≥ 8 MiB.
+    let path = write_temp("frag.pickle", &oom_snapshot(8 * MIB, 6 * MIB));
+    let trace = read_trace(&path).unwrap();
+    let e = explain::explain(&trace, None, None).unwrap();
+    assert_eq!(e.device.reason, DeviceReason::RecordedOom);
+    assert_eq!(e.ooms.len(), 1);
+    let o = &e.ooms[0];
+    assert_eq!((o.event, o.request, o.segment_request), (9, 8 * MIB, 20 * MIB));
+    assert_eq!(
+        (o.reserved, o.allocated, o.reserved_unallocated, o.largest_hole),
+        (40 * MIB, 30 * MIB, 10 * MIB, 6 * MIB)
+    );
+    assert_eq!((o.device_free, o.capacity), (Some(6 * MIB), Some(46 * MIB)));
+    assert_eq!((o.free_total, o.largest_extent, o.shortfall), (Some(16 * MIB), Some(6 * MIB), 0));
+    assert_eq!(o.verdict, Verdict::Fragmentation);
+    // Capacity from the evidence: reserved at the OOM + device_free.
+    assert_eq!(e.capacity.bytes, 46 * MIB);
+    assert_eq!(e.capacity.source, CapacitySource::RecordedOom { event: 9, reserved: 40 * MIB, device_free: 6 * MIB });
+    // The caching model at 46 MiB: no cached block holds 8 MiB, a new 20 MiB segment does not fit in the
+    // 6 MiB left, no segment is wholly free to release: the same request fails.
+    let r = o.replay.as_ref().unwrap();
+    assert_eq!((r.capacity, r.first_failure, r.reproduced), (46 * MIB, Some(9), true));
+    assert_eq!(e.gpu_capacity, Some(46 * MIB));
+    // The detail is about the OOM: largest tensors first, with their user frames only.
+    assert_eq!(e.moment, Moment::RecordedOom);
+    let sizes: Vec<(u64, Option<usize>)> =
+        e.largest_tensors.iter().map(|t| (t.block.requested, t.block.alloc_event)).collect();
+    assert_eq!(sizes, vec![(8 * MIB, Some(1)), (8 * MIB, Some(3)), (8 * MIB, Some(7)), (6 * MIB, Some(8))]);
+    let d = &e.largest_tensors[2];
+    assert_eq!(d.frames.iter().map(|f| (f.filename.as_str(), f.line)).collect::<Vec<_>>(), vec![("data/loader.py", 7)]);
+    assert!(e.largest_tensors[1].frames.is_empty());
+    let a = &e.largest_tensors[0];
+    assert_eq!(
+        a.frames.iter().map(|f| (f.name.as_str(), f.line)).collect::<Vec<_>>(),
+        vec![("train_step", 42), ("main", 90)]
+    );
+    // Holes per segment, most first.
+    let holes: Vec<(u64, u64, u64)> =
+        e.segments_with_holes.iter().map(|s| (s.addr, s.hole_bytes(), s.holes[0].addr)).collect();
+    assert_eq!(holes, vec![(S2, 6 * MIB, S2 + 14 * MIB), (S1, 4 * MIB, S1 + 8 * MIB)]);
+    // tune: the OOM request is replayed where it failed; the snapshot's own setting fails it at 46 MiB.
+    let t = explain::tune::tune(&trace, &trace.devices[0], &e.capacity, &|| {}).unwrap();
+    let own = t.rows.iter().find(|r| r.own).unwrap();
+    assert_eq!((own.failed, own.first_failure, own.fits), (1, Some(9), false));
+    // Expandable segments map the large pool in 20 MiB pages (`kLargeBuffer`, PyTorch's
+    // `ExpandableSegment` segment size): the 30 MiB of blocks span two pages (4 and 6 MiB free in
+    // them), the 8 MiB request needs a third: 60 MiB, more than the GPU had.
+    let exp = t.rows.iter().find(|r| r.setting == "expandable_segments:True").unwrap();
+    assert_eq!((exp.failed, exp.fits, exp.min_capacity), (1, false, Some(60 * MIB)), "{exp:?}");
+    // First-fit over one flat range: A 0-8, B 8-12 (freed), C 12-20, D 20-28, E 28-34 MiB; the request
+    // goes to 34-42 MiB: 42 MiB suffice, so it would have avoided the OOM.
+    let ff = t.rows.iter().find(|r| r.setting == "first-fit").unwrap();
+    assert_eq!((ff.failed, ff.fits, ff.min_capacity), (0, true, Some(42 * MIB)), "{ff:?}");
+}
+
+#[test]
+fn capacity_oom_is_never_called_fragmentation() {
+    // BL-02 (b) in small: a 20 MiB request with 4 MiB free on the device and 10 MiB of holes: 14 MiB
+    // even after a perfect compaction, 6 MiB short.
+    let trace = parse("cap.pickle", &oom_snapshot(20 * MIB, 4 * MIB));
+    let o = explain::explain_oom(&trace.devices[0], 9, Some(4 * MIB)).unwrap();
+    assert_eq!(o.verdict, Verdict::Capacity);
+    assert_eq!((o.free_total, o.shortfall, o.capacity), (Some(14 * MIB), 6 * MIB, Some(44 * MIB)));
+    // Without the driver's free bytes the verdict is not guessed.
+    let o = explain::explain_oom(&trace.devices[0], 9, None).unwrap();
+    assert_eq!(o.verdict, Verdict::Undetermined);
+}
+
+#[test]
+fn given_capacity_sets_the_device_free_bytes() {
+    // With a 60 MiB GPU, 20 MiB are free beside the 40 MiB reserved: the 8 MiB request fits.
+    let path = write_temp("given.pickle", &oom_snapshot(8 * MIB, 6 * MIB));
+    let trace = read_trace(&path).unwrap();
+    let e = explain::explain(&trace, None, Some(60 * MIB)).unwrap();
+    assert_eq!(e.capacity.source, CapacitySource::Given);
+    assert_eq!(e.ooms[0].device_free, Some(20 * MIB));
+    assert_eq!(e.ooms[0].verdict, Verdict::Fits);
+    assert_eq!(e.gpu_capacity, Some(46 * MIB));
+}
+
+#[test]
+fn expandable_mapping_counted_once() {
+    // Issue 9's smallest input: one 20 MiB expandable segment in the final state, its own segment_map
+    // of 20 MiB, one 4 MiB alloc: 20 MiB reserved at the peak, not 40.
+    let seg = V::Dict(vec![
+        ("device", V::Int(0)),
+        ("address", i(S1)),
+        ("total_size", i(20 * MIB)),
+        ("is_expandable", V::Int(1)),
+        ("segment_type", V::Str("large")),
+        (
+            "blocks",
+            V::List(vec![
+                V::Dict(vec![
+                    ("address", i(S1)),
+                    ("size", i(4 * MIB)),
+                    ("requested_size", i(4 * MIB)),
+                    ("state", V::Str("active_allocated")),
+                ]),
+                V::Dict(vec![
+                    ("address", i(S1 + 4 * MIB)),
+                    ("size", i(16 * MIB)),
+                    ("requested_size", i(0)),
+                    ("state", V::Str("inactive")),
+                ]),
+            ]),
+        ),
+    ]);
+    let events = vec![event("segment_map", S1, 20 * MIB, vec![]), event("alloc", S1, 4 * MIB, vec![])];
+    let bytes =
+        pickle(&V::Dict(vec![("segments", V::List(vec![seg])), ("device_traces", V::List(vec![V::List(events)]))]));
+    let trace = parse("exp.pickle", &bytes);
+    let s = &explain::summarize(&trace)[0];
+    assert_eq!((s.peak_reserved, s.peak_allocated), (Some(20 * MIB), Some(4 * MIB)));
+    let st = explain::state_after(&trace.devices[0], Some(1)).unwrap();
+    assert_eq!((st.reserved, st.allocated, st.hole_bytes, st.segments.len()), (20 * MIB, 4 * MIB, 16 * MIB, 1));
+    assert!(st.segments[0].expandable);
+}
+
+#[test]
+fn explain_and_tune_cli_json() {
+    let path = write_temp("cli.pickle", &oom_snapshot(8 * MIB, 6 * MIB));
+    let p = path.to_str().unwrap();
+    let v = json(&gpuheap(&["explain", p, "--json"]));
+    assert_eq!(v["ooms"][0]["verdict"], "fragmentation");
+    assert_eq!(v["ooms"][0]["event"], 9);
+    assert_eq!(v["ooms"][0]["replay"]["reproduced"], true);
+    let reserved = v["ooms"][0]["reserved"].as_u64().unwrap();
+    let free = v["ooms"][0]["device_free"].as_u64().unwrap();
+    assert_eq!(v["capacity"]["bytes"].as_u64().unwrap(), reserved + free);
+    assert_eq!(v["capacity"]["source"]["kind"], "recorded-oom");
+    assert_eq!(v["device"]["device"], 0);
+    assert_eq!(v["largest_tensors"][0]["requested"], 8 * MIB);
+    assert_eq!(v["largest_tensors"][0]["frames"][0]["filename"], "train.py");
+    let tune = &v["tune"];
+    let rows = tune["rows"].as_array().unwrap();
+    assert!(rows.len() >= 10, "a grid of settings: {rows:?}");
+    assert!(tune["best_env"].as_str().unwrap().starts_with("PYTORCH_CUDA_ALLOC_CONF="));
+    // Every row that ran replays the whole trace at its minimum capacity, a multiple of 2 MiB at least
+    // as large as the live bytes at the OOM (30 MiB of blocks).
+    for r in rows.iter().filter(|r| r["note"].is_null()) {
+        let m = r["min_capacity"].as_u64().unwrap();
+        assert_eq!(m % (2 * MIB), 0, "{r}");
+        assert!(m >= 30 * MIB, "{r}");
+        assert_eq!(r["fits"].as_bool().unwrap(), m <= 46 * MIB, "{r}");
+    }
+    let own = rows.iter().find(|r| r["own"] == true).unwrap();
+    assert_eq!(own["kind"], "pytorch");
+
+    let t = json(&gpuheap(&["tune", p, "--json"]));
+    assert_eq!(t["capacity"]["bytes"].as_u64().unwrap(), 46 * MIB);
+    assert_eq!(t["rows"].as_array().unwrap().len(), rows.len());
+    assert_eq!(t["recorded_ooms"], 1);
+
+    let text = gpuheap(&["explain", p]);
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(out.contains("Verdict: fragmentation"), "{out}");
+    assert!(out.contains("Best PyTorch setting"), "{out}");
+}
+
+#[test]
+fn explain_bad_input_exits_2() {
+    let path = write_temp("dev.pickle", &oom_snapshot(8 * MIB, 6 * MIB));
+    for args in [
+        vec!["explain", path.to_str().unwrap(), "--device", "5"],
+        vec!["tune", path.to_str().unwrap(), "--device", "5"],
+        vec!["explain", "/nonexistent/trace.pickle"],
+        vec!["tune", "/nonexistent/trace.pickle", "--json"],
+    ] {
+        let out = gpuheap(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+    }
+}
+
+/// BL-19: device 0 has annotations only, device 2 the allocations: the report is about device 2 and
+/// says which devices exist.
+#[test]
+fn bl19_default_device_has_allocations() {
+    let path = workspace().join("tests/inputs/bl19_annotations_on_dev0.pickle");
+    let trace = read_trace(&path).unwrap();
+    let sums = explain::summarize(&trace);
+    let choice = explain::choose_device(&trace, &sums, None).unwrap();
+    assert_eq!((choice.device, choice.reason), (2, DeviceReason::MostAllocations));
+    assert_eq!(choice.others, vec![0]);
+    let s2 = sums.iter().find(|s| s.device == 2).unwrap();
+    assert_eq!((s2.alloc_events, s2.peak_allocated, s2.peak_reserved), (2, Some(12 * MIB), Some(20 * MIB)));
+    for cmd in ["replay", "compare"] {
+        let out = gpuheap(&[cmd, path.to_str().unwrap()]);
+        let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{cmd}: {err}");
+        assert!(text.contains("device 2"), "{cmd}: {text}");
+        assert!(err.contains("device 2 is reported") && err.contains("also has device 0"), "{cmd}: {err}");
+        assert!(text.contains("12.00 MiB"), "{cmd}: the 4 + 8 MiB peak, not an all-zero report: {text}");
+    }
+    for cmd in ["explain", "tune"] {
+        let out = gpuheap(&[cmd, path.to_str().unwrap()]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("device 2 is reported"), "{cmd}: {text}");
+        assert!(text.contains("also has device 0") && text.contains("--device N"), "{cmd}: {text}");
+    }
+}
+
+/// BL-23: a 2^64 − 1 B buffer: no capacity can be derived from it, so the file is refused naming the
+/// line; with a capacity given the huge requests fail as capacity failures and the 1 KiB one is placed.
+#[test]
+fn bl23_huge_sizes_never_wrap() {
+    let one = write_temp("bl23_one_huge.csv", b"id,lower,upper,size\n0,0,10,18446744073709551615\n");
+    let two = write_temp(
+        "bl23_huge.csv",
+        b"id,lower,upper,size\n0,0,10,18446744073709551615\n1,0,10,18446744073709551361\n2,1,5,1024\n",
+    );
+    for p in [&one, &two] {
+        let trace = read_trace(p).unwrap();
+        let err = explain::capacity_from_evidence(&trace, &trace.devices[0], None).unwrap_err().to_string();
+        assert!(err.contains("line 2") && err.contains("--capacity"), "{err}");
+        let s = &explain::summarize(&trace)[0];
+        let expect = if p == &one { Some(u64::MAX) } else { None };
+        assert_eq!(s.peak_allocated, expect, "a sum beyond 2^64 - 1 is not representable, never wrapped");
+        for cmd in ["explain", "tune", "compare", "replay"] {
+            let out = gpuheap(&[cmd, p.to_str().unwrap(), "--json"]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd}: {err}");
+            assert!(err.contains("line 2") && err.contains("18446744073709551615 B"), "{cmd}: {err}");
+            assert_eq!(err.lines().count(), 1, "{cmd}: one line: {err}");
+        }
+        // With a capacity the huge requests fail for capacity and the 1 KiB buffer is placed.
+        let v = json(&gpuheap(&["compare", p.to_str().unwrap(), "--capacity", "1GiB", "--json"]));
+        for r in v["strategies"].as_array().unwrap() {
+            let failed = r["failed"].as_array().unwrap();
+            assert_eq!(failed.len(), if p == &one { 1 } else { 2 }, "{}", r["strategy"]);
+            assert!(failed.iter().all(|f| f["size"].as_u64().unwrap() > 1 << 60), "{}", r["strategy"]);
+            let peak = r["peak_allocated"].as_u64().unwrap();
+            assert_eq!(peak, if p == &one { 0 } else { 1024 }, "{}: only the 1 KiB buffer is placed", r["strategy"]);
+            assert!(r["capacity"]["bytes"].as_u64().unwrap() == 1 << 30, "{}", r["strategy"]);
+        }
+        let v = json(&gpuheap(&["tune", p.to_str().unwrap(), "--capacity", "1GiB", "--json"]));
+        for r in v["rows"].as_array().unwrap().iter().filter(|r| r["note"].is_null()) {
+            assert_eq!(r["failed"].as_u64().unwrap(), if p == &one { 1 } else { 2 }, "{r}");
+            assert!(r["min_capacity"].is_null(), "no device holds 2^64 - 1 B: {r}");
+            assert!(r["peak_reserved"].as_u64().unwrap() <= 1 << 30, "{r}");
+        }
+    }
+}
+
+/// The real snapshots: what explain reports agrees with what the snapshot records.
+#[test]
+fn real_snapshots_agree_with_their_records() {
+    {
+        let trace = read_trace(workspace().join("data/equivariant-posteriors_oom_snapshot_new.pickle")).unwrap();
+        let e = explain::explain(&trace, None, None).unwrap();
+        assert_eq!(e.moment, Moment::DumpedState);
+        // SOURCES.md: reserved 40,691,040,256 B, allocated 39,293,964,288 B, 155 active blocks, 62 segments.
+        assert_eq!((e.reserved, e.allocated, e.live_blocks, e.segments), (40_691_040_256, 39_293_964_288, 155, 62));
+        assert_eq!(e.reserved_unallocated, e.reserved - e.allocated);
+        assert_eq!(e.capacity.source, CapacitySource::PeakReserved);
+        let b = e.request_bounds.unwrap();
+        assert_eq!((b.device_free, b.fits_up_to), (0, e.largest_hole));
+    }
+    let mut files = vec![workspace().join("data/decomfl_opt_zo_federated_memory.pickle")];
+    files.extend(shared("traces", "memory_ctx512_fullstep_.pickle"));
+    files.extend(shared("traces", "sqattn_qwen2_layerwise_calibration.pickle"));
+    for p in files {
+        let f = p.display();
+        let trace = read_trace(&p).unwrap();
+        let dev = &trace.devices[0];
+        let e = explain::explain(&trace, None, None).unwrap();
+        let pt = gpuheap::replay::pytorch_series(dev);
+        assert_eq!(e.moment, Moment::PeakReserved, "{f}");
+        assert_eq!(e.reserved, pt.peak, "{f}: reserved at the moment = PyTorch's peak reserved");
+        assert_eq!(e.capacity.bytes, pt.peak, "{f}");
+        // At the end the rebuilt state equals the snapshot's own segments.
+        let end = explain::state_after(dev, dev.events.len().checked_sub(1)).unwrap();
+        let fin = dev.final_state.as_ref().unwrap();
+        assert_eq!((end.reserved, end.segments.len()), (fin.reserved_bytes(), fin.segment_count()), "{f}");
+        assert_eq!(
+            end.live.len(),
+            fin.blocks().filter(|b| b.state != gpuheap::trace::BlockStatus::Inactive).count(),
+            "{f}"
+        );
+    }
+}
