@@ -1,0 +1,222 @@
+"""gpuheap: read PyTorch CUDA memory snapshots, replay them through allocation strategies, compare
+the strategies, and explain an out-of-memory error.
+
+Quick start (in a notebook)::
+
+    import gpuheap
+    snap = gpuheap.load("oom_snapshot.pickle")      # or gpuheap.load(torch.cuda.memory._snapshot())
+    gpuheap.compare(snap)                           # every strategy side by side
+
+The numbers are those of the command line ``gpuheap`` for the same input and options (the same
+Rust library computes them). Byte figures are ``int`` bytes. Every error is a subclass of
+:class:`gpuheap.Error`. Long calls release the GIL. Importing gpuheap never imports torch; the OOM
+observer is in :mod:`gpuheap.torch`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Union
+
+from . import _gpuheap
+from ._convert import snapshot_dict_to_pickle
+from ._errors import BackendError, ConfigError, Error, InternalError, TorchError, TraceError
+from ._gpuheap import Snapshot
+from ._reports import Comparison, ReplayReport, fmt_bytes
+
+__version__: str = _gpuheap.__version__
+
+__all__ = [
+    "load",
+    "replay",
+    "compare",
+    "explain",
+    "tune",
+    "strategies",
+    "Snapshot",
+    "ReplayReport",
+    "Comparison",
+    "Error",
+    "TraceError",
+    "ConfigError",
+    "BackendError",
+    "TorchError",
+    "InternalError",
+    "fmt_bytes",
+]
+
+Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, dict, Snapshot]
+Bytes = Union[int, float, str]
+
+
+def load(source: Source) -> Snapshot:
+    """Reads a trace: a PyTorch CUDA memory snapshot, a minimalloc CSV or an RMM log.
+
+    Args:
+        source: a file path (``str`` or path-like); the ``bytes`` of a snapshot pickle (or of a CSV
+            file); or the dict that ``torch.cuda.memory._snapshot()`` returns, converted without
+            executing anything (plain data only; see :mod:`gpuheap._convert`). A :class:`Snapshot`
+            is returned as is.
+
+    Returns:
+        The :class:`Snapshot`, shared by every later call.
+
+    Raises:
+        TraceError: the file cannot be read, the format is unknown, the pickle is truncated or
+            corrupt or asks to run code (it is refused unread), a value has the wrong type (the
+            message names the key, event or segment), or the events are inconsistent.
+        TypeError: ``source`` is none of the types above.
+    """
+    if isinstance(source, Snapshot):
+        return source
+    if isinstance(source, dict):
+        return _gpuheap.load_bytes(snapshot_dict_to_pickle(source), "<dict>")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _gpuheap.load_bytes(bytes(source), "<bytes>")
+    if isinstance(source, (str, os.PathLike)):
+        return _gpuheap.load_path(os.fspath(source))
+    raise TypeError(
+        f"gpuheap.load: expected a path, pickle bytes or a snapshot dict, not {type(source).__qualname__}"
+    )
+
+
+def _bytes_arg(name: str, v: Optional[Bytes]) -> Optional[str]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ConfigError(f"{name}: expected bytes as int, float or str such as '80GiB', not {type(v).__qualname__}")
+    if isinstance(v, int) and v < 0:
+        raise ConfigError(f"{name}: {v} is negative")
+    return str(v)
+
+
+def _str_arg(name: str, v: object) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{name}: expected a str, not {type(v).__qualname__}")
+    return v
+
+
+def _device_arg(v: Optional[int]) -> Optional[int]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"device: expected an int, not {type(v).__qualname__}")
+    return v
+
+
+def strategies() -> list[str]:
+    """The strategy names :func:`replay` accepts: ``first-fit``, ``best-fit``, ``buddy``, ``tlsf``,
+    ``slab``, ``tiered`` and ``caching`` (the model of PyTorch's caching allocator)."""
+    return list(_gpuheap.strategies())
+
+
+def replay(
+    snapshot: Source,
+    strategy: str = "caching",
+    *,
+    capacity: Optional[Bytes] = None,
+    compact: str = "never",
+    backend: Optional[str] = None,
+    device: Optional[int] = None,
+    materialize_limit: Optional[Bytes] = None,
+) -> ReplayReport:
+    """Replays one device of a trace through one strategy: ``gpuheap replay TRACE --json``.
+
+    Args:
+        snapshot: a :class:`Snapshot` or anything :func:`load` takes.
+        strategy: one of :func:`strategies` (``--strategy``).
+        capacity: managed capacity in bytes, or a string with a unit (``"80GiB"``, ``"1.5e9"``).
+            ``None``: PyTorch's peak reserved rounded up to a GiB (snapshots), the capacity in a
+            minimalloc file name, else twice the peak of live bytes (``--capacity``).
+        compact: ``"never"``, ``"on-oom"`` (compact and retry a request that fails for
+            fragmentation) or ``"threshold=F"`` with F in [0, 1] (``--compact``).
+        backend: where compaction kernels run: ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None``: the
+            ``GPUHEAP_BACKEND`` environment variable, else ``"auto"`` (``--backend``).
+        device: the trace's device to replay; ``None``: the first with events (``--device``).
+        materialize_limit: largest image in bytes a compaction materialises before it compacts a
+            scaled image (``--materialize-limit``).
+
+    Returns:
+        The :class:`ReplayReport`.
+
+    Raises:
+        TraceError: ``snapshot`` cannot be loaded.
+        ConfigError: an unknown strategy or policy, an unparsable byte count, a device not in the
+            trace, or a capacity the strategy cannot use.
+        BackendError: a compaction kernel or its check failed, or ``backend="gpu"`` without a GPU.
+    """
+    snap = load(snapshot)
+    out = _gpuheap.replay_json(
+        snap,
+        _str_arg("strategy", strategy),
+        _bytes_arg("capacity", capacity),
+        _str_arg("compact", compact),
+        None if backend is None else _str_arg("backend", backend),
+        _device_arg(device),
+        _bytes_arg("materialize_limit", materialize_limit),
+    )
+    return ReplayReport(json.loads(out))
+
+
+def compare(
+    snapshot: Source,
+    *,
+    capacity: Optional[Bytes] = None,
+    compact: str = "never",
+    backend: Optional[str] = None,
+    device: Optional[int] = None,
+    materialize_limit: Optional[Bytes] = None,
+    device_heap_limit: Optional[Bytes] = None,
+) -> Comparison:
+    """Replays a trace through every strategy and the device allocator: ``gpuheap compare TRACE --json``.
+
+    Arguments as for :func:`replay`, plus ``device_heap_limit``: the largest device heap in bytes
+    the device allocator's row creates before it replays a scaled trace (``--device-heap-limit``;
+    default 8 GiB on the CPU backend, 75 % of free memory on a GPU). The device allocator's row
+    always runs its kernels, on the CPU backend when there is no GPU.
+
+    Returns:
+        The :class:`Comparison`; a strategy that cannot take the options (e.g. the caching model
+        below 2 MiB) is listed in ``not_run`` with the reason.
+
+    Raises:
+        TraceError, ConfigError, BackendError: as for :func:`replay`; ConfigError also when no
+        strategy at all can run.
+    """
+    snap = load(snapshot)
+    out = _gpuheap.compare_json(
+        snap,
+        _bytes_arg("capacity", capacity),
+        _str_arg("compact", compact),
+        None if backend is None else _str_arg("backend", backend),
+        _device_arg(device),
+        _bytes_arg("materialize_limit", materialize_limit),
+        _bytes_arg("device_heap_limit", device_heap_limit),
+    )
+    return Comparison(json.loads(out))
+
+
+def explain(snapshot: Source, capacity: Optional[Bytes] = None):  # type: ignore[no-untyped-def]
+    """Explains an out-of-memory error (or the peak of a run that did not fail).
+
+    Not available yet: the Rust ``explain`` of this build is missing.
+
+    Raises:
+        NotImplementedError: always, in this build.
+    """
+    raise NotImplementedError("gpuheap.explain: not in this build yet (the Rust explain module has not landed)")
+
+
+def tune(snapshot: Source, capacity: Optional[Bytes] = None, settings: Optional[list] = None):  # type: ignore[no-untyped-def]
+    """Ranks PYTORCH_CUDA_ALLOC_CONF settings by replaying the trace under each.
+
+    Not available yet: the Rust ``tune`` of this build is missing.
+
+    Raises:
+        NotImplementedError: always, in this build.
+    """
+    raise NotImplementedError("gpuheap.tune: not in this build yet (the Rust tune module has not landed)")
+
+
+from . import torch  # noqa: E402  (imports no torch: see gpuheap.torch)
