@@ -20,7 +20,9 @@ use serde::Serialize;
 
 use gpuheap::backend::{Backend, BackendChoice};
 use gpuheap::reference::StrategyKind;
-use gpuheap::replay::{self, CompactPolicy, DeviceReplayOptions, PytorchReserved, ReplayError, ReplayOptions, ReplayReport};
+use gpuheap::replay::{
+    self, CompactPolicy, DeviceReplayOptions, PytorchReserved, ReplayError, ReplayOptions, ReplayReport,
+};
 use gpuheap::trace::{self, DeviceTrace, Trace};
 
 pyo3::import_exception!(gpuheap._errors, TraceError);
@@ -162,9 +164,7 @@ fn load_path(py: Python<'_>, path: PathBuf) -> PyResult<Snapshot> {
 #[pyfunction]
 fn load_bytes(py: Python<'_>, data: &[u8], name: &str) -> PyResult<Snapshot> {
     let name = PathBuf::from(name);
-    detached(py, move || {
-        trace::parse_trace(&name, data).map(Snapshot::new).map_err(|e| Failure::Trace(e.to_string()))
-    })
+    detached(py, move || trace::parse_trace(&name, data).map(Snapshot::new).map_err(|e| Failure::Trace(e.to_string())))
 }
 
 /// Parses a byte count as the CLI does (`80GiB`, `1.5e9`, `1048576`).
@@ -237,7 +237,13 @@ impl Common {
         Backend::select(self.backend).map_err(|e| Failure::Backend(e.to_string()))
     }
 
-    fn replay(&self, trace: &Trace, dev: &DeviceTrace, strategy: StrategyKind, backend: Option<&Backend>) -> Result<ReplayReport, Failure> {
+    fn replay(
+        &self,
+        trace: &Trace,
+        dev: &DeviceTrace,
+        strategy: StrategyKind,
+        backend: Option<&Backend>,
+    ) -> Result<ReplayReport, Failure> {
         let opts = ReplayOptions {
             capacity: self.capacity,
             policy: self.policy,
@@ -267,7 +273,8 @@ fn replay_json(
     materialize_limit: Option<&str>,
 ) -> PyResult<String> {
     let trace = Arc::clone(&snapshot.trace);
-    let strategy: StrategyKind = strategy.parse().map_err(|e: gpuheap::reference::UnknownStrategy| ConfigError::new_err(e.to_string()))?;
+    let strategy: StrategyKind =
+        strategy.parse().map_err(|e: gpuheap::reference::UnknownStrategy| ConfigError::new_err(e.to_string()))?;
     let common = Common::parse(capacity, compact, backend, device, materialize_limit)?;
     detached(py, move || {
         let dev = common.device(&trace)?;
