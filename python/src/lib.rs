@@ -112,31 +112,6 @@ impl Snapshot {
         self.trace.event_count()
     }
 
-    /// Per device: events, initial blocks and segments, and the snapshot's final reserved and allocated
-    /// bytes (`None` outside PyTorch snapshots), as a JSON object keyed by the device ordinal.
-    fn devices_json(&self) -> String {
-        let v: Vec<serde_json::Value> = self
-            .trace
-            .devices
-            .iter()
-            .map(|d| {
-                let fin = d.final_state.as_ref();
-                serde_json::json!({
-                    "device": d.device,
-                    "events": d.events.len(),
-                    "initial_blocks": d.initial_blocks.len(),
-                    "initial_segments": d.initial_segments.len(),
-                    "ooms": d.count(trace::EventKind::Oom),
-                    "reserved_bytes": fin.map(|s| s.reserved_bytes()),
-                    "allocated_bytes": fin.map(|s| s.allocated_bytes()),
-                    "segments": fin.map(|s| s.segment_count()),
-                    "blocks": fin.map(|s| s.block_count()),
-                })
-            })
-            .collect();
-        serde_json::Value::Array(v).to_string()
-    }
-
     fn __repr__(&self) -> String {
         format!(
             "<gpuheap.Snapshot {:?}: {}, devices {:?}, {} events>",

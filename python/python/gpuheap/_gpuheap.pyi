@@ -19,8 +19,6 @@ class Snapshot:
     @property
     def event_count(self) -> int:
         """Number of events over all devices."""
-    def devices_json(self) -> str:
-        """Per device: events, initial blocks/segments, OOM events, final reserved/allocated bytes (JSON)."""
 
 def load_path(path: str) -> Snapshot:
     """Reads a trace file. Raises gpuheap.TraceError."""
