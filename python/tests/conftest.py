@@ -24,7 +24,7 @@ SHARED = Path(os.environ.get("GPUHEAP_SHARED_TRACES", ROOT.parent / "shared" / "
 TRACE_SUFFIXES = (".pickle", ".pkl", ".csv")
 
 # Run-time measurements: they differ between two runs of the same replay.
-TIMING_KEYS = {"replay_ns", "events_per_s", "kernel_ns", "plan_ns", "move_ns", "wall_ns", "gbps"}
+TIMING_KEYS = {"replay_ns", "events_per_s", "kernel_ns", "plan_ns", "move_ns", "wall_ns", "wall_s", "gbps"}
 
 
 def data_traces() -> list[Path]:

@@ -197,7 +197,9 @@ def compare(
     return Comparison(json.loads(out))
 
 
-def explain(snapshot: Source, capacity: Optional[Bytes] = None):  # type: ignore[no-untyped-def]
+def explain(  # type: ignore[no-untyped-def]
+    snapshot: Source, capacity: Optional[Bytes] = None, *, device: Optional[int] = None, tune: bool = True
+):
     """Explains an out-of-memory error (or the peak of a run that did not fail).
 
     Not available yet: the Rust ``explain`` of this build is missing.
@@ -208,7 +210,9 @@ def explain(snapshot: Source, capacity: Optional[Bytes] = None):  # type: ignore
     raise NotImplementedError("gpuheap.explain: not in this build yet (the Rust explain module has not landed)")
 
 
-def tune(snapshot: Source, capacity: Optional[Bytes] = None, settings: Optional[list] = None):  # type: ignore[no-untyped-def]
+def tune(  # type: ignore[no-untyped-def]
+    snapshot: Source, capacity: Optional[Bytes] = None, settings: Optional[list] = None, *, device: Optional[int] = None
+):
     """Ranks PYTORCH_CUDA_ALLOC_CONF settings by replaying the trace under each.
 
     Not available yet: the Rust ``tune`` of this build is missing.
