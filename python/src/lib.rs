@@ -25,6 +25,9 @@ use gpuheap::replay::{
 };
 use gpuheap::trace::{self, DeviceTrace, Trace};
 
+#[cfg(feature = "explain")]
+mod explain;
+
 pyo3::import_exception!(gpuheap._errors, TraceError);
 pyo3::import_exception!(gpuheap._errors, ConfigError);
 pyo3::import_exception!(gpuheap._errors, BackendError);
@@ -84,6 +87,10 @@ fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Se
 #[pyclass(frozen, module = "gpuheap", name = "Snapshot")]
 struct Snapshot {
     trace: Arc<Trace>,
+    /// The bytes it was parsed from, when it was not read from a file (`explain` reads a snapshot
+    /// again for its stack frames).
+    #[cfg_attr(not(feature = "explain"), allow(dead_code, reason = "read by the explain bindings"))]
+    bytes: Option<Arc<[u8]>>,
 }
 
 #[pymethods]
@@ -124,22 +131,27 @@ impl Snapshot {
 }
 
 impl Snapshot {
-    fn new(trace: Trace) -> Self {
-        Snapshot { trace: Arc::new(trace) }
+    fn new(trace: Trace, bytes: Option<Arc<[u8]>>) -> Self {
+        Snapshot { trace: Arc::new(trace), bytes }
     }
 }
 
 /// Reads the trace file at `path` (format detected from the content).
 #[pyfunction]
 fn load_path(py: Python<'_>, path: PathBuf) -> PyResult<Snapshot> {
-    detached(py, move || trace::read_trace(&path).map(Snapshot::new).map_err(|e| Failure::Trace(e.to_string())))
+    detached(py, move || {
+        trace::read_trace(&path).map(|t| Snapshot::new(t, None)).map_err(|e| Failure::Trace(e.to_string()))
+    })
 }
 
 /// Parses trace bytes (a pickle or a CSV); `name` stands for the file in messages (`<bytes>`, `<dict>`).
 #[pyfunction]
 fn load_bytes(py: Python<'_>, data: &[u8], name: &str) -> PyResult<Snapshot> {
     let name = PathBuf::from(name);
-    detached(py, move || trace::parse_trace(&name, data).map(Snapshot::new).map_err(|e| Failure::Trace(e.to_string())))
+    detached(py, move || {
+        let t = trace::parse_trace(&name, data).map_err(|e| Failure::Trace(e.to_string()))?;
+        Ok(Snapshot::new(t, Some(Arc::from(data))))
+    })
 }
 
 /// Parses a byte count as the CLI does (`80GiB`, `1.5e9`, `1048576`).
@@ -359,6 +371,11 @@ fn _gpuheap(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(replay_json, m)?)?;
     m.add_function(wrap_pyfunction!(compare_json, m)?)?;
+    #[cfg(feature = "explain")]
+    {
+        m.add_function(wrap_pyfunction!(explain::explain_json, m)?)?;
+        m.add_function(wrap_pyfunction!(explain::tune_json, m)?)?;
+    }
     m.add_function(wrap_pyfunction!(strategies, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 from . import _gpuheap
 from ._convert import snapshot_dict_to_pickle
+from ._explain import Explanation, TuneResult
 from ._errors import BackendError, ConfigError, Error, InternalError, TorchError, TraceError
 from ._gpuheap import Snapshot
 from ._reports import Comparison, ReplayReport, fmt_bytes
@@ -37,6 +38,8 @@ __all__ = [
     "Snapshot",
     "ReplayReport",
     "Comparison",
+    "Explanation",
+    "TuneResult",
     "Error",
     "TraceError",
     "ConfigError",
@@ -197,30 +200,104 @@ def compare(
     return Comparison(json.loads(out))
 
 
-def explain(  # type: ignore[no-untyped-def]
-    snapshot: Source, capacity: Optional[Bytes] = None, *, device: Optional[int] = None, tune: bool = True
-):
-    """Explains an out-of-memory error (or the peak of a run that did not fail).
+def _need_explain(name: str) -> None:
+    if not hasattr(_gpuheap, "explain_json"):
+        raise NotImplementedError(
+            f"gpuheap.{name}: this build has no explain bindings (the Rust library's explain module was not "
+            "available; build the python crate with its `explain` feature once it is)"
+        )
 
-    Not available yet: the Rust ``explain`` of this build is missing.
+
+def explain(
+    snapshot: Source,
+    capacity: Optional[Bytes] = None,
+    *,
+    device: Optional[int] = None,
+    tune: bool = True,
+) -> Explanation:
+    """Explains an out-of-memory error: ``gpuheap explain TRACE --json``.
+
+    For the first recorded OOM: the request, PyTorch's reserved and allocated bytes, the holes, the
+    driver's free bytes and the verdict (``capacity``: the GPU was full; ``fragmentation``: the
+    bytes were free, in pieces; see :attr:`Explanation.verdict`). For a snapshot without an OOM
+    (e.g. dumped by an OOM observer, or of a run that did not fail): the dumped state or the moment
+    of peak reserved memory. Then the largest live tensors with the user code that allocated them,
+    the segments with the most holes and, with ``tune``, the settings search and the recommended
+    ``PYTORCH_CUDA_ALLOC_CONF`` (:attr:`Explanation.recommended_env`).
+
+    Args:
+        snapshot: a :class:`Snapshot` or anything :func:`load` takes.
+        capacity: the GPU's memory in bytes (or ``"80GiB"``). ``None``: PyTorch's reserved bytes at
+            a recorded OOM plus the driver's free bytes then, else its peak reserved bytes.
+        device: the device to explain; ``None``: the one with a recorded OOM, else the one with the
+            most allocation events.
+        tune: run the settings search (:func:`tune`); ``False`` is faster (``--no-tune``).
+
+    Returns:
+        The :class:`Explanation`: ``str()`` is the CLI's page, ``.to_dict()`` its JSON; a notebook
+        shows the page.
 
     Raises:
-        NotImplementedError: always, in this build.
+        TraceError: ``snapshot`` cannot be loaded, or its sizes cannot be represented.
+        ConfigError: a device the trace lacks, an unparsable capacity, a trace with no allocation.
+        BackendError: a replay of the search failed at run time.
     """
-    raise NotImplementedError("gpuheap.explain: not in this build yet (the Rust explain module has not landed)")
+    _need_explain("explain")
+    snap = load(snapshot)
+    if not isinstance(tune, bool):
+        raise ConfigError(f"tune: expected a bool, not {type(tune).__qualname__}")
+    out = _gpuheap.explain_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), tune)
+    return Explanation(json.loads(out))
 
 
-def tune(  # type: ignore[no-untyped-def]
-    snapshot: Source, capacity: Optional[Bytes] = None, settings: Optional[list] = None, *, device: Optional[int] = None
-):
-    """Ranks PYTORCH_CUDA_ALLOC_CONF settings by replaying the trace under each.
+def tune(
+    snapshot: Source,
+    capacity: Optional[Bytes] = None,
+    settings: Optional[Sequence[str]] = None,
+    *,
+    device: Optional[int] = None,
+) -> TuneResult:
+    """Finds the allocator setting that would have avoided the OOM: ``gpuheap tune TRACE --json``.
 
-    Not available yet: the Rust ``tune`` of this build is missing.
+    Replays the trace under a grid of ``PYTORCH_CUDA_ALLOC_CONF`` settings (the snapshot's own,
+    expandable segments, ``max_split_size_mb`` values from the trace's request sizes,
+    ``roundup_power2_divisions``, ``garbage_collection_threshold`` and combinations), under the
+    caching model compacting on OOM and under every host strategy; for each, the peak reserved
+    bytes, the requests that fail at ``capacity`` and the least GPU memory (bytes, a multiple of
+    2 MiB) that replays the whole trace. Rows are ranked by that minimum.
+
+    Args:
+        snapshot: a :class:`Snapshot` or anything :func:`load` takes.
+        capacity: the GPU's memory for the ``failed`` column, bytes or ``"80GiB"``; ``None`` as
+            for :func:`explain`.
+        settings: keep only these rows, named by their ``setting`` label as the CLI prints it
+            (e.g. ``"expandable_segments:True"``, ``"best-fit"``, ``"(defaults)"``); the ranking and
+            :attr:`TuneResult.best_env` are then among them. The whole grid is still replayed (it
+            is fixed in this version). ``None``: every row.
+        device: as for :func:`explain`.
+
+    Returns:
+        The :class:`TuneResult` (``.rows``, ``.best_env``).
 
     Raises:
-        NotImplementedError: always, in this build.
+        TraceError, ConfigError, BackendError: as for :func:`explain`; ConfigError also for a name
+        in ``settings`` that is no row of the grid.
     """
-    raise NotImplementedError("gpuheap.tune: not in this build yet (the Rust tune module has not landed)")
+    _need_explain("tune")
+    snap = load(snapshot)
+    data = json.loads(_gpuheap.tune_json(snap, _device_arg(device), _bytes_arg("capacity", capacity)))
+    if settings is not None:
+        if isinstance(settings, str):
+            raise ConfigError("settings: expected a list of setting names, not one str")
+        labels = [r["setting"] for r in data["rows"]]
+        unknown = [s for s in settings if s not in labels]
+        if unknown:
+            raise ConfigError(f"settings: {unknown} are not rows of the grid (rows: {labels})")
+        rows = [r for r in data["rows"] if r["setting"] in settings]
+        best = next((i for i, r in enumerate(rows) if r["kind"] == "pytorch" and r["min_capacity"] is not None), None)
+        data.update(rows=rows, best=best, best_env=None if best is None else rows[best]["env"])
+        data["replays"] = sum(r["replays"] for r in rows)
+    return TuneResult(data, data["recorded_ooms"] > 0)
 
 
 from . import torch  # noqa: E402  (imports no torch: see gpuheap.torch)

@@ -200,7 +200,7 @@ class TuneResult(Report):
         if "trace" not in t:
             return _tune_table(t, self._oom)
         s = f"trace {t['trace']} ({t['format']})\n" if "format" in t else f"trace {t['trace']}\n"
-        s += _devices_text(t["devices"], t["device"])
+        s += _devices_text(t["devices"], t["device_choice"])
         s += _capacity_text(t["capacity"])
         s += f"\n{len(t['rows'])} settings, {t['replays']} replays in {t['wall_s']:.1f} s\n\n"
         return s + _tune_table(t, t["recorded_ooms"] > 0)

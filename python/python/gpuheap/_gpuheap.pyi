@@ -51,6 +51,13 @@ def compare_json(
 ) -> str:
     """`gpuheap compare --json`. Raises gpuheap.ConfigError, TraceError, BackendError, InternalError."""
 
+# Only in builds with the cargo feature `explain` (gpuheap.explain/tune raise NotImplementedError otherwise).
+def explain_json(snapshot: Snapshot, device: Optional[int], capacity: Optional[str], tune: bool) -> str:
+    """`gpuheap explain --json` (`tune=False`: `--no-tune`). Raises TraceError, ConfigError, BackendError."""
+
+def tune_json(snapshot: Snapshot, device: Optional[int], capacity: Optional[str]) -> str:
+    """`gpuheap tune --json`, plus the trace's `format`. Raises TraceError, ConfigError, BackendError."""
+
 def strategies() -> list[str]:
     """The strategy names replay accepts."""
 

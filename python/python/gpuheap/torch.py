@@ -113,18 +113,14 @@ def _analyse(snapshot: dict, capacity: int, explain: bool, tune: bool) -> list[s
     import gpuheap
 
     snap = gpuheap.load(snapshot)
-    out: list[str] = []
-    if explain:
-        try:
-            out.append(str(gpuheap.explain(snap, capacity=capacity)))
-        except NotImplementedError:
-            out.append(gpuheap.replay(snap, "caching", capacity=capacity).summary())
-    if tune:
-        try:
-            out.append(str(gpuheap.tune(snap, capacity=capacity)))
-        except NotImplementedError as e:
-            out.append(f"gpuheap: tune: {e}")
-    return out
+    try:
+        if explain:
+            return [str(gpuheap.explain(snap, capacity=capacity, tune=tune))]
+        if tune:
+            return [str(gpuheap.tune(snap, capacity=capacity))]
+    except NotImplementedError as e:  # a build without the explain bindings
+        return [f"gpuheap: {e}", gpuheap.replay(snap, "caching", capacity=capacity).summary()]
+    return []
 
 
 def install_oom_observer(
