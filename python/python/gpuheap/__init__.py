@@ -1,0 +1,303 @@
+"""gpuheap: read PyTorch CUDA memory snapshots, replay them through allocation strategies, compare
+the strategies, and explain an out-of-memory error.
+
+Quick start (in a notebook)::
+
+    import gpuheap
+    snap = gpuheap.load("oom_snapshot.pickle")      # or gpuheap.load(torch.cuda.memory._snapshot())
+    gpuheap.compare(snap)                           # every strategy side by side
+
+The numbers are those of the command line ``gpuheap`` for the same input and options (the same
+Rust library computes them). Byte figures are ``int`` bytes. Every error is a subclass of
+:class:`gpuheap.Error`. Long calls release the GIL. Importing gpuheap never imports torch; the OOM
+observer is in :mod:`gpuheap.torch`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Sequence, Union
+
+from . import _gpuheap
+from ._convert import snapshot_dict_to_pickle
+from ._explain import Explanation, TuneResult
+from ._errors import BackendError, ConfigError, Error, InternalError, TorchError, TraceError
+from ._gpuheap import Snapshot
+from ._reports import Comparison, ReplayReport, fmt_bytes
+
+__version__: str = _gpuheap.__version__
+
+__all__ = [
+    "load",
+    "replay",
+    "compare",
+    "explain",
+    "tune",
+    "strategies",
+    "Snapshot",
+    "ReplayReport",
+    "Comparison",
+    "Explanation",
+    "TuneResult",
+    "Error",
+    "TraceError",
+    "ConfigError",
+    "BackendError",
+    "TorchError",
+    "InternalError",
+    "fmt_bytes",
+]
+
+Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, dict, Snapshot]
+Bytes = Union[int, float, str]
+
+
+def load(source: Source) -> Snapshot:
+    """Reads a trace: a PyTorch CUDA memory snapshot, a minimalloc CSV or an RMM log.
+
+    Args:
+        source: a file path (``str`` or path-like); the ``bytes`` of a snapshot pickle (or of a CSV
+            file); or the dict that ``torch.cuda.memory._snapshot()`` returns, converted without
+            executing anything (plain data only; see :mod:`gpuheap._convert`). A :class:`Snapshot`
+            is returned as is.
+
+    Returns:
+        The :class:`Snapshot`, shared by every later call.
+
+    Raises:
+        TraceError: the file cannot be read, the format is unknown, the pickle is truncated or
+            corrupt or asks to run code (it is refused unread), a value has the wrong type (the
+            message names the key, event or segment), or the events are inconsistent.
+        TypeError: ``source`` is none of the types above.
+    """
+    if isinstance(source, Snapshot):
+        return source
+    if isinstance(source, dict):
+        return _gpuheap.load_bytes(snapshot_dict_to_pickle(source), "<dict>")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _gpuheap.load_bytes(bytes(source), "<bytes>")
+    if isinstance(source, (str, os.PathLike)):
+        return _gpuheap.load_path(os.fspath(source))
+    raise TypeError(
+        f"gpuheap.load: expected a path, pickle bytes or a snapshot dict, not {type(source).__qualname__}"
+    )
+
+
+def _bytes_arg(name: str, v: Optional[Bytes]) -> Optional[str]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ConfigError(f"{name}: expected bytes as int, float or str such as '80GiB', not {type(v).__qualname__}")
+    if isinstance(v, int) and v < 0:
+        raise ConfigError(f"{name}: {v} is negative")
+    return str(v)
+
+
+def _str_arg(name: str, v: object) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{name}: expected a str, not {type(v).__qualname__}")
+    return v
+
+
+def _device_arg(v: Optional[int]) -> Optional[int]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"device: expected an int, not {type(v).__qualname__}")
+    return v
+
+
+def strategies() -> list[str]:
+    """The strategy names :func:`replay` accepts: ``first-fit``, ``best-fit``, ``buddy``, ``tlsf``,
+    ``slab``, ``tiered`` and ``caching`` (the model of PyTorch's caching allocator)."""
+    return list(_gpuheap.strategies())
+
+
+def replay(
+    snapshot: Source,
+    strategy: str = "caching",
+    *,
+    capacity: Optional[Bytes] = None,
+    compact: str = "never",
+    backend: Optional[str] = None,
+    device: Optional[int] = None,
+    materialize_limit: Optional[Bytes] = None,
+) -> ReplayReport:
+    """Replays one device of a trace through one strategy: ``gpuheap replay TRACE --json``.
+
+    Args:
+        snapshot: a :class:`Snapshot` or anything :func:`load` takes.
+        strategy: one of :func:`strategies` (``--strategy``).
+        capacity: managed capacity in bytes, or a string with a unit (``"80GiB"``, ``"1.5e9"``).
+            ``None``: PyTorch's peak reserved rounded up to a GiB (snapshots), the capacity in a
+            minimalloc file name, else twice the peak of live bytes (``--capacity``).
+        compact: ``"never"``, ``"on-oom"`` (compact and retry a request that fails for
+            fragmentation) or ``"threshold=F"`` with F in [0, 1] (``--compact``).
+        backend: where compaction kernels run: ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None``: the
+            ``GPUHEAP_BACKEND`` environment variable, else ``"auto"`` (``--backend``).
+        device: the trace's device to replay; ``None``: the first with events (``--device``).
+        materialize_limit: largest image in bytes a compaction materialises before it compacts a
+            scaled image (``--materialize-limit``).
+
+    Returns:
+        The :class:`ReplayReport`.
+
+    Raises:
+        TraceError: ``snapshot`` cannot be loaded.
+        ConfigError: an unknown strategy or policy, an unparsable byte count, a device not in the
+            trace, or a capacity the strategy cannot use.
+        BackendError: a compaction kernel or its check failed, or ``backend="gpu"`` without a GPU.
+    """
+    snap = load(snapshot)
+    out = _gpuheap.replay_json(
+        snap,
+        _str_arg("strategy", strategy),
+        _bytes_arg("capacity", capacity),
+        _str_arg("compact", compact),
+        None if backend is None else _str_arg("backend", backend),
+        _device_arg(device),
+        _bytes_arg("materialize_limit", materialize_limit),
+    )
+    return ReplayReport(json.loads(out))
+
+
+def compare(
+    snapshot: Source,
+    *,
+    capacity: Optional[Bytes] = None,
+    compact: str = "never",
+    backend: Optional[str] = None,
+    device: Optional[int] = None,
+    materialize_limit: Optional[Bytes] = None,
+    device_heap_limit: Optional[Bytes] = None,
+) -> Comparison:
+    """Replays a trace through every strategy and the device allocator: ``gpuheap compare TRACE --json``.
+
+    Arguments as for :func:`replay`, plus ``device_heap_limit``: the largest device heap in bytes
+    the device allocator's row creates before it replays a scaled trace (``--device-heap-limit``;
+    default 8 GiB on the CPU backend, 75 % of free memory on a GPU). The device allocator's row
+    always runs its kernels, on the CPU backend when there is no GPU.
+
+    Returns:
+        The :class:`Comparison`; a strategy that cannot take the options (e.g. the caching model
+        below 2 MiB) is listed in ``not_run`` with the reason.
+
+    Raises:
+        TraceError, ConfigError, BackendError: as for :func:`replay`; ConfigError also when no
+        strategy at all can run.
+    """
+    snap = load(snapshot)
+    out = _gpuheap.compare_json(
+        snap,
+        _bytes_arg("capacity", capacity),
+        _str_arg("compact", compact),
+        None if backend is None else _str_arg("backend", backend),
+        _device_arg(device),
+        _bytes_arg("materialize_limit", materialize_limit),
+        _bytes_arg("device_heap_limit", device_heap_limit),
+    )
+    return Comparison(json.loads(out))
+
+
+def _need_explain(name: str) -> None:
+    if not hasattr(_gpuheap, "explain_json"):
+        raise NotImplementedError(
+            f"gpuheap.{name}: this build has no explain bindings (the Rust library's explain module was not "
+            "available; build the python crate with its `explain` feature once it is)"
+        )
+
+
+def explain(
+    snapshot: Source,
+    capacity: Optional[Bytes] = None,
+    *,
+    device: Optional[int] = None,
+    tune: bool = True,
+) -> Explanation:
+    """Explains an out-of-memory error: ``gpuheap explain TRACE --json``.
+
+    For the first recorded OOM: the request, PyTorch's reserved and allocated bytes, the holes, the
+    driver's free bytes and the verdict (``capacity``: the GPU was full; ``fragmentation``: the
+    bytes were free, in pieces; see :attr:`Explanation.verdict`). For a snapshot without an OOM
+    (e.g. dumped by an OOM observer, or of a run that did not fail): the dumped state or the moment
+    of peak reserved memory. Then the largest live tensors with the user code that allocated them,
+    the segments with the most holes and, with ``tune``, the settings search and the recommended
+    ``PYTORCH_CUDA_ALLOC_CONF`` (:attr:`Explanation.recommended_env`).
+
+    Args:
+        snapshot: a :class:`Snapshot` or anything :func:`load` takes.
+        capacity: the GPU's memory in bytes (or ``"80GiB"``). ``None``: PyTorch's reserved bytes at
+            a recorded OOM plus the driver's free bytes then, else its peak reserved bytes.
+        device: the device to explain; ``None``: the one with a recorded OOM, else the one with the
+            most allocation events.
+        tune: run the settings search (:func:`tune`); ``False`` is faster (``--no-tune``).
+
+    Returns:
+        The :class:`Explanation`: ``str()`` is the CLI's page, ``.to_dict()`` its JSON; a notebook
+        shows the page.
+
+    Raises:
+        TraceError: ``snapshot`` cannot be loaded, or its sizes cannot be represented.
+        ConfigError: a device the trace lacks, an unparsable capacity, a trace with no allocation.
+        BackendError: a replay of the search failed at run time.
+    """
+    _need_explain("explain")
+    snap = load(snapshot)
+    if not isinstance(tune, bool):
+        raise ConfigError(f"tune: expected a bool, not {type(tune).__qualname__}")
+    out = _gpuheap.explain_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), tune)
+    return Explanation(json.loads(out))
+
+
+def tune(
+    snapshot: Source,
+    capacity: Optional[Bytes] = None,
+    settings: Optional[Sequence[str]] = None,
+    *,
+    device: Optional[int] = None,
+) -> TuneResult:
+    """Finds the allocator setting that would have avoided the OOM: ``gpuheap tune TRACE --json``.
+
+    Replays the trace under a grid of ``PYTORCH_CUDA_ALLOC_CONF`` settings (the snapshot's own,
+    expandable segments, ``max_split_size_mb`` values from the trace's request sizes,
+    ``roundup_power2_divisions``, ``garbage_collection_threshold`` and combinations), under the
+    caching model compacting on OOM and under every host strategy; for each, the peak reserved
+    bytes, the requests that fail at ``capacity`` and the least GPU memory (bytes, a multiple of
+    2 MiB) that replays the whole trace. Rows are ranked by that minimum.
+
+    Args:
+        snapshot: a :class:`Snapshot` or anything :func:`load` takes.
+        capacity: the GPU's memory for the ``failed`` column, bytes or ``"80GiB"``; ``None`` as
+            for :func:`explain`.
+        settings: keep only these rows, named by their ``setting`` label as the CLI prints it
+            (e.g. ``"expandable_segments:True"``, ``"best-fit"``, ``"(defaults)"``); the ranking and
+            :attr:`TuneResult.best_env` are then among them. The whole grid is still replayed (it
+            is fixed in this version). ``None``: every row.
+        device: as for :func:`explain`.
+
+    Returns:
+        The :class:`TuneResult` (``.rows``, ``.best_env``).
+
+    Raises:
+        TraceError, ConfigError, BackendError: as for :func:`explain`; ConfigError also for a name
+        in ``settings`` that is no row of the grid.
+    """
+    _need_explain("tune")
+    snap = load(snapshot)
+    data = json.loads(_gpuheap.tune_json(snap, _device_arg(device), _bytes_arg("capacity", capacity)))
+    if settings is not None:
+        if isinstance(settings, str):
+            raise ConfigError("settings: expected a list of setting names, not one str")
+        labels = [r["setting"] for r in data["rows"]]
+        unknown = [s for s in settings if s not in labels]
+        if unknown:
+            raise ConfigError(f"settings: {unknown} are not rows of the grid (rows: {labels})")
+        rows = [r for r in data["rows"] if r["setting"] in settings]
+        best = next((i for i, r in enumerate(rows) if r["kind"] == "pytorch" and r["min_capacity"] is not None), None)
+        data.update(rows=rows, best=best, best_env=None if best is None else rows[best]["env"])
+        data["replays"] = sum(r["replays"] for r in rows)
+    return TuneResult(data, data["recorded_ooms"] > 0)
+
+
+from . import torch  # noqa: E402  (imports no torch: see gpuheap.torch)

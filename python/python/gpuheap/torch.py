@@ -1,0 +1,166 @@
+"""The out-of-memory observer: catch the next "CUDA out of memory" with its snapshot and explanation.
+
+In a training script::
+
+    import gpuheap.torch
+    torch.cuda.memory._record_memory_history(max_entries=100_000)   # optional: events before the OOM
+    gpuheap.torch.install_oom_observer("oom-{device}-{pid}.pickle")
+
+When PyTorch's caching allocator fails a request, it calls the observer (before it raises
+``torch.OutOfMemoryError``); the observer takes ``torch.cuda.memory._snapshot()`` (with the event
+history when ``_record_memory_history`` is on), writes it to ``path`` if given (the same pickle
+``torch.cuda.memory._dump_snapshot`` writes, so ``gpuheap`` and PyTorch's viewer read it), and
+prints or logs the explanation.
+
+Importing this module does not import torch; :func:`install_oom_observer` does.
+
+What was tested: the wiring, against a stand-in ``torch`` module that records the registered
+callback and calls it with a real snapshot dict (``python/tests/test_torch_observer.py``). Not
+tested here: a CUDA build of PyTorch on a GPU (none was available to the project).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import time
+from typing import Any, Callable, Optional, Union
+
+from ._errors import TorchError
+
+__all__ = ["install_oom_observer", "OomObserver"]
+
+_HOOK = "_cuda_attach_out_of_memory_observer"
+
+Log = Union[logging.Logger, Callable[[str], Any], None]
+
+
+def _fmt(b: int) -> str:
+    from ._reports import fmt_bytes
+
+    return fmt_bytes(int(b))
+
+
+class OomObserver:
+    """The callback registered with PyTorch (see :func:`install_oom_observer`).
+
+    Attributes:
+        calls: how many out-of-memory errors it has observed.
+        last_path: the snapshot file written at the last one (``None`` without ``path``).
+        last_report: the text printed or logged at the last one.
+        last_error: the exception the last call caught, if any (the observer never raises into
+            PyTorch's allocator; a failure is logged instead).
+    """
+
+    def __init__(self, torch_module: Any, path: Optional[str], explain: bool, tune: bool, log: Log) -> None:
+        self._torch = torch_module
+        self.path = path
+        self.explain = explain
+        self.tune = tune
+        self._log = log
+        self.calls = 0
+        self.last_path: Optional[str] = None
+        self.last_report: Optional[str] = None
+        self.last_error: Optional[BaseException] = None
+
+    def _emit(self, text: str) -> None:
+        if isinstance(self._log, logging.Logger):
+            self._log.error(text)
+        elif self._log is not None:
+            self._log(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def _write(self, snapshot: dict, device: int) -> str:
+        assert self.path is not None
+        path = self.path.format(device=device, pid=os.getpid(), time=time.strftime("%Y%m%d-%H%M%S"))
+        tmp = f"{path}.{os.getpid()}.partial"
+        try:
+            with open(tmp, "wb") as f:
+                pickle.dump(snapshot, f, protocol=4)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return path
+
+    def __call__(self, device: int, alloc: int, device_total: int, device_free: int) -> None:
+        """Called by PyTorch as ``observer(device, requested bytes, device total (or the limit set by
+        set_per_process_memory_fraction) bytes, driver free bytes)``."""
+        self.calls += 1
+        self.last_error = None
+        lines = [
+            f"gpuheap: CUDA out of memory on device {device}: {_fmt(alloc)} requested, "
+            f"{_fmt(device_free)} free on the device of {_fmt(device_total)}"
+        ]
+        try:
+            snapshot = self._torch.cuda.memory._snapshot()
+            if self.path is not None:
+                self.last_path = self._write(snapshot, device)
+                lines.append(f"gpuheap: snapshot written to {self.last_path}")
+            if self.explain or self.tune:
+                lines.extend(_analyse(snapshot, device_total, self.explain, self.tune))
+        except Exception as e:  # never raise into the allocator's OOM path
+            self.last_error = e
+            lines.append(f"gpuheap: the OOM observer failed: {type(e).__name__}: {e}")
+        self.last_report = "\n".join(lines)
+        self._emit(self.last_report)
+
+
+def _analyse(snapshot: dict, capacity: int, explain: bool, tune: bool) -> list[str]:
+    import gpuheap
+
+    snap = gpuheap.load(snapshot)
+    try:
+        if explain:
+            return [str(gpuheap.explain(snap, capacity=capacity, tune=tune))]
+        if tune:
+            return [str(gpuheap.tune(snap, capacity=capacity))]
+    except NotImplementedError as e:  # a build without the explain bindings
+        return [f"gpuheap: {e}", gpuheap.replay(snap, "caching", capacity=capacity).summary()]
+    return []
+
+
+def install_oom_observer(
+    path: Optional[Union[str, "os.PathLike[str]"]] = None,
+    explain: bool = True,
+    tune: bool = False,
+    *,
+    log: Log = None,
+) -> OomObserver:
+    """Registers an out-of-memory observer with PyTorch's CUDA caching allocator.
+
+    Args:
+        path: where to write the snapshot at an OOM (a pickle, as ``_dump_snapshot`` writes);
+            ``{device}``, ``{pid}`` and ``{time}`` in it are replaced (one file per rank and OOM).
+            ``None``: nothing is written.
+        explain: print or log :func:`gpuheap.explain` of the snapshot, with the device's memory
+            (bytes, as PyTorch reports it to the observer) as the capacity.
+        tune: also print or log :func:`gpuheap.tune` (replays the trace under each candidate
+            setting; takes longer).
+        log: a :class:`logging.Logger` (the report goes to ``.error``) or a callable taking the
+            text; ``None``: printed to stderr.
+
+    Returns:
+        The registered :class:`OomObserver` (PyTorch offers no way to remove it).
+
+    Raises:
+        TorchError: torch cannot be imported, or it has no ``torch._C._cuda_attach_out_of_memory_observer``
+            (a CPU-only build, or PyTorch older than 2.1).
+    """
+    try:
+        import torch
+    except ImportError as e:
+        raise TorchError(f"gpuheap.torch.install_oom_observer needs PyTorch: import torch failed: {e}") from e
+    hook = getattr(getattr(torch, "_C", None), _HOOK, None)
+    if hook is None:
+        version = getattr(torch, "__version__", "unknown")
+        raise TorchError(
+            f"gpuheap.torch.install_oom_observer: this PyTorch ({version}) has no torch._C.{_HOOK} "
+            "(it needs a CUDA build of PyTorch 2.1 or later)"
+        )
+    observer = OomObserver(torch, None if path is None else os.fspath(path), explain, tune, log)
+    hook(observer)
+    return observer

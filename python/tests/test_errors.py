@@ -1,0 +1,173 @@
+"""Bad inputs and bad options raise the documented exceptions (never a crash)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpuheap
+from conftest import load_plain
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+SNAPSHOT = DATA / "1.3b_snapshot.pickle"
+
+
+def test_hierarchy() -> None:
+    for cls in (gpuheap.TraceError, gpuheap.ConfigError, gpuheap.BackendError, gpuheap.TorchError, gpuheap.InternalError):
+        assert issubclass(cls, gpuheap.Error)
+    assert issubclass(gpuheap.TraceError, ValueError) and issubclass(gpuheap.ConfigError, ValueError)
+    assert issubclass(gpuheap.BackendError, RuntimeError) and issubclass(gpuheap.TorchError, ImportError)
+
+
+def test_import_never_imports_torch() -> None:
+    code = "import sys, gpuheap, gpuheap.torch; assert 'torch' not in sys.modules, 'torch was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_truncated_pickle() -> None:
+    data = SNAPSHOT.read_bytes()
+    with pytest.raises(gpuheap.TraceError, match=r"<bytes>: truncated pickle"):
+        gpuheap.load(data[: len(data) // 2])
+
+
+def test_truncated_file(tmp_path: Path) -> None:
+    p = tmp_path / "cut.pickle"
+    p.write_bytes(SNAPSHOT.read_bytes()[:1000])
+    with pytest.raises(gpuheap.TraceError, match="truncated pickle") as e:
+        gpuheap.load(p)
+    assert str(p) in str(e.value)
+
+
+class _RunsCode:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (os.mkdir, (self.marker,))
+
+
+def test_pickle_that_runs_code_is_refused_unrun(tmp_path: Path) -> None:
+    marker = tmp_path / "was-run"
+    payload = pickle.dumps({"segments": [], "x": _RunsCode(str(marker))}, protocol=4)
+    with pytest.raises(gpuheap.TraceError, match=r"asks to run code \(global `(posix|os)\.mkdir`\)"):
+        gpuheap.load(payload)
+    assert not marker.exists()
+
+
+def test_dict_holding_an_object_is_refused_unpickled(tmp_path: Path) -> None:
+    marker = tmp_path / "was-run"
+    snap = {"segments": [{"blocks": [{"frames": [_RunsCode(str(marker))]}]}]}
+    with pytest.raises(gpuheap.TraceError, match=r"\['segments'\]\[0\]\['blocks'\]\[0\]\['frames'\]\[0\].*_RunsCode"):
+        gpuheap.load(snap)
+    assert not marker.exists()
+
+
+def test_dict_missing_segments() -> None:
+    with pytest.raises(gpuheap.TraceError, match="key `segments` is missing"):
+        gpuheap.load({"device_traces": []})
+
+
+def test_dict_with_wrong_types() -> None:
+    with pytest.raises(gpuheap.TraceError, match="key `segments`: expected a list"):
+        gpuheap.load({"segments": "all of them"})
+    with pytest.raises(gpuheap.TraceError, match="key `device_traces`: expected a list"):
+        gpuheap.load({"segments": [], "device_traces": {0: []}})
+    # A wrong value inside a segment: the Rust reader names the segment and the field.
+    snap = load_plain(SNAPSHOT)
+    snap["segments"][3]["total_size"] = "two megabytes"
+    with pytest.raises(gpuheap.TraceError, match=r"<dict>: segment 3.*total_size"):
+        gpuheap.load(snap)
+    snap = load_plain(SNAPSHOT)
+    snap["segments"][0]["blocks"][0]["size"] = -5
+    with pytest.raises(gpuheap.TraceError, match=r"<dict>: segment 0, block 0"):
+        gpuheap.load(snap)
+
+
+def test_not_a_dict_subclass() -> None:
+    class D(dict):
+        pass
+
+    with pytest.raises(gpuheap.TraceError, match="is a dict"):
+        gpuheap.load(D(segments=[]))
+
+    class OrderedList(list):
+        pass
+
+    with pytest.raises(gpuheap.TraceError, match=r"key `segments`: expected a list, found .*OrderedList"):
+        gpuheap.load({"segments": OrderedList()})
+    with pytest.raises(gpuheap.TraceError, match=r"key `\['segments'\]\[0\]`: a value of type .*OrderedList"):
+        gpuheap.load({"segments": [OrderedList()]})
+
+
+def test_recursive_dict() -> None:
+    snap: dict = {"segments": []}
+    snap["segments"].append(snap)
+    with pytest.raises(gpuheap.TraceError, match="contains itself"):
+        gpuheap.load(snap)
+
+
+def test_wrong_source_type() -> None:
+    with pytest.raises(TypeError):
+        gpuheap.load(42)  # type: ignore[arg-type]
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(gpuheap.TraceError, match="cannot read"):
+        gpuheap.load(tmp_path / "nope.pickle")
+    with pytest.raises(gpuheap.TraceError, match="is a directory"):
+        gpuheap.load(tmp_path)
+    (tmp_path / "empty.pickle").write_bytes(b"")
+    with pytest.raises(gpuheap.TraceError, match="empty file"):
+        gpuheap.load(tmp_path / "empty.pickle")
+    with pytest.raises(gpuheap.TraceError, match="unknown trace format"):
+        gpuheap.load(b"hello, world\n")
+
+
+def test_bad_options() -> None:
+    snap = gpuheap.load(SNAPSHOT)
+    with pytest.raises(gpuheap.ConfigError, match="strategy"):
+        gpuheap.replay(snap, "worst-fit")
+    with pytest.raises(gpuheap.ConfigError, match="capacity: unknown unit"):
+        gpuheap.replay(snap, "best-fit", capacity="12 parsecs")
+    with pytest.raises(gpuheap.ConfigError, match="negative"):
+        gpuheap.replay(snap, "best-fit", capacity=-1)
+    with pytest.raises(gpuheap.ConfigError, match="capacity"):
+        gpuheap.replay(snap, "best-fit", capacity=True)  # type: ignore[arg-type]
+    with pytest.raises(gpuheap.ConfigError, match="compaction policy"):
+        gpuheap.replay(snap, "best-fit", compact="sometimes")
+    with pytest.raises(gpuheap.ConfigError, match="not a fraction"):
+        gpuheap.replay(snap, "best-fit", compact="threshold=2")
+    with pytest.raises(gpuheap.ConfigError, match=r"no device 7 in the trace \(devices: 0\)"):
+        gpuheap.replay(snap, "best-fit", device=7)
+    with pytest.raises(gpuheap.ConfigError, match="backend"):
+        gpuheap.replay(snap, "best-fit", backend="tpu")
+    with pytest.raises(gpuheap.ConfigError, match="device capacity must lie in"):
+        gpuheap.replay(snap, "caching", capacity="1MiB")
+    with pytest.raises(gpuheap.ConfigError, match="device_heap_limit"):
+        gpuheap.compare(snap, device_heap_limit="lots")
+
+
+def test_gpu_backend_without_gpu_is_backend_error() -> None:
+    try:
+        from gpuheap import _gpuheap  # noqa: F401
+    except ImportError:  # pragma: no cover
+        pytest.skip("no extension")
+    k = gpuheap.load(DATA / "K.1048576.csv")
+    try:
+        gpuheap.replay(k, "best-fit", compact="on-oom", backend="gpu")
+    except gpuheap.BackendError as e:
+        assert str(e)
+    else:
+        pytest.skip("a usable GPU is present: backend='gpu' succeeded")
+
+
+def test_panic_is_caught_as_internal_error() -> None:
+    with pytest.raises(gpuheap.InternalError, match="test panic"):
+        gpuheap._gpuheap._panic_for_test()
+    # The interpreter and the module still work afterwards.
+    assert gpuheap.replay(SNAPSHOT, "best-fit").peak_allocated > 0
