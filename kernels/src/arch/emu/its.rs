@@ -24,8 +24,10 @@
 //!   only their values;
 //! * a collective whose mask does not contain the calling lane, names a lane
 //!   that has exited, or names a lane that does not arrive (every thread of
-//!   the block blocked: a deadlock; or more than [`MEETING_STEPS`]
-//!   scheduling steps) is an **error**: the kernel fails with a message that
+//!   the block blocked: a deadlock; a missing lane that ran more than
+//!   [`LANE_TURNS`] turns of its own without arriving: a livelock; or a
+//!   meeting open for more than [`MEETING_STEPS`] scheduling steps of the
+//!   whole block) is an **error**: the kernel fails with a message that
 //!   names the operation, its call site, the warp and the lanes (and the
 //!   seed), never a silent hang.
 //!
@@ -43,10 +45,19 @@ use std::vec::Vec;
 /// ITS blocks running in this process (the fast path of [`preempt`]).
 pub(super) static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 
-/// Scheduling steps an open collective may wait for its lanes before the
-/// launch fails (a livelock bound: lanes that spin forever instead of
-/// arriving).
-pub const MEETING_STEPS: u64 = 2_000_000;
+/// Turns (times it was given the token) a lane named by an open collective
+/// may run without arriving before the launch fails: the livelock bound of
+/// a lane that spins instead of arriving. Counted per missing lane, so the
+/// bound does not shrink as the block grows (a 1,024-thread block shares
+/// its steps among 1,024 threads; a leader doing bounded work, such as
+/// [`ALLOC_ATTEMPTS`](crate::heap::buddy::ALLOC_ATTEMPTS) buddy retries
+/// under contention, must not be mistaken for a livelock).
+pub const LANE_TURNS: u64 = 200_000;
+
+/// Scheduling steps of the whole block an open collective may wait for its
+/// lanes before the launch fails (the safety net for a missing lane that
+/// waits elsewhere while other threads spin).
+pub const MEETING_STEPS: u64 = 50_000_000;
 
 /// Scheduling steps an `active_mask` group waits for more lanes before it
 /// closes with the lanes it has.
@@ -83,6 +94,8 @@ enum Status {
 
 struct Slot {
     status: Status,
+    /// Times this thread was given the token.
+    turns: u64,
     thread: Option<Thread>,
     values: [u64; 32],
     mask: u32,
@@ -99,6 +112,8 @@ struct Meeting {
     arrived: u32,
     values: [u64; 32],
     since: u64,
+    /// The turns of each lane of the warp when the meeting opened.
+    turns0: [u64; 32],
 }
 
 struct Sched {
@@ -191,7 +206,7 @@ impl Sched {
             let age = self.steps - self.meetings[i].since;
             if self.meetings[i].op == Op::ActiveMask && age > GROUP_STEPS {
                 self.complete(i);
-            } else if age > MEETING_STEPS {
+            } else if self.meetings[i].op != Op::ActiveMask && (age > MEETING_STEPS || self.lane_spun(i)) {
                 let msg = self.describe(i, block_idx, seed, "did not arrive within the scheduling bound");
                 self.fail(msg);
                 break;
@@ -211,6 +226,7 @@ impl Sched {
             if !runnable.is_empty() {
                 let next = runnable[(splitmix(&mut self.rng) % runnable.len() as u64) as usize];
                 self.running = next;
+                self.slots[next as usize].turns += 1;
                 return if next == me { None } else { self.slots[next as usize].thread.clone() };
             }
             // Nobody can run: close the oldest forming group, else it is a
@@ -239,6 +255,28 @@ impl Sched {
         }
     }
 
+    /// Whether a lane that meeting `i` waits for ran more than
+    /// [`LANE_TURNS`] turns since the meeting opened.
+    fn lane_spun(&self, i: usize) -> bool {
+        let mt = &self.meetings[i];
+        let missing = mt.mask & !mt.arrived;
+        (0..32u32).filter(|l| missing & (1 << l) != 0).any(|l| {
+            let t = (mt.warp * 32 + l) as usize;
+            t < self.slots.len() && self.slots[t].turns - mt.turns0[l as usize] > LANE_TURNS
+        })
+    }
+
+    /// The turns of each lane of `warp` now.
+    fn warp_turns(&self, warp: u32) -> [u64; 32] {
+        let mut t = [0; 32];
+        for (l, x) in t.iter_mut().enumerate() {
+            if let Some(s) = self.slots.get(warp as usize * 32 + l) {
+                *x = s.turns;
+            }
+        }
+        t
+    }
+
     fn describe(&self, i: usize, block_idx: u32, seed: u64, what: &str) -> String {
         let mt = &self.meetings[i];
         let missing = mt.mask & !mt.arrived;
@@ -262,7 +300,7 @@ impl ItsBlock {
     /// schedule is a function of `seed`.
     pub fn new(block_idx: u32, threads: u32, seed: u64) -> Self {
         let slots =
-            (0..threads).map(|_| Slot { status: Status::Runnable, thread: None, values: [0; 32], mask: 0 }).collect();
+            (0..threads).map(|_| Slot { status: Status::Runnable, turns: 0, thread: None, values: [0; 32], mask: 0 }).collect();
         let mut rng = seed ^ (block_idx as u64).wrapping_mul(0xA24B_AED4_963E_E407);
         splitmix(&mut rng);
         ItsBlock {
@@ -413,6 +451,7 @@ impl ItsBlock {
                     arrived: 0,
                     values: [0; 32],
                     since,
+                    turns0: [0; 32],
                 });
                 g.meetings.len() - 1
             }
@@ -465,7 +504,8 @@ impl ItsBlock {
             Some(i) => i,
             None => {
                 let since = g.steps;
-                g.meetings.push(Meeting { op, warp, mask, target: 0, site, arrived: 0, values: [0; 32], since });
+                let turns0 = g.warp_turns(warp);
+                g.meetings.push(Meeting { op, warp, mask, target: 0, site, arrived: 0, values: [0; 32], since, turns0 });
                 g.meetings.len() - 1
             }
         };
