@@ -73,7 +73,7 @@
 //!
 //! # PTX budget
 //!
-//! `tests/ptx_check.rs` (ptxas 12.x, sm_80 and sm_90): `gpuheap_heap_handle_alloc`
+//! `host/tests/ptx_check.rs` (ptxas 12.x, sm_80 and sm_90): `gpuheap_heap_handle_alloc`
 //! 30 registers, `gpuheap_heap_handle_free` 16, `gpuheap_heap_handle_touch` 32; no
 //! spills, no stack frame, no local memory.
 //!

@@ -54,7 +54,7 @@
 //! segments it also starts every block of 2 MiB or more on a 16 KiB boundary (`base_addr_aligned_kb`,
 //! `kAlignRoundLarge`), leaving the bytes before it cached ([`CachingConfig::base_addr_align`]). Both are
 //! inferred from a snapshot's block sizes and addresses ([`config_for_trace`]) and tested on the MemSnapDump
-//! snapshot (`tests/caching_model.rs`).
+//! snapshot (`host/tests/caching_model.rs`).
 //!
 //! **Compaction** ([`SubAllocator::apply_relocation`]) models a compacting caching allocator: blocks slide
 //! toward the start of their segment (of their mapped range, expandable), each segment is then trimmed to

@@ -301,7 +301,7 @@ fn explain_bad_input_exits_2() {
 /// says which devices exist.
 #[test]
 fn bl19_default_device_has_allocations() {
-    let path = workspace().join("tests/inputs/bl19_annotations_on_dev0.pickle");
+    let path = workspace().join("host/tests/inputs/bl19_annotations_on_dev0.pickle");
     let trace = read_trace(&path).unwrap();
     let sums = explain::summarize(&trace);
     let choice = explain::choose_device(&trace, &sums, None).unwrap();
