@@ -13,7 +13,7 @@
 //!
 //! # Allocation (order `k`)
 //!
-//! Claim a set bit at level `k` ([`Hb::claim`]: find, then `fetch_and`). If
+//! Claim a set bit at level `k` (`Hb::claim`: find, then `fetch_and`). If
 //! level `k` is empty, claim at the lowest non-empty level `j > k` and split:
 //! set the right halves at levels `j-1 .. k` and keep the leftmost order-`k`
 //! block. (Gelado & Garland's TBuddy and Gallatin's vEB trees split the same
@@ -21,7 +21,7 @@
 //!
 //! # Free (order `k`) and merging
 //!
-//! [`Hb::set_or_take_buddy`]: one CAS on the word that holds both buddies
+//! `Hb::set_or_take_buddy`: one CAS on the word that holds both buddies
 //! either takes the free buddy (then continue one level up with the parent)
 //! or publishes our bit. Because both decisions are made by CAS on the same
 //! word, two buddies freed at the same time cannot both publish: the second

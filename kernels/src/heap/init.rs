@@ -5,7 +5,7 @@
 //! heap are this state exactly. Everything not written here is zero: no page
 //! is formatted, no tag is set, all counters are 0.
 //!
-//! [`free_runs`] is also the rebuild step after a compaction: given the unit
+//! `free_runs` is also the rebuild step after a compaction: given the unit
 //! ranges that are *not* live, it recreates a valid buddy state over them.
 
 use super::buddy;

@@ -52,7 +52,7 @@ pub const ALIGN: u64 = 16;
 /// Words of the control block at the start of the metadata.
 pub const CTRL_WORDS: u64 = 96;
 /// Control words `CTRL_GEOM ..`: a copy of the [`Heap`] handle (19 words),
-/// so that device code can carry one address ([`DevHeap`]) instead of the
+/// so that device code can carry one address (`DevHeap`) instead of the
 /// whole handle.
 pub const CTRL_GEOM: usize = 64;
 /// Control word: a magic number (`MAGIC`) written by the host at init.
@@ -67,7 +67,7 @@ pub const CTRL_DOUBLE_FREES: usize = 3;
 /// Control word: invalid frees detected (feature `debug-free`).
 pub const CTRL_INVALID_FREES: usize = 4;
 /// Control word: empty pages kept formatted because they were current (a
-/// hint that [`super::slab::scavenge`] has something to find; it is reset by
+/// hint that `super::slab::scavenge` has something to find; it is reset by
 /// each scavenge, so failing requests do not rescan for nothing).
 pub const CTRL_KEPT: usize = 5;
 /// Control words `CTRL_LEVELS + k`: word offset of buddy level `k` in the
@@ -342,7 +342,7 @@ unsafe impl HeapMem for DevHeap {
     }
 }
 
-/// The metadata regions a protocol addresses ([`HeapMem::word`]).
+/// The metadata regions a protocol addresses (`HeapMem::word`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Region {
     /// The control block.
@@ -357,7 +357,7 @@ pub enum Region {
     Buddy,
 }
 
-/// The 32-bit metadata regions ([`HeapMem::word32`]).
+/// The 32-bit metadata regions (`HeapMem::word32`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Region32 {
     /// Current page per class and slot.
@@ -399,7 +399,7 @@ pub(crate) unsafe trait HeapMem {
     fn word32(&self, r: Region32, i: u64) -> &AtomicU32;
 }
 
-/// Heap metadata in host `Vec`s: the model checkers' [`HeapMem`], and the
+/// Heap metadata in host `Vec`s: the model checkers' `HeapMem`, and the
 /// host's way to build the initial metadata image ([`VecHeap::image`]).
 #[cfg(not(target_arch = "nvptx64"))]
 pub struct VecHeap {
@@ -502,7 +502,7 @@ unsafe impl HeapMem for VecHeap {
 
 /// The non-zero part of a fresh heap's metadata, computed on the host
 /// without materialising the (zero) page bitmaps: the control block and the
-/// buddy region. Only [`super::init::init`] runs over it.
+/// buddy region. Only `super::init::init` runs over it.
 #[cfg(not(target_arch = "nvptx64"))]
 pub struct InitImage {
     /// Geometry.
@@ -522,7 +522,7 @@ impl InitImage {
     }
 
     /// The control block and buddy levels of a heap whose free memory is
-    /// exactly the unit ranges `runs` (see [`super::init::free_runs`]): the
+    /// exactly the unit ranges `runs` (see `super::init::free_runs`): the
     /// rebuild step after a compaction.
     pub fn with_free_runs(heap: Heap, runs: impl Iterator<Item = (u64, u64)>) -> Self {
         let v64 = |n: u64| (0..n).map(|_| AtomicU64::new(0)).collect::<std::vec::Vec<_>>();

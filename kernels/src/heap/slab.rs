@@ -21,7 +21,7 @@
 //!    give the excess back with `fetch_sub`. A reservation on a page that is
 //!    full, of another class, or not a slab page at all only touches the
 //!    header's `used` field and undoes itself, and every decrement (free or
-//!    give-back) runs the same [`after_release`] bookkeeping, so strays are
+//!    give-back) runs the same `after_release` bookkeeping, so strays are
 //!    harmless. `fetch_add` never fails, unlike a CAS loop that would
 //!    serialise the warps of one SM on a hot header.
 //! 2. **Claim** that many bits: scan the page's words from a hashed start,
@@ -53,7 +53,7 @@
 //! Current pages are kept formatted when they empty (a warm heap does not
 //! re-carve its hot pages); whoever replaces a current page re-checks it and
 //! retires it if empty, and an allocation that finds the buddy exhausted
-//! retires every empty current page first ([`scavenge`]). The freer reads
+//! retires every empty current page first (`scavenge`). The freer reads
 //! `current` after its header RMW and the replacer reads the header (with an
 //! RMW) after its `current` RMW: the header RMWs are ordered, so at least one
 //! of the two sees the other and retires.
@@ -378,7 +378,7 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint:
     }
 }
 
-/// Final scans of a failing [`acquire`] that ran while free memory was in
+/// Final scans of a failing `acquire` that ran while free memory was in
 /// transit (each one follows a completed or in-flight transit).
 pub const FINAL_SCANS: u32 = 64;
 
@@ -472,7 +472,7 @@ pub(crate) fn claim_bits<M: HeapMem>(m: &M, page: u64, class: u32, cursor: &mut 
     (0, 0)
 }
 
-/// Outcome of [`free_slot`].
+/// Outcome of `free_slot`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotFree {
     /// Freed.

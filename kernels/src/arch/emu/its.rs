@@ -323,7 +323,7 @@ impl ItsBlock {
     }
 
     /// Starts the block: records the OS threads (`threads[t]` runs thread
-    /// `t`, which waits in [`ItsBlock::enter`]) and gives the token to one
+    /// `t`, which waits in `ItsBlock::enter`) and gives the token to one
     /// of them.
     pub fn start(&self, threads: Vec<Thread>) {
         ACTIVE.fetch_add(1, Ordering::Relaxed);
