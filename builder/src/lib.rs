@@ -5,7 +5,7 @@
 //! the role of Rust-CUDA's `cuda_builder`, whose crates cannot be built with
 //! current toolchains.
 //!
-//! ## Recipe (verified in shared/research/rust-ecosystem.md §3.5)
+//! ## Recipe (DESIGN.md §3.7)
 //!
 //! ```text
 //! RUSTC_BOOTSTRAP=1 \

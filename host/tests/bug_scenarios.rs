@@ -1,4 +1,4 @@
-//! The host-model rows of `shared/cases/bug-scenarios.md` as named tests (BL-01, 02, 05, 06, 07, 15, 25,
+//! The host-model rows of `DESIGN.md §3.9` as named tests (BL-01, 02, 05, 06, 07, 15, 25,
 //! and BL-16's compaction half). Each test restates the row's minimal scenario and asserts its expected
 //! behaviour; the general kind of each fault is also covered by `tests/reference_props.rs`.
 

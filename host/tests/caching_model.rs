@@ -266,7 +266,7 @@ fn two_streams_do_not_share_cached_blocks() {
     assert_eq!(g.model_end, 20 * MIB);
 }
 
-/// BL-31 (shared/cases): `roundup_power2_divisions` with 1 division everywhere and
+/// BL-31 (DESIGN.md §3.9): `roundup_power2_divisions` with 1 division everywhere and
 /// `garbage_collection_threshold: 0.6`; PyTorch reserved a 1 GiB segment for a 514 MiB request.
 #[test]
 fn bl31_roundup_settings_are_applied_and_gc_is_named() {

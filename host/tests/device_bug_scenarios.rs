@@ -1,4 +1,4 @@
-//! The device rows of shared/cases/bug-scenarios.md as tests, on every
+//! The device rows of DESIGN.md §3.9 as tests, on every
 //! backend (CPU sequential, CPU lockstep warps, GPU when present).
 //!
 //! * BL-09 (alpaka-group/mallocMC#256): pages keep their chunk size after

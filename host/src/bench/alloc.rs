@@ -1,5 +1,5 @@
 //! `gpuheap bench alloc`: the survey's allocation workloads re-implemented
-//! (shared/research/device-allocators.md §2.2, with the changes of §2.3).
+//! (DESIGN.md §3.5, with the changes listed there).
 //!
 //! | id | workload | what is timed | reported |
 //! |---|---|---|---|

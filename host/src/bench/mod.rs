@@ -1,7 +1,7 @@
 //! Benchmark suites run by `gpuheap bench ...` and by the criterion benches.
 //!
 //! * [`alloc`]: the device allocator against the survey's workloads
-//!   (shared/research/device-allocators.md §2), with the bump allocator and,
+//!   (DESIGN.md §3.5), with the bump allocator and,
 //!   on a GPU, CUDA's device `malloc` measured side by side in the same run.
 //! * [`compact`]: compaction throughput against a plain copy of the same
 //!   bytes on the same backend.

@@ -1,6 +1,6 @@
 //! Reader for PyTorch CUDA memory snapshots (`torch.cuda.memory._dump_snapshot` pickles).
 //!
-//! Both schema generations are read (see `shared/research/compaction-defrag.md` §5.1):
+//! Both schema generations are read (see DESIGN.md §3.4):
 //!
 //! * PyTorch 2.0: blocks have `size`, `requested_size`, `state` and `history`, but no `address`:
 //!   a block's address is its segment's `address` plus the sizes of the blocks before it;

@@ -6,8 +6,8 @@
 //! the same cell works in global and shared memory. We do not use
 //! `core::sync::atomic` there: rustc/LLVM drops the ordering of every
 //! read-modify-write except compare-and-swap and makes every ordered access
-//! system-scoped (rust-lang/rust#136480; verified in
-//! shared/research/rust-ecosystem.md §3.3).
+//! system-scoped (rust-lang/rust#136480; see
+//! DESIGN.md §3.6).
 //!
 //! On the host the same API maps to `core::sync::atomic` (or to `loom` under
 //! `--cfg loom`, to `shuttle` under `--cfg shuttle`), whose C++20 model is at

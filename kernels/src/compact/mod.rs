@@ -69,7 +69,7 @@
 //!    `SelectPotentiallyInPlace`: "a store release when updating a tile state
 //!    ... a load acquire when reading those tile states").
 //!
-//! ## Correctness (hazards F1/F2 of shared/research/compaction-defrag.md §2)
+//! ## Correctness (hazards F1/F2 of DESIGN.md §3.1)
 //!
 //! Every moving byte `x` has `dst(x) ≤ src(x)`, and the moving blocks keep
 //! their order across the whole region: within a segment by the prefix sum;
