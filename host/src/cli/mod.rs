@@ -8,6 +8,7 @@ mod bench_compact;
 mod check;
 mod compare;
 mod explain;
+mod html;
 mod info;
 mod replay;
 mod tune;
