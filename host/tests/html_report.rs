@@ -222,7 +222,8 @@ fn compare_page_draws_the_json_timelines_with_compaction_and_oom_markers() {
     let Some(browser) = chromium("compare_page") else { return };
     let dir = temp_dir("compare");
     let html = dir.join("k.html");
-    let out = gpuheap(&["compare", "data/K.1048576.csv", "--compact", "on-oom", "--json", "--html", html.to_str().unwrap()]);
+    let out =
+        gpuheap(&["compare", "data/K.1048576.csv", "--compact", "on-oom", "--json", "--html", html.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let d = open(&browser, &html);
@@ -232,7 +233,8 @@ fn compare_page_draws_the_json_timelines_with_compaction_and_oom_markers() {
     for s in strategies {
         check_series(&d, s["strategy"].as_str().unwrap(), s["timeline"].as_array().unwrap());
         compactions += s["compactions"].as_array().unwrap().len().min(MAX_PAGE_MARKERS);
-        failed += s["failed"].as_array().unwrap().iter().filter(|f| !f["event"].is_null()).count().min(MAX_PAGE_MARKERS);
+        failed +=
+            s["failed"].as_array().unwrap().iter().filter(|f| !f["event"].is_null()).count().min(MAX_PAGE_MARKERS);
     }
     assert!(compactions > 0, "the trace compacts on OOM at its 1 MiB capacity");
     assert_eq!(markers_of_kind(&d, "compaction"), compactions);
@@ -289,7 +291,8 @@ fn tune_and_explain_pages_render() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let d = open(&browser, &html);
     no_errors(&d, "tune");
-    let names: Vec<&str> = d.selftest["series"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> =
+        d.selftest["series"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
     assert!(names.iter().any(|n| n.ends_with("[snapshot's own]")), "{names:?}");
     assert!(names.contains(&"expandable_segments:True"), "the best PyTorch setting: {names:?}");
     tooltip_names_the_peak(&d);

@@ -257,7 +257,11 @@ pub(crate) fn replay_page(title: &str, r: &ReplayReport) -> HtmlReport {
         ("free (all extents)", fmt_bytes(p.free), fmt_bytes(e.free)),
         ("largest free extent", fmt_bytes(p.largest_free), fmt_bytes(e.largest_free)),
         ("free extents (count)", p.free_blocks.to_string(), e.free_blocks.to_string()),
-        ("external fragmentation", format!("{:.3} ({})", p.external, p.level), format!("{:.3} ({})", e.external, e.level)),
+        (
+            "external fragmentation",
+            format!("{:.3} ({})", p.external, p.level),
+            format!("{:.3} ({})", e.external, e.level),
+        ),
         ("RMS fragmentation", format!("{:.3}", p.rms), format!("{:.3}", e.rms)),
     ];
     let mut tables = vec![

@@ -396,10 +396,7 @@ mod tests {
             let hits: Vec<&str> =
                 h.match_indices(needle).map(|(i, _)| &h[i.saturating_sub(40)..(i + 60).min(h.len())]).collect();
             // The SVG namespace URI is an identifier, not a fetch.
-            assert!(
-                hits.iter().all(|c| c.contains("http://www.w3.org/2000/svg")),
-                "{needle}: {hits:?}"
-            );
+            assert!(hits.iter().all(|c| c.contains("http://www.w3.org/2000/svg")), "{needle}: {hits:?}");
         }
         // The embedded JSON parses back to the same data.
         let start = h.find("id=\"gpuheap-data\">").unwrap() + "id=\"gpuheap-data\">".len();
