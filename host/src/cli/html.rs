@@ -191,7 +191,7 @@ fn failed_table(reports: &[&ReplayReport]) -> Option<Table> {
                     r.strategy.clone(),
                     ev_text(f.event),
                     fmt_bytes(f.size),
-                    f.class.clone(),
+                    f.class.to_string(),
                     fmt_bytes(f.free),
                     fmt_bytes(f.largest_free),
                 ]
@@ -223,7 +223,7 @@ fn compactions_table(reports: &[&ReplayReport]) -> Option<Table> {
                 vec![
                     r.strategy.clone(),
                     c.event.to_string(),
-                    c.trigger.clone(),
+                    c.trigger.to_string(),
                     fmt_bytes(c.planned_bytes_moved),
                     format!("{:.3} -> {:.3}", c.external_before, c.external_after),
                     format!("{} -> {}", fmt_bytes(c.footprint_before), fmt_bytes(c.footprint_after)),

@@ -344,8 +344,9 @@ mod tests {
 
     #[test]
     fn downsample_keeps_extremes_in_order_within_budget() {
-        // A deterministic sawtooth with one spike and one dip per series.
-        let mut v: Vec<(u64, u64)> = (0..10_000u64).map(|i| (i % 97 * 10, 5_000 + i % 89)).collect();
+        // A deterministic sawtooth (allocated never 0, so the dip at 777 is the unique minimum) with a spike
+        // in reserved and a dip and a spike in allocated.
+        let mut v: Vec<(u64, u64)> = (0..10_000u64).map(|i| (1 + i % 97 * 10, 5_000 + i % 89)).collect();
         v[4321].1 = 1_000_000;
         v[777].0 = 0;
         v[9000].0 = 99_999;
