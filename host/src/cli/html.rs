@@ -430,7 +430,7 @@ fn settings_timeline(
     dev: &DeviceTrace,
     t: Option<&TuneReport>,
     capacity: u64,
-) -> Result<(Vec<Series>, Vec<Marker>, Vec<String>), CliError> {
+) -> Result<Timeline, CliError> {
     let grid = tune::grid(dev);
     let mut labels: Vec<String> = vec![grid[0].label()];
     if let Some(t) = t {
@@ -470,7 +470,14 @@ fn settings_timeline(
             Err(e) => return Err(e),
         }
     }
-    Ok((series, markers, notes))
+    Ok(Timeline { series, markers, notes })
+}
+
+/// What [`settings_timeline`] draws, and the settings it could not (as notes).
+struct Timeline {
+    series: Vec<Series>,
+    markers: Vec<Marker>,
+    notes: Vec<String>,
 }
 
 fn tune_table(t: &TuneReport, oom: bool) -> Table {
@@ -542,7 +549,7 @@ pub(crate) fn tune_page(
     t: &TuneReport,
     capacity: &explain::Capacity,
 ) -> Result<HtmlReport, CliError> {
-    let (series, markers, mut notes) = settings_timeline(trace, dev, Some(t), capacity.bytes)?;
+    let Timeline { series, markers, mut notes } = settings_timeline(trace, dev, Some(t), capacity.bytes)?;
     notes.insert(
         0,
         "gpuheap tune: the trace replayed under a grid of PYTORCH_CUDA_ALLOC_CONF settings, the caching model with \
@@ -566,7 +573,8 @@ pub(crate) fn tune_page(
 /// The page of `gpuheap explain`.
 pub(crate) fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<HtmlReport, CliError> {
     let dev = &trace.devices[page.device.index];
-    let (series, markers, mut notes) = settings_timeline(trace, dev, page.tune.as_ref(), page.capacity.bytes)?;
+    let Timeline { series, markers, mut notes } =
+        settings_timeline(trace, dev, page.tune.as_ref(), page.capacity.bytes)?;
     notes.insert(
         0,
         format!(
