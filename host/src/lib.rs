@@ -18,6 +18,8 @@
 //! * [`trace`]: allocation trace readers;
 //! * [`replay`]: trace replay through the strategies and the compaction
 //!   kernel, reports and plots;
+//! * [`html`]: self-contained HTML reports (interactive timeline, tables,
+//!   parameters) from a small data model of their own;
 //! * [`mod@bench`]: the suites behind `gpuheap bench`.
 #![warn(missing_docs)]
 
@@ -27,6 +29,7 @@ pub mod bench;
 pub mod compaction;
 pub mod device_heap;
 pub mod explain;
+pub mod html;
 pub mod ops;
 pub mod ptx;
 pub mod reference;

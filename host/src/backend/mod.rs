@@ -73,7 +73,8 @@ pub enum BackendError {
 pub type Result<T, E = BackendError> = std::result::Result<T, E>;
 
 /// Which backend to use.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum BackendChoice {
     /// The GPU when usable, else the CPU.
     #[default]

@@ -130,6 +130,7 @@ pub struct NotRun {
 /// [`CliError::Input`] for bad input (exit 2), [`CliError::Runtime`] otherwise (exit 1).
 pub fn run(a: &Args) -> Result<(), CliError> {
     let plot_format = a.common.plot.as_deref().map(cli_replay::check_plot_path).transpose()?;
+    a.common.html.as_deref().map(super::html::check_path).transpose()?;
     let (trace, idx) = cli_replay::load(&a.trace, a.common.device)?;
     let dev = &trace.devices[idx];
     cli_replay::check_capacity(&trace, dev, &a.common)?;
@@ -156,6 +157,11 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     if let (Some(p), Some(f)) = (&a.common.plot, plot_format) {
         let title = format!("{} — all strategies", cli_replay::file_name(&a.trace));
         cli_replay::write_plot(p, f, &title, &refs)?;
+    }
+    if let Some(p) = &a.common.html {
+        let title = format!("{} — all strategies", cli_replay::file_name(&a.trace));
+        let page = super::html::compare_page(&title, &refs, &not_run, gpuheap::replay::demand_peak(dev).1);
+        super::html::write(p, &page)?;
     }
     let pytorch = reports.first().and_then(|r| r.pytorch.as_ref());
     if a.common.json {

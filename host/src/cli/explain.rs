@@ -37,14 +37,22 @@ pub struct Args {
     /// Print a JSON report on stdout instead of the page.
     #[arg(long)]
     pub json: bool,
+    /// Write a self-contained HTML report: interactive timeline, the tables, parameters.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
 }
 
 pub fn run(a: &Args) -> Result<(), CliError> {
+    a.html.as_deref().map(super::html::check_path).transpose()?;
     let trace = load_trace(&a.trace)?;
     let mut page = explain::explain(&trace, a.device, a.capacity).map_err(cli_tune::explain_error)?;
     if !a.no_tune {
         let dev = &trace.devices[page.device.index];
         page.tune = Some(cli_tune::search(&trace, dev, &page.capacity, a.json)?);
+    }
+    if let Some(p) = &a.html {
+        let title = format!("{} — explain", super::replay::file_name(&a.trace));
+        super::html::write(p, &super::html::explain_page(&title, &trace, &page)?)?;
     }
     if a.json {
         let s = serde_json::to_string_pretty(&page).map_err(|e| CliError::Runtime(e.to_string()))?;

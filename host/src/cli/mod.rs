@@ -8,6 +8,7 @@ mod bench_compact;
 mod check;
 mod compare;
 mod explain;
+mod html;
 mod info;
 mod replay;
 mod tune;
@@ -27,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The GPU's memory as NVML (or the driver) reports it; the backends available.
+    /// The GPU's memory as NVML (or the driver) reports it: used / total in % (occupancy) and bytes; the backend.
     Info(info::Args),
     /// Runs the basic kernels (fill/verify, bump allocator) on a backend and checks them.
     Check(check::Args),

@@ -56,6 +56,9 @@ pub struct Common {
     /// Write a timeline plot (.svg or .png).
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Write a self-contained HTML report: interactive timeline, tables, parameters.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
 }
 
 fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
@@ -204,6 +207,7 @@ pub(crate) fn run_one(
 /// [`CliError::Input`] for bad input (exit 2), [`CliError::Runtime`] otherwise (exit 1).
 pub fn run(a: &Args) -> Result<(), CliError> {
     let plot_format = a.common.plot.as_deref().map(check_plot_path).transpose()?;
+    a.common.html.as_deref().map(super::html::check_path).transpose()?;
     let (trace, idx) = load(&a.trace, a.common.device)?;
     let dev = &trace.devices[idx];
     check_capacity(&trace, dev, &a.common)?;
@@ -214,6 +218,10 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     if let (Some(p), Some(f)) = (&a.common.plot, plot_format) {
         let title = format!("{} — {}", file_name(&a.trace), a.strategy);
         write_plot(p, f, &title, &[&report])?;
+    }
+    if let Some(p) = &a.common.html {
+        let title = format!("{} — {}", file_name(&a.trace), a.strategy);
+        super::html::write(p, &super::html::replay_page(&title, &report))?;
     }
     if a.common.json {
         let s = serde_json::to_string_pretty(&report).map_err(|e| CliError::Runtime(e.to_string()))?;

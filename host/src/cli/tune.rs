@@ -34,6 +34,9 @@ pub struct Args {
     /// Print a JSON report on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Write a self-contained HTML report: interactive timeline, the ranked table, parameters.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
 }
 
 pub(crate) fn parse_bytes_arg(s: &str) -> Result<u64, String> {
@@ -85,6 +88,7 @@ struct TuneOutput<'a> {
 }
 
 pub fn run(a: &Args) -> Result<(), CliError> {
+    a.html.as_deref().map(super::html::check_path).transpose()?;
     let trace = load_trace(&a.trace)?;
     let devices = explain::summarize(&trace);
     let choice = explain::choose_device(&trace, &devices, a.device).map_err(CliError::Input)?;
@@ -94,6 +98,10 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     let t = Instant::now();
     let report = search(&trace, dev, &cap, a.json)?;
     let wall_s = t.elapsed().as_secs_f64();
+    if let Some(p) = &a.html {
+        let title = format!("{} — tune", super::replay::file_name(&a.trace));
+        super::html::write(p, &super::html::tune_page(&title, &trace, dev, &report, &cap)?)?;
+    }
     if a.json {
         let out = TuneOutput {
             trace: trace.source.display().to_string(),

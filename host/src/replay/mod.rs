@@ -64,6 +64,7 @@ use crate::trace::{DeviceTrace, EventKind, Trace, TraceFormat};
 
 pub mod device;
 pub mod materialize;
+#[cfg(feature = "cli")]
 pub mod plot;
 
 pub use device::{replay_device, DeviceHeapEnd, DeviceReplayOptions};
