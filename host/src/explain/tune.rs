@@ -411,17 +411,44 @@ pub fn tune(
             |r: &TuneRow| (r.min_capacity.is_none(), r.min_capacity.unwrap_or(u64::MAX), r.failed, r.peak_reserved);
         key(a).cmp(&key(b))
     });
-    let best = rows.iter().position(|r| r.kind == RowKind::Pytorch && r.min_capacity.is_some() && r.note.is_none());
-    let replays = rows.iter().map(|r| r.replays).sum();
-    Ok(TuneReport {
+    let mut report = TuneReport {
         device: dev.device,
         capacity: capacity.clone(),
-        best_env: best.and_then(|i| rows[i].env.clone()),
-        best,
+        best_env: None,
+        best: None,
         rows,
-        replays,
+        replays: 0,
         warnings: row_warnings(&settings[0]),
-    })
+    };
+    report.rank();
+    Ok(report)
+}
+
+impl TuneReport {
+    /// Sets `best`, `best_env` and `replays` from the (ranked) rows.
+    fn rank(&mut self) {
+        let rows = &self.rows;
+        self.best = rows.iter().position(|r| r.kind == RowKind::Pytorch && r.min_capacity.is_some() && r.note.is_none());
+        self.best_env = self.best.and_then(|i| rows[i].env.clone());
+        self.replays = rows.iter().map(|r| r.replays).sum();
+    }
+
+    /// Keeps only the rows whose `setting` label is one of `settings` (in rank order); the best row and
+    /// the replay count are then among them.
+    ///
+    /// # Errors
+    /// [`ExplainError::Input`] naming the labels that are no row of the report (and listing the rows);
+    /// the report is then unchanged.
+    pub fn retain_settings(&mut self, settings: &[String]) -> Result<(), ExplainError> {
+        let unknown: Vec<&String> = settings.iter().filter(|s| !self.rows.iter().any(|r| &r.setting == *s)).collect();
+        if !unknown.is_empty() {
+            let labels: Vec<&str> = self.rows.iter().map(|r| r.setting.as_str()).collect();
+            return Err(ExplainError::Input(format!("settings: {unknown:?} are not rows of the grid (rows: {labels:?})")));
+        }
+        self.rows.retain(|r| settings.contains(&r.setting));
+        self.rank();
+        Ok(())
+    }
 }
 
 /// What `gpuheap tune` reports: the search over one device ([`TuneReport`], flattened into the JSON)
