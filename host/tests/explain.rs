@@ -518,7 +518,10 @@ fn bl31_tune_roundup_rows_by_hand() {
     let v = json(&gpuheap(&["tune", p.to_str().unwrap(), "--json"]));
     let rows = v["rows"].as_array().unwrap();
     let min = |prefix: &str| {
-        let r = rows.iter().find(|r| r["setting"].as_str().unwrap().starts_with(prefix)).unwrap_or_else(|| panic!("{prefix}"));
+        let r = rows
+            .iter()
+            .find(|r| r["setting"].as_str().unwrap().starts_with(prefix))
+            .unwrap_or_else(|| panic!("{prefix}"));
         r["min_capacity"].as_u64().unwrap()
     };
     for (d, mib) in [(16, 544), (8, 576), (4, 640), (2, 768)] {
@@ -536,10 +539,8 @@ fn bl31_tune_roundup_rows_by_hand() {
 #[test]
 fn bl31_settings_warnings_are_shown() {
     let conf = "backend:cudaMallocAsync,garbage_collection_threshold:0.6";
-    let settings = V::Dict(vec![
-        ("PYTORCH_CUDA_ALLOC_CONF", V::Str(conf)),
-        ("garbage_collection_threshold", V::Float(0.6)),
-    ]);
+    let settings =
+        V::Dict(vec![("PYTORCH_CUDA_ALLOC_CONF", V::Str(conf)), ("garbage_collection_threshold", V::Float(0.6))]);
     let bytes = oom_snapshot_with(8 * MIB, 6 * MIB, Some(settings));
     let path = write_temp("bl31_warn.pickle", &bytes);
     let p = path.to_str().unwrap();
@@ -555,4 +556,11 @@ fn bl31_settings_warnings_are_shown() {
     assert_eq!(names, ["backend", "garbage_collection_threshold"]);
     let v = json(&gpuheap(&["tune", p, "--json"]));
     assert_eq!(v["warnings"].as_array().unwrap().len(), 2);
+    // replay and compare name them on stderr.
+    for cmd in ["replay", "compare"] {
+        let out = gpuheap(&[cmd, p]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{cmd}: {err}");
+        assert!(err.contains("warning: allocator option `backend` = cudaMallocAsync"), "{cmd}: {err}");
+    }
 }

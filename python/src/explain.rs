@@ -114,8 +114,8 @@ pub(crate) fn tune_json(
         if let Some(s) = &settings {
             page.tune.retain_settings(s).map_err(explain_failure)?;
         }
-        let mut v = serde_json::to_value(&page)
-            .map_err(|e| Failure::Backend(format!("cannot serialise the report: {e}")))?;
+        let mut v =
+            serde_json::to_value(&page).map_err(|e| Failure::Backend(format!("cannot serialise the report: {e}")))?;
         if let Some(o) = v.as_object_mut() {
             o.insert("format".into(), page.format.clone().into());
             o.insert(

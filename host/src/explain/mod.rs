@@ -33,7 +33,7 @@ mod render;
 pub mod state;
 pub mod tune;
 
-pub use render::{capacity_text, devices_text, warnings_text};
+pub use render::{capacity_text, devices_text, settings_warnings_text, warnings_text};
 
 pub use state::{final_state, state_after, HeapState, Hole, LiveBlock, SegmentView, StateError};
 

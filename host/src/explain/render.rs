@@ -5,7 +5,9 @@
 use std::fmt::{self, Write as _};
 
 use super::tune::{RowKind, TunePage, TuneReport};
-use super::{Capacity, CapacitySource, DeviceChoice, DeviceReason, DeviceSummary, Explanation, Moment, OomExplanation, Verdict};
+use super::{
+    Capacity, CapacitySource, DeviceChoice, DeviceReason, DeviceSummary, Explanation, Moment, OomExplanation, Verdict,
+};
 use crate::reference::caching::ConfigWarning;
 use crate::replay::fmt_bytes;
 
@@ -16,6 +18,12 @@ pub fn warnings_text(warnings: &[ConfigWarning]) -> String {
         let _ = writeln!(s, "warning: {w}");
     }
     s
+}
+
+/// [`warnings_text`] of the [`ConfigWarning`]s of `dev`'s recorded allocator settings
+/// ([`crate::reference::caching::config_for_trace`]; "" without any).
+pub fn settings_warnings_text(dev: &crate::trace::DeviceTrace) -> String {
+    warnings_text(&crate::reference::caching::config_for_trace(dev, 0).1)
 }
 
 /// One line per device of the file.
@@ -304,13 +312,8 @@ impl TunePage {
         s += &devices_text(&self.devices, &self.device);
         s += &warnings_text(&self.tune.warnings);
         s += &capacity_text(&self.tune.capacity);
-        let _ = writeln!(
-            s,
-            "\n{} settings, {} replays in {:.1} s",
-            self.tune.rows.len(),
-            self.tune.replays,
-            self.wall_s
-        );
+        let _ =
+            writeln!(s, "\n{} settings, {} replays in {:.1} s", self.tune.rows.len(), self.tune.replays, self.wall_s);
         s += "\n";
         s += &table(&self.tune, self.recorded_ooms > 0);
         s

@@ -428,7 +428,8 @@ impl TuneReport {
     /// Sets `best`, `best_env` and `replays` from the (ranked) rows.
     fn rank(&mut self) {
         let rows = &self.rows;
-        self.best = rows.iter().position(|r| r.kind == RowKind::Pytorch && r.min_capacity.is_some() && r.note.is_none());
+        self.best =
+            rows.iter().position(|r| r.kind == RowKind::Pytorch && r.min_capacity.is_some() && r.note.is_none());
         self.best_env = self.best.and_then(|i| rows[i].env.clone());
         self.replays = rows.iter().map(|r| r.replays).sum();
     }
@@ -443,7 +444,9 @@ impl TuneReport {
         let unknown: Vec<&String> = settings.iter().filter(|s| !self.rows.iter().any(|r| &r.setting == *s)).collect();
         if !unknown.is_empty() {
             let labels: Vec<&str> = self.rows.iter().map(|r| r.setting.as_str()).collect();
-            return Err(ExplainError::Input(format!("settings: {unknown:?} are not rows of the grid (rows: {labels:?})")));
+            return Err(ExplainError::Input(format!(
+                "settings: {unknown:?} are not rows of the grid (rows: {labels:?})"
+            )));
         }
         self.rows.retain(|r| settings.contains(&r.setting));
         self.rank();
