@@ -3,23 +3,11 @@
 //! exit code 2, no panic, no output file left behind, partial or not).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 mod common;
 use common::pickle::{ev, snapshot, V};
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-fn gpuheap(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuheap"))
-        .args(args)
-        .current_dir(workspace())
-        .env("GPUHEAP_BACKEND", "cpu")
-        .output()
-        .expect("runs")
-}
+use common::{gpuheap, workspace};
 
 /// A fresh, empty folder for one test.
 fn temp_dir(name: &str) -> PathBuf {

@@ -4,28 +4,16 @@
 //! state's totals) where they are present.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use gpuheap::explain::{self, CapacitySource, DeviceReason, Moment, Verdict};
 use gpuheap::trace::{parse_trace, read_trace, Trace};
 
 mod common;
 use common::pickle::{pickle, V};
+use common::{gpuheap, workspace};
 
 const MIB: u64 = 1 << 20;
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-fn gpuheap(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuheap"))
-        .args(args)
-        .current_dir(workspace())
-        .env("GPUHEAP_BACKEND", "cpu")
-        .output()
-        .expect("runs")
-}
 
 fn json(out: &Output) -> serde_json::Value {
     assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
@@ -91,6 +79,11 @@ const S2: u64 = 0x7f00_1000_0000;
 /// At the OOM, by hand: reserved 40 MiB; allocated 8 + 8 + 8 + 6 = 30 MiB; holes 4 MiB (S1) and 6 MiB
 /// (S2): 10 MiB reserved but unallocated, the largest 6 MiB.
 fn oom_snapshot(request: u64, device_free: u64) -> Vec<u8> {
+    oom_snapshot_with(request, device_free, None)
+}
+
+/// [`oom_snapshot`] with `allocator_settings`.
+fn oom_snapshot_with(request: u64, device_free: u64, settings: Option<V<'_>>) -> Vec<u8> {
     let user = || {
         vec![
             frame("malloc", "CUDACachingAllocator.cpp", 0),
@@ -111,7 +104,9 @@ fn oom_snapshot(request: u64, device_free: u64) -> Vec<u8> {
         event("alloc", S2 + 8 * MIB, 6 * MIB, vec![]),
         oom(request, device_free),
     ];
-    pickle(&V::Dict(vec![("segments", V::List(vec![])), ("device_traces", V::List(vec![V::List(events)]))]))
+    let mut top = vec![("segments", V::List(vec![])), ("device_traces", V::List(vec![V::List(events)]))];
+    top.extend(settings.map(|s| ("allocator_settings", s)));
+    pickle(&V::Dict(top))
 }
 
 fn parse(name: &str, bytes: &[u8]) -> Trace {
@@ -403,5 +398,169 @@ fn real_snapshots_agree_with_their_records() {
             fin.blocks().filter(|b| b.state != gpuheap::trace::BlockStatus::Inactive).count(),
             "{f}"
         );
+    }
+}
+
+/// Issue 9's smallest input as a snapshot: one 20 MiB expandable segment, its `segment_map` of 20 MiB,
+/// one 4 MiB alloc.
+fn expandable_snapshot() -> Vec<u8> {
+    let seg = V::Dict(vec![
+        ("device", V::Int(0)),
+        ("address", i(S1)),
+        ("total_size", i(20 * MIB)),
+        ("is_expandable", V::Int(1)),
+        ("segment_type", V::Str("large")),
+        (
+            "blocks",
+            V::List(vec![
+                V::Dict(vec![
+                    ("address", i(S1)),
+                    ("size", i(4 * MIB)),
+                    ("requested_size", i(4 * MIB)),
+                    ("state", V::Str("active_allocated")),
+                ]),
+                V::Dict(vec![
+                    ("address", i(S1 + 4 * MIB)),
+                    ("size", i(16 * MIB)),
+                    ("requested_size", i(0)),
+                    ("state", V::Str("inactive")),
+                ]),
+            ]),
+        ),
+    ]);
+    let events = vec![event("segment_map", S1, 20 * MIB, vec![]), event("alloc", S1, 4 * MIB, vec![])];
+    pickle(&V::Dict(vec![("segments", V::List(vec![seg])), ("device_traces", V::List(vec![V::List(events)]))]))
+}
+
+/// One reserved-bytes series: explain's peaks ([`explain::summarize`]), the replay's PyTorch series
+/// (`replay::pytorch_series`) and the caching model's fidelity run (`caching::fidelity`, which also
+/// replays the model) agree on PyTorch's reserved bytes, expandable segments counted once (issue 9's
+/// smallest input: 0 at the start, 20 MiB at the peak and the end), and the model matches them.
+#[test]
+fn one_reserved_series_for_explain_replay_and_model() {
+    use gpuheap::reference::caching;
+    let mut traces = vec![("issue-9 expandable".to_string(), parse("exp.pickle", &expandable_snapshot()))];
+    for name in [
+        "memsnapdump_npu_resnet_expandable_empty_cache.pickle",
+        "memory_ctx512_fullstep_.pickle",
+        "sqattn_qwen2_layerwise_calibration.pickle",
+        "select_n_llama7b_offload_multistream.pickle",
+    ] {
+        if let Some(p) = shared("traces", name) {
+            traces.push((name.to_string(), read_trace(&p).unwrap()));
+        }
+    }
+    for (name, trace) in &traces {
+        let dev = &trace.devices[0];
+        let s = &explain::summarize(trace)[0];
+        let pt = gpuheap::replay::pytorch_series(dev);
+        let cap = 1u64 << 40;
+        let f = caching::fidelity(dev, caching::config_for_trace(dev, cap).0).unwrap();
+        assert_eq!(s.peak_reserved, Some(pt.peak), "{name}: explain = replay's series");
+        assert_eq!((f.pytorch_initial, f.pytorch_peak, f.pytorch_end), (pt.initial, pt.peak, pt.end), "{name}");
+        assert_eq!(f.model_peak, f.pytorch_peak, "{name}: the model's peak reserved");
+        if name.starts_with("issue-9") {
+            assert_eq!((pt.initial, pt.peak, pt.end), (0, 20 * MIB, 20 * MIB));
+        }
+    }
+}
+
+/// `tune`'s grid goes through the model's settings API: every PyTorch row other than the snapshot's own
+/// replays exactly the configuration its `PYTORCH_CUDA_ALLOC_CONF` string sets
+/// (`CachingConfig::from_env` of the row's env = what the replay reads), no row says "not modelled",
+/// and the garbage-collection rows set a memory fraction, without which PyTorch never collects
+/// (`c10/cuda/CUDACachingAllocator.cpp` malloc: `set_fraction && garbage_collection_threshold() > 0`).
+#[test]
+fn tune_grid_uses_the_caching_config() {
+    use gpuheap::explain::tune::{grid, Setting, GC_MEMORY_FRACTION};
+    use gpuheap::reference::CachingConfig;
+    let trace = read_trace(write_temp("grid.pickle", &oom_snapshot(8 * MIB, 6 * MIB))).unwrap();
+    let dev = &trace.devices[0];
+    let rows: Vec<(String, CachingConfig)> = grid(dev)
+        .into_iter()
+        .skip(1)
+        .filter_map(|s| match s {
+            Setting::Pytorch { env, settings } => Some((env, CachingConfig::from_settings(&settings, 1 << 30).0)),
+            _ => None,
+        })
+        .collect();
+    assert!(rows.len() >= 10, "{rows:?}");
+    let mut gc_rows = 0;
+    for (env, cfg) in &rows {
+        let (parsed, warnings) = CachingConfig::from_env(env, 1 << 30).unwrap();
+        assert_eq!(&parsed, cfg, "{env}");
+        assert!(warnings.is_empty(), "{env}: {warnings:?}");
+        assert_eq!(cfg.to_env(), *env);
+        if cfg.garbage_collection_threshold > 0.0 {
+            gc_rows += 1;
+            assert!(cfg.gc_active(), "{env}");
+            assert_eq!(cfg.memory_fraction, Some(GC_MEMORY_FRACTION), "{env}");
+            assert!(env.contains("per_process_memory_fraction:1"), "{env}");
+        }
+    }
+    assert_eq!(gc_rows, 3, "0.6, 0.8, and 0.8 with expandable segments (no max_split_size candidate here)");
+    let e = explain::explain(&trace, None, None).unwrap();
+    let t = explain::tune::tune(&trace, dev, &e.capacity, &|| {}).unwrap();
+    for r in &t.rows {
+        assert!(r.note.as_deref().is_none_or(|n| !n.contains("not modelled")), "{r:?}");
+        assert_eq!(r.memory_fraction.is_some(), r.setting.contains("garbage_collection_threshold"), "{r:?}");
+    }
+}
+
+/// BL-31 with `tune`: `roundup_power2_divisions` rows need what PyTorch's rounding gives by hand. The
+/// snapshot's one request is 514 MiB, in the interval [512 MiB, 1 GiB): with N divisions it is rounded
+/// up to a multiple of 512 MiB / N (`roundup_power2_next_division`, c10/cuda/CUDACachingAllocator.cpp),
+/// a segment of its own size (≥ 10 MiB): 16 → 544 MiB, 8 → 576 MiB, 4 → 640 MiB, 2 → 768 MiB,
+/// 1 → 1 GiB (the snapshot's own, which PyTorch reserved). The 2 MiB bisection finds exactly that.
+#[test]
+fn bl31_tune_roundup_rows_by_hand() {
+    let Some(p) = shared("cases", "inputs/bl31_roundup_settings.pickle") else { return };
+    let v = json(&gpuheap(&["tune", p.to_str().unwrap(), "--json"]));
+    let rows = v["rows"].as_array().unwrap();
+    let min = |prefix: &str| {
+        let r = rows
+            .iter()
+            .find(|r| r["setting"].as_str().unwrap().starts_with(prefix))
+            .unwrap_or_else(|| panic!("{prefix}"));
+        r["min_capacity"].as_u64().unwrap()
+    };
+    for (d, mib) in [(16, 544), (8, 576), (4, 640), (2, 768)] {
+        assert_eq!(min(&format!("roundup_power2_divisions:{d},")), mib * MIB, "{d} divisions");
+    }
+    let own = rows.iter().find(|r| r["own"] == true).unwrap();
+    assert_eq!(own["min_capacity"].as_u64().unwrap(), 1024 * MIB);
+    // The snapshot's threshold has no effect without a memory fraction, and the report says so.
+    let names: Vec<&str> = v["warnings"].as_array().unwrap().iter().map(|w| w["option"].as_str().unwrap()).collect();
+    assert_eq!(names, ["garbage_collection_threshold"]);
+}
+
+/// BL-31: settings the model does not implement, or that have no effect as recorded, are named by
+/// `explain` and `tune` (text and JSON), never ignored silently.
+#[test]
+fn bl31_settings_warnings_are_shown() {
+    let conf = "backend:cudaMallocAsync,garbage_collection_threshold:0.6";
+    let settings =
+        V::Dict(vec![("PYTORCH_CUDA_ALLOC_CONF", V::Str(conf)), ("garbage_collection_threshold", V::Float(0.6))]);
+    let bytes = oom_snapshot_with(8 * MIB, 6 * MIB, Some(settings));
+    let path = write_temp("bl31_warn.pickle", &bytes);
+    let p = path.to_str().unwrap();
+    for args in [vec!["explain", p, "--no-tune"], vec!["tune", p]] {
+        let out = gpuheap(&args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("warning: allocator option `backend` = cudaMallocAsync"), "{args:?}: {text}");
+        assert!(text.contains("warning: allocator option `garbage_collection_threshold` = 0.6: no effect"), "{text}");
+    }
+    let v = json(&gpuheap(&["explain", p, "--no-tune", "--json"]));
+    let names: Vec<&str> = v["warnings"].as_array().unwrap().iter().map(|w| w["option"].as_str().unwrap()).collect();
+    assert_eq!(names, ["backend", "garbage_collection_threshold"]);
+    let v = json(&gpuheap(&["tune", p, "--json"]));
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 2);
+    // replay and compare name them on stderr.
+    for cmd in ["replay", "compare"] {
+        let out = gpuheap(&[cmd, p]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{cmd}: {err}");
+        assert!(err.contains("warning: allocator option `backend` = cudaMallocAsync"), "{cmd}: {err}");
     }
 }

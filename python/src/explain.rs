@@ -1,14 +1,12 @@
-//! `explain` and `tune` bindings (`gpuheap explain --json`, `gpuheap tune --json`).
-//!
-//! Built with the cargo feature `explain`, which needs the library's `gpuheap::explain` module (the
-//! explain/tune work, not yet on main when this was written). Without the feature the Python
-//! functions `gpuheap.explain` and `gpuheap.tune` raise NotImplementedError.
+//! `explain` and `tune` bindings (`gpuheap explain --json`, `gpuheap tune --json`): each returns the
+//! library's report as JSON and its text page as the library renders it
+//! ([`gpuheap::explain::Explanation::render_text`], [`gpuheap::explain::tune::TunePage::render_text`]),
+//! the same page the command line prints.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use serde::Serialize;
 
 use gpuheap::explain::{self, ExplainError};
 use gpuheap::replay;
@@ -68,7 +66,9 @@ fn with_source_file<T>(
     })
 }
 
-/// `gpuheap explain --json` (with `tune`: the settings search too, as the CLI without `--no-tune`).
+/// `gpuheap explain --json` (with `tune`: the settings search too, as the CLI without `--no-tune`):
+/// `(json, text, tune_text)`: the report, its page, and the settings table alone (`None` without the
+/// search).
 #[pyfunction]
 #[pyo3(signature = (snapshot, device, capacity, tune))]
 pub(crate) fn explain_json(
@@ -77,7 +77,7 @@ pub(crate) fn explain_json(
     device: Option<i64>,
     capacity: Option<&str>,
     tune: bool,
-) -> PyResult<String> {
+) -> PyResult<(String, String, Option<String>)> {
     let (trace, bytes) = (Arc::clone(&snapshot.trace), snapshot.bytes.clone());
     let capacity = opt_bytes("capacity", capacity)?;
     detached(py, move || {
@@ -88,56 +88,42 @@ pub(crate) fn explain_json(
                 page.tune = Some(explain::tune::tune(t, dev, &page.capacity, &|| {}).map_err(explain_failure)?);
             }
             page.trace = trace.source.display().to_string();
-            to_json(&page)
+            let tune_text = page.tune.as_ref().map(|r| r.render_table(!page.ooms.is_empty()));
+            Ok((to_json(&page)?, page.render_text(), tune_text))
         })
     })
 }
 
-/// The JSON object of `gpuheap tune --json`, plus the trace's `format`. The device choice is under
-/// `device_choice`: the CLI's object names it `device`, a key the flattened report repeats (its
-/// device ordinal), so a JSON reader keeps only the ordinal.
-#[derive(Serialize)]
-struct TuneOutput<'a> {
-    trace: String,
-    format: String,
-    devices: Vec<explain::DeviceSummary>,
-    device_choice: explain::DeviceChoice,
-    gpu_capacity: Option<u64>,
-    recorded_ooms: usize,
-    wall_s: f64,
-    #[serde(flatten)]
-    tune: &'a explain::tune::TuneReport,
-}
-
-/// `gpuheap tune --json`: the settings search over one device.
+/// `gpuheap tune --json` over one device: `(json, text)`. The JSON is the CLI's object plus the
+/// trace's `format` and the device choice under `device_choice` (the CLI's object names it `device`,
+/// a key the flattened report repeats with the device ordinal, so a JSON reader keeps only the
+/// ordinal). `settings`: keep only the rows with these labels ([`explain::tune::TuneReport::retain_settings`]).
 #[pyfunction]
-#[pyo3(signature = (snapshot, device, capacity))]
+#[pyo3(signature = (snapshot, device, capacity, settings))]
 pub(crate) fn tune_json(
     py: Python<'_>,
     snapshot: &Snapshot,
     device: Option<i64>,
     capacity: Option<&str>,
-) -> PyResult<String> {
+    settings: Option<Vec<String>>,
+) -> PyResult<(String, String)> {
     let trace = Arc::clone(&snapshot.trace);
     let capacity = opt_bytes("capacity", capacity)?;
     detached(py, move || {
-        let devices = explain::summarize(&trace);
-        let choice = explain::choose_device(&trace, &devices, device).map_err(Failure::Config)?;
-        let dev = &trace.devices[choice.index];
-        let trace_err = |e: gpuheap::trace::TraceError| Failure::Trace(e.to_string());
-        let cap = explain::capacity_from_evidence(&trace, dev, capacity).map_err(trace_err)?;
-        let gpu = explain::gpu_capacity_at_oom(&trace, dev).map_err(trace_err)?.map(|c| c.bytes);
-        let t = std::time::Instant::now();
-        let report = explain::tune::tune(&trace, dev, &cap, &|| {}).map_err(explain_failure)?;
-        to_json(&TuneOutput {
-            trace: trace.source.display().to_string(),
-            format: trace.format.to_string(),
-            devices,
-            device_choice: choice,
-            gpu_capacity: gpu,
-            recorded_ooms: dev.ooms.len(),
-            wall_s: t.elapsed().as_secs_f64(),
-            tune: &report,
-        })
+        let mut page = explain::tune::tune_page(&trace, device, capacity, &|| {}).map_err(explain_failure)?;
+        if let Some(s) = &settings {
+            page.tune.retain_settings(s).map_err(explain_failure)?;
+        }
+        let mut v =
+            serde_json::to_value(&page).map_err(|e| Failure::Backend(format!("cannot serialise the report: {e}")))?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("format".into(), page.format.clone().into());
+            o.insert(
+                "device_choice".into(),
+                serde_json::to_value(&page.device)
+                    .map_err(|e| Failure::Backend(format!("cannot serialise the report: {e}")))?,
+            );
+        }
+        Ok((to_json(&v)?, page.render_text()))
     })
 }

@@ -25,7 +25,6 @@ use gpuheap::replay::{
 };
 use gpuheap::trace::{self, DeviceTrace, Trace};
 
-#[cfg(feature = "explain")]
 mod explain;
 
 pyo3::import_exception!(gpuheap._errors, TraceError);
@@ -89,7 +88,6 @@ struct Snapshot {
     trace: Arc<Trace>,
     /// The bytes it was parsed from, when it was not read from a file (`explain` reads a snapshot
     /// again for its stack frames).
-    #[cfg_attr(not(feature = "explain"), allow(dead_code, reason = "read by the explain bindings"))]
     bytes: Option<Arc<[u8]>>,
 }
 
@@ -371,11 +369,8 @@ fn _gpuheap(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(replay_json, m)?)?;
     m.add_function(wrap_pyfunction!(compare_json, m)?)?;
-    #[cfg(feature = "explain")]
-    {
-        m.add_function(wrap_pyfunction!(explain::explain_json, m)?)?;
-        m.add_function(wrap_pyfunction!(explain::tune_json, m)?)?;
-    }
+    m.add_function(wrap_pyfunction!(explain::explain_json, m)?)?;
+    m.add_function(wrap_pyfunction!(explain::tune_json, m)?)?;
     m.add_function(wrap_pyfunction!(strategies, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -83,6 +83,7 @@ pub(crate) fn load(path: &Path, device: Option<i64>) -> Result<(Trace, usize), C
     if !choice.others.is_empty() {
         eprint!("{}", super::explain::devices_text(&devices, &choice));
     }
+    eprint!("{}", gpuheap::explain::settings_warnings_text(&trace.devices[choice.index]));
     Ok((trace, choice.index))
 }
 

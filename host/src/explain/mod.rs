@@ -29,8 +29,11 @@ use crate::reference::{caching, MAX_BYTES};
 use crate::trace::pytorch::{self, Frame};
 use crate::trace::{DeviceTrace, EventKind, Location, Trace, TraceError, TraceFormat};
 
+mod render;
 pub mod state;
 pub mod tune;
+
+pub use render::{capacity_text, devices_text, settings_warnings_text, warnings_text};
 
 pub use state::{final_state, state_after, HeapState, Hole, LiveBlock, SegmentView, StateError};
 
@@ -624,6 +627,10 @@ pub struct Explanation {
     pub gpu_capacity: Option<u64>,
     /// Allocator settings the snapshot records, as `PYTORCH_CUDA_ALLOC_CONF` (empty: defaults).
     pub allocator_settings: Option<String>,
+    /// Options of those settings that the caching model does not implement or that have no effect as
+    /// recorded (a `garbage_collection_threshold` without a memory fraction), each with the reason
+    /// ([`caching::config_for_trace`]): the replays run without them (shared/cases BL-31).
+    pub warnings: Vec<caching::ConfigWarning>,
     /// Every recorded `oom` event, explained.
     pub ooms: Vec<OomExplanation>,
     /// What the detail below describes.
@@ -781,6 +788,7 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
             fragmentation_up_to: device_free.saturating_add(st.hole_bytes),
         }
     });
+    let warnings = caching::config_for_trace(dev, cap.bytes).1;
     Ok(Explanation {
         trace: trace.source.display().to_string(),
         format: trace.format.to_string(),
@@ -789,6 +797,7 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
         capacity: cap,
         gpu_capacity: gpu,
         allocator_settings: settings_env(dev),
+        warnings,
         moment,
         event: match moment {
             Moment::DumpedState => None,

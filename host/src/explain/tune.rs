@@ -32,17 +32,15 @@
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::{Capacity, ExplainError};
-use crate::reference::{StrategyKind, MAX_BYTES};
+use super::{Capacity, DeviceChoice, DeviceSummary, ExplainError};
+use crate::reference::caching::config::{ConfigWarning, ROUNDUP_INTERVALS};
+use crate::reference::{CachingConfig, StrategyKind, MAX_BYTES};
 use crate::replay::{self, CompactPolicy, ReplayOptions, ReplayReport, MIN_CAPACITY};
 use crate::trace::{AllocatorSettings, DeviceTrace, EventKind, Trace};
 
 /// Granularity of the minimum-capacity search: 2 MiB, the GPU's large page and PyTorch's segment
 /// rounding (`kRoundLarge`).
 pub const GRANULE: u64 = 2 << 20;
-
-/// PyTorch's interval starts (MiB) of `roundup_power2_divisions`, as snapshots record them.
-const ROUNDUP_INTERVALS: [u64; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768];
 
 /// What a grid row replays.
 #[derive(Clone, Debug, PartialEq)]
@@ -120,6 +118,10 @@ pub struct TuneRow {
     /// `min_capacity <= capacity`: with an OOM recorded (or a dumped state), "this setting would have
     /// avoided the OOM".
     pub fits: bool,
+    /// `torch.cuda.set_per_process_memory_fraction` of the row (PyTorch rows whose garbage collection
+    /// needs one, [`GC_MEMORY_FRACTION`]): PyTorch's CUDA allocator takes it from that call, not from
+    /// `PYTORCH_CUDA_ALLOC_CONF` (whose `per_process_memory_fraction` is torch_npu's spelling).
+    pub memory_fraction: Option<f64>,
     /// Why the row could not run, or what it could not model.
     pub note: Option<String>,
     /// Replays this row ran.
@@ -142,11 +144,30 @@ pub struct TuneReport {
     pub best: Option<usize>,
     /// Replays run in total.
     pub replays: usize,
+    /// Options of the snapshot's own settings that the caching model does not implement or that have no
+    /// effect as recorded ([`CachingConfig::from_settings`]): the snapshot's own row replays without them.
+    pub warnings: Vec<ConfigWarning>,
 }
 
-fn with_roundup(mut s: AllocatorSettings, div: impl Fn(u64) -> u64) -> AllocatorSettings {
-    s.roundup_power2_divisions = ROUNDUP_INTERVALS.iter().map(|&mb| (mb, div(mb))).collect();
-    s
+/// The per-process memory fraction the garbage-collection rows set: 1.0, the whole GPU. PyTorch's
+/// `malloc` runs `garbage_collect_cached_blocks` only when `set_fraction &&
+/// garbage_collection_threshold() > 0` (`c10/cuda/CUDACachingAllocator.cpp`; the threshold is read in
+/// `c10/cuda/CUDAAllocatorConfig.cpp`, `parseGarbageCollectionThreshold`), and `set_fraction` becomes
+/// true only through `setMemoryFraction` (`torch.cuda.set_per_process_memory_fraction`): without it a
+/// threshold has no effect. With 1.0 the collector's limit (`threshold × allowed_memory_maximum`) is a
+/// fraction of the whole GPU, and no memory is withheld.
+pub const GC_MEMORY_FRACTION: f64 = 1.0;
+
+/// The configuration `settings` record (PyTorch's `CUDAAllocatorConfig` of the snapshot), for the
+/// `PYTORCH_CUDA_ALLOC_CONF` strings of the grid. The device capacity is set by each replay.
+fn base_config(settings: &AllocatorSettings) -> CachingConfig {
+    CachingConfig::from_settings(settings, 0).0
+}
+
+/// The snapshot's settings that [`CachingConfig::from_settings`] reads back as exactly `cfg`: the
+/// `PYTORCH_CUDA_ALLOC_CONF` string alone ([`CachingConfig::to_env`]), no structured field.
+fn settings_of(cfg: &CachingConfig) -> AllocatorSettings {
+    AllocatorSettings { alloc_conf: Some(cfg.to_env()), ..AllocatorSettings::default() }
 }
 
 /// The `PYTORCH_CUDA_ALLOC_CONF` value of the snapshot's own settings ([`super::settings_env`]; empty
@@ -181,76 +202,54 @@ pub fn max_split_candidates(dev: &DeviceTrace) -> Vec<u64> {
 }
 
 /// The settings of the search for `dev` (see the module docs), PyTorch rows first, the snapshot's own
-/// first of all.
+/// first of all. Every other PyTorch row is the snapshot's configuration ([`CachingConfig::from_settings`])
+/// changed with the [`CachingConfig`] builders; its `env` is [`CachingConfig::to_env`] of the result, and
+/// its replay reads exactly that string back. Rows whose configuration equals an earlier one are left out.
 pub fn grid(dev: &DeviceTrace) -> Vec<Setting> {
     let own = dev.allocator_settings.clone().unwrap_or_default();
-    let own_env = own_env(dev);
-    let join = |extra: &str| if own_env.is_empty() { extra.to_string() } else { format!("{own_env},{extra}") };
-    let mut out = vec![Setting::Pytorch { env: own_env.clone(), settings: own.clone() }];
-    let mut push = |env: String, settings: AllocatorSettings| {
+    let base = base_config(&own);
+    let mut out = vec![Setting::Pytorch { env: base.to_env(), settings: own }];
+    let mut push = |cfg: CachingConfig| {
+        let env = cfg.to_env();
         if !out.iter().any(|s| matches!(s, Setting::Pytorch { env: e, .. } if *e == env)) {
-            out.push(Setting::Pytorch { env, settings });
+            out.push(Setting::Pytorch { env, settings: settings_of(&cfg) });
         }
     };
-    let expandable = AllocatorSettings { expandable_segments: Some(true), ..own.clone() };
-    push(join("expandable_segments:True"), expandable.clone());
+    let gc = |c: CachingConfig, t: f64| c.gc_threshold(t).memory_fraction(Some(GC_MEMORY_FRACTION));
+    push(base.expandable(true));
     let splits = max_split_candidates(dev);
     for &mb in &splits {
-        push(
-            join(&format!("max_split_size_mb:{mb}")),
-            AllocatorSettings { max_split_size: Some((mb << 20) as i64), ..own.clone() },
-        );
+        push(base.max_split(mb << 20));
     }
     for d in [1u64, 2, 4, 8, 16] {
-        push(join(&format!("roundup_power2_divisions:{d}")), with_roundup(own.clone(), |_| d));
+        push(base.roundup_divisions(d));
     }
-    push(
-        join("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]"),
-        with_roundup(own.clone(), |mb| match mb {
-            0..=256 => 1,
-            257..=512 => 2,
-            513..=1024 => 4,
-            _ => 8,
-        }),
-    );
+    // `[256:1,512:2,1024:4,>:8]`, the example of PyTorch's documentation, as PyTorch parses it (the
+    // first interval also fills those below it; `>` fills from the last named interval inclusive).
+    let mut list = [1u64; ROUNDUP_INTERVALS];
+    list[9] = 2;
+    list[10..].iter_mut().for_each(|d| *d = 8);
+    push(base.roundup_divisions_per_interval(list));
     for t in [0.6, 0.8] {
-        push(
-            join(&format!("garbage_collection_threshold:{t}")),
-            AllocatorSettings { garbage_collection_threshold: Some(t), ..own.clone() },
-        );
+        push(gc(base, t));
     }
-    push(
-        join("expandable_segments:True,garbage_collection_threshold:0.8"),
-        AllocatorSettings { garbage_collection_threshold: Some(0.8), ..expandable },
-    );
+    push(gc(base.expandable(true), 0.8));
     if let Some(&mb) = splits.get(splits.len() / 2) {
-        push(
-            join(&format!("max_split_size_mb:{mb},garbage_collection_threshold:0.8")),
-            AllocatorSettings {
-                max_split_size: Some((mb << 20) as i64),
-                garbage_collection_threshold: Some(0.8),
-                ..own
-            },
-        );
+        push(gc(base.max_split(mb << 20), 0.8));
     }
     out.push(Setting::CompactingCaching);
     out.extend(StrategyKind::ALL.iter().filter(|&&k| k != StrategyKind::Caching).map(|&k| Setting::Host(k)));
     out
 }
 
-/// Options of a PyTorch row that the caching model of this build does not implement
-/// ([`crate::reference::caching`] models `expandable_segments` and `max_split_size_mb`): such a row
-/// replays as if they were unset, and says so.
-fn unmodelled(setting: &Setting) -> Option<String> {
-    let Setting::Pytorch { settings, .. } = setting else { return None };
-    let mut v = Vec::new();
-    if settings.roundup_power2_divisions.iter().any(|&(_, d)| d > 0) {
-        v.push("roundup_power2_divisions");
+/// The [`ConfigWarning`]s of a PyTorch row: options its settings name that the caching model does not
+/// implement or that have no effect as set (a `garbage_collection_threshold` without a memory fraction).
+/// Only the snapshot's own row can have any: the other rows are built from [`CachingConfig`].
+pub fn row_warnings(setting: &Setting) -> Vec<ConfigWarning> {
+    match setting {
+        Setting::Pytorch { settings, .. } => CachingConfig::from_settings(settings, 0).1,
+        _ => Vec::new(),
     }
-    if settings.garbage_collection_threshold.is_some_and(|t| t > 0.0) {
-        v.push("garbage_collection_threshold");
-    }
-    (!v.is_empty()).then(|| format!("{} not modelled by this build: replayed as unset", v.join(" and ")))
 }
 
 /// The trace a row replays: the OOM requests tried where they failed ([`super::with_oom_requests`]),
@@ -358,6 +357,10 @@ pub fn tune(
                     Setting::Pytorch { env, .. } => Some(format!("PYTORCH_CUDA_ALLOC_CONF={env}")),
                     _ => None,
                 },
+                memory_fraction: match s {
+                    Setting::Pytorch { settings, .. } => base_config(settings).memory_fraction,
+                    _ => None,
+                },
                 own: i == 0,
                 peak_reserved: 0,
                 failed: 0,
@@ -369,7 +372,7 @@ pub fn tune(
             };
             // At the capacity; a capacity the row cannot use (below the caching model's 2 MiB) is its note,
             // and the search still runs.
-            let mut r = row(unmodelled(s));
+            let mut r = row(None);
             match run(trace, dev, s, capacity.bytes) {
                 Ok(at) => {
                     r.peak_reserved = at.peak_reserved;
@@ -408,14 +411,102 @@ pub fn tune(
             |r: &TuneRow| (r.min_capacity.is_none(), r.min_capacity.unwrap_or(u64::MAX), r.failed, r.peak_reserved);
         key(a).cmp(&key(b))
     });
-    let best = rows.iter().position(|r| r.kind == RowKind::Pytorch && r.min_capacity.is_some() && r.note.is_none());
-    let replays = rows.iter().map(|r| r.replays).sum();
-    Ok(TuneReport {
+    let mut report = TuneReport {
         device: dev.device,
         capacity: capacity.clone(),
-        best_env: best.and_then(|i| rows[i].env.clone()),
-        best,
+        best_env: None,
+        best: None,
         rows,
-        replays,
+        replays: 0,
+        warnings: row_warnings(&settings[0]),
+    };
+    report.rank();
+    Ok(report)
+}
+
+impl TuneReport {
+    /// Sets `best`, `best_env` and `replays` from the (ranked) rows.
+    fn rank(&mut self) {
+        let rows = &self.rows;
+        self.best =
+            rows.iter().position(|r| r.kind == RowKind::Pytorch && r.min_capacity.is_some() && r.note.is_none());
+        self.best_env = self.best.and_then(|i| rows[i].env.clone());
+        self.replays = rows.iter().map(|r| r.replays).sum();
+    }
+
+    /// Keeps only the rows whose `setting` label is one of `settings` (in rank order); the best row and
+    /// the replay count are then among them.
+    ///
+    /// # Errors
+    /// [`ExplainError::Input`] naming the labels that are no row of the report (and listing the rows);
+    /// the report is then unchanged.
+    pub fn retain_settings(&mut self, settings: &[String]) -> Result<(), ExplainError> {
+        let unknown: Vec<&String> = settings.iter().filter(|s| !self.rows.iter().any(|r| &r.setting == *s)).collect();
+        if !unknown.is_empty() {
+            let labels: Vec<&str> = self.rows.iter().map(|r| r.setting.as_str()).collect();
+            return Err(ExplainError::Input(format!(
+                "settings: {unknown:?} are not rows of the grid (rows: {labels:?})"
+            )));
+        }
+        self.rows.retain(|r| settings.contains(&r.setting));
+        self.rank();
+        Ok(())
+    }
+}
+
+/// What `gpuheap tune` reports: the search over one device ([`TuneReport`], flattened into the JSON)
+/// with the file's devices and the choice among them. Render with [`TunePage::render_text`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TunePage {
+    /// The trace file.
+    pub trace: String,
+    /// Its format (in the text page; the JSON of the command line does not carry it).
+    #[serde(skip)]
+    pub format: String,
+    /// Every device of the file.
+    pub devices: Vec<DeviceSummary>,
+    /// The device searched and why. (The flattened report repeats the key `device` with the ordinal: a
+    /// JSON reader that keeps the last value of a key reads the ordinal.)
+    pub device: DeviceChoice,
+    /// The GPU's memory at the first recorded OOM, when the trace records one with `device_free`.
+    pub gpu_capacity: Option<u64>,
+    /// Recorded `oom` events on the device.
+    pub recorded_ooms: usize,
+    /// Wall-clock seconds of the search.
+    pub wall_s: f64,
+    /// The search.
+    #[serde(flatten)]
+    pub tune: TuneReport,
+}
+
+/// `gpuheap tune`: picks the device ([`super::choose_device`]; `device` given or not), the capacity from
+/// the evidence ([`super::capacity_from_evidence`]; `capacity` in bytes, given or not) and runs
+/// [`tune`] on it (`progress` as there).
+///
+/// # Errors
+/// [`ExplainError::Input`] for a device the file lacks; [`ExplainError::Trace`] for sums that cannot be
+/// represented; those of [`tune`].
+pub fn tune_page(
+    trace: &Trace,
+    device: Option<i64>,
+    capacity: Option<u64>,
+    progress: &(dyn Fn() + Sync),
+) -> Result<TunePage, ExplainError> {
+    let devices = super::summarize(trace);
+    let choice = super::choose_device(trace, &devices, device).map_err(ExplainError::Input)?;
+    let dev = &trace.devices[choice.index];
+    let cap = super::capacity_from_evidence(trace, dev, capacity)?;
+    let gpu = super::gpu_capacity_at_oom(trace, dev)?.map(|c| c.bytes);
+    let t = std::time::Instant::now();
+    let report = tune(trace, dev, &cap, progress)?;
+    Ok(TunePage {
+        trace: trace.source.display().to_string(),
+        format: trace.format.to_string(),
+        devices,
+        device: choice,
+        gpu_capacity: gpu,
+        recorded_ooms: dev.ooms.len(),
+        wall_s: t.elapsed().as_secs_f64(),
+        tune: report,
     })
 }

@@ -3,6 +3,9 @@
 
 pub mod pickle;
 
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
 use gpuheap::backend::{Backend, BackendError};
 use gpuheap::compaction::{reference, LiveBlock};
 use gpuheap::reference::compact::{plan_slide, CompactionPlan};
@@ -82,4 +85,19 @@ pub fn slide(layout: &[LiveBlock], capacity: u64) -> (Vec<u64>, CompactionPlan) 
     }
     assert!(dst.iter().all(|&d| d != u64::MAX), "plan_slide dropped a block");
     (dst, plan)
+}
+
+/// The workspace root (the parent of `host/`).
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Runs the built `gpuheap` binary with `args` in the workspace root, on the CPU backend.
+pub fn gpuheap(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuheap"))
+        .args(args)
+        .current_dir(workspace())
+        .env("GPUHEAP_BACKEND", "cpu")
+        .output()
+        .expect("runs")
 }

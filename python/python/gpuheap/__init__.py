@@ -200,14 +200,6 @@ def compare(
     return Comparison(json.loads(out))
 
 
-def _need_explain(name: str) -> None:
-    if not hasattr(_gpuheap, "explain_json"):
-        raise NotImplementedError(
-            f"gpuheap.{name}: this build has no explain bindings (the Rust library's explain module was not "
-            "available; build the python crate with its `explain` feature once it is)"
-        )
-
-
 def explain(
     snapshot: Source,
     capacity: Optional[Bytes] = None,
@@ -242,12 +234,11 @@ def explain(
         ConfigError: a device the trace lacks, an unparsable capacity, a trace with no allocation.
         BackendError: a replay of the search failed at run time.
     """
-    _need_explain("explain")
     snap = load(snapshot)
     if not isinstance(tune, bool):
         raise ConfigError(f"tune: expected a bool, not {type(tune).__qualname__}")
-    out = _gpuheap.explain_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), tune)
-    return Explanation(json.loads(out))
+    out, text, tune_text = _gpuheap.explain_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), tune)
+    return Explanation(json.loads(out), text, tune_text)
 
 
 def tune(
@@ -283,21 +274,13 @@ def tune(
         TraceError, ConfigError, BackendError: as for :func:`explain`; ConfigError also for a name
         in ``settings`` that is no row of the grid.
     """
-    _need_explain("tune")
     snap = load(snapshot)
-    data = json.loads(_gpuheap.tune_json(snap, _device_arg(device), _bytes_arg("capacity", capacity)))
     if settings is not None:
-        if isinstance(settings, str):
-            raise ConfigError("settings: expected a list of setting names, not one str")
-        labels = [r["setting"] for r in data["rows"]]
-        unknown = [s for s in settings if s not in labels]
-        if unknown:
-            raise ConfigError(f"settings: {unknown} are not rows of the grid (rows: {labels})")
-        rows = [r for r in data["rows"] if r["setting"] in settings]
-        best = next((i for i, r in enumerate(rows) if r["kind"] == "pytorch" and r["min_capacity"] is not None), None)
-        data.update(rows=rows, best=best, best_env=None if best is None else rows[best]["env"])
-        data["replays"] = sum(r["replays"] for r in rows)
-    return TuneResult(data, data["recorded_ooms"] > 0)
+        if isinstance(settings, str) or not all(isinstance(x, str) for x in settings):
+            raise ConfigError("settings: expected a list of setting names (str), not one str")
+        settings = list(settings)
+    out, text = _gpuheap.tune_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), settings)
+    return TuneResult(json.loads(out), text)
 
 
 from . import torch  # noqa: E402  (imports no torch: see gpuheap.torch)

@@ -51,12 +51,17 @@ def compare_json(
 ) -> str:
     """`gpuheap compare --json`. Raises gpuheap.ConfigError, TraceError, BackendError, InternalError."""
 
-# Only in builds with the cargo feature `explain` (gpuheap.explain/tune raise NotImplementedError otherwise).
-def explain_json(snapshot: Snapshot, device: Optional[int], capacity: Optional[str], tune: bool) -> str:
-    """`gpuheap explain --json` (`tune=False`: `--no-tune`). Raises TraceError, ConfigError, BackendError."""
+def explain_json(
+    snapshot: Snapshot, device: Optional[int], capacity: Optional[str], tune: bool
+) -> tuple[str, str, Optional[str]]:
+    """`gpuheap explain --json` (`tune=False`: `--no-tune`): (JSON, the page, the settings table or None).
+    Raises TraceError, ConfigError, BackendError."""
 
-def tune_json(snapshot: Snapshot, device: Optional[int], capacity: Optional[str]) -> str:
-    """`gpuheap tune --json`, plus the trace's `format`. Raises TraceError, ConfigError, BackendError."""
+def tune_json(
+    snapshot: Snapshot, device: Optional[int], capacity: Optional[str], settings: Optional[list[str]]
+) -> tuple[str, str]:
+    """`gpuheap tune --json` plus the trace's `format` and `device_choice`, and the page; `settings`: keep
+    only these rows. Raises TraceError, ConfigError, BackendError (ConfigError for an unknown row)."""
 
 def strategies() -> list[str]:
     """The strategy names replay accepts."""

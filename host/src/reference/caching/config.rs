@@ -52,7 +52,7 @@ pub struct CachingConfig {
 }
 
 /// An option the model read but does not implement (or that has no effect as set), with the reason.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ConfigWarning {
     /// The option's name as PyTorch spells it (`backend`, `pinned_num_register_threads`, ...).
     pub option: String,

@@ -1,0 +1,406 @@
+//! The text pages of `gpuheap explain` and `gpuheap tune` ([`Explanation::render_text`],
+//! [`TunePage::render_text`], also their `Display`), rendered from the same fields as their JSON: the
+//! command line and the Python package print these.
+
+use std::fmt::{self, Write as _};
+
+use super::tune::{RowKind, TunePage, TuneReport};
+use super::{
+    Capacity, CapacitySource, DeviceChoice, DeviceReason, DeviceSummary, Explanation, Moment, OomExplanation, Verdict,
+};
+use crate::reference::caching::ConfigWarning;
+use crate::replay::fmt_bytes;
+
+/// One line per [`ConfigWarning`] of the snapshot's allocator settings ("" without any).
+pub fn warnings_text(warnings: &[ConfigWarning]) -> String {
+    let mut s = String::new();
+    for w in warnings {
+        let _ = writeln!(s, "warning: {w}");
+    }
+    s
+}
+
+/// [`warnings_text`] of the [`ConfigWarning`]s of `dev`'s recorded allocator settings
+/// ([`crate::reference::caching::config_for_trace`]; "" without any).
+pub fn settings_warnings_text(dev: &crate::trace::DeviceTrace) -> String {
+    warnings_text(&crate::reference::caching::config_for_trace(dev, 0).1)
+}
+
+/// One line per device of the file.
+pub fn devices_text(devices: &[DeviceSummary], choice: &DeviceChoice) -> String {
+    let mut s = String::new();
+    let opt = |v: Option<u64>| v.map_or_else(|| "over 2^64 B".to_string(), fmt_bytes);
+    for d in devices {
+        let mark = if d.device == choice.device { "*" } else { " " };
+        let ooms = match d.recorded_ooms {
+            0 => "no OOM recorded".to_string(),
+            1 => "1 OOM recorded".to_string(),
+            n => format!("{n} OOMs recorded"),
+        };
+        let _ = writeln!(
+            s,
+            " {mark} device {}: {}, {}, peak allocated {}, peak reserved {}, {ooms}{}",
+            d.device,
+            plural(d.events, "event"),
+            plural(d.alloc_events, "allocation"),
+            opt(d.peak_allocated),
+            opt(d.peak_reserved),
+            if d.events == 0 && d.final_blocks > 0 {
+                format!(" (no history: the state when dumped, {} live blocks)", d.final_blocks)
+            } else {
+                String::new()
+            }
+        );
+    }
+    let why = match choice.reason {
+        DeviceReason::Given => "as asked",
+        DeviceReason::RecordedOom => "it has a recorded OOM",
+        DeviceReason::MostAllocations => "it has the most allocation events",
+        DeviceReason::FinalState => "no device has allocation events; it holds the most live blocks",
+    };
+    let others = if choice.others.is_empty() {
+        String::new()
+    } else {
+        let o: Vec<String> = choice.others.iter().map(i64::to_string).collect();
+        format!("; the file also has device {} (pick one with --device N)", o.join(", "))
+    };
+    let _ = writeln!(s, "device {} is reported ({why}){others}", choice.device);
+    s
+}
+
+/// The capacity and where it comes from, in words.
+pub fn capacity_text(c: &Capacity) -> String {
+    let why = match c.source {
+        CapacitySource::Given => "given with --capacity".into(),
+        _ => c.describe(),
+    };
+    format!("capacity {} ({} B): {why}", fmt_bytes(c.bytes), c.bytes)
+}
+
+/// `1 segment`, `2 segments`.
+fn plural(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+fn pct(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "0.0 %".into()
+    } else {
+        format!("{:.1} %", part as f64 * 100.0 / whole as f64)
+    }
+}
+
+fn oom_text(o: &OomExplanation) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "OOM at event {}: a request of {} failed.", o.event, fmt_bytes(o.request));
+    let _ = writeln!(
+        s,
+        "  PyTorch had reserved {} and allocated {}: {} reserved but unallocated (largest hole {}){}",
+        fmt_bytes(o.reserved),
+        fmt_bytes(o.allocated),
+        fmt_bytes(o.reserved_unallocated),
+        fmt_bytes(o.largest_hole),
+        match (o.device_free, o.capacity) {
+            (Some(f), Some(c)) =>
+                format!("; the driver had {} free; the GPU's memory: {}.", fmt_bytes(f), fmt_bytes(c)),
+            _ => "; the driver's free bytes are not recorded.".into(),
+        }
+    );
+    let (free, largest) = (o.free_total.unwrap_or(0), o.largest_extent.unwrap_or(0));
+    let verdict = match o.verdict {
+        Verdict::Capacity => format!(
+            "capacity: the GPU was full. Even with every cached byte released and compacted, only {} would be free \
+             (driver {} + holes {}), {} short of the {} request. No allocator setting or defragmentation helps: the \
+             step needs less memory (smaller batch, activation checkpointing, lower precision) or a larger GPU.",
+            fmt_bytes(free),
+            fmt_bytes(o.device_free.unwrap_or(0)),
+            fmt_bytes(o.reserved_unallocated),
+            fmt_bytes(o.shortfall),
+            fmt_bytes(o.request)
+        ),
+        Verdict::Fragmentation => format!(
+            "fragmentation: the memory was there, but in pieces. {} was free in total (driver {} + holes {}) >= the \
+             {} request > the largest free extent {}. Releasing or compacting the cached holes (expandable \
+             segments, max_split_size_mb, a compacting allocator) would have served it.",
+            fmt_bytes(free),
+            fmt_bytes(o.device_free.unwrap_or(0)),
+            fmt_bytes(o.reserved_unallocated),
+            fmt_bytes(o.request),
+            fmt_bytes(largest)
+        ),
+        Verdict::Fits => format!(
+            "the request ({}) is no larger than the largest free extent ({}); PyTorch still failed: it asks the \
+             driver for a whole segment of {} when no cached block of the request's pool fits.",
+            fmt_bytes(o.request),
+            fmt_bytes(largest),
+            fmt_bytes(o.segment_request)
+        ),
+        Verdict::Undetermined => format!(
+            "undetermined: the driver's free bytes are not recorded (give the GPU's memory with --capacity); the \
+             cached holes alone hold {}, the largest {}.",
+            fmt_bytes(o.reserved_unallocated),
+            fmt_bytes(o.largest_hole)
+        ),
+    };
+    let _ = writeln!(s, "  Verdict: {verdict}");
+    if let Some(r) = &o.replay {
+        let what = match (r.reproduced, r.first_failure) {
+            (true, _) => "fails this request too: the OOM is reproduced".to_string(),
+            (false, Some(e)) => format!("fails earlier, at event {e}: the model differs from PyTorch there"),
+            (false, None) => "serves this request: the OOM is not reproduced".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "  Replay: the caching model with the snapshot's own settings on {} {what}.",
+            fmt_bytes(r.capacity)
+        );
+    }
+    s
+}
+
+impl Explanation {
+    /// The page `gpuheap explain` prints (and `str()` of the Python report): the same fields as the
+    /// JSON, in words.
+    pub fn render_text(&self) -> String {
+        render(self)
+    }
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&render(self))
+    }
+}
+
+fn render(p: &Explanation) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "trace {} ({})", p.trace, p.format);
+    s += &devices_text(&p.devices, &p.device);
+    match p.allocator_settings.as_deref() {
+        Some("") => s += "allocator settings: PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)\n",
+        Some(e) => {
+            let _ = writeln!(s, "allocator settings: PYTORCH_CUDA_ALLOC_CONF={e}");
+        }
+        None => {}
+    }
+    s += &warnings_text(&p.warnings);
+    let _ = writeln!(s, "{}", capacity_text(&p.capacity));
+    s += "\n";
+    for o in &p.ooms {
+        s += &oom_text(o);
+    }
+    let d = p.device.device;
+    let moment = match p.moment {
+        Moment::RecordedOom => format!("At the OOM (event {}):", p.event.unwrap_or(0)),
+        Moment::DumpedState => {
+            let _ = writeln!(
+                s,
+                "The snapshot has no history on device {d}: only the allocator state when it was dumped (an OOM \
+                 observer's dump records no request and no driver free bytes)."
+            );
+            "In that state:".into()
+        }
+        Moment::PeakReserved => {
+            let at = p.event.map_or_else(|| "before the first event".to_string(), |e| format!("after event {e}"));
+            let _ = writeln!(s, "No OOM is recorded on device {d}; below, the moment of peak reserved memory ({at}).");
+            "At that moment:".into()
+        }
+        Moment::PeakAllocated => {
+            let at = p.event.map_or_else(|| "before the first event".to_string(), |e| format!("after event {e}"));
+            let _ = writeln!(
+                s,
+                "No OOM and no reserved bytes are recorded on device {d}; below, the moment of peak live bytes ({at})."
+            );
+            "At that moment:".into()
+        }
+    };
+    if p.moment == Moment::PeakAllocated {
+        let _ = writeln!(s, "{moment} {} live in {}.", fmt_bytes(p.allocated), plural(p.live_blocks, "block"));
+    } else {
+        let _ = writeln!(
+            s,
+            "{moment} PyTorch reserved {} in {} and allocated {} in {} ({} requested); {} ({} of \
+             reserved) reserved but unallocated, the largest hole {}.",
+            fmt_bytes(p.reserved),
+            plural(p.segments, "segment"),
+            fmt_bytes(p.allocated),
+            plural(p.live_blocks, "block"),
+            fmt_bytes(p.requested),
+            fmt_bytes(p.reserved_unallocated),
+            pct(p.reserved_unallocated, p.reserved),
+            fmt_bytes(p.largest_hole)
+        );
+    }
+    if let Some(b) = &p.request_bounds {
+        let _ = writeln!(
+            s,
+            "With {} of GPU memory ({} free on the device): a request up to {} fits; one up to {} fails for \
+             fragmentation (the bytes are there, in pieces); a larger one fails for capacity.",
+            fmt_bytes(b.capacity),
+            fmt_bytes(b.device_free),
+            fmt_bytes(b.fits_up_to),
+            fmt_bytes(b.fragmentation_up_to)
+        );
+    }
+    if !p.largest_tensors.is_empty() {
+        s += "\nLargest live tensors:\n";
+        let _ = writeln!(s, "  {:>12} {:>12}  {:<14} top user frames", "block", "requested", "allocated at");
+        for t in &p.largest_tensors {
+            let at = t.block.alloc_event.map_or_else(|| "before trace".to_string(), |e| format!("event {e}"));
+            let frames = if t.frames.is_empty() {
+                "(no frames recorded)".to_string()
+            } else {
+                t.frames.iter().map(|f| format!("{}:{} {}", f.filename, f.line, f.name)).collect::<Vec<_>>().join(" < ")
+            };
+            let _ = writeln!(
+                s,
+                "  {:>12} {:>12}  {:<14} {frames}",
+                fmt_bytes(t.block.size),
+                fmt_bytes(t.block.requested),
+                at
+            );
+        }
+    }
+    if !p.segments_with_holes.is_empty() {
+        s += "\nWhere the reserved-but-unallocated bytes sit (segments with the most):\n";
+        for g in &p.segments_with_holes {
+            let mut holes: Vec<String> = g.holes.iter().take(4).map(|h| fmt_bytes(h.size)).collect();
+            if g.holes.len() > 4 {
+                holes.push("...".into());
+            }
+            let _ = writeln!(
+                s,
+                "  segment {:#x} ({} pool{}, {}): {} free in {} ({})",
+                g.addr,
+                g.pool,
+                if g.expandable { ", expandable" } else { "" },
+                fmt_bytes(g.size),
+                fmt_bytes(g.hole_bytes()),
+                if g.holes.len() == 1 { "1 hole".to_string() } else { format!("{} holes", g.holes.len()) },
+                holes.join(", ")
+            );
+        }
+    }
+    if let Some(t) = &p.tune {
+        s += "\n";
+        if p.moment == Moment::DumpedState {
+            s += "The dump records no request: below, a setting \"fits\" when it holds the dumped live tensors in the \
+                  capacity, and its minimum capacity is what they need under it; the difference to PyTorch's \
+                  reserved bytes is headroom the failed request would have had.\n";
+        }
+        s += &t.render_table(!p.ooms.is_empty());
+    }
+    s
+}
+
+impl TuneReport {
+    /// The ranked table and the best setting's `PYTORCH_CUDA_ALLOC_CONF` line; `oom`: the trace records
+    /// an OOM (rows that fit are then marked "would have avoided the OOM").
+    pub fn render_table(&self, oom: bool) -> String {
+        table(self, oom)
+    }
+}
+
+impl TunePage {
+    /// The page `gpuheap tune` prints (and `str()` of the Python result).
+    pub fn render_text(&self) -> String {
+        let mut s = format!("trace {} ({})\n", self.trace, self.format);
+        s += &devices_text(&self.devices, &self.device);
+        s += &warnings_text(&self.tune.warnings);
+        s += &capacity_text(&self.tune.capacity);
+        let _ =
+            writeln!(s, "\n{} settings, {} replays in {:.1} s", self.tune.rows.len(), self.tune.replays, self.wall_s);
+        s += "\n";
+        s += &table(&self.tune, self.recorded_ooms > 0);
+        s
+    }
+}
+
+impl fmt::Display for TunePage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.render_text())
+    }
+}
+
+/// The ranked table and the best setting's env line; `oom`: the trace records an OOM (rows that fit
+/// are then marked "would have avoided the OOM").
+fn table(t: &TuneReport, oom: bool) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Settings ranked by the least GPU memory that replays the whole trace without a failed request \
+         (bisection at 2 MiB); failed = requests that fail at {}:",
+        fmt_bytes(t.capacity.bytes)
+    );
+    let _ = writeln!(s, "{:>4}  {:<64} {:>11} {:>7} {:>13}", "rank", "setting", "peak resv", "failed", "min capacity");
+    for (i, r) in t.rows.iter().enumerate() {
+        let kind = match r.kind {
+            RowKind::Pytorch if r.own => " [snapshot's own]",
+            RowKind::Pytorch => "",
+            RowKind::Compacting => " [a compacting allocator]",
+            RowKind::Host => " [host strategy]",
+        };
+        let label = format!("{}{kind}", r.setting);
+        let min = r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes);
+        let mut mark = match (r.min_capacity, r.fits, oom) {
+            (None, _, _) => "  not run".to_string(),
+            (Some(_), true, true) => "  would have avoided the OOM".into(),
+            (Some(_), true, false) => "  fits".into(),
+            (Some(_), false, _) => String::new(),
+        };
+        if let Some(n) = &r.note {
+            mark += &format!(" ({n})");
+        }
+        let _ = writeln!(
+            s,
+            "{:>4}  {:<64} {:>11} {:>7} {:>13}{mark}",
+            i + 1,
+            label,
+            fmt_bytes(r.peak_reserved),
+            r.failed,
+            min
+        );
+    }
+    if let Some(r) = t.rows.iter().find(|r| r.memory_fraction.is_some()) {
+        let _ = writeln!(
+            s,
+            "\nRows with garbage_collection_threshold also set a per-process memory fraction ({:?}): PyTorch collects \
+             only with one (c10/cuda/CUDACachingAllocator.cpp, malloc: `set_fraction && \
+             garbage_collection_threshold() > 0`). PyTorch's CUDA allocator takes it from \
+             torch.cuda.set_per_process_memory_fraction({0:?}), not from the variable; per_process_memory_fraction is \
+             torch_npu's option.",
+            r.memory_fraction.unwrap_or(1.0)
+        );
+    }
+    match (t.best, &t.best_env) {
+        (Some(b), Some(env)) => {
+            let r = &t.rows[b];
+            let own = t.rows.iter().find(|r| r.own);
+            let _ = writeln!(
+                s,
+                "\nBest PyTorch setting (least memory needed: {}):",
+                r.min_capacity.map_or_else(String::new, fmt_bytes)
+            );
+            if env.trim_end() == "PYTORCH_CUDA_ALLOC_CONF=" {
+                s += "  PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)\n";
+            } else {
+                let _ = writeln!(s, "  {env}");
+            }
+            if let Some(o) = own.filter(|o| o.env.as_ref().is_none_or(|e| e != env)) {
+                let _ = writeln!(
+                    s,
+                    "  (the snapshot's own settings need {})",
+                    o.min_capacity.map_or_else(|| "more than any device modelled".to_string(), fmt_bytes)
+                );
+            } else {
+                s += "  (that is the snapshot's own setting: no PyTorch setting of the grid needs less)\n";
+            }
+        }
+        _ => s += "\nNo PyTorch setting of the grid replays the whole trace on any device modelled.\n",
+    }
+    s
+}
