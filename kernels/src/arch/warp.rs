@@ -31,6 +31,38 @@ pub fn active_mask() -> u32 {
     emu::active_mask(Location::caller())
 }
 
+/// Mask of the lanes of this thread's warp that the launch created: all 32
+/// lanes, or lanes `0..blockDim % 32` in the last warp of a block whose size
+/// is not a multiple of 32 (lane 0 alone for the one-lane warps of the CPU
+/// sequential mode). Unlike [`active_mask`] it does not depend on which
+/// lanes happen to execute together (on Volta and later that can be any
+/// subset, and it is in the emulator's independent mode), so a warp that
+/// cooperates as a whole names its lanes with it. The lanes it names are
+/// alive until they return from the kernel; a collective over it is
+/// well-formed when every lane of the warp reaches it (warp-uniform control
+/// flow) before any of them returns.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+pub fn launch_mask() -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        use super::index::{block_dim_x, thread_idx_x};
+        lanes_below(block_dim_x() - (thread_idx_x() & !(super::WARP_SIZE - 1)))
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    emu::launch_mask()
+}
+
+/// Mask of lanes `0..min(n, 32)`.
+#[inline(always)]
+pub(crate) fn lanes_below(n: u32) -> u32 {
+    if n >= super::WARP_SIZE {
+        u32::MAX
+    } else {
+        (1u32 << n) - 1
+    }
+}
+
 /// Bit `l` is set iff lane `l` of `mask` has `pred` true (`vote.sync.ballot`).
 /// Every lane in `mask` must execute it.
 #[inline(always)]

@@ -164,7 +164,7 @@ pub unsafe fn wait_range(p: &MoveParams, m: u64, t: u64) -> (u64, u64) {
 /// `tile_bytes` for each warp of the block; the block has whole warps (or
 /// one-lane warps on the CPU); nothing else accesses the region meanwhile.
 pub unsafe fn move_tiles(p: &MoveParams) {
-    let w = Warp::current();
+    let w = Warp::launched();
     let tb = p.tile_bytes;
     let (smem, smem_len) = dyn_shared();
     let slot = (thread_idx_x() / WARP_SIZE) as u64;
@@ -303,7 +303,7 @@ pub struct CopyParams {
 /// `src` is readable and `dst` writable for `bytes`, not overlapping, both
 /// 16-byte aligned; `chunk_counter` addresses a zeroed `u64`.
 pub unsafe fn copy(p: &CopyParams) {
-    let w = Warp::current();
+    let w = Warp::launched();
     let cb = p.chunk_bytes;
     if cb == 0 || !cb.is_multiple_of(GRANULE) {
         return;

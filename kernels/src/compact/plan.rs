@@ -145,7 +145,7 @@ unsafe fn output(p: &PlanParams, i: u64, excl: u64) {
 /// accessed by anyone else during the launch; blocks are launched with whole
 /// warps (or one-lane warps on the CPU).
 pub unsafe fn plan(p: &PlanParams) {
-    let w = Warp::current();
+    let w = Warp::launched();
     let ipl = p.items_per_lane.max(1) as u64;
     let per_tile = ipl * w.lanes as u64;
     let tiles = p.count.div_ceil(per_tile);
