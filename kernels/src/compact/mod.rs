@@ -255,9 +255,16 @@ impl Warp {
     }
 
     /// `v` of the leader, on every lane.
+    ///
+    /// # Safety
+    /// Every lane of the warp (`self.mask`) makes this same call (warp-uniform
+    /// control flow, see [`Warp::launched`]), as for
+    /// [`shfl_u64`](crate::arch::warp::shfl_u64).
     #[inline(always)]
-    pub fn broadcast(&self, v: u64) -> u64 {
-        shfl_u64(self.mask, v, self.leader)
+    pub unsafe fn broadcast(&self, v: u64) -> u64 {
+        // SAFETY: the caller's contract; the calling lane is in `self.mask`
+        // (its own launched warp).
+        unsafe { shfl_u64(self.mask, v, self.leader) }
     }
 }
 

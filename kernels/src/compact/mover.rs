@@ -188,7 +188,14 @@ pub unsafe fn move_tiles(p: &MoveParams) {
         if w.is_leader() {
             t = counter.fetch_add(1, Ordering::Relaxed);
         }
-        let t = w.broadcast(t);
+        // SAFETY: (every collective of this loop) `w` is the launched warp
+        // and the loop is warp-uniform: it runs until the broadcast tile id
+        // is past the end, every branch around a collective depends only on
+        // `p`, `w.lanes` or broadcast values (the leader-only steps contain
+        // no collective), so every lane of `w.mask` reaches each call; no
+        // lane returns inside the loop (the misconfiguration `return` above
+        // is taken by the whole warp: it depends on `p` and the warp's slot).
+        let t = unsafe { w.broadcast(t) };
         if t >= tiles {
             break;
         }
@@ -236,7 +243,8 @@ pub unsafe fn move_tiles(p: &MoveParams) {
                 )
             })
         };
-        sync_warp(w.mask);
+        // SAFETY: warp-uniform (see the loop head).
+        unsafe { sync_warp(w.mask) };
         // 2. Publish "loaded".
         if w.is_leader() {
             flag(t).store(p.epoch, Ordering::Release);
@@ -257,7 +265,8 @@ pub unsafe fn move_tiles(p: &MoveParams) {
                 u += 1;
             }
         }
-        sync_warp(w.mask);
+        // SAFETY: warp-uniform (see the loop head).
+        unsafe { sync_warp(w.mask) };
         // 4. Store the tile to its destination.
         // SAFETY: runs lie inside the tile (stage) and the destinations.
         unsafe {
@@ -270,7 +279,8 @@ pub unsafe fn move_tiles(p: &MoveParams) {
                 )
             })
         };
-        sync_warp(w.mask);
+        // SAFETY: warp-uniform (see the loop head).
+        unsafe { sync_warp(w.mask) };
     }
 }
 
@@ -316,7 +326,11 @@ pub unsafe fn copy(p: &CopyParams) {
         if w.is_leader() {
             c = counter.fetch_add(1, Ordering::Relaxed);
         }
-        let c = w.broadcast(c);
+        // SAFETY: `w` is the launched warp and this loop is warp-uniform (it
+        // runs until the broadcast chunk id is past the end; the early
+        // `return` depends on `p` only), so every lane of `w.mask` makes
+        // this call.
+        let c = unsafe { w.broadcast(c) };
         if c >= chunks {
             break;
         }

@@ -416,7 +416,7 @@ impl ItsBlock {
     /// [`PREEMPT_ODDS`] hands the token to another thread.
     pub(super) fn preempt(&self, me: u32) {
         let mut g = self.lock();
-        if splitmix(&mut g.rng) % PREEMPT_ODDS == 0 {
+        if splitmix(&mut g.rng).is_multiple_of(PREEMPT_ODDS) {
             drop(self.yield_token(me, g, true));
         }
     }
