@@ -144,7 +144,10 @@ unsafe fn probe_masks(p: &Probe) {
     let i = global_thread_id();
     let m = active_mask();
     // A warp-aggregated step over the mask, as the allocator does.
-    let votes = ballot(m, true);
+    // SAFETY: `m` holds the lanes that executed the `active_mask` above
+    // together, this one among them, and each of them executes this ballot
+    // next (no branch, no return in between).
+    let votes = unsafe { ballot(m, true) };
     // SAFETY: the counter is a live u64 accessed atomically only.
     let ticket = unsafe { AtomicU64::from_ptr(p.counter as *mut u64) }.fetch_add(1, Ordering::AcqRel);
     // SAFETY: `out` holds 2 u64 per thread.
@@ -166,7 +169,11 @@ unsafe fn ballot_names_exited_lanes(_: &Probe) {
     if lane_id() % 2 == 0 {
         return;
     }
-    ballot(u32::MAX, true);
+    // SAFETY: deliberately NOT upheld (the mask names the even lanes, which
+    // have returned): this kernel runs only on the CPU backend's
+    // independent-thread-scheduling mode, which detects the violation and
+    // fails the launch instead of behaving undefinedly; never on a GPU.
+    unsafe { ballot(u32::MAX, true) };
 }
 gpuheap_kernels::kernel_entry! {
     static BALLOT_EXITED: Probe = its_ballot_exited => ballot_names_exited_lanes;
@@ -179,13 +186,18 @@ gpuheap_kernels::kernel_entry! {
 /// # Safety
 /// None (touches no memory).
 unsafe fn disagreeing_masks(_: &Probe) {
-    match lane_id() {
-        0 => sync_warp(0b011),
-        1 => sync_warp(0b111),
-        2 => {
-            shfl(0b101, 7, 0);
+    // SAFETY: deliberately NOT upheld (the masks disagree): this kernel
+    // runs only on the CPU backend's independent-thread-scheduling mode,
+    // which reports the deadlock as an error; never on a GPU.
+    unsafe {
+        match lane_id() {
+            0 => sync_warp(0b011),
+            1 => sync_warp(0b111),
+            2 => {
+                shfl(0b101, 7, 0);
+            }
+            _ => {}
         }
-        _ => {}
     }
 }
 gpuheap_kernels::kernel_entry! {

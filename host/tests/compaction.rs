@@ -121,14 +121,7 @@ fn compact_and_check(heap: &mut CompactHeap<'_>, what: &str) -> gpuheap::compact
 
 /// Runs `case` on every backend.
 fn on_backends(test: &str, case: impl Fn(&Backend, &str)) {
-    // The independent-thread-scheduling mode finds a fault in the compaction
-    // kernels (the same one as in `heap_compaction`: wrong pattern words after
-    // a compaction); until it is fixed these cases skip that mode and the
-    // ignored regression test in `heap_compaction` keeps the fault visible.
-    for b in common::backends(test)
-        .into_iter()
-        .filter(|b| !matches!(b, Backend::Cpu(c) if matches!(c.mode(), gpuheap::backend::CpuMode::Independent { .. })))
-    {
+    for b in common::backends(test) {
         let what = format!("{test} on {}", b.describe());
         case(&b, &what);
     }

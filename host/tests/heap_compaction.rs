@@ -26,33 +26,34 @@ use gpuheap_kernels::fill::pattern;
 
 /// Runs `case` on every backend.
 fn on_backends(test: &str, case: impl Fn(&Backend, &str)) {
-    // The independent-thread-scheduling mode finds a fault here (seed 0:
-    // `bl_16_pending_op_sees_its_block_after_heap_compaction` reads 4096
-    // wrong pattern words after a heap compaction); until it is fixed these
-    // tests run it only in `its_seed_0_heap_compaction_keeps_handle_patterns`
-    // (ignored, the regression case).
-    for b in common::backends(test)
-        .into_iter()
-        .filter(|b| !matches!(b, Backend::Cpu(c) if matches!(c.mode(), gpuheap::backend::CpuMode::Independent { .. })))
-    {
+    for b in common::backends(test) {
         let what = format!("{test} on {}", b.describe());
         case(&b, &what);
     }
 }
 
 /// Regression case found by the independent-thread-scheduling mode (seed 0):
-/// after a heap compaction, the handle patterns check reports 4096 wrong
-/// words. Open fault (issue 10 item 2); run with `--ignored`.
+/// after a heap compaction, the handle patterns check reported 4096 wrong
+/// words (one 16 KiB move tile). The compaction kernels formed their warp
+/// from `active_mask()`, so lanes of one warp that the scheduler split into
+/// groups worked as separate "warps" staging different tiles in the same
+/// shared-memory slot; they now use the launch's whole warp
+/// (`arch::warp::launch_mask`). Run for seeds 0..8.
 #[test]
-#[ignore = "open fault found by the ITS mode, seed 0 (issue 10)"]
 fn its_seed_0_heap_compaction_keeps_handle_patterns() {
-    let b = Backend::cpu_independent(0);
+    for seed in 0..8 {
+        its_seed_case(seed);
+    }
+}
+
+fn its_seed_case(seed: u64) {
+    let b = Backend::cpu_independent(seed);
     const KIB: u64 = 1024;
     let mut heap = DeviceHeap::with_movable(&b, 4 << 20, 1 << 20, 64).unwrap();
     let hs = [heap.handle_alloc(&b, 128 * KIB).unwrap(), heap.handle_alloc(&b, 256 * KIB).unwrap()];
     fill_handles(&b, &heap, &hs);
     heap.handle_free(&b, hs[0]).unwrap();
-    compact_and_check(&b, &mut heap, "ITS seed 0");
+    compact_and_check(&b, &mut heap, &format!("ITS seed {seed}"));
 }
 
 use common::slide;

@@ -24,14 +24,20 @@ pub fn bump_alloc(cursor: &AtomicU64, capacity: u64, size: u64) -> Option<u64> {
     let size = size.saturating_add(BUMP_ALIGN - 1) & !(BUMP_ALIGN - 1);
     let mask = active_mask();
     // Lanes asking for the same 64-bit size form one group.
-    let peers = match_any(mask, size as u32) & match_any(mask, (size >> 32) as u32);
+    // SAFETY: (both) `mask` holds the lanes that executed the `active_mask`
+    // above together, this one among them; nothing between it and here
+    // branches or returns, so each of them executes these matches.
+    let peers = unsafe { match_any(mask, size as u32) & match_any(mask, (size >> 32) as u32) };
     let leader = peers.trailing_zeros();
     let rank = (peers & lanemask_lt()).count_ones() as u64;
     let mut base = 0;
     if lane_id() == leader {
         base = cursor.fetch_add(size.saturating_mul(peers.count_ones() as u64), Ordering::Relaxed);
     }
-    let base = shfl_u64(peers, base, leader);
+    // SAFETY: unconditional; `peers` holds this lane and every lane of
+    // `mask` with the same `size`, each of which got this same `peers` from
+    // `match_any` and executes this shuffle.
+    let base = unsafe { shfl_u64(peers, base, leader) };
     let off = base + rank * size;
     match off.checked_add(size) {
         Some(end) if size != 0 && end <= capacity => Some(off),

@@ -181,8 +181,14 @@ pub unsafe fn handle_alloc(heap: &Heap, size: u64) -> u64 {
     let need = if size == 0 || size > cap || !has_arena { 0 } else { size.div_ceil(GRANULE) * GRANULE };
     let mask = active_mask();
     let lane = lane_id();
+    // Every collective below is over `mask` (the lanes that executed this
+    // `active_mask` together, the caller among them) or over `peers`, a
+    // subset of it that contains the caller; the code from here to the end
+    // has no `return` and each branch around a collective is uniform over
+    // its mask (a ballot over `mask`), so each lane of the mask reaches it.
     // 1. Bytes: one `atom.add` per group of lanes asking for the same size.
-    let peers = match_any(mask, need as u32) & match_any(mask, (need >> 32) as u32);
+    // SAFETY: (both) unconditional, over `mask` (see above).
+    let peers = unsafe { match_any(mask, need as u32) & match_any(mask, (need >> 32) as u32) };
     let leader = peers.trailing_zeros();
     let rank = (peers & lanemask_lt()).count_ones() as u64;
     let mut base = cap;
@@ -202,12 +208,17 @@ pub unsafe fn handle_alloc(heap: &Heap, size: u64) -> u64 {
             }
         }
     }
-    let base = shfl_u64(peers, base, leader);
-    let n_fit = shfl(peers, n_fit as u32, leader) as u64;
+    // SAFETY: (both) unconditional; `peers` holds this lane and every lane
+    // with the same `need`, all of which execute these shuffles with the
+    // same `peers` (`match_any` gives each of them that same mask).
+    let base = unsafe { shfl_u64(peers, base, leader) };
+    // SAFETY: as above.
+    let n_fit = unsafe { shfl(peers, n_fit as u32, leader) } as u64;
     let off = base.saturating_add(rank * need);
     let fits = need != 0 && rank < n_fit && off < cap && need <= cap - off;
     // 2. Indices: one `atom.add` for every lane that got bytes.
-    let got = ballot(mask, fits);
+    // SAFETY: unconditional, over `mask`.
+    let got = unsafe { ballot(mask, fits) };
     let mut handle = 0u64;
     if got != 0 {
         let first = got.trailing_zeros();
@@ -216,7 +227,9 @@ pub unsafe fn handle_alloc(heap: &Heap, size: u64) -> u64 {
             // SAFETY: a live arena (some lane has `need != 0`).
             k0 = unsafe { ctrl(heap, CTRL_POOL_NEXT) }.fetch_add(got.count_ones() as u64, Ordering::Relaxed);
         }
-        let k0 = shfl_u64(mask, k0, first);
+        // SAFETY: `got` is the same on every lane of `mask` (a ballot over
+        // it), so every lane of `mask` is in this branch.
+        let k0 = unsafe { shfl_u64(mask, k0, first) };
         if fits {
             let k = k0 + (got & lanemask_lt()).count_ones() as u64;
             // SAFETY: a live arena; the pool length is written by the host only.
@@ -242,7 +255,8 @@ pub unsafe fn handle_alloc(heap: &Heap, size: u64) -> u64 {
             }
         }
     }
-    let failed = ballot(mask, size != 0 && handle == 0);
+    // SAFETY: unconditional, over `mask`.
+    let failed = unsafe { ballot(mask, size != 0 && handle == 0) };
     if failed != 0 && lane == failed.trailing_zeros() && has_arena {
         // SAFETY: a live arena.
         unsafe { ctrl(heap, CTRL_FAILED) }.fetch_add(failed.count_ones() as u64, Ordering::Relaxed);

@@ -120,8 +120,21 @@
 //! worker once started, so the owner of a smaller tile id is a running OS
 //! thread; in lockstep mode blocks run one after another in the order in
 //! which they take tile ids (an earlier block has finished all its tiles) and
-//! the warps of the running block are concurrent OS threads. Spinning threads
-//! call [`crate::arch::time::nanosleep`], which yields the OS thread there.
+//! the warps of the running block are concurrent OS threads; in independent
+//! mode blocks also run one after another, and inside a block one emulated
+//! thread runs at a time under the seeded scheduler. Spinning threads call
+//! [`crate::arch::time::nanosleep`], which yields the OS thread (independent
+//! mode: hands the token to another emulated thread) there.
+//!
+//! ## Warps
+//!
+//! Every kernel here cooperates per *launched* warp ([`Warp::launched`]:
+//! the lanes the launch created, from the block size), never per
+//! `active_mask()` group: a tile is one warp's unit of work, with one
+//! shared-memory slot per warp and the tile's words split by lane rank. All
+//! branches around the warp collectives are warp-uniform, so each
+//! collective meets exactly the lanes of its mask on every GPU (Volta's
+//! independent thread scheduling included) and in every CPU mode.
 //!
 //! ## Cost
 //!
@@ -137,7 +150,9 @@ pub mod mover;
 pub mod plan;
 
 use crate::arch::mem::{load_v4, store_v4};
-use crate::arch::warp::{active_mask, lanemask_lt, shfl_u64};
+#[cfg(doc)]
+use crate::arch::warp::active_mask;
+use crate::arch::warp::{lanemask_lt, launch_mask, shfl_u64};
 
 /// Alignment and size unit of every block in a compactable layout, bytes.
 pub const GRANULE: u64 = 16;
@@ -181,8 +196,20 @@ impl LiveBlock {
 #[derive(Clone, Copy)]
 pub struct Word16(pub [u32; 4]);
 
-/// The calling warp as the compaction kernels see it: full warps on the GPU
-/// and in lockstep mode (32 lanes), one-lane warps in the CPU sequential mode.
+/// The calling warp as the compaction kernels see it: every lane the launch
+/// created in this thread's warp ([`launch_mask`]: 32 lanes on the GPU and
+/// in the lockstep and independent CPU modes, one-lane warps in the CPU
+/// sequential mode), never "whoever is active now".
+///
+/// The compaction kernels cooperate per warp: one warp takes one tile id,
+/// stages it in the warp's slot of shared memory, and its lanes split the
+/// tile's words by rank. That needs the same set of lanes, with the same
+/// ranks, on every lane and for the whole kernel. [`active_mask`] cannot
+/// give it: on Volta and later (and in the independent-thread-scheduling
+/// emulation) it returns whichever lanes execute it together, any subset of
+/// the warp, and different subsets of one warp would then act as separate
+/// "warps" sharing one shared-memory slot and splitting tiles by different
+/// lane counts.
 #[derive(Clone, Copy)]
 pub(crate) struct Warp {
     /// Participating lanes.
@@ -196,10 +223,16 @@ pub(crate) struct Warp {
 }
 
 impl Warp {
-    /// The converged warp executing this call.
+    /// The whole warp of the calling lane, as launched. Its lanes are
+    /// `0..lanes`, so rank equals lane.
+    ///
+    /// The kernels using it keep warp-uniform control flow (every branch
+    /// that encloses a collective depends only on launch parameters, the
+    /// warp's slot, or values broadcast from the leader), so every lane of
+    /// the mask reaches every collective and none returns early.
     #[inline(always)]
-    pub fn current() -> Self {
-        let mask = active_mask();
+    pub fn launched() -> Self {
+        let mask = launch_mask();
         Warp {
             mask,
             rank: (mask & lanemask_lt()).count_ones(),
@@ -222,9 +255,16 @@ impl Warp {
     }
 
     /// `v` of the leader, on every lane.
+    ///
+    /// # Safety
+    /// Every lane of the warp (`self.mask`) makes this same call (warp-uniform
+    /// control flow, see [`Warp::launched`]), as for
+    /// [`shfl_u64`](crate::arch::warp::shfl_u64).
     #[inline(always)]
-    pub fn broadcast(&self, v: u64) -> u64 {
-        shfl_u64(self.mask, v, self.leader)
+    pub unsafe fn broadcast(&self, v: u64) -> u64 {
+        // SAFETY: the caller's contract; the calling lane is in `self.mask`
+        // (its own launched warp).
+        unsafe { shfl_u64(self.mask, v, self.leader) }
     }
 }
 

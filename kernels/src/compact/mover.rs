@@ -164,7 +164,7 @@ pub unsafe fn wait_range(p: &MoveParams, m: u64, t: u64) -> (u64, u64) {
 /// `tile_bytes` for each warp of the block; the block has whole warps (or
 /// one-lane warps on the CPU); nothing else accesses the region meanwhile.
 pub unsafe fn move_tiles(p: &MoveParams) {
-    let w = Warp::current();
+    let w = Warp::launched();
     let tb = p.tile_bytes;
     let (smem, smem_len) = dyn_shared();
     let slot = (thread_idx_x() / WARP_SIZE) as u64;
@@ -188,7 +188,14 @@ pub unsafe fn move_tiles(p: &MoveParams) {
         if w.is_leader() {
             t = counter.fetch_add(1, Ordering::Relaxed);
         }
-        let t = w.broadcast(t);
+        // SAFETY: (every collective of this loop) `w` is the launched warp
+        // and the loop is warp-uniform: it runs until the broadcast tile id
+        // is past the end, every branch around a collective depends only on
+        // `p`, `w.lanes` or broadcast values (the leader-only steps contain
+        // no collective), so every lane of `w.mask` reaches each call; no
+        // lane returns inside the loop (the misconfiguration `return` above
+        // is taken by the whole warp: it depends on `p` and the warp's slot).
+        let t = unsafe { w.broadcast(t) };
         if t >= tiles {
             break;
         }
@@ -236,7 +243,8 @@ pub unsafe fn move_tiles(p: &MoveParams) {
                 )
             })
         };
-        sync_warp(w.mask);
+        // SAFETY: warp-uniform (see the loop head).
+        unsafe { sync_warp(w.mask) };
         // 2. Publish "loaded".
         if w.is_leader() {
             flag(t).store(p.epoch, Ordering::Release);
@@ -257,7 +265,8 @@ pub unsafe fn move_tiles(p: &MoveParams) {
                 u += 1;
             }
         }
-        sync_warp(w.mask);
+        // SAFETY: warp-uniform (see the loop head).
+        unsafe { sync_warp(w.mask) };
         // 4. Store the tile to its destination.
         // SAFETY: runs lie inside the tile (stage) and the destinations.
         unsafe {
@@ -270,7 +279,8 @@ pub unsafe fn move_tiles(p: &MoveParams) {
                 )
             })
         };
-        sync_warp(w.mask);
+        // SAFETY: warp-uniform (see the loop head).
+        unsafe { sync_warp(w.mask) };
     }
 }
 
@@ -303,7 +313,7 @@ pub struct CopyParams {
 /// `src` is readable and `dst` writable for `bytes`, not overlapping, both
 /// 16-byte aligned; `chunk_counter` addresses a zeroed `u64`.
 pub unsafe fn copy(p: &CopyParams) {
-    let w = Warp::current();
+    let w = Warp::launched();
     let cb = p.chunk_bytes;
     if cb == 0 || !cb.is_multiple_of(GRANULE) {
         return;
@@ -316,7 +326,11 @@ pub unsafe fn copy(p: &CopyParams) {
         if w.is_leader() {
             c = counter.fetch_add(1, Ordering::Relaxed);
         }
-        let c = w.broadcast(c);
+        // SAFETY: `w` is the launched warp and this loop is warp-uniform (it
+        // runs until the broadcast chunk id is past the end; the early
+        // `return` depends on `p` only), so every lane of `w.mask` makes
+        // this call.
+        let c = unsafe { w.broadcast(c) };
         if c >= chunks {
             break;
         }

@@ -35,6 +35,7 @@ use super::handle::HandleEntry;
 use super::{LiveBlock, Warp, NO_HANDLE};
 use crate::arch::atomic::{AtomicU64, Ordering};
 use crate::arch::time::backoff;
+use crate::arch::warp::shfl_u64;
 
 /// Scan-element flag: restart the running sum (a pinned block).
 pub const RESET: u64 = 1 << 61;
@@ -145,7 +146,7 @@ unsafe fn output(p: &PlanParams, i: u64, excl: u64) {
 /// accessed by anyone else during the launch; blocks are launched with whole
 /// warps (or one-lane warps on the CPU).
 pub unsafe fn plan(p: &PlanParams) {
-    let w = Warp::current();
+    let w = Warp::launched();
     let ipl = p.items_per_lane.max(1) as u64;
     let per_tile = ipl * w.lanes as u64;
     let tiles = p.count.div_ceil(per_tile);
@@ -160,7 +161,12 @@ pub unsafe fn plan(p: &PlanParams) {
         if w.is_leader() {
             t = counter.fetch_add(1, Ordering::Relaxed);
         }
-        let t = w.broadcast(t);
+        // SAFETY: (every collective of this loop) `w` is the launched warp
+        // and the loop is warp-uniform: it runs until the broadcast tile id
+        // is past the end, and each branch around a collective depends only
+        // on `p`, `w.lanes` or broadcast values, so every lane of `w.mask`
+        // reaches each call; no lane returns inside the loop.
+        let t = unsafe { w.broadcast(t) };
         if t >= tiles {
             break;
         }
@@ -179,15 +185,19 @@ pub unsafe fn plan(p: &PlanParams) {
         let mut d = 1;
         while d < w.lanes {
             let src = if w.rank >= d { w.lane_of(w.rank - d) } else { w.lane_of(w.rank) };
-            let y = crate::arch::warp::shfl_u64(w.mask, incl, src);
+            // SAFETY: warp-uniform (`d` and `w.lanes` are the same on every
+            // lane); see the loop head.
+            let y = unsafe { shfl_u64(w.mask, incl, src) };
             if w.rank >= d {
                 incl = combine(y, incl);
             }
             d *= 2;
         }
-        let below = crate::arch::warp::shfl_u64(w.mask, incl, w.lane_of(w.rank.saturating_sub(1)));
+        // SAFETY: unconditional in the warp-uniform loop (see its head).
+        let below = unsafe { shfl_u64(w.mask, incl, w.lane_of(w.rank.saturating_sub(1))) };
         let lane_excl = if w.rank == 0 { 0 } else { below };
-        let tile_agg = crate::arch::warp::shfl_u64(w.mask, incl, w.lane_of(w.lanes - 1));
+        // SAFETY: as above.
+        let tile_agg = unsafe { shfl_u64(w.mask, incl, w.lane_of(w.lanes - 1)) };
         // Decoupled look-back by the leader.
         let mut prefix = 0u64;
         if w.is_leader() {
@@ -216,7 +226,9 @@ pub unsafe fn plan(p: &PlanParams) {
                 status(t).store(STATUS_P | combine(prefix, tile_agg), Ordering::Release);
             }
         }
-        let prefix = w.broadcast(prefix);
+        // SAFETY: after the leader-only look-back, every lane is back on the
+        // warp-uniform path (see the loop head).
+        let prefix = unsafe { w.broadcast(prefix) };
         // Outputs.
         let mut run = combine(prefix, lane_excl);
         let mut i = first;

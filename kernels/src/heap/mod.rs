@@ -186,7 +186,9 @@ pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
         Some(c) => c,
         None => 0x100 | lane,
     };
-    let peers = match_any(mask, key);
+    // SAFETY: `mask` holds the lanes that executed the `active_mask` above
+    // together, this one among them; nothing between branches or returns.
+    let peers = unsafe { match_any(mask, key) };
     let leader = peers.trailing_zeros();
     let rank = (peers & lanemask_lt()).count_ones();
     let n = peers.count_ones();
@@ -211,7 +213,10 @@ pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
     let mut page = 0u64;
     let mut left = 0u32;
     let mut cursor = (hint >> 32) as u32;
-    while ballot(mask, pending) != 0 {
+    // SAFETY: the loop condition is a ballot over `mask`, the same on every
+    // lane of it, so every lane of `mask` evaluates it on each iteration
+    // (the code before it does not return; `alloc_large` has no collective).
+    while unsafe { ballot(mask, pending) } != 0 {
         let mut cbase = 0u64;
         let mut cbits = 0u64;
         if pending && lane == leader {
@@ -237,8 +242,11 @@ pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
                 count_failed(m, need);
             }
         }
-        let cbase = shfl_u64(mask, cbase, leader);
-        let cbits = shfl_u64(mask, cbits, leader);
+        // SAFETY: (both) unconditional inside the warp-uniform loop (see its
+        // condition); the leader-only block above has no collective.
+        let cbase = unsafe { shfl_u64(mask, cbase, leader) };
+        // SAFETY: as above.
+        let cbits = unsafe { shfl_u64(mask, cbits, leader) };
         if pending {
             if cbits == 0 {
                 pending = false;

@@ -72,7 +72,11 @@ pub unsafe fn grow(p: &GrowParams) {
     let longest = p.max_pushes;
     while r < longest {
         let grow_me = ok && r < n && r == cap;
-        if ballot(mask, grow_me) != 0 {
+        // SAFETY: `mask` holds the lanes that executed the `active_mask`
+        // above together, this one among them; each of them runs this loop
+        // for the same `longest` iterations (no `return` or `break` inside)
+        // and so executes this ballot on every iteration.
+        if unsafe { ballot(mask, grow_me) } != 0 {
             // SAFETY: live heap; every lane of `mask` calls malloc here.
             let bigger = unsafe { heap::malloc(&p.heap, if grow_me { cap * 8 } else { 0 }) } as *mut u32;
             if grow_me {

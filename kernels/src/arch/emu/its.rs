@@ -299,8 +299,9 @@ impl ItsBlock {
     /// The scheduler of block `block_idx` with `threads` threads, whose
     /// schedule is a function of `seed`.
     pub fn new(block_idx: u32, threads: u32, seed: u64) -> Self {
-        let slots =
-            (0..threads).map(|_| Slot { status: Status::Runnable, turns: 0, thread: None, values: [0; 32], mask: 0 }).collect();
+        let slots = (0..threads)
+            .map(|_| Slot { status: Status::Runnable, turns: 0, thread: None, values: [0; 32], mask: 0 })
+            .collect();
         let mut rng = seed ^ (block_idx as u64).wrapping_mul(0xA24B_AED4_963E_E407);
         splitmix(&mut rng);
         ItsBlock {
@@ -415,7 +416,7 @@ impl ItsBlock {
     /// [`PREEMPT_ODDS`] hands the token to another thread.
     pub(super) fn preempt(&self, me: u32) {
         let mut g = self.lock();
-        if splitmix(&mut g.rng) % PREEMPT_ODDS == 0 {
+        if splitmix(&mut g.rng).is_multiple_of(PREEMPT_ODDS) {
             drop(self.yield_token(me, g, true));
         }
     }
@@ -505,7 +506,17 @@ impl ItsBlock {
             None => {
                 let since = g.steps;
                 let turns0 = g.warp_turns(warp);
-                g.meetings.push(Meeting { op, warp, mask, target: 0, site, arrived: 0, values: [0; 32], since, turns0 });
+                g.meetings.push(Meeting {
+                    op,
+                    warp,
+                    mask,
+                    target: 0,
+                    site,
+                    arrived: 0,
+                    values: [0; 32],
+                    since,
+                    turns0,
+                });
                 g.meetings.len() - 1
             }
         };

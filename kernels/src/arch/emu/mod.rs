@@ -163,6 +163,17 @@ pub(crate) fn active_mask(site: &'static Location<'static>) -> u32 {
     })
 }
 
+/// The lanes of this thread's warp that the launch created (see
+/// [`super::warp::launch_mask`]): `1` for the one-lane warps of the
+/// sequential mode, else the warp's lanes below the block size.
+pub(crate) fn launch_mask() -> u32 {
+    let i = INDICES.with(|c| c.get());
+    with_warp(|w| match w {
+        WarpOf::One => 1,
+        WarpOf::Lockstep(..) | WarpOf::Its(..) => super::warp::lanes_below(i.block_dim - (i.thread_idx & !31)),
+    })
+}
+
 /// In independent mode, `f` with this thread's scheduler and index.
 #[inline(always)]
 fn with_its(f: impl FnOnce(&ItsBlock, u32)) {
