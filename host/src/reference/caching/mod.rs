@@ -61,19 +61,35 @@
 //! its live extent rounded up to 2 MiB (non-expandable: a re-`cudaMalloc` and copy; expandable: unmapping
 //! whole pages), and segments left without live blocks are released.
 //!
+//! # Data structures
+//! Blocks are records in a slab, each linked to the adjacent blocks of its segment (PyTorch's `Block::prev`
+//! and `next`), so merging with free neighbours reads no index; a hash table finds a block by its start
+//! offset (`free_at`), and an [`Allocation`]'s handle is its record index (`free` checks that the record
+//! still holds the live block at the allocation's offset, else looks the offset up). The free set of each
+//! pool is, per stream, TLSF size classes with a two-level bitmap, each class an exact `(size, address)`
+//! ordered map: best fit in `BlockComparatorSize` order with one small-map lookup.
+//!
 //! # Invariants
-//! - Blocks tile each segment's virtual range; `blocks` is keyed by offset; a block is in `free_sets[pool]`
-//!   under `(stream, size, offset)` iff it is free and mapped, in `unmapped[pool]` under `(stream, offset)`
-//!   iff it is unmapped; no two adjacent blocks of one segment are both free or both unmapped.
+//! - Blocks tile each segment's virtual range; each segment's blocks form one chain by address (`prev`,
+//!   `next`); `at` maps every block's start to its record; `seg_index` maps every segment's start to its id;
+//!   a block is in `free_sets[pool]` under `(stream, size, offset)` iff it is free and mapped, in
+//!   `unmapped[pool]` under `(stream, offset)` iff it is unmapped; no two adjacent blocks of one segment are
+//!   both free or both unmapped.
 //! - `reserved` = sizes of non-expandable segments + mapped bytes of expandable ones ≤ capacity.
 //!
 //! # Time complexity
-//! `alloc`/`free`: O(log n) (ordered maps; n = blocks), plus O(segments) on the release-and-retry path.
+//! `alloc`/`free`: O(log k) for a size class of k cached blocks, O(1) expected hash and neighbour work; plus
+//! O(segments) on the release-and-retry path. Cold paths that look a block up by an inner offset
+//! (`seed_block`, `seed_mapped`, `unmap_range`, `segment_at`) walk the chain of the segment concerned.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::arena::{first_class_at_or_above, size_class, FL_COUNT, SL_COUNT};
 use super::compact::{check_plan_matches, CompactBlock, CompactionLayout, CompactionPlan, Region};
-use super::{align_down, align_up, check_request, oom, AllocError, Allocation, Handle, LiveBlock, Stats, SubAllocator};
+use super::{
+    align_down, align_up, check_request, offset_map, oom, AllocError, Allocation, Handle, LiveBlock, OffsetMap, Stats,
+    SubAllocator,
+};
 
 pub mod config;
 pub mod seed;
@@ -161,16 +177,122 @@ pub struct CachingCounters {
 const LIVE: u8 = 0;
 const FREE: u8 = 1;
 const UNMAPPED: u8 = 2;
+/// State of a record slot that holds no block (on the spare list).
+const SPARE: u8 = 3;
+/// No block: the end of a segment's chain.
+const NIL: u32 = u32::MAX;
 
+/// A block, a node of its segment's chain of blocks in address order (PyTorch's `Block::prev`/`next`):
+/// `prev` and `next` are the adjacent blocks of the same segment, [`NIL`] at the segment's ends.
 #[derive(Clone, Copy, Debug)]
 struct Block {
+    off: u64,
     size: u64,
     requested: u64,
     /// `gc_count_base`: the pool's `get_free_block` call count when the block was cached.
     gc_base: u64,
     seg: u32,
     stream: u32,
+    prev: u32,
+    next: u32,
     state: u8,
+    /// The segment's pool (`Pool as u8`), kept here so that caching a block reads no segment record.
+    pool: u8,
+}
+
+/// The cached blocks of one pool in `BlockComparatorSize` order (stream, size, address). Per stream, the
+/// blocks are segregated into TLSF size classes (32 per power of two, [`size_class`]) with a two-level
+/// bitmap of the non-empty classes; each class is an exact `(size, address)`-ordered map to the block's
+/// record. A search is one lookup in the request's class and, when nothing there is large enough, the
+/// first entry of the next non-empty class: the same best fit as one ordered set of all blocks, on maps
+/// that stay small (one narrow size band each).
+#[derive(Debug, Default)]
+struct FreeSet {
+    streams: Vec<StreamBins>,
+}
+
+#[derive(Debug)]
+struct StreamBins {
+    fl_bitmap: u64,
+    sl_bitmap: [u32; FL_COUNT],
+    bins: Vec<BTreeMap<u128, u32>>,
+}
+
+/// A class's key: size, then address.
+fn bin_key(size: u64, off: u64) -> u128 {
+    (size as u128) << 64 | off as u128
+}
+
+/// The size class of a block of `size` bytes.
+fn class_of(size: u64) -> (usize, usize) {
+    size_class(size.max(1))
+}
+
+impl FreeSet {
+    fn insert(&mut self, stream: u32, size: u64, off: u64, n: u32) {
+        let s = stream as usize;
+        while self.streams.len() <= s {
+            self.streams.push(StreamBins {
+                fl_bitmap: 0,
+                sl_bitmap: [0; FL_COUNT],
+                bins: (0..FL_COUNT * SL_COUNT).map(|_| BTreeMap::new()).collect(),
+            });
+        }
+        let sb = &mut self.streams[s];
+        let (fl, sl) = class_of(size);
+        sb.bins[fl * SL_COUNT + sl].insert(bin_key(size, off), n);
+        sb.sl_bitmap[fl] |= 1 << sl;
+        sb.fl_bitmap |= 1 << fl;
+    }
+
+    fn remove(&mut self, stream: u32, size: u64, off: u64) {
+        let sb = &mut self.streams[stream as usize];
+        let (fl, sl) = class_of(size);
+        let bin = &mut sb.bins[fl * SL_COUNT + sl];
+        bin.remove(&bin_key(size, off));
+        if bin.is_empty() {
+            sb.sl_bitmap[fl] &= !(1 << sl);
+            if sb.sl_bitmap[fl] == 0 {
+                sb.fl_bitmap &= !(1 << fl);
+            }
+        }
+    }
+
+    /// The blocks of `stream` of at least `size` bytes as `(size, offset, record)`, in order.
+    fn from_size(&self, stream: u32, size: u64) -> impl Iterator<Item = (u64, u64, u32)> + '_ {
+        let sb = self.streams.get(stream as usize);
+        let (fl, sl) = class_of(size);
+        let first = sb.and_then(|sb| first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl));
+        let classes = std::iter::successors(first, move |&(fl, sl)| {
+            sb.and_then(|sb| first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl + 1))
+        });
+        classes.flat_map(move |(fl, sl)| {
+            sb.into_iter().flat_map(move |sb| {
+                sb.bins[fl * SL_COUNT + sl].range(bin_key(size, 0)..).map(|(&k, &n)| ((k >> 64) as u64, k as u64, n))
+            })
+        })
+    }
+
+    /// Every block as `(stream, size, offset, record)`, in order.
+    fn iter(&self) -> impl Iterator<Item = (u32, u64, u64, u32)> + '_ {
+        self.streams.iter().enumerate().flat_map(|(s, sb)| {
+            sb.bins.iter().flat_map(move |b| b.iter().map(move |(&k, &n)| (s as u32, (k >> 64) as u64, k as u64, n)))
+        })
+    }
+
+    /// The largest block's size (0 without blocks).
+    fn largest(&self) -> u64 {
+        self.streams
+            .iter()
+            .filter(|sb| sb.fl_bitmap != 0)
+            .map(|sb| {
+                let fl = 63 - sb.fl_bitmap.leading_zeros() as usize;
+                let sl = 31 - sb.sl_bitmap[fl].leading_zeros() as usize;
+                sb.bins[fl * SL_COUNT + sl].last_key_value().map_or(0, |(&k, _)| (k >> 64) as u64)
+            })
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -188,8 +310,15 @@ pub struct CachingAllocator {
     config: CachingConfig,
     /// Unused virtual ranges `start -> len`, merged.
     va_holes: BTreeMap<u64, u64>,
-    blocks: BTreeMap<u64, Block>,
-    free_sets: [BTreeSet<(u32, u64, u64)>; 2],
+    /// Block records (a slab: `spare` lists the unused slots); a block's record index is its handle.
+    blocks: Vec<Block>,
+    spare: Vec<u32>,
+    /// Start offset -> record of every block.
+    at: OffsetMap<u32>,
+    /// Start -> id of every segment (non-expandable segments and expandable reservations).
+    seg_index: BTreeMap<u64, u32>,
+    /// Cached (free, mapped) blocks per pool.
+    free_sets: [FreeSet; 2],
     unmapped: [BTreeSet<(u32, u64)>; 2],
     segments: Vec<Option<Segment>>,
     /// Stream handles by dense index.
@@ -307,8 +436,11 @@ impl CachingAllocator {
         Ok(CachingAllocator {
             config,
             va_holes: BTreeMap::from([(0, ADDRESS_RANGE)]),
-            blocks: BTreeMap::new(),
-            free_sets: [BTreeSet::new(), BTreeSet::new()],
+            blocks: Vec::new(),
+            spare: Vec::new(),
+            at: offset_map(),
+            seg_index: BTreeMap::new(),
+            free_sets: [FreeSet::default(), FreeSet::default()],
             unmapped: [BTreeSet::new(), BTreeSet::new()],
             segments: Vec::new(),
             streams: vec![0],
@@ -323,7 +455,6 @@ impl CachingAllocator {
             counters: CachingCounters::default(),
         })
     }
-
     /// The options.
     pub fn config(&self) -> CachingConfig {
         self.config
@@ -373,8 +504,8 @@ impl CachingAllocator {
     /// The segment holding `offset` as `(start, size, expandable)` (an expandable segment's whole virtual
     /// reservation), if any.
     pub fn segment_at(&self, offset: u64) -> Option<(u64, u64, bool)> {
-        let (_, b) = self.blocks.range(..=offset).next_back()?;
-        let s = self.seg(b.seg);
+        let (_, &id) = self.seg_index.range(..=offset).next_back()?;
+        let s = self.seg(id);
         (offset < s.start + s.size).then_some((s.start, s.size, s.expandable))
     }
 
@@ -390,11 +521,12 @@ impl CachingAllocator {
     /// # Errors
     /// [`AllocError::InvalidFree`] when no wholly free non-expandable segment starts there.
     pub fn release_segment(&mut self, start: u64) -> Result<u64, AllocError> {
-        let b = self.blocks.get(&start).copied().ok_or(AllocError::InvalidFree { offset: start })?;
-        if b.state != FREE || !self.releasable((b.stream, b.size, start)) {
+        let n = self.at.get(&start).copied().ok_or(AllocError::InvalidFree { offset: start })?;
+        let b = self.blocks[n as usize];
+        if b.state != FREE || !self.releasable(n) {
             return Err(AllocError::InvalidFree { offset: start });
         }
-        self.release_block(start);
+        self.release_block(n);
         Ok(b.size)
     }
 
@@ -406,34 +538,65 @@ impl CachingAllocator {
         let mut unmapped = 0;
         let mut at = offset;
         while at < end {
-            let from = self.blocks.range(..=at).next_back().map_or(at, |(&o, _)| o);
-            let Some((&o, &b)) = self.blocks.range(from..end).find(|(&o, b)| o + b.size > at && b.state == FREE) else {
+            let Some(n) = self.find_block(at, end, |b| b.state == FREE) else {
                 break;
             };
-            let b_end = o + b.size;
+            let b = self.blocks[n as usize];
+            let b_end = b.off + b.size;
             at = b_end;
             if !self.seg(b.seg).expandable {
                 continue;
             }
-            let (lo, hi) = (o.max(offset), b_end.min(end));
-            self.remove_free(o);
-            if lo > o {
-                self.insert_free(o, lo - o, b.seg, b.stream);
+            let (lo, hi) = (b.off.max(offset), b_end.min(end));
+            self.uncache(n);
+            let mut mid = n;
+            if lo > b.off {
+                mid = self.split(n, lo - b.off);
+                self.cache(n);
             }
             if b_end > hi {
-                self.insert_free(hi, b_end - hi, b.seg, b.stream);
+                let tail = self.split(mid, hi - lo);
+                self.cache(tail);
             }
-            self.insert_free(lo, hi - lo, b.seg, b.stream);
-            unmapped += self.unmap_block(lo);
+            self.cache(mid);
+            unmapped += self.unmap_block(mid);
             // Pieces that stayed mapped merge back with their free neighbours.
             for p in [lo, hi] {
-                if let Some(k) = self.blocks.get(&p).filter(|k| k.state == FREE).copied() {
-                    self.remove_free(p);
-                    self.insert_free_merged(p, k.size, k.seg, k.stream);
+                if let Some(k) = self.at.get(&p).copied().filter(|&k| self.blocks[k as usize].state == FREE) {
+                    self.uncache(k);
+                    self.merge_free(k);
                 }
             }
         }
         unmapped
+    }
+
+    /// The first block (ascending) that overlaps `[a, e)` and satisfies `pred`. Walks the chains of the
+    /// segments that overlap the range: O(blocks of those segments), for the cold paths.
+    fn find_block(&self, a: u64, e: u64, pred: impl Fn(&Block) -> bool) -> Option<u32> {
+        let first = self.seg_index.range(..=a).next_back().map_or(a, |(&s, _)| s);
+        for (&start, _) in self.seg_index.range(first..e) {
+            let mut n = self.at.get(&start).copied().unwrap_or(NIL);
+            while n != NIL {
+                let b = &self.blocks[n as usize];
+                if b.off >= e {
+                    break;
+                }
+                if b.off + b.size > a && pred(b) {
+                    return Some(n);
+                }
+                n = b.next;
+            }
+        }
+        None
+    }
+
+    /// The block that holds `offset`, if any.
+    fn block_containing(&self, offset: u64) -> Option<u32> {
+        if let Some(&n) = self.at.get(&offset) {
+            return Some(n);
+        }
+        self.find_block(offset, offset.checked_add(1)?, |_| true)
     }
 
     /// The dense index of stream handle `stream`.
@@ -475,7 +638,8 @@ impl CachingAllocator {
         let start = self.va_alloc(size).ok_or(oom(size, 0, 0))?;
         let id = self.new_segment(Segment { start, size, pool, stream: st, expandable: false });
         self.add_reserved(size);
-        self.insert_free(start, size, id, st);
+        let n = self.segment_block(id);
+        self.cache(n);
         Ok(start)
     }
 
@@ -510,19 +674,23 @@ impl CachingAllocator {
         let seg = self.seg(id);
         let off = seg.start.checked_add(rel).ok_or(bad.clone())?;
         let end = off.checked_add(size).ok_or(bad.clone())?;
-        let (&uo, ub) = self.blocks.range(..=off).next_back().ok_or(bad.clone())?;
-        if ub.state != UNMAPPED || ub.seg != id || end > uo + ub.size {
+        let n = self.block_containing(off).ok_or(bad.clone())?;
+        let ub = self.blocks[n as usize];
+        if ub.state != UNMAPPED || ub.seg != id || end > ub.off + ub.size {
             return Err(bad);
         }
-        let ub = self.remove_unmapped(uo);
-        if off > uo {
-            self.insert_unmapped(uo, off - uo, id, st);
+        self.unpark(n);
+        let mut mid = n;
+        if off > ub.off {
+            mid = self.split(n, off - ub.off);
+            self.park(n);
         }
-        if uo + ub.size > end {
-            self.insert_unmapped(end, uo + ub.size - end, id, st);
+        if ub.off + ub.size > end {
+            let tail = self.split(mid, size);
+            self.park(tail);
         }
         self.add_reserved(size);
-        self.insert_free_merged(off, size, id, st);
+        self.merge_free(mid);
         Ok(off)
     }
 
@@ -542,20 +710,34 @@ impl CachingAllocator {
         if !offset.is_multiple_of(MIN_BLOCK) || !size.is_multiple_of(MIN_BLOCK) {
             return Err(bad);
         }
-        let (&fo, &fb) = self.blocks.range(..=offset).next_back().ok_or(bad.clone())?;
+        let n = self.block_containing(offset).ok_or(bad.clone())?;
+        let fb = self.blocks[n as usize];
         let end = offset.checked_add(size).ok_or(bad.clone())?;
-        if fb.state != FREE || end > fo + fb.size {
+        if fb.state != FREE || end > fb.off + fb.size {
             return Err(bad);
         }
-        let b = self.remove_free(fo);
-        if offset > fo {
-            self.insert_free(fo, offset - fo, b.seg, b.stream);
+        self.uncache(n);
+        let mut mid = n;
+        if offset > fb.off {
+            mid = self.split(n, offset - fb.off);
+            self.cache(n);
         }
-        if fo + b.size > end {
-            self.insert_free(end, fo + b.size - end, b.seg, b.stream);
+        if fb.off + fb.size > end {
+            let tail = self.split(mid, size);
+            self.cache(tail);
         }
-        self.insert_live(offset, size, requested.min(size), b.seg, b.stream);
-        Ok(Allocation { offset, size, handle: Handle::NONE })
+        self.make_live(mid, requested.min(size));
+        Ok(Allocation { offset, size, handle: Handle::new(mid, 0) })
+    }
+
+    /// The blocks of `[a, e)` in address order; `a` must be a block's start.
+    fn chain(&self, a: u64, e: u64) -> impl Iterator<Item = &Block> + '_ {
+        let mut n = self.at.get(&a).copied().unwrap_or(NIL);
+        std::iter::from_fn(move || {
+            let b = self.blocks.get(n as usize).filter(|b| b.off < e)?;
+            n = b.next;
+            Some(b)
+        })
     }
 
     /// Segments with their blocks, ascending by offset (expandable segments: one entry per contiguous
@@ -574,7 +756,7 @@ impl CachingAllocator {
             .map(|(a, b, id)| {
                 let s = self.seg(id);
                 let blocks: Vec<(u64, u64, bool)> =
-                    self.blocks.range(a..b).map(|(&o, k)| (o, k.size, k.state == LIVE)).collect();
+                    self.chain(a, b).map(|k| (k.off, k.size, k.state == LIVE)).collect();
                 let in_use = blocks.iter().filter(|b| b.2).map(|b| b.1).sum();
                 SegmentInfo {
                     offset: a,
@@ -592,15 +774,18 @@ impl CachingAllocator {
     /// Contiguous mapped ranges of expandable segments as `(start, end, segment id)`, ascending.
     fn mapped_runs(&self) -> Vec<(u64, u64, u32)> {
         let mut runs: Vec<(u64, u64, u32)> = Vec::new();
-        for (id, s) in self.segments.iter().enumerate() {
-            let Some(s) = s.filter(|s| s.expandable) else { continue };
-            for (&o, b) in self.blocks.range(s.start..s.start + s.size) {
+        for (&start, &id) in &self.seg_index {
+            let s = self.seg(id);
+            if !s.expandable {
+                continue;
+            }
+            for b in self.chain(start, start + s.size) {
                 if b.state == UNMAPPED {
                     continue;
                 }
                 match runs.last_mut() {
-                    Some(r) if r.1 == o && r.2 == id as u32 => r.1 = o + b.size,
-                    _ => runs.push((o, o + b.size, id as u32)),
+                    Some(r) if r.1 == b.off && r.2 == id => r.1 = b.off + b.size,
+                    _ => runs.push((b.off, b.off + b.size, id)),
                 }
             }
         }
@@ -616,84 +801,180 @@ impl CachingAllocator {
         self.counters.peak_reserved = self.counters.peak_reserved.max(self.reserved);
     }
 
-    fn insert_live(&mut self, off: u64, size: u64, requested: u64, seg: u32, stream: u32) {
-        self.blocks.insert(off, Block { size, requested, gc_base: 0, seg, stream, state: LIVE });
+    /// A new record for `b`, indexed by its start. Links are the caller's.
+    fn new_block(&mut self, b: Block) -> u32 {
+        let n = match self.spare.pop() {
+            Some(n) => {
+                self.blocks[n as usize] = b;
+                n
+            }
+            None => {
+                self.blocks.push(b);
+                (self.blocks.len() - 1) as u32
+            }
+        };
+        self.at.insert(b.off, n);
+        n
+    }
+
+    /// Frees the record `n` (its block is in no set; the caller has unlinked it or drops its whole chain).
+    fn drop_block(&mut self, n: u32) {
+        let b = &mut self.blocks[n as usize];
+        b.state = SPARE;
+        let off = b.off;
+        if self.at.get(&off) == Some(&n) {
+            self.at.remove(&off);
+        }
+        self.spare.push(n);
+    }
+
+    /// The single block that covers segment `id` (a new segment or reservation), in no set yet.
+    fn segment_block(&mut self, id: u32) -> u32 {
+        let s = self.seg(id);
+        self.new_block(Block {
+            off: s.start,
+            size: s.size,
+            requested: 0,
+            gc_base: 0,
+            seg: id,
+            stream: s.stream,
+            prev: NIL,
+            next: NIL,
+            state: FREE,
+            pool: s.pool as u8,
+        })
+    }
+
+    /// Splits block `n` (in no set) `k` bytes after its start: `n` keeps `[off, off + k)`, a new block of the
+    /// same segment, stream and state (returned, in no set) takes the rest.
+    fn split(&mut self, n: u32, k: u64) -> u32 {
+        let b = self.blocks[n as usize];
+        debug_assert!(k > 0 && k < b.size);
+        let m = self.new_block(Block { off: b.off + k, size: b.size - k, prev: n, next: b.next, ..b });
+        if b.next != NIL {
+            self.blocks[b.next as usize].prev = m;
+        }
+        let bn = &mut self.blocks[n as usize];
+        bn.size = k;
+        bn.next = m;
+        m
+    }
+
+    /// Block `n` takes over the next block of its segment (in no set), whose record is freed.
+    fn absorb_next(&mut self, n: u32) {
+        let m = self.blocks[n as usize].next;
+        let bm = self.blocks[m as usize];
+        let bn = &mut self.blocks[n as usize];
+        bn.size += bm.size;
+        bn.next = bm.next;
+        if bm.next != NIL {
+            self.blocks[bm.next as usize].prev = n;
+        }
+        self.drop_block(m);
+    }
+
+    /// Block `n` becomes live with `requested` bytes asked for.
+    fn make_live(&mut self, n: u32, requested: u64) {
+        let b = &mut self.blocks[n as usize];
+        b.state = LIVE;
+        b.requested = requested;
+        b.gc_base = 0;
         self.allocated += requested;
-        self.in_use += size;
+        self.in_use += b.size;
         self.live += 1;
         let c = &mut self.counters;
         c.peak_allocated = c.peak_allocated.max(self.allocated);
         c.peak_in_use = c.peak_in_use.max(self.in_use);
     }
 
-    /// `BlockPool::insert_into_blocks`: caches a free block (its age starts now).
-    fn insert_free(&mut self, off: u64, size: u64, seg: u32, stream: u32) {
-        let pool = self.seg(seg).pool as usize;
-        let gc_base = self.gc_calls[pool];
-        self.blocks.insert(off, Block { size, requested: 0, gc_base, seg, stream, state: FREE });
-        self.free_sets[pool].insert((stream, size, off));
-        self.cached_free += size;
+    /// `BlockPool::insert_into_blocks`: caches block `n` as free (its age starts now).
+    fn cache(&mut self, n: u32) {
+        let b = &mut self.blocks[n as usize];
+        let pool = b.pool as usize;
+        b.state = FREE;
+        b.requested = 0;
+        b.gc_base = self.gc_calls[pool];
+        self.free_sets[pool].insert(b.stream, b.size, b.off, n);
+        self.cached_free += b.size;
         self.cached_free_count += 1;
     }
 
-    /// Caches `[off, off + size)` merged with the free (mapped) neighbours of the same segment
-    /// (`try_merge_blocks`).
-    fn insert_free_merged(&mut self, mut off: u64, mut size: u64, seg: u32, stream: u32) {
-        if let Some(n) = self.blocks.get(&(off + size)).filter(|n| n.state == FREE && n.seg == seg) {
-            let n = n.size;
-            self.remove_free(off + size);
-            size += n;
-        }
-        if let Some((&po, p)) = self.blocks.range(..off).next_back() {
-            if p.state == FREE && p.seg == seg && po + p.size == off {
-                self.uncache(po);
-                self.blocks.remove(&off);
-                size += off - po;
-                off = po;
-            }
-        }
-        self.insert_free(off, size, seg, stream);
-    }
-
-    /// Takes the free block at `off` out of its free set; it stays in `blocks` for the caller to replace.
-    fn uncache(&mut self, off: u64) -> Block {
-        let b = self.blocks[&off];
+    /// Takes the free block `n` out of its free set (it stays a block for the caller to change).
+    fn uncache(&mut self, n: u32) {
+        let b = &self.blocks[n as usize];
         debug_assert_eq!(b.state, FREE);
-        self.free_sets[self.seg(b.seg).pool as usize].remove(&(b.stream, b.size, off));
+        self.free_sets[b.pool as usize].remove(b.stream, b.size, b.off);
         self.cached_free -= b.size;
         self.cached_free_count -= 1;
-        b
     }
 
-    fn remove_free(&mut self, off: u64) -> Block {
-        let b = self.uncache(off);
-        self.blocks.remove(&off);
-        b
+    /// Block `n` becomes unmapped, in its pool's unmapped set.
+    fn park(&mut self, n: u32) {
+        let b = &mut self.blocks[n as usize];
+        b.state = UNMAPPED;
+        b.requested = 0;
+        b.gc_base = 0;
+        self.unmapped[b.pool as usize].insert((b.stream, b.off));
     }
 
-    fn insert_unmapped(&mut self, off: u64, size: u64, seg: u32, stream: u32) {
-        let pool = self.seg(seg).pool as usize;
-        self.blocks.insert(off, Block { size, requested: 0, gc_base: 0, seg, stream, state: UNMAPPED });
-        self.unmapped[pool].insert((stream, off));
-    }
-
-    fn remove_unmapped(&mut self, off: u64) -> Block {
-        let b = self.blocks.remove(&off).expect("unmapped block exists");
+    /// Takes the unmapped block `n` out of its unmapped set.
+    fn unpark(&mut self, n: u32) {
+        let b = &self.blocks[n as usize];
         debug_assert_eq!(b.state, UNMAPPED);
-        self.unmapped[self.seg(b.seg).pool as usize].remove(&(b.stream, off));
-        b
+        self.unmapped[b.pool as usize].remove(&(b.stream, b.off));
+    }
+
+    /// `free_block` / `try_merge_blocks`: block `n` (in no set) is cached as free, merged with the free
+    /// (mapped) neighbours of its segment. Returns the merged block.
+    fn merge_free(&mut self, mut n: u32) -> u32 {
+        let next = self.blocks[n as usize].next;
+        if next != NIL && self.blocks[next as usize].state == FREE {
+            self.uncache(next);
+            self.absorb_next(n);
+        }
+        let prev = self.blocks[n as usize].prev;
+        if prev != NIL && self.blocks[prev as usize].state == FREE {
+            self.uncache(prev);
+            self.absorb_next(prev);
+            n = prev;
+        }
+        self.cache(n);
+        n
+    }
+
+    /// Block `n` (in no set) merged with the unmapped neighbours of its segment; the result is in no set.
+    fn merge_unmapped(&mut self, mut n: u32) -> u32 {
+        let next = self.blocks[n as usize].next;
+        if next != NIL && self.blocks[next as usize].state == UNMAPPED {
+            self.unpark(next);
+            self.absorb_next(n);
+        }
+        let prev = self.blocks[n as usize].prev;
+        if prev != NIL && self.blocks[prev as usize].state == UNMAPPED {
+            self.unpark(prev);
+            self.absorb_next(prev);
+            n = prev;
+        }
+        n
     }
 
     fn new_segment(&mut self, s: Segment) -> u32 {
-        if let Some(i) = self.segments.iter().position(Option::is_none) {
+        let id = if let Some(i) = self.segments.iter().position(Option::is_none) {
             self.segments[i] = Some(s);
             i as u32
         } else {
             self.segments.push(Some(s));
             (self.segments.len() - 1) as u32
-        }
+        };
+        self.seg_index.insert(s.start, id);
+        id
     }
 
+    fn drop_segment(&mut self, id: u32) {
+        let s = self.seg(id);
+        self.seg_index.remove(&s.start);
+        self.segments[id as usize] = None;
+    }
     /// Places the next new segment (or expandable reservation) at virtual address `addr` when that range is
     /// unused, instead of the lowest unused range. A replay passes the address a recorded `segment_alloc`
     /// (or first `segment_map`) shows, so that the model's addresses, and with them the address order that
@@ -754,53 +1035,48 @@ impl CachingAllocator {
     fn new_reservation(&mut self, pool: Pool, stream: u32, len: u64) -> Option<u32> {
         let start = self.va_alloc(len)?;
         let id = self.new_segment(Segment { start, size: len, pool, stream, expandable: true });
-        self.insert_unmapped(start, len, id, stream);
+        let n = self.segment_block(id);
+        self.park(n);
         Some(id)
     }
 
     /// `get_free_block`: the cached block to use for a rounded request, still in the free set.
-    fn get_free_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<u64> {
+    fn get_free_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<u32> {
         if self.config.gc_active() {
             self.gc_calls[pool as usize] += 1;
         }
-        let set = &self.free_sets[pool as usize];
-        let mut it = set.range((stream, size, 0)..);
-        let mut cur = *it.next()?;
-        if cur.0 != stream {
-            return None;
-        }
-        if self.config.expandable_segments && self.seg(self.blocks[&cur.2].seg).expandable {
-            let room = |k: (u32, u64, u64)| {
-                let seg = self.blocks[&k.2].seg;
-                k.1 + self
-                    .blocks
-                    .get(&(k.2 + k.1))
-                    .filter(|n| n.state == UNMAPPED && n.seg == seg)
-                    .map_or(0, |n| n.size)
+        let mut it = self.free_sets[pool as usize].from_size(stream, size);
+        let (_, _, mut cur) = it.next()?;
+        if self.config.expandable_segments && self.seg(self.blocks[cur as usize].seg).expandable {
+            let room = |n: u32| {
+                let b = &self.blocks[n as usize];
+                let next = self.blocks.get(b.next as usize).filter(|x| x.state == UNMAPPED);
+                b.size + next.map_or(0, |x| x.size)
             };
-            for &next in it {
-                if next.0 != stream || room(next) >= room(cur) {
+            for (_, _, next) in it {
+                if room(next) >= room(cur) {
                     break;
                 }
                 cur = next;
-                if !self.seg(self.blocks[&cur.2].seg).expandable {
+                if !self.seg(self.blocks[cur as usize].seg).expandable {
                     break;
                 }
             }
         }
+        let cur_size = self.blocks[cur as usize].size;
         let max_split = self.config.max_split_size;
-        if size < max_split && cur.1 >= max_split {
+        if size < max_split && cur_size >= max_split {
             return None;
         }
-        if size >= max_split && cur.1 >= size.saturating_add(self.config.max_non_split_rounding) {
+        if size >= max_split && cur_size >= size.saturating_add(self.config.max_non_split_rounding) {
             return None;
         }
-        Some(cur.2)
+        Some(cur)
     }
 
     /// `alloc_block`: a new segment (or expandable mapping) for a rounded request; returns a cached block
     /// that holds it, still in the free set.
-    fn alloc_block(&mut self, pool: Pool, stream: u32, size: u64, alloc_size: u64) -> Option<u64> {
+    fn alloc_block(&mut self, pool: Pool, stream: u32, size: u64, alloc_size: u64) -> Option<u32> {
         if self.config.memory_fraction.is_some()
             && self.reserved.saturating_add(alloc_size) > self.config.allowed_memory_maximum()
         {
@@ -816,30 +1092,30 @@ impl CachingAllocator {
         let id = self.new_segment(Segment { start, size: alloc_size, pool, stream, expandable: false });
         self.add_reserved(alloc_size);
         self.counters.segment_allocs += 1;
-        self.insert_free(start, alloc_size, id, stream);
-        Some(start)
+        let n = self.segment_block(id);
+        self.cache(n);
+        Some(n)
     }
 
     /// `try_allocate_expandable_block`.
-    fn try_allocate_expandable_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<u64> {
+    fn try_allocate_expandable_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<u32> {
         let mut cand = self.find_expandable_block(pool, stream, size)?;
-        if self.blocks[&cand].state == UNMAPPED {
-            let len = self.blocks[&cand].size.min(size);
+        if self.blocks[cand as usize].state == UNMAPPED {
+            let len = self.blocks[cand as usize].size.min(size);
             cand = self.map_block(cand, len)?;
         }
-        while self.blocks[&cand].size < size {
-            let b = self.blocks[&cand];
-            let next = cand + b.size;
-            let n = self.blocks.get(&next).filter(|n| n.state == UNMAPPED && n.seg == b.seg)?;
-            let len = (size - b.size).min(n.size);
-            cand = self.map_block(next, len)?;
+        while self.blocks[cand as usize].size < size {
+            let b = self.blocks[cand as usize];
+            let next = self.blocks.get(b.next as usize).filter(|n| n.state == UNMAPPED)?;
+            let len = (size - b.size).min(next.size);
+            cand = self.map_block(b.next, len)?;
         }
         Some(cand)
     }
 
     /// `find_expandable_block`: the lowest unmapped range of the stream's reservation (with the free block
     /// before it) with room for `size` bytes, or a new reservation. Returns the first block of it.
-    fn find_expandable_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<u64> {
+    fn find_expandable_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<u32> {
         let p = pool as usize;
         let mut key = (stream, 0u64);
         while let Some(&(st, off)) = self.unmapped[p].range(key..).next() {
@@ -847,22 +1123,17 @@ impl CachingAllocator {
                 break;
             }
             key = (stream, off + 1);
-            let seg = self.blocks[&off].seg;
-            let mut c = off;
-            if let Some((&po, pb)) = self.blocks.range(..off).next_back() {
-                if pb.state == FREE && pb.seg == seg && po + pb.size == off {
-                    c = po;
-                }
-            }
+            let n = self.at[&off];
+            let prev = self.blocks[n as usize].prev;
+            let c = if prev != NIL && self.blocks[prev as usize].state == FREE { prev } else { n };
             let (mut bytes, mut at) = (0u64, c);
-            while bytes < size {
-                match self.blocks.get(&at) {
-                    Some(b) if b.state != LIVE && b.seg == seg => {
-                        bytes += b.size;
-                        at += b.size;
-                    }
-                    _ => break,
+            while bytes < size && at != NIL {
+                let b = &self.blocks[at as usize];
+                if b.state == LIVE {
+                    break;
                 }
+                bytes += b.size;
+                at = b.next;
             }
             if bytes >= size {
                 return Some(c);
@@ -870,109 +1141,102 @@ impl CachingAllocator {
         }
         let len = self.reservation_size(pool);
         let id = self.new_reservation(pool, stream, len)?;
-        Some(self.seg(id).start)
+        Some(self.at[&self.seg(id).start])
     }
 
-    /// `map_block`: maps the pages covering the first `size` bytes of the unmapped block at `off` if the
-    /// device has them; returns the resulting cached block (merged with free neighbours).
-    fn map_block(&mut self, off: u64, size: u64) -> Option<u64> {
-        let b = self.blocks[&off];
+    /// `map_block`: maps the pages covering the first `size` bytes of the unmapped block `n` if the device
+    /// has them; returns the resulting cached block (merged with free neighbours).
+    fn map_block(&mut self, n: u32, size: u64) -> Option<u32> {
+        let b = self.blocks[n as usize];
         let page = self.seg(b.seg).pool.page();
         let bytes = round_up_to(size, page)?.min(b.size);
         if bytes > self.device_free_bytes() {
             return None;
         }
-        self.remove_unmapped(off);
+        self.unpark(n);
         if bytes < b.size {
-            self.insert_unmapped(off + bytes, b.size - bytes, b.seg, b.stream);
+            let tail = self.split(n, bytes);
+            self.park(tail);
         }
         self.add_reserved(bytes);
         self.counters.segment_allocs += 1;
-        self.insert_free_merged(off, bytes, b.seg, b.stream);
-        self.blocks.range(..=off).next_back().map(|(&o, _)| o)
+        Some(self.merge_free(n))
     }
 
-    /// `unmap_block`: unmaps the whole pages inside the free block at `off`. Returns the bytes unmapped.
-    fn unmap_block(&mut self, off: u64) -> u64 {
-        let b = self.blocks[&off];
+    /// `unmap_block`: unmaps the whole pages inside the cached free block `n`. Returns the bytes unmapped.
+    fn unmap_block(&mut self, n: u32) -> u64 {
+        let b = self.blocks[n as usize];
         let seg = self.seg(b.seg);
         let page = seg.pool.page();
-        let rel = off - seg.start;
+        let rel = b.off - seg.start;
         let begin = seg.start + round_up_to(rel, page).expect("inside the range");
         let end = seg.start + round_down_to(rel + b.size, page);
         if begin >= end {
             return 0;
         }
-        self.remove_free(off);
-        if begin > off {
-            self.insert_free(off, begin - off, b.seg, b.stream);
+        self.uncache(n);
+        let mut mid = n;
+        if begin > b.off {
+            mid = self.split(n, begin - b.off);
+            self.cache(n);
         }
-        if off + b.size > end {
-            self.insert_free(end, off + b.size - end, b.seg, b.stream);
+        if b.off + b.size > end {
+            let tail = self.split(mid, end - begin);
+            self.cache(tail);
         }
-        let (mut o, mut s) = (begin, end - begin);
-        if let Some(n) = self.blocks.get(&(o + s)).filter(|n| n.state == UNMAPPED && n.seg == b.seg) {
-            let n = n.size;
-            self.remove_unmapped(o + s);
-            s += n;
-        }
-        if let Some((&po, p)) = self.blocks.range(..o).next_back() {
-            if p.state == UNMAPPED && p.seg == b.seg && po + p.size == o {
-                self.remove_unmapped(po);
-                s += o - po;
-                o = po;
-            }
-        }
+        let m = self.merge_unmapped(mid);
         self.reserved -= end - begin;
         self.counters.segment_frees += 1;
-        if o == seg.start && s == seg.size {
+        let mb = self.blocks[m as usize];
+        if mb.off == seg.start && mb.size == seg.size {
             // `release_expandable_segment`: nothing mapped any more.
-            self.blocks.remove(&o);
-            self.unmapped[seg.pool as usize].remove(&(seg.stream, o));
+            self.drop_block(m);
             self.va_free(seg.start, seg.size);
-            self.segments[b.seg as usize] = None;
+            self.drop_segment(b.seg);
         } else {
-            self.insert_unmapped(o, s, b.seg, b.stream);
+            self.park(m);
         }
         end - begin
     }
 
-    /// `release_block`: returns the wholly free non-expandable segment starting at `off` to the device.
-    fn release_block(&mut self, off: u64) {
-        let b = self.remove_free(off);
+    /// `release_block`: returns the wholly free non-expandable segment of the cached block `n` to the device.
+    fn release_block(&mut self, n: u32) {
+        let b = self.blocks[n as usize];
+        self.uncache(n);
         let seg = self.seg(b.seg);
-        debug_assert!(!seg.expandable && seg.start == off && seg.size == b.size);
+        debug_assert!(!seg.expandable && seg.start == b.off && seg.size == b.size);
+        self.drop_block(n);
         self.va_free(seg.start, seg.size);
-        self.segments[b.seg as usize] = None;
+        self.drop_segment(b.seg);
         self.reserved -= seg.size;
         self.counters.segment_frees += 1;
     }
 
-    fn is_whole_segment(&self, k: (u32, u64, u64)) -> bool {
-        let seg = self.seg(self.blocks[&k.2].seg);
-        seg.start == k.2 && seg.size == k.1
+    fn is_whole_segment(&self, n: u32) -> bool {
+        let b = &self.blocks[n as usize];
+        b.prev == NIL && b.next == NIL
     }
 
-    /// Whether the cached block `k` is a whole non-expandable segment. With PyTorch's smallest
+    /// Whether the cached block `n` is a whole non-expandable segment. With PyTorch's smallest
     /// `max_split_size` (20 MiB) every cached block at or above it is one; the model also accepts smaller
     /// values, and then skips split blocks instead of releasing part of a segment.
-    fn releasable(&self, k: (u32, u64, u64)) -> bool {
-        !self.seg(self.blocks[&k.2].seg).expandable && self.is_whole_segment(k)
+    fn releasable(&self, n: u32) -> bool {
+        !self.seg(self.blocks[n as usize].seg).expandable && self.is_whole_segment(n)
     }
 
     /// `release_blocks` of one pool: whole free segments are released, free expandable pages unmapped.
     fn release_blocks(&mut self, pool: Pool) {
-        let keys: Vec<(u32, u64, u64)> = self.free_sets[pool as usize].iter().copied().collect();
+        let nodes: Vec<u32> = self.free_sets[pool as usize].iter().map(|x| x.3).collect();
         let mut to_unmap = Vec::new();
-        for k in keys {
-            if self.seg(self.blocks[&k.2].seg).expandable {
-                to_unmap.push(k.2);
-            } else if self.is_whole_segment(k) {
-                self.release_block(k.2);
+        for n in nodes {
+            if self.seg(self.blocks[n as usize].seg).expandable {
+                to_unmap.push(n);
+            } else if self.is_whole_segment(n) {
+                self.release_block(n);
             }
         }
-        for off in to_unmap {
-            self.unmap_block(off);
+        for n in to_unmap {
+            self.unmap_block(n);
         }
     }
 
@@ -984,23 +1248,28 @@ impl CachingAllocator {
             return false;
         }
         let key = size.max(max_split);
-        let set = &self.free_sets[pool as usize];
-        if let Some(&k) = set.range((stream, key, 0)..).next() {
-            if k.0 == stream && self.releasable(k) {
-                self.release_block(k.2);
+        let first = self.free_sets[pool as usize].from_size(stream, key).next();
+        if let Some((_, _, n)) = first {
+            if self.releasable(n) {
+                self.release_block(n);
                 return true;
             }
         }
-        let below: Vec<(u32, u64, u64)> =
-            set.range(..(stream, key, 0)).rev().take_while(|k| k.0 == stream && k.1 >= max_split).copied().collect();
+        // The stream's blocks of `max_split ..key` bytes, from the largest down.
+        let mut below: Vec<(u64, u32)> = self.free_sets[pool as usize]
+            .iter()
+            .filter(|x| x.0 == stream && x.1 >= max_split && x.1 < key)
+            .map(|x| (x.1, x.3))
+            .collect();
+        below.reverse();
         let mut released = 0u64;
-        for k in below {
+        for (size, n) in below {
             if released >= key {
                 break;
             }
-            if self.releasable(k) {
-                self.release_block(k.2);
-                released += k.1;
+            if self.releasable(n) {
+                self.release_block(n);
+                released += size;
             }
         }
         released >= key
@@ -1014,13 +1283,14 @@ impl CachingAllocator {
         }
         let target = self.reserved - threshold;
         let now = self.gc_calls[Pool::Large as usize];
-        // (offset, size, age, releasable): whole (unsplit) free blocks of the large pool.
-        let mut cands: Vec<(u64, u64, u64, bool)> = self.free_sets[Pool::Large as usize]
+        // (record, size, age, releasable): whole (unsplit) free blocks of the large pool.
+        let mut cands: Vec<(u32, u64, u64, bool)> = self.free_sets[Pool::Large as usize]
             .iter()
-            .filter(|&&k| self.is_whole_segment(k))
-            .map(|k| {
-                let b = self.blocks[&k.2];
-                (k.2, k.1, now - b.gc_base, !self.seg(b.seg).expandable)
+            .map(|x| x.3)
+            .filter(|&n| self.is_whole_segment(n))
+            .map(|n| {
+                let b = self.blocks[n as usize];
+                (n, b.size, now - b.gc_base, !self.seg(b.seg).expandable)
             })
             .collect();
         let mut total_age: u64 = cands.iter().map(|c| c.2).sum();
@@ -1074,40 +1344,38 @@ impl CachingAllocator {
                 found = self.alloc_block(pool, st, rounded, alloc_size);
             }
         }
-        let Some(off) = found else {
+        let Some(mut n) = found else {
             self.va_hint = None;
             self.counters.ooms += 1;
             let dev = self.config.device_capacity - self.reserved;
             return Err(oom(size, dev + self.cached_free, dev.max(self.largest_cached())));
         };
-        // The block's entry stays in `blocks` and is overwritten below (one tree operation less).
-        let mut b = self.uncache(off);
-        let mut off = off;
+        self.uncache(n);
+        let b = self.blocks[n as usize];
         let align = self.config.base_addr_align;
-        if align != 0 && rounded >= ROUND_LARGE && self.config.expandable_segments && off % align != 0 {
+        if align != 0 && rounded >= ROUND_LARGE && self.config.expandable_segments && b.off % align != 0 {
             // torch_npu: start large blocks on an `align` boundary; the bytes before stay cached.
-            let front = align - off % align;
+            let front = align - b.off % align;
             if front + rounded <= b.size {
-                self.insert_free(off, front, b.seg, b.stream);
-                off += front;
-                b.size -= front;
+                let m = self.split(n, front);
+                self.cache(n);
+                n = m;
             }
         }
-        let remaining = b.size - rounded;
+        let remaining = self.blocks[n as usize].size - rounded;
         let split = if pool == Pool::Small || self.config.expandable_segments {
             remaining >= MIN_BLOCK
         } else {
             rounded < self.config.max_split_size && remaining > SMALL_SIZE
         };
-        let taken = if split {
-            self.insert_free(off + rounded, remaining, b.seg, b.stream);
-            rounded
-        } else {
-            b.size
-        };
-        self.insert_live(off, taken, size, b.seg, b.stream);
+        if split {
+            let rest = self.split(n, rounded);
+            self.cache(rest);
+        }
+        self.make_live(n, size);
         self.va_hint = None;
-        Ok(Allocation { offset: off, size: taken, handle: Handle::NONE })
+        let b = &self.blocks[n as usize];
+        Ok(Allocation { offset: b.off, size: b.size, handle: Handle::new(n, 0) })
     }
 
     /// Device free bytes listed as the lowest unused virtual ranges, `capacity − reserved` bytes in all.
@@ -1121,7 +1389,16 @@ impl CachingAllocator {
     }
 
     fn largest_cached(&self) -> u64 {
-        self.free_sets.iter().flat_map(|s| s.iter().map(|k| k.1)).max().unwrap_or(0)
+        self.free_sets.iter().map(FreeSet::largest).max().unwrap_or(0)
+    }
+
+    /// Frees the live block `n` (`free_block`).
+    fn free_block(&mut self, n: u32) {
+        let b = &self.blocks[n as usize];
+        self.allocated -= b.requested;
+        self.in_use -= b.size;
+        self.live -= 1;
+        self.merge_free(n);
     }
 }
 
@@ -1148,31 +1425,28 @@ impl SubAllocator for CachingAllocator {
         }
         self.alloc_on(size, 0)
     }
-
-    /// Finds the block by `a.offset` (the model keeps its blocks by offset; its allocations carry
-    /// [`Handle::NONE`]).
+    /// Finds the block through `a.handle` (its record) when the record still holds the live block at
+    /// `a.offset`, else by `a.offset` ([`SubAllocator::free_at`]).
     fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
+        let n = a.handle.index();
+        if self.blocks.get(n).is_some_and(|b| b.state == LIVE && b.off == a.offset) {
+            self.free_block(n as u32);
+            return Ok(());
+        }
         self.free_at(a.offset)
     }
 
     fn free_at(&mut self, offset: u64) -> Result<(), AllocError> {
-        let b = match self.blocks.get(&offset) {
-            Some(b) if b.state == LIVE => *b,
+        match self.at.get(&offset) {
+            Some(&n) if self.blocks[n as usize].state == LIVE => {
+                self.free_block(n);
+                Ok(())
+            }
             _ => {
                 let in_free = self.free_blocks().any(|(o, l)| offset >= o && offset - o < l);
-                return Err(if in_free {
-                    AllocError::DoubleFree { offset }
-                } else {
-                    AllocError::InvalidFree { offset }
-                });
+                Err(if in_free { AllocError::DoubleFree { offset } } else { AllocError::InvalidFree { offset } })
             }
-        };
-        // The entry at `offset` is overwritten (or removed when it merges into the block before it).
-        self.allocated -= b.requested;
-        self.in_use -= b.size;
-        self.live -= 1;
-        self.insert_free_merged(offset, b.size, b.seg, b.stream);
-        Ok(())
+        }
     }
 
     fn stats(&self) -> Stats {
@@ -1199,19 +1473,21 @@ impl SubAllocator for CachingAllocator {
     /// Cached free blocks inside segments and the device's free bytes (as the lowest unused virtual
     /// ranges), ascending (adjacent ranges are listed separately: blocks never merge across segments).
     fn free_blocks(&self) -> Box<dyn Iterator<Item = (u64, u64)> + '_> {
-        let mut v: Vec<(u64, u64)> =
-            self.blocks.iter().filter(|(_, b)| b.state == FREE).map(|(&o, b)| (o, b.size)).collect();
+        let mut v: Vec<(u64, u64)> = self.blocks.iter().filter(|b| b.state == FREE).map(|b| (b.off, b.size)).collect();
         v.extend(self.device_ranges());
         v.sort_unstable();
         Box::new(v.into_iter())
     }
 
     fn live_blocks(&self) -> Vec<LiveBlock> {
-        self.blocks
+        let mut v: Vec<LiveBlock> = self
+            .blocks
             .iter()
-            .filter(|(_, b)| b.state == LIVE)
-            .map(|(&offset, b)| LiveBlock { offset, size: b.size, requested: b.requested })
-            .collect()
+            .filter(|b| b.state == LIVE)
+            .map(|b| LiveBlock { offset: b.off, size: b.size, requested: b.requested })
+            .collect();
+        v.sort_unstable_by_key(|b| b.offset);
+        v
     }
 
     fn reset(&mut self) {
@@ -1253,83 +1529,113 @@ impl SubAllocator for CachingAllocator {
             .collect();
         regions.extend(self.mapped_runs());
         regions.sort_unstable();
-        let mut per_region: Vec<Vec<(u64, Block)>> = vec![Vec::new(); regions.len()];
+        // Per region: (destination, size, requested) of each live block.
+        let mut per_region: Vec<Vec<(u64, u64, u64)>> = vec![Vec::new(); regions.len()];
         for (m, b) in plan.moves.iter().zip(live.iter()) {
-            let blk = self.blocks[&b.offset];
             let r = regions.partition_point(|r| r.0 <= b.offset) - 1;
             let (a, e, _) = regions[r];
             if m.dst < a || m.dst + m.len > e || m.dst % MIN_BLOCK != 0 {
                 return Err(AllocError::InvalidRelocation("a block would leave its segment"));
             }
-            per_region[r].push((m.dst, blk));
+            per_region[r].push((m.dst, b.size, b.requested));
         }
         for v in &mut per_region {
             v.sort_by_key(|x| x.0);
-            if v.windows(2).any(|w| w[0].0 + w[0].1.size > w[1].0) {
+            if v.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
                 return Err(AllocError::InvalidRelocation("blocks would overlap"));
             }
         }
-        // Remove every mapped block of the regions, then lay each region out again, trimmed.
-        for &(a, e, _) in &regions {
-            let offs: Vec<u64> = self.blocks.range(a..e).map(|(&o, _)| o).collect();
-            for o in offs {
-                if self.blocks[&o].state == FREE {
-                    self.remove_free(o);
-                } else {
-                    self.blocks.remove(&o);
-                }
-            }
-        }
+        // Each region: its blocks are dropped, then it is laid out again, trimmed.
         for ((a, e, id), v) in regions.into_iter().zip(per_region) {
             let seg = self.seg(id);
+            let first = self.at[&a];
+            let before = self.blocks[first as usize].prev;
+            let (mut n, mut after) = (first, NIL);
+            while n != NIL {
+                let b = self.blocks[n as usize];
+                if b.off >= e {
+                    after = n;
+                    break;
+                }
+                if b.state == FREE {
+                    self.uncache(n);
+                }
+                self.drop_block(n);
+                n = b.next;
+            }
             let gran = if seg.expandable { seg.pool.page() } else { ROUND_LARGE };
-            let last = v.last().map_or(a, |x| x.0 + x.1.size);
+            let last = v.last().map_or(a, |x| x.0 + x.1);
             let cut = (a + round_up_to(last - a, gran).expect("below 2^48")).min(e);
+            // The new chain of [a, e): (offset, size, state, requested).
+            let mut pieces: Vec<(u64, u64, u8, u64)> = Vec::with_capacity(2 * v.len() + 2);
+            let mut cursor = a;
+            for &(o, size, requested) in &v {
+                if o > cursor {
+                    pieces.push((cursor, o - cursor, FREE, 0));
+                }
+                pieces.push((o, size, LIVE, requested));
+                cursor = o + size;
+            }
+            if cursor < cut {
+                pieces.push((cursor, cut - cursor, FREE, 0));
+            }
+            if cut < e && seg.expandable {
+                pieces.push((cut, e - cut, UNMAPPED, 0));
+            }
+            let mut prev = before;
+            let mut nodes = Vec::with_capacity(pieces.len());
+            for &(off, size, state, requested) in &pieces {
+                let k = self.new_block(Block {
+                    off,
+                    size,
+                    requested,
+                    gc_base: 0,
+                    seg: id,
+                    stream: seg.stream,
+                    prev,
+                    next: NIL,
+                    state,
+                    pool: seg.pool as u8,
+                });
+                if prev != NIL {
+                    self.blocks[prev as usize].next = k;
+                }
+                prev = k;
+                nodes.push(k);
+            }
+            if prev != NIL {
+                self.blocks[prev as usize].next = after;
+            }
+            if after != NIL {
+                self.blocks[after as usize].prev = prev;
+            }
+            for (&k, p) in nodes.iter().zip(&pieces) {
+                if p.2 == FREE {
+                    self.cache(k);
+                }
+            }
             if cut < e {
                 self.reserved -= e - cut;
                 self.counters.segment_frees += 1;
                 if seg.expandable {
                     // Unmapped pages join the unmapped neighbours.
-                    let (mut o, mut s) = (cut, e - cut);
-                    if let Some(n) = self.blocks.get(&e).filter(|n| n.state == UNMAPPED && n.seg == id) {
-                        let n = n.size;
-                        self.remove_unmapped(e);
-                        s += n;
-                    }
-                    if cut == a {
-                        if let Some((&po, p)) = self.blocks.range(..a).next_back() {
-                            if p.state == UNMAPPED && p.seg == id && po + p.size == a {
-                                self.remove_unmapped(po);
-                                s += a - po;
-                                o = po;
-                            }
-                        }
-                    }
-                    if o == seg.start && s == seg.size {
+                    let u = self.merge_unmapped(*nodes.last().expect("the unmapped piece"));
+                    let ub = self.blocks[u as usize];
+                    if ub.off == seg.start && ub.size == seg.size {
+                        self.drop_block(u);
                         self.va_free(seg.start, seg.size);
-                        self.segments[id as usize] = None;
-                        continue;
+                        self.drop_segment(id);
+                    } else {
+                        self.park(u);
                     }
-                    self.insert_unmapped(o, s, id, seg.stream);
                 } else {
                     self.va_free(cut, e - cut);
                     if cut == a {
-                        self.segments[id as usize] = None;
-                        continue;
+                        self.drop_segment(id);
+                    } else {
+                        self.segments[id as usize] = Some(Segment { size: cut - a, ..seg });
                     }
-                    self.segments[id as usize] = Some(Segment { size: cut - a, ..seg });
                 }
-            }
-            let mut cursor = a;
-            for (o, blk) in v {
-                if o > cursor {
-                    self.insert_free(cursor, o - cursor, id, seg.stream);
-                }
-                cursor = o + blk.size;
-                self.blocks.insert(o, blk);
-            }
-            if cursor < cut {
-                self.insert_free(cursor, cut - cursor, id, seg.stream);
             }
         }
         Ok(())
