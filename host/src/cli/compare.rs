@@ -280,6 +280,10 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose:
     if reports.iter().any(|r| r.device_heap.is_some()) {
         s += "device heap: compaction n/a (raw malloc blocks are pinned; only handle blocks of the movable arena move)\n";
     }
+    for r in reports.iter().filter(|r| r.tiers.is_some()) {
+        s += "\n";
+        s += &cli_replay::tier_lines(r);
+    }
     let compacted: Vec<&ReplayReport> = reports.iter().filter(|r| !r.compactions.is_empty()).collect();
     if !compacted.is_empty() {
         s += "\ncompactions (one line per strategy; --verbose lists each, --json has all):\n";

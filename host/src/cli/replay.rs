@@ -46,7 +46,7 @@ pub struct Common {
     /// Alignment of every request, bytes (a power of two). Default: the format's own: 512 B for PyTorch
     /// snapshots (PyTorch's kMinBlockSize), 1 B for minimalloc CSV (defined at byte granularity), 256 B
     /// for RMM logs (cudaMalloc's alignment). The output states which was used.
-    #[arg(long, value_parser = parse_bytes_arg)]
+    #[arg(long, value_parser = parse_align)]
     pub align: Option<u64>,
     /// Tier thresholds of the tiered strategy, SMALL_MAX,LARGE_MIN (bytes or with units, e.g. 1KiB,1MiB):
     /// requests up to SMALL_MAX go to the slab tier, from LARGE_MIN to the top-down large tier.
@@ -80,6 +80,14 @@ fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
 
 fn parse_bytes_arg(s: &str) -> Result<u64, String> {
     replay::parse_bytes(s)
+}
+
+/// A power of two of bytes, 1 B to 1 GiB (as for `--capacity`).
+fn parse_align(s: &str) -> Result<u64, String> {
+    match replay::parse_bytes(s)? {
+        a if a.is_power_of_two() && a <= 1 << 30 => Ok(a),
+        a => Err(format!("alignment {a} B is not a power of two between 1 B and 1 GiB")),
+    }
 }
 
 /// `SMALL_MAX,LARGE_MIN` in bytes (each as for `--capacity`), `SMALL_MAX` a power of two below `LARGE_MIN`.
@@ -450,7 +458,32 @@ pub fn table(r: &ReplayReport, strategy_note: &str) -> String {
     if r.failed.len() > 10 {
         s += &format!("  ... {} more (all in --json)\n", r.failed.len() - 10);
     }
+    s += &tier_lines(r);
     s += &format!("compactions    {}\n", r.compactions.len());
     s += &compaction_lines(r);
+    s
+}
+
+/// The tiered strategy's per-tier lines (empty for the other strategies).
+pub(crate) fn tier_lines(r: &ReplayReport) -> String {
+    let Some(tiers) = &r.tiers else { return String::new() };
+    let mut s = format!("tiers of {}    requests (failed), requested bytes, peak live, internal fragmentation\n", r.strategy);
+    for t in tiers {
+        let range = if t.max_size == u64::MAX {
+            format!(">= {}", fmt_bytes(t.min_size))
+        } else {
+            format!("{}..{}", fmt_bytes(t.min_size), fmt_bytes(t.max_size))
+        };
+        s += &format!(
+            "  {:<7}{:<26}{:>9} ({}){:>14}{:>14}{:>8.3}\n",
+            t.tier,
+            range,
+            t.requests,
+            t.failed,
+            fmt_bytes(t.requested_bytes),
+            fmt_bytes(t.peak_live),
+            t.internal_fragmentation
+        );
+    }
     s
 }

@@ -550,6 +550,7 @@ impl ReplayTarget for DeviceTarget<'_> {
             policy: POLICY_NA.to_string(),
             caching_end: None,
             device_heap: Some(end),
+            tiers: None,
         })
     }
 }

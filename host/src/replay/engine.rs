@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use super::capacity::{demand_peak, CapacityChoice};
 use super::device::DeviceHeapEnd;
-use super::report::{CachingEnd, CompactionRecord, FailedRequest, FragSnapshot, ReplayReport, Sample};
+use super::report::{CachingEnd, CompactionRecord, FailedRequest, FragSnapshot, ReplayReport, Sample, TierStats};
 use super::seeding::pytorch_series;
 use super::ReplayError;
 use crate::analysis::PeakTracker;
@@ -90,6 +90,8 @@ pub(crate) struct TargetSummary {
     pub caching_end: Option<CachingEnd>,
     /// The device heap's figures.
     pub device_heap: Option<DeviceHeapEnd>,
+    /// Per-tier figures (tiered strategy).
+    pub tiers: Option<Vec<TierStats>>,
 }
 
 /// What is replayed. Every method that changes the target's state calls [`Ledger::observe`] once the
@@ -281,6 +283,7 @@ pub(crate) fn run(
         pytorch: pytorch_snapshot.then(|| pytorch_series(dev)),
         caching_end: s.caching_end,
         device_heap: s.device_heap,
+        tiers: s.tiers,
         timeline,
     })
 }

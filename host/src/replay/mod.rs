@@ -8,8 +8,10 @@
 //!   ([`round_request`]). The alignment is [`ReplayOptions::align`] when given, else the format's own
 //!   ([`alignment_for`]): for PyTorch snapshots [`PYTORCH_ALIGN`] = 512 B, like PyTorch's CUDA caching
 //!   allocator (`kMinBlockSize`), so every strategy sees the block sizes PyTorch itself would carve; for
-//!   the other formats [`DEFAULT_ALIGN`] = 256 B (`cudaMalloc`'s and RMM's alignment). A zero-byte request
-//!   is sent as one byte. The *allocated* series counts the requested (unrounded) bytes of the trace.
+//!   minimalloc CSV files [`CSV_ALIGN`] = 1 B (instances are defined at byte granularity, so a feasible
+//!   instance is not made infeasible by rounding); for RMM logs [`DEFAULT_ALIGN`] = 256 B (`cudaMalloc`'s
+//!   and RMM's alignment). A zero-byte request is sent as one byte. The report states the alignment and
+//!   where it came from. The *allocated* series counts the requested (unrounded) bytes of the trace.
 //! * **Frees.** `free_completed` (RMM `free`, CSV end of lifetime) frees the block with the same dense
 //!   id ([`crate::trace::Event::id`]) through the handle API: the replay keeps each id's [`Allocation`]
 //!   and gives it back to [`SubAllocator::free`] (no offset lookup). `free_requested` is only counted. A
@@ -82,7 +84,7 @@ pub use options::{
 };
 pub use report::{
     fmt_bytes, CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel, FragSnapshot,
-    ReplayReport, Sample,
+    ReplayReport, Sample, TierStats,
 };
 pub use seeding::{pytorch_series, PytorchReserved};
 

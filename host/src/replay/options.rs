@@ -148,10 +148,11 @@ pub fn default_strategy(trace: &Trace) -> StrategyKind {
 }
 
 /// The natural alignment (bytes) of `trace`'s requests: [`PYTORCH_ALIGN`] for PyTorch snapshots,
-/// [`CSV_ALIGN`] for minimalloc CSV files, [`DEFAULT_ALIGN`] otherwise (RMM logs).
+/// [`CSV_ALIGN`] for minimalloc (buffer-lifetime) CSV files, [`DEFAULT_ALIGN`] for RMM logs.
 pub fn alignment_for(trace: &Trace) -> u64 {
     match trace.format {
         TraceFormat::PytorchSnapshot(_) => PYTORCH_ALIGN,
+        TraceFormat::LifetimeCsv => CSV_ALIGN,
         _ => DEFAULT_ALIGN,
     }
 }

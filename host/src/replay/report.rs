@@ -136,6 +136,31 @@ pub struct Sample {
     pub external: f64,
 }
 
+/// One tier of the tiered strategy over a replay (bytes unless named otherwise). A request goes to the
+/// small (slab) tier when its aligned size is at most `small_max`, to the large (top-down) tier from
+/// `large_min`, to the medium tier (first-fit from the bottom of the shared range) in between.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TierStats {
+    /// `small`, `medium` or `large`.
+    pub tier: String,
+    /// Smallest aligned request size of the tier.
+    pub min_size: u64,
+    /// Largest aligned request size of the tier (`u64::MAX` for the large tier).
+    pub max_size: u64,
+    /// Requests routed to the tier (served or failed).
+    pub requests: u64,
+    /// Of those, failed.
+    pub failed: u64,
+    /// Requested bytes of the served requests.
+    pub requested_bytes: u64,
+    /// Block bytes of the served requests (the strategy's rounding included).
+    pub block_bytes: u64,
+    /// Highest requested bytes live in the tier.
+    pub peak_live: u64,
+    /// Internal fragmentation of the tier: `1 − requested_bytes / block_bytes` (0 when nothing served).
+    pub internal_fragmentation: f64,
+}
+
 /// The caching model's state at the end, for the fidelity check against the snapshot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CachingEnd {
@@ -204,6 +229,8 @@ pub struct ReplayReport {
     pub caching_end: Option<CachingEnd>,
     /// The device heap's figures (device allocator only, see [`super::device`]).
     pub device_heap: Option<DeviceHeapEnd>,
+    /// Per-tier figures (tiered strategy only): small, medium, large.
+    pub tiers: Option<Vec<TierStats>>,
     /// Timeline samples.
     pub timeline: Vec<Sample>,
 }

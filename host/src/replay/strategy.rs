@@ -14,7 +14,9 @@ use super::capacity::{CapacityChoice, MIN_CAPACITY};
 use super::engine::{Ledger, ReplayTarget, Request, TargetSummary};
 use super::materialize::{self, MeasureOutcome};
 use super::options::{round_request, CompactPolicy, ReplayOptions, DEFAULT_MATERIALIZE_LIMIT_CPU};
-use super::report::{CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragSnapshot};
+use super::report::{
+    CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragSnapshot, TierStats,
+};
 use super::seeding::seed_caching;
 use super::ReplayError;
 use crate::analysis::{self, external_ratio};
@@ -39,11 +41,19 @@ struct Slot {
     state: u8,
     /// Placed top-down (the tiered strategy's large tier).
     top: bool,
+    /// Tier index (tiered strategy: 0 small, 1 medium, 2 large).
+    tier: u8,
 }
 
 impl Default for Slot {
     fn default() -> Self {
-        Slot { alloc: Allocation { offset: 0, size: 0, handle: Handle::NONE }, requested: 0, state: 0, top: false }
+        Slot {
+            alloc: Allocation { offset: 0, size: 0, handle: Handle::NONE },
+            requested: 0,
+            state: 0,
+            top: false,
+            tier: 0,
+        }
     }
 }
 
@@ -130,6 +140,41 @@ impl std::ops::DerefMut for Model {
     }
 }
 
+/// Per-tier bookkeeping of the tiered strategy.
+struct Tiers {
+    small_max: u64,
+    large_min: u64,
+    stats: [TierStats; 3],
+    live: [u64; 3],
+}
+
+impl Tiers {
+    fn new(small_max: u64, large_min: u64) -> Self {
+        let t = |tier: &str, min_size: u64, max_size: u64| TierStats {
+            tier: tier.into(),
+            min_size,
+            max_size,
+            ..TierStats::default()
+        };
+        Tiers {
+            small_max,
+            large_min,
+            stats: [t("small", 1, small_max), t("medium", small_max + 1, large_min - 1), t("large", large_min, u64::MAX)],
+            live: [0; 3],
+        }
+    }
+    #[inline]
+    fn of(&self, size: u64) -> u8 {
+        if size <= self.small_max {
+            0
+        } else if size >= self.large_min {
+            2
+        } else {
+            1
+        }
+    }
+}
+
 /// Builds the allocator: the caching model with the snapshot's own settings
 /// ([`caching::config_for_trace`]), the tiered strategy with `tiers` when given, else [`build`].
 /// Returns it and the tiered strategy's `large_min` (`u64::MAX` for the others).
@@ -184,6 +229,8 @@ pub(crate) struct StrategyTarget<'a> {
     seeded_segments: u64,
     /// Whether to seed the caching model from the snapshot's state.
     seed_from_snapshot: bool,
+    /// Tiered strategy: per-tier figures.
+    tiers: Option<Box<Tiers>>,
 }
 
 impl<'a> StrategyTarget<'a> {
@@ -208,7 +255,15 @@ impl<'a> StrategyTarget<'a> {
             _ => DEFAULT_MATERIALIZE_LIMIT_CPU,
         });
         let n = dev.block_ids as usize;
+        let tiers = match &model {
+            Model::Strategy(_) if opts.strategy == StrategyKind::Tiered => {
+                let small_max = opts.tiers.map_or_else(|| TieredConfig::for_capacity(capacity.bytes).small_max, |t| t.0);
+                Some(Box::new(Tiers::new(small_max, large_min)))
+            }
+            _ => None,
+        };
         Ok(StrategyTarget {
+            tiers,
             kind: opts.strategy,
             high_water: HighWater::new(if caching { 0 } else { n }, capacity.bytes),
             capacity,
@@ -249,7 +304,16 @@ impl<'a> StrategyTarget<'a> {
             }
             Model::Strategy(h) => h.alloc(size, self.align)?,
         };
-        let s = Slot { alloc: a, requested, state: LIVE, top: size >= self.large_min };
+        let mut s = Slot { alloc: a, requested, state: LIVE, top: size >= self.large_min, tier: 0 };
+        if let Some(t) = self.tiers.as_mut() {
+            let k = t.of(size);
+            s.tier = k;
+            let st = &mut t.stats[k as usize];
+            st.requested_bytes += requested;
+            st.block_bytes += a.size;
+            t.live[k as usize] += requested;
+            st.peak_live = st.peak_live.max(t.live[k as usize]);
+        }
         self.slots[id as usize] = s;
         if !self.caching() {
             self.high_water.push(id, &s);
@@ -302,6 +366,10 @@ impl<'a> StrategyTarget<'a> {
     }
 
     fn serve(&mut self, l: &mut Ledger, r: Request) -> Result<(), ReplayError> {
+        if let Some(t) = self.tiers.as_mut() {
+            let k = t.of(round_request(r.requested, self.align));
+            t.stats[k as usize].requests += 1;
+        }
         let err = match self.try_alloc(l, r.id, r.requested, r.stream) {
             Ok(()) => return Ok(()),
             Err(e) => e,
@@ -327,6 +395,10 @@ impl<'a> StrategyTarget<'a> {
             }
         }
         self.slots[r.id as usize].state = FAILED;
+        if let Some(t) = self.tiers.as_mut() {
+            let k = t.of(round_request(r.requested, self.align));
+            t.stats[k as usize].failed += 1;
+        }
         let (class, free, largest_free) = match diag {
             // `Fits` (the largest extent is large enough, but the strategy could not use it: alignment,
             // slab pages) counts as fragmentation: the free bytes would hold the request once compacted.
@@ -356,7 +428,7 @@ impl ReplayTarget for StrategyTarget<'_> {
         let seeded = seed_caching(dev, c)?;
         for &(id, a) in &seeded.blocks {
             let requested = dev.initial_blocks[id as usize].size;
-            self.slots[id as usize] = Slot { alloc: a, requested, state: LIVE, top: false };
+            self.slots[id as usize] = Slot { alloc: a, requested, state: LIVE, top: false, tier: 0 };
             l.allocated += requested;
         }
         self.seeded_segments = seeded.segments;
@@ -376,8 +448,11 @@ impl ReplayTarget for StrategyTarget<'_> {
         if let Some(s) = self.slots.get_mut(id as usize) {
             if s.state == LIVE {
                 s.state = FREED;
-                let (a, requested) = (s.alloc, s.requested);
+                let (a, requested, tier) = (s.alloc, s.requested, s.tier);
                 self.model.free(a).map_err(|source| ReplayError::Strategy { event, source })?;
+                if let Some(t) = self.tiers.as_mut() {
+                    t.live[tier as usize] -= requested;
+                }
                 l.allocated -= requested;
             }
         }
@@ -475,6 +550,19 @@ impl ReplayTarget for StrategyTarget<'_> {
             policy: self.policy.to_string(),
             caching_end,
             device_heap: None,
+            tiers: self.tiers.as_ref().map(|t| {
+                t.stats
+                    .iter()
+                    .map(|s| TierStats {
+                        internal_fragmentation: if s.block_bytes == 0 {
+                            0.0
+                        } else {
+                            1.0 - s.requested_bytes as f64 / s.block_bytes as f64
+                        },
+                        ..s.clone()
+                    })
+                    .collect()
+            }),
         })
     }
 }
