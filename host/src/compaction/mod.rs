@@ -137,7 +137,7 @@ pub struct Fragmentation {
     pub largest_free: u64,
     /// Number of free ranges.
     pub free_ranges: u64,
-    /// `1 − largest_free / total_free` (0 when nothing is free).
+    /// `1 − largest_free / total_free` (0 when nothing is free; [`crate::analysis::external_ratio`]).
     pub external: f64,
 }
 
@@ -150,7 +150,7 @@ impl Fragmentation {
             f.largest_free = f.largest_free.max(len);
             f.free_ranges += 1;
         }
-        f.external = if f.total_free == 0 { 0.0 } else { 1.0 - f.largest_free as f64 / f.total_free as f64 };
+        f.external = crate::analysis::external_ratio(f.total_free, f.largest_free);
         f
     }
 }
