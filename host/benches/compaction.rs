@@ -10,7 +10,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gpuheap::backend::Backend;
 use gpuheap::bench::compact::layouts;
-use gpuheap::compaction::{reference, CompactTuning, Compactor};
+use gpuheap::compaction::{oracle, CompactTuning, Compactor};
 
 fn compaction(c: &mut Criterion) {
     let backend = Backend::from_env().expect("backend");
@@ -18,7 +18,7 @@ fn compaction(c: &mut Criterion) {
     let mut g = c.benchmark_group(format!("compaction/{}", if backend.is_gpu() { "gpu" } else { "cpu" }));
     g.sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
     for l in layouts(true) {
-        let moved = reference::slide_plan(&l.blocks).expect("valid layout").bytes_moved;
+        let moved = oracle::slide_plan(&l.blocks).expect("valid layout").bytes_moved;
         g.throughput(Throughput::Bytes(moved));
         let fill: Vec<u8> = (0..l.capacity).map(|i| i as u8).collect();
         let mut region = backend.upload(&fill).expect("region");

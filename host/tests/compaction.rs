@@ -6,14 +6,14 @@
 //! that the layout equals the reference sliding compaction of the
 //! reference-allocator issue (`reference::compact::plan_slide`, the one
 //! oracle), and that the whole region equals the reference sequential
-//! `memmove` of the image taken before (`compaction::reference::apply`).
+//! `memmove` of the image taken before (`compaction::oracle::apply`).
 
 mod common;
 
 use gpuheap::backend::Backend;
 use gpuheap::bench::SplitMix64;
 use gpuheap::compaction::{
-    compact, reference, CompactHeap, CompactTuning, CompactionError, Compactor, Handle, LiveBlock, GRANULE,
+    compact, oracle, CompactHeap, CompactTuning, CompactionError, Compactor, Handle, LiveBlock, GRANULE,
 };
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;
@@ -84,7 +84,7 @@ fn compact_and_check(heap: &mut CompactHeap<'_>, what: &str) -> gpuheap::compact
         assert_eq!((a.handle, a.size, a.flags), (b.handle, b.size, b.flags), "{what}: block order/identity");
         assert_eq!(a.offset, d, "{what}: block of handle index {} at {} instead of {d}", b.handle, a.offset);
     }
-    reference::validate(&after_layout, heap.capacity()).unwrap_or_else(|e| panic!("{what}: overlap: {e}"));
+    oracle::validate(&after_layout, heap.capacity()).unwrap_or_else(|e| panic!("{what}: overlap: {e}"));
     // Handles: host mirror and device table.
     let table = heap.read_device_table().unwrap();
     for (h, &d) in handles.iter().zip(&expected) {
@@ -99,7 +99,7 @@ fn compact_and_check(heap: &mut CompactHeap<'_>, what: &str) -> gpuheap::compact
     let after = image(heap);
     check_patterns(heap, &after, what);
     let mut want = before.clone();
-    reference::apply(&mut want, &before_layout, &expected);
+    oracle::apply(&mut want, &before_layout, &expected);
     if let Some(i) = want.iter().zip(&after).position(|(a, b)| a != b) {
         panic!("{what}: region differs from the reference memmove at byte {i}");
     }
@@ -574,7 +574,7 @@ fn bench_layouts_from_trace_snapshots_compact_like_the_reference() {
             let fill: Vec<u8> = (0..l.capacity).map(|i| (i * 7 + 3) as u8).collect();
             let mut region = backend.upload(&fill).unwrap();
             let run = compactor.compact(&backend, &mut region, &l.blocks, None).unwrap();
-            assert_eq!(run.new_offsets, gpuheap::compaction::reference::plan(&l.blocks), "{}", l.name);
+            assert_eq!(run.new_offsets, gpuheap::compaction::oracle::plan(&l.blocks).expect("valid layout"), "{}", l.name);
             let after: Vec<u8> = region.read().unwrap();
             for (b, &d) in l.blocks.iter().zip(&run.new_offsets) {
                 let (s, d, n) = (b.offset as usize, d as usize, b.size as usize);

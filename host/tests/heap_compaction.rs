@@ -18,7 +18,7 @@ mod common;
 
 use gpuheap::backend::Backend;
 use gpuheap::bench::SplitMix64;
-use gpuheap::compaction::{compact_heap, reference, CompactionError, CompactionReport, Handle};
+use gpuheap::compaction::{compact_heap, oracle, CompactionError, CompactionReport, Handle};
 use gpuheap::device_heap::ops::{self, Batch};
 use gpuheap::device_heap::{DeviceHeap, Sizes};
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
@@ -126,7 +126,7 @@ fn compact_and_check(b: &Backend, heap: &mut DeviceHeap, what: &str) -> Compacti
             assert_eq!(a.offset, bl.offset, "{what}: a pinned handle moved");
         }
     }
-    reference::validate(&after_layout, cap).unwrap_or_else(|e| panic!("{what}: overlap: {e}"));
+    oracle::validate(&after_layout, cap).unwrap_or_else(|e| panic!("{what}: overlap: {e}"));
     // Handles: host resolve and the device table.
     let table = heap.read_handle_table().unwrap();
     for (h, &d) in handles.iter().zip(&expected) {
@@ -142,7 +142,7 @@ fn compact_and_check(b: &Backend, heap: &mut DeviceHeap, what: &str) -> Compacti
     check_handles(b, heap, what);
     let after = arena_image(heap);
     let mut want = before.clone();
-    reference::apply(&mut want, &before_layout, &expected);
+    oracle::apply(&mut want, &before_layout, &expected);
     if let Some(i) = want.iter().zip(&after).position(|(a, b)| a != b) {
         panic!("{what}: arena differs from the reference memmove at byte {i}");
     }
@@ -420,7 +420,7 @@ fn concurrent_handle_alloc_until_exhaustion() {
                 assert_eq!(heap.resolve(*h).unwrap().size, *s, "{what}");
             }
         }
-        reference::validate(&heap.movable_layout().unwrap(), cap).unwrap_or_else(|e| panic!("{what}: {e}"));
+        oracle::validate(&heap.movable_layout().unwrap(), cap).unwrap_or_else(|e| panic!("{what}: {e}"));
         fill_handles(b, &heap, &ok);
         check_handles(b, &heap, what);
         let frees: Vec<Handle> = ok.iter().filter(|_| rng.below(2) == 0).copied().collect();

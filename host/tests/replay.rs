@@ -238,3 +238,55 @@ fn options_parse() {
     assert!("threshold=2".parse::<CompactPolicy>().is_err());
     assert!("sometimes".parse::<CompactPolicy>().is_err());
 }
+
+#[test]
+fn each_format_has_its_default_strategy_and_alignment() {
+    let csv = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
+    let snap = read_trace(workspace().join("data/1.3b_snapshot.pickle")).unwrap();
+    assert_eq!(replay::default_strategy(&csv), StrategyKind::BestFit);
+    assert_eq!(replay::default_strategy(&snap), StrategyKind::Caching);
+    assert_eq!(replay::alignment_for(&csv), 1, "minimalloc instances are byte-granular");
+    assert_eq!(replay::alignment_for(&snap), 512, "PyTorch's kMinBlockSize");
+    // The shipped CSV runs with its default strategy (the caching model would need 2 MiB).
+    let r = run(&csv, &ReplayOptions::new(replay::default_strategy(&csv)), None);
+    assert_eq!((r.strategy.as_str(), r.align), ("best-fit", 1));
+    assert!(r.align_source.contains("minimalloc"), "{}", r.align_source);
+    // A given alignment is used and said to be given; a bad one is bad input.
+    let r = run(&csv, &ReplayOptions { align: Some(256), ..ReplayOptions::new(StrategyKind::BestFit) }, None);
+    assert_eq!((r.align, r.align_source.as_str()), (256, "given"));
+    let bad = ReplayOptions { align: Some(3), ..ReplayOptions::new(StrategyKind::BestFit) };
+    assert!(replay::replay(&csv, &csv.devices[0], &bad, None, &mut |_| {}).unwrap_err().is_input());
+}
+
+#[test]
+fn tiered_per_tier_statistics_add_up_to_the_trace() {
+    let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
+    let d = &t.devices[0];
+    let (small_max, large_min) = (1024u64, 64 << 10);
+    let opts = ReplayOptions { tiers: Some((small_max, large_min)), ..ReplayOptions::new(StrategyKind::Tiered) };
+    let r = run(&t, &opts, None);
+    let tiers = r.tiers.as_ref().expect("the tiered strategy reports its tiers");
+    assert_eq!(tiers.iter().map(|x| x.tier.as_str()).collect::<Vec<_>>(), ["small", "medium", "large"]);
+    // Independently of the replay: each alloc event's tier from its size (1 B alignment), and which failed.
+    let failed: Vec<Option<usize>> = r.failed.iter().map(|f| f.event).collect();
+    let mut want = [(0u64, 0u64, 0u64); 3]; // (requests, failed, requested bytes served)
+    for (i, e) in d.events.iter().enumerate().filter(|(_, e)| e.kind == gpuheap::trace::EventKind::Alloc) {
+        let size = e.size.max(1);
+        let k = if size <= small_max { 0 } else if size >= large_min { 2 } else { 1 };
+        want[k].0 += 1;
+        if failed.contains(&Some(i)) {
+            want[k].1 += 1;
+        } else {
+            want[k].2 += e.size;
+        }
+    }
+    for (k, x) in tiers.iter().enumerate() {
+        assert_eq!((x.requests, x.failed, x.requested_bytes), want[k], "tier {}", x.tier);
+        assert!(x.block_bytes >= x.requested_bytes && (0.0..1.0).contains(&x.internal_fragmentation));
+        assert!(x.peak_live <= r.peak_allocated);
+    }
+    // Other strategies have no tiers, and tiers are refused for them.
+    assert!(run(&t, &ReplayOptions::new(StrategyKind::BestFit), None).tiers.is_none());
+    let bad = ReplayOptions { tiers: Some((small_max, large_min)), ..ReplayOptions::new(StrategyKind::BestFit) };
+    assert!(replay::replay(&t, d, &bad, None, &mut |_| {}).unwrap_err().is_input());
+}

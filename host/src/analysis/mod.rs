@@ -17,9 +17,12 @@ use std::fmt;
 use crate::reference::{AllocError, SubAllocator};
 
 /// Fragmentation levels of a ratio in `[0, 1]`: low (< 0.1), medium (< 0.3), high (< 0.6), severe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Serialised as its lower-case name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FragLevel {
     /// Below 0.1.
+    #[default]
     Low,
     /// In `[0.1, 0.3)`.
     Medium,
@@ -44,25 +47,95 @@ impl FragLevel {
     }
 }
 
-impl fmt::Display for FragLevel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl FragLevel {
+    /// The level's name (`low`, `medium`, `high`, `severe`).
+    pub fn as_str(self) -> &'static str {
+        match self {
             FragLevel::Low => "low",
             FragLevel::Medium => "medium",
             FragLevel::High => "high",
             FragLevel::Severe => "severe",
-        })
+        }
     }
 }
 
-/// `1 - largest / total` over free block lengths (bytes); 0 when nothing is free.
-pub fn external_fragmentation(lengths: impl IntoIterator<Item = u64>) -> f64 {
-    let (total, largest) = lengths.into_iter().fold((0u128, 0u64), |(t, m), l| (t + l as u128, m.max(l)));
-    if total == 0 {
+impl fmt::Display for FragLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for FragLevel {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// Why a request failed, as reported by a replay (serialised as its lower-case name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureClass {
+    /// The free bytes were fewer than the request: no compaction would have helped.
+    Capacity,
+    /// The free bytes would have held it after a perfect compaction ([`diagnose`]); also a request a free
+    /// extent could hold that the allocator could not use (alignment, slab pages: [`OomClass::Fits`]).
+    Fragmentation,
+    /// Refused for another reason (a size over the strategy's limit).
+    Rejected,
+}
+
+impl FailureClass {
+    /// The class of a diagnosis: [`OomClass::Capacity`] is capacity, the others fragmentation.
+    pub fn of(class: OomClass) -> FailureClass {
+        if class == OomClass::Capacity {
+            FailureClass::Capacity
+        } else {
+            FailureClass::Fragmentation
+        }
+    }
+
+    /// The class's name (`capacity`, `fragmentation`, `rejected`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureClass::Capacity => "capacity",
+            FailureClass::Fragmentation => "fragmentation",
+            FailureClass::Rejected => "rejected",
+        }
+    }
+}
+
+impl fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for FailureClass {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// External fragmentation `1 - largest_free / free` (bytes; 0 when nothing is free): the one definition
+/// every report uses (analysis, replay, compaction).
+#[inline]
+pub fn external_ratio(free: u64, largest_free: u64) -> f64 {
+    external_ratio_wide(free as u128, largest_free)
+}
+
+#[inline]
+fn external_ratio_wide(free: u128, largest_free: u64) -> f64 {
+    if free == 0 {
         0.0
     } else {
-        1.0 - largest as f64 / total as f64
+        1.0 - largest_free as f64 / free as f64
     }
+}
+
+/// [`external_ratio`] over free block lengths (bytes, summed without overflow).
+pub fn external_fragmentation(lengths: impl IntoIterator<Item = u64>) -> f64 {
+    let (total, largest) = lengths.into_iter().fold((0u128, 0u64), |(t, m), l| (t + l as u128, m.max(l)));
+    external_ratio_wide(total, largest)
 }
 
 /// `1 - sqrt(Σ f_i²) / Σ f_i` over free block lengths (bytes); 0 when nothing is free.

@@ -45,7 +45,7 @@ use serde::Serialize;
 
 use super::SplitMix64;
 use crate::backend::Backend;
-use crate::compaction::{reference, CompactTuning, CompactionError, Compactor, LiveBlock, BLOCK_PINNED, GRANULE};
+use crate::compaction::{oracle, CompactTuning, CompactionError, Compactor, LiveBlock, BLOCK_PINNED, GRANULE};
 use crate::trace::{read_trace, BlockStatus};
 use gpuheap_kernels::compact::NO_HANDLE;
 
@@ -388,7 +388,7 @@ fn measure_blocks(
     blocks: &[LiveBlock],
     reps: usize,
 ) -> Result<CompactBenchRow, CompactionError> {
-    let moved = reference::slide_plan(blocks)?.bytes_moved;
+    let moved = oracle::slide_plan(blocks)?.bytes_moved;
     let live: u64 = blocks.iter().map(|b| b.size).sum();
     // Touch every page first (the CPU backend's buffers are lazily zeroed).
     let fill: Vec<u8> = (0..capacity).map(|i| i as u8).collect();

@@ -90,6 +90,7 @@ fn run_contender(
             };
             let opts = DeviceReplayOptions {
                 capacity: a.common.capacity,
+                align: a.common.align,
                 heap_limit: a.device_heap_limit,
                 ..DeviceReplayOptions::default()
             };
@@ -187,7 +188,7 @@ pub fn run(a: &Args) -> Result<(), CliError> {
 pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose: bool) -> String {
     let Some(first) = reports.first() else { return String::new() };
     let mut s = format!(
-        "trace {} ({}), device {}: {} events, {} initial blocks\ncapacity {} ({}), requests aligned to {} B, compaction {}\n\n",
+        "trace {} ({}), device {}: {} events, {} initial blocks\ncapacity {} ({}), requests aligned to {} B ({}), compaction {}\n\n",
         first.trace,
         first.format,
         first.device,
@@ -196,10 +197,11 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose:
         fmt_bytes(first.capacity.bytes),
         first.capacity.source,
         first.align,
+        first.align_source,
         first.policy
     );
     s += &format!(
-        "{:<28}{:>12}{:>12}{:>8}{:>8}{:>16}{:>12}{:>9}{:>12}{:>9}{:>12}{:>9}\n",
+        "{:<28}{:>12}{:>12}{:>8}{:>8}{:>16}{:>12}{:>16}{:>12}{:>16}{:>12}{:>9}\n",
         "strategy",
         "peak alloc",
         "peak resv",
@@ -219,7 +221,7 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose:
         let rej = r.failed.len() - cap - frag;
         let failed = if rej > 0 { format!("{cap}/{frag} +{rej}rej") } else { format!("{cap}/{frag}") };
         s += &format!(
-            "{:<28}{:>12}{:>12}{:>8}{:>8.3}{:>16}{:>12}{:>9.3}{:>12}{:>9.3}{:>12}{:>9.2}\n",
+            "{:<28}{:>12}{:>12}{:>8}{:>8.3}{:>16}{:>12}{:>16}{:>12}{:>16}{:>12}{:>9.2}\n",
             r.strategy,
             fmt_bytes(r.peak_allocated),
             fmt_bytes(r.peak_reserved),
@@ -227,9 +229,9 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose:
             r.johnstone_wilson,
             failed,
             fmt_bytes(r.at_peak.reserved_unallocated),
-            r.at_peak.external,
+            format!("{:.3} {}", r.at_peak.external, r.at_peak.level),
             fmt_bytes(r.at_end.footprint),
-            r.at_end.external,
+            format!("{:.3} {}", r.at_end.external, r.at_end.level),
             if r.device_heap.is_some() { "n/a".to_string() } else { r.compactions.len().to_string() },
             r.events_per_s / 1e6
         );
@@ -241,7 +243,7 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose:
         let util = if pt.peak == 0 { 1.0 } else { demand as f64 / pt.peak as f64 };
         let jw = if demand == 0 { 0.0 } else { (pt.peak as f64 - demand as f64) / demand as f64 };
         s += &format!(
-            "{:<28}{:>12}{:>12}{:>8}{:>8.3}{:>16}{:>12}{:>9}{:>12}{:>9}{:>12}{:>9}\n",
+            "{:<28}{:>12}{:>12}{:>8}{:>8.3}{:>16}{:>12}{:>16}{:>12}{:>16}{:>12}{:>9}\n",
             "PyTorch (snapshot)",
             fmt_bytes(demand),
             fmt_bytes(pt.peak),
@@ -279,8 +281,14 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose:
             fmt_bytes(d.trace_capacity)
         );
     }
+    s += "Fext: external fragmentation 1 - largest free / free at the demand peak and at the end, with its level \
+          (low < 0.1, medium < 0.3, high < 0.6, severe)\n";
     if reports.iter().any(|r| r.device_heap.is_some()) {
         s += "device heap: compaction n/a (raw malloc blocks are pinned; only handle blocks of the movable arena move)\n";
+    }
+    for r in reports.iter().filter(|r| r.tiers.is_some()) {
+        s += "\n";
+        s += &cli_replay::tier_lines(r);
     }
     let compacted: Vec<&ReplayReport> = reports.iter().filter(|r| !r.compactions.is_empty()).collect();
     if !compacted.is_empty() {
@@ -327,8 +335,7 @@ pub fn compaction_summary(r: &ReplayReport) -> String {
         if n == 0 {
             return "0".to_string();
         }
-        let gbps = if ns > 0 { bytes as f64 / ns as f64 } else { 0.0 };
-        format!("{n} ({} in {}, {gbps:.2} GB/s)", fmt_bytes(bytes), cli_replay::fmt_ns(ns))
+        format!("{n} ({} in {}{})", fmt_bytes(bytes), cli_replay::fmt_ns(ns), cli_replay::fmt_rate(bytes, ns))
     };
     let retried = r.compactions.iter().filter(|c| c.retry_succeeded == Some(true)).count();
     let mut s = format!("{} compactions, {} planned", r.compactions.len(), fmt_bytes(planned));

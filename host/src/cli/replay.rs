@@ -1,5 +1,10 @@
-//! `gpuheap replay TRACE [--strategy S] [--capacity BYTES] [--compact never|on-oom|threshold=F]
-//! [--backend cpu|gpu] [--device N] [--materialize-limit BYTES] [--json] [--plot FILE]`.
+//! `gpuheap replay TRACE [--strategy S] [--capacity BYTES] [--align BYTES] [--tiers SMALL_MAX,LARGE_MIN]
+//! [--compact never|on-oom|threshold=F] [--backend cpu|gpu] [--device N] [--materialize-limit BYTES]
+//! [--json] [--plot FILE]`.
+//!
+//! Without `--strategy` the strategy is the format's own ([`replay::default_strategy`]: the PyTorch caching
+//! model for PyTorch snapshots, best-fit otherwise); the output says so. The shared options live in
+//! [`Common`] (one struct, flattened into `replay` and `compare`; a new option is one field there).
 //!
 //! Bad input (an unreadable or inconsistent trace, a bad option) exits with code 2 and one line on
 //! stderr; nothing is written. Output files are written to a temporary file in the same folder and
@@ -22,8 +27,9 @@ pub struct Args {
     /// Trace file: PyTorch memory snapshot pickle, minimalloc CSV (id,lower,upper,size) or RMM log CSV.
     pub trace: PathBuf,
     /// Strategy: first-fit, best-fit, buddy, tlsf, slab, tiered or caching (PyTorch's model).
-    #[arg(long, default_value = "caching", value_parser = parse_strategy)]
-    pub strategy: StrategyKind,
+    /// Default: caching for PyTorch snapshots, best-fit for the other formats.
+    #[arg(long, value_parser = parse_strategy)]
+    pub strategy: Option<StrategyKind>,
     #[command(flatten)]
     pub common: Common,
 }
@@ -37,6 +43,16 @@ pub struct Common {
     /// the peak of live bytes.
     #[arg(long, value_parser = parse_bytes_arg)]
     pub capacity: Option<u64>,
+    /// Alignment of every request, bytes (a power of two). Default: the format's own: 512 B for PyTorch
+    /// snapshots (PyTorch's kMinBlockSize), 1 B for minimalloc CSV (defined at byte granularity), 256 B
+    /// for RMM logs (cudaMalloc's alignment). The output states which was used.
+    #[arg(long, value_parser = parse_align)]
+    pub align: Option<u64>,
+    /// Tier thresholds of the tiered strategy, SMALL_MAX,LARGE_MIN (bytes or with units, e.g. 1KiB,1MiB):
+    /// requests up to SMALL_MAX go to the slab tier, from LARGE_MIN to the top-down large tier.
+    /// Default: 64 KiB and min(10 MiB, capacity/16).
+    #[arg(long, value_parser = parse_tiers)]
+    pub tiers: Option<(u64, u64)>,
     /// Compaction policy: never, on-oom (compact and retry a request that fails for fragmentation) or
     /// threshold=F (compact when a free leaves external fragmentation above F in [0, 1]).
     #[arg(long = "compact", default_value = "never", value_parser = parse_policy)]
@@ -67,6 +83,24 @@ fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
 
 fn parse_bytes_arg(s: &str) -> Result<u64, String> {
     replay::parse_bytes(s)
+}
+
+/// A power of two of bytes, 1 B to 1 GiB (as for `--capacity`).
+fn parse_align(s: &str) -> Result<u64, String> {
+    match replay::parse_bytes(s)? {
+        a if a.is_power_of_two() && a <= 1 << 30 => Ok(a),
+        a => Err(format!("alignment {a} B is not a power of two between 1 B and 1 GiB")),
+    }
+}
+
+/// `SMALL_MAX,LARGE_MIN` in bytes (each as for `--capacity`), `SMALL_MAX` a power of two below `LARGE_MIN`.
+fn parse_tiers(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s.split_once(',').ok_or_else(|| format!("`{s}` is not SMALL_MAX,LARGE_MIN (e.g. 1KiB,1MiB)"))?;
+    let (small, large) = (replay::parse_bytes(a)?, replay::parse_bytes(b)?);
+    if !small.is_power_of_two() || large <= small {
+        return Err(format!("tiers `{s}`: SMALL_MAX must be a power of two and below LARGE_MIN"));
+    }
+    Ok((small, large))
 }
 
 fn parse_policy(s: &str) -> Result<CompactPolicy, String> {
@@ -185,6 +219,9 @@ pub(crate) fn run_one(
 ) -> Result<ReplayReport, CliError> {
     let opts = ReplayOptions {
         capacity: common.capacity,
+        align: common.align,
+        // The tiers are the tiered strategy's; the other strategies (compare's rows) ignore them.
+        tiers: common.tiers.filter(|_| strategy == StrategyKind::Tiered),
         policy: common.policy,
         materialize_limit: common.materialize_limit,
         ..ReplayOptions::new(strategy)
@@ -213,22 +250,31 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     let dev = &trace.devices[idx];
     check_capacity(&trace, dev, &a.common)?;
     let backend = backend_for(&a.common)?;
-    let pb = progress_bar(dev.events.len(), a.common.json, a.strategy.as_str());
-    let report = run_one(&trace, dev, a.strategy, &a.common, backend.as_ref(), &pb)?;
+    let strategy = a.strategy.unwrap_or_else(|| replay::default_strategy(&trace));
+    if a.common.tiers.is_some() && strategy != StrategyKind::Tiered {
+        return Err(CliError::Input(format!("--tiers applies to --strategy tiered, not {strategy}")));
+    }
+    let pb = progress_bar(dev.events.len(), a.common.json, strategy.as_str());
+    let report = run_one(&trace, dev, strategy, &a.common, backend.as_ref(), &pb)?;
     pb.finish_and_clear();
     if let (Some(p), Some(f)) = (&a.common.plot, plot_format) {
-        let title = format!("{} — {}", file_name(&a.trace), a.strategy);
+        let title = format!("{} — {}", file_name(&a.trace), strategy);
         write_plot(p, f, &title, &[&report])?;
     }
     if let Some(p) = &a.common.html {
-        let title = format!("{} — {}", file_name(&a.trace), a.strategy);
+        let title = format!("{} — {}", file_name(&a.trace), strategy);
         super::html::write(p, &super::html::replay_page(&title, &report))?;
     }
     if a.common.json {
         let s = serde_json::to_string_pretty(&report).map_err(|e| CliError::Runtime(e.to_string()))?;
         println!("{s}");
     } else {
-        print!("{}", table(&report));
+        let note = if a.strategy.is_none() {
+            format!(" (the default for a {}; choose another with --strategy)", trace.format)
+        } else {
+            String::new()
+        };
+        print!("{}", table(&report, &note));
     }
     Ok(())
 }
@@ -253,6 +299,20 @@ pub(crate) fn fmt_ns(ns: u64) -> String {
         format!("{:.2} ms", ns as f64 * 1e-6)
     } else {
         format!("{:.1} µs", ns as f64 * 1e-3)
+    }
+}
+
+/// Smallest move (bytes) whose copy rate is printed: below it the kernel time is launch and plan
+/// overhead, and a rate would read as a rounded-down "0.00 GB/s"; the time alone is given.
+pub(crate) const MIN_RATE_BYTES: u64 = 1 << 20;
+
+/// `, X GB/s` (10^9 B/s) for a move of `bytes` in `ns`, or nothing when the move is too small for a rate
+/// ([`MIN_RATE_BYTES`]) or the time is zero.
+pub(crate) fn fmt_rate(bytes: u64, ns: u64) -> String {
+    if bytes < MIN_RATE_BYTES || ns == 0 {
+        String::new()
+    } else {
+        format!(", {:.2} GB/s", bytes as f64 / ns as f64)
     }
 }
 
@@ -284,7 +344,7 @@ pub(crate) fn compaction_lines(r: &ReplayReport) -> String {
                     format!("scaled image 1/{} (figures are the scaled image's)", m.scaled_by)
                 };
                 s += &format!(
-                    "    measured on {}, {scale}: {} moved in {} blocks, kernel {} (plan {}, move {}), {:.2} GB/s; \
+                    "    measured on {}, {scale}: {} moved in {} blocks, kernel {} (plan {}, move {}){}; \
                      layout = reference plan, bytes checked\n",
                     m.backend,
                     fmt_bytes(m.bytes_moved),
@@ -292,7 +352,7 @@ pub(crate) fn compaction_lines(r: &ReplayReport) -> String {
                     fmt_ns(m.kernel_ns),
                     fmt_ns(m.plan_ns),
                     fmt_ns(m.move_ns),
-                    m.gbps
+                    fmt_rate(m.bytes_moved, m.kernel_ns)
                 );
             }
             MeasureOutcome::NotMeasured { reason } => s += &format!("    not measured: {reason}\n"),
@@ -301,16 +361,17 @@ pub(crate) fn compaction_lines(r: &ReplayReport) -> String {
     s
 }
 
-/// The summary table of one replay.
-pub fn table(r: &ReplayReport) -> String {
+/// The summary table of one replay; `strategy_note` follows the strategy's name (why it was chosen).
+pub fn table(r: &ReplayReport, strategy_note: &str) -> String {
     let mut s = String::new();
     s += &format!("trace          {} ({}), device {}\n", r.trace, r.format, r.device);
     s += &format!(
-        "strategy       {}, capacity {} ({}), requests aligned to {} B, compaction {}\n",
+        "strategy       {}{strategy_note}\ncapacity       {} ({}), requests aligned to {} B ({}), compaction {}\n",
         r.strategy,
         fmt_bytes(r.capacity.bytes),
         r.capacity.source,
         r.align,
+        r.align_source,
         r.policy
     );
     s += &format!(
@@ -406,7 +467,32 @@ pub fn table(r: &ReplayReport) -> String {
     if r.failed.len() > 10 {
         s += &format!("  ... {} more (all in --json)\n", r.failed.len() - 10);
     }
+    s += &tier_lines(r);
     s += &format!("compactions    {}\n", r.compactions.len());
     s += &compaction_lines(r);
+    s
+}
+
+/// The tiered strategy's per-tier lines (empty for the other strategies).
+pub(crate) fn tier_lines(r: &ReplayReport) -> String {
+    let Some(tiers) = &r.tiers else { return String::new() };
+    let mut s = format!("tiers of {}    requests (failed), requested bytes, peak live, internal fragmentation\n", r.strategy);
+    for t in tiers {
+        let range = if t.max_size == u64::MAX {
+            format!(">= {}", fmt_bytes(t.min_size))
+        } else {
+            format!("{}..{}", fmt_bytes(t.min_size), fmt_bytes(t.max_size))
+        };
+        s += &format!(
+            "  {:<7}{:<26}{:>9} ({}){:>14}{:>14}{:>8.3}\n",
+            t.tier,
+            range,
+            t.requests,
+            t.failed,
+            fmt_bytes(t.requested_bytes),
+            fmt_bytes(t.peak_live),
+            t.internal_fragmentation
+        );
+    }
     s
 }

@@ -8,7 +8,7 @@ use gpuheap_kernels::compact::mover::{CopyParams, MoveParams, COPY, MOVE};
 use gpuheap_kernels::compact::plan::{PlanParams, MODE_DST, MODE_STREAM, PLAN};
 use gpuheap_kernels::compact::{LiveBlock, GRANULE};
 
-use super::{reference, CompactionError};
+use super::{oracle, CompactionError};
 use crate::backend::{Backend, DeviceBuffer, LaunchConfig, LaunchTiming};
 
 /// Largest dynamic shared memory per block without an opt-in, bytes.
@@ -199,7 +199,7 @@ impl Compactor {
                 return bad(format!("a table of {n} entries at byte {t} does not fit a {}-byte buffer", b.len()));
             }
         }
-        reference::validate(layout, len)?;
+        oracle::validate(layout, len)?;
         self.tuning.validate(backend)?;
         let t = self.tuning;
         let k = layout.len();

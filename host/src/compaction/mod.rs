@@ -11,9 +11,9 @@
 //!   never move (they count as pinned).
 //! * [`Compactor`]: the compaction core (plan and move kernels over any
 //!   region and layout), which the device heap will reuse.
-//! * [`mod@reference`]: the kernels' view of the one reference plan
+//! * [`mod@oracle`]: the kernels' view of the one reference plan
 //!   ([`crate::reference::compact::plan_slide`], through [`reference::plan`])
-//!   and the reference bytes ([`reference::apply`]).
+//!   and the reference bytes ([`oracle::apply`]).
 //!
 //! # Handle model and guarantees
 //!
@@ -44,7 +44,7 @@
 //! arguments are documented in `gpuheap_kernels::compact`.
 
 mod compactor;
-pub mod reference;
+pub mod oracle;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -137,7 +137,7 @@ pub struct Fragmentation {
     pub largest_free: u64,
     /// Number of free ranges.
     pub free_ranges: u64,
-    /// `1 − largest_free / total_free` (0 when nothing is free).
+    /// `1 − largest_free / total_free` (0 when nothing is free; [`crate::analysis::external_ratio`]).
     pub external: f64,
 }
 
@@ -150,7 +150,7 @@ impl Fragmentation {
             f.largest_free = f.largest_free.max(len);
             f.free_ranges += 1;
         }
-        f.external = if f.total_free == 0 { 0.0 } else { 1.0 - f.largest_free as f64 / f.total_free as f64 };
+        f.external = crate::analysis::external_ratio(f.total_free, f.largest_free);
         f
     }
 }
@@ -529,14 +529,14 @@ impl<'b> CompactHeap<'b> {
         let before = self.fragmentation();
         let layout = self.layout();
         let mut report = CompactionReport { blocks: layout.len() as u64, before, after: before, ..Default::default() };
-        if reference::is_packed(&layout) {
+        if oracle::is_packed(&layout) {
             report.wall_time = start.elapsed();
             return Ok(report);
         }
         self.flush_table()?;
         let n = self.entries.len() as u32;
         let run = self.compactor.compact(self.backend, &mut self.region, &layout, Some((&mut self.table, n)))?;
-        let (bytes, moved) = reference::moved(&layout, &run.new_offsets);
+        let (bytes, moved) = oracle::moved(&layout, &run.new_offsets);
         // The kernels updated the device table; mirror it and rebuild the
         // free map.
         self.live.clear();
@@ -544,7 +544,7 @@ impl<'b> CompactHeap<'b> {
             self.entries[b.handle as usize].offset = d;
             self.live.insert(d, b.handle);
         }
-        self.holes = reference::free_ranges(&layout, Some(&run.new_offsets), self.capacity).into_iter().collect();
+        self.holes = oracle::free_ranges(&layout, Some(&run.new_offsets), self.capacity).into_iter().collect();
         report.blocks_moved = moved;
         report.bytes_moved = bytes;
         report.plan_time = run.plan_time;

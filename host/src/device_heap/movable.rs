@@ -29,7 +29,7 @@ use super::ops::BLOCK;
 use super::DeviceHeap;
 use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig, Result as BackendResult};
 use crate::compaction::{
-    reference, BlockInfo, CompactTuning, CompactionError, CompactionReport, Compactor, Fragmentation, Handle, Result,
+    oracle, BlockInfo, CompactTuning, CompactionError, CompactionReport, Compactor, Fragmentation, Handle, Result,
 };
 
 /// Host state of a movable arena: the device buffer of control words, table
@@ -445,7 +445,7 @@ impl DeviceHeap {
     /// # Errors
     /// When the heap has no movable arena; backend errors.
     pub fn movable_free_ranges(&self) -> Result<Vec<(u64, u64)>> {
-        Ok(reference::free_ranges(&self.movable_layout()?, None, self.handle.movable_bytes))
+        Ok(oracle::free_ranges(&self.movable_layout()?, None, self.handle.movable_bytes))
     }
 
     /// External fragmentation of the movable arena's free space now (see
@@ -539,10 +539,10 @@ impl DeviceHeap {
         let cap = self.handle.movable_bytes;
         let table = self.read_handle_table()?;
         let layout = layout_of(&table);
-        reference::validate(&layout, cap)?;
-        let before = Fragmentation::of_ranges(reference::free_ranges(&layout, None, cap));
+        oracle::validate(&layout, cap)?;
+        let before = Fragmentation::of_ranges(oracle::free_ranges(&layout, None, cap));
         let mut report = CompactionReport { blocks: layout.len() as u64, before, after: before, ..Default::default() };
-        let new_offsets = if reference::is_packed(&layout) {
+        let new_offsets = if oracle::is_packed(&layout) {
             layout.iter().map(|b| b.offset).collect()
         } else {
             let at = (self.arena_offset() as u64) + self.handle.movable_off;
@@ -557,14 +557,14 @@ impl DeviceHeap {
             report.launches = run.launches;
             run.new_offsets
         };
-        let (bytes, moved) = reference::moved(&layout, &new_offsets);
+        let (bytes, moved) = oracle::moved(&layout, &new_offsets);
         let end = layout.iter().zip(&new_offsets).map(|(b, &d)| d + b.size).max().unwrap_or(0);
         self.write_allocator_state(&table, end, false)?;
         report.blocks_moved = moved;
         report.bytes_moved = bytes;
         let secs = report.kernel_time.as_secs_f64();
         report.gbps = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
-        report.after = Fragmentation::of_ranges(reference::free_ranges(&layout, Some(&new_offsets), cap));
+        report.after = Fragmentation::of_ranges(oracle::free_ranges(&layout, Some(&new_offsets), cap));
         report.wall_time = start.elapsed();
         Ok(report)
     }

@@ -5,7 +5,8 @@
 //! # Semantics
 //!
 //! * **Requests** are those the host strategies receive ([`super`]'s module docs): the trace's requested
-//!   bytes (zero as one byte) rounded up to the trace's alignment ([`super::alignment_for`]). The heap
+//!   bytes (zero as one byte) rounded up to the alignment ([`super::round_request`]; the trace's own,
+//!   [`super::alignment_for`], unless [`DeviceReplayOptions::align`] is given). The heap
 //!   rounds them once more by its own rule: slab slots of 16 B..4 KiB (next power of two), buddy blocks of
 //!   a power-of-two number of 4 KiB units above that.
 //! * **Batches.** A run of consecutive alloc events is one `malloc` launch with one thread per request
@@ -35,14 +36,14 @@
 //!   for other classes or large blocks, and are not counted). External fragmentation
 //!   `1 − largest free block / free bytes` and the RMS metric over the free buddy blocks; *in blocks* is
 //!   the heap's own `bytes_in_use` (slots plus large blocks).
-//! * **Failed requests** (null returns) are classified after their launch with
-//!   [`analysis::diagnose`]`(block, free bytes, largest free buddy block)`, where `block` is the request
-//!   rounded by the heap's rule: *fragmentation* when the free bytes would hold it after a perfect
-//!   compaction (a slab request that finds no 64 KiB page also counts here when some buddy block could
-//!   hold its slot), else *capacity*.
+//! * **Failed requests** (null returns) are classified after their launch by the heap itself,
+//!   [`DeviceHeap::diagnose_failure`] over the free buddy blocks: *capacity* when the heap can never hold
+//!   the request or its free buddy bytes are fewer than the buddy block it needs (a whole 64 KiB page for
+//!   a slab request), else *fragmentation* (a compaction would make room).
 //! * **Compaction** does not apply: raw `malloc` blocks are pinned by design (only handle blocks of the
 //!   heap's movable arena move); the report's policy says `n/a` and it has no compactions.
-//! * **Capacity** is [`super::default_capacity`] unless given, as for the host strategies. When a heap of
+//! * **Capacity** is [`super::default_capacity`] unless given, as for the host strategies; it must be at
+//!   least [`MIN_HEAP_BYTES`] (after scaling). When a heap of
 //!   that size is larger than [`DeviceReplayOptions::heap_limit`] (default
 //!   [`DEFAULT_DEVICE_HEAP_LIMIT_CPU`] on the CPU backend, whose buffers are ordinary zeroed host memory;
 //!   75 % of the free device memory on a GPU) or cannot be allocated, a **scaled trace** is replayed
@@ -54,7 +55,9 @@
 //!   a scaled replay puts more requests into slabs than the real one would.
 //! * **Speed.** `replay_ns` is the wall time of the event loop: the launches, the pointer read-backs and
 //!   the host bookkeeping; the metadata read-backs (timeline samples, failure diagnoses, the peak and end
-//!   snapshots) and the byte verification are excluded. On the CPU backend every launch runs the kernel
+//!   snapshots) and the byte verification are excluded.
+//! * The event loop, the timeline and the report are the engine's ([`super::engine`]), shared with the
+//!   host strategies; this module is the device heap's [`ReplayTarget`]. On the CPU backend every launch runs the kernel
 //!   on host threads.
 
 use std::collections::BTreeMap;
@@ -64,14 +67,15 @@ use gpuheap_kernels::fill::pattern;
 use gpuheap_kernels::heap::layout::{class_of, class_size, order_of, PAGE, UNIT};
 use serde::Serialize;
 
-use super::{
-    alignment_for, default_capacity, demand_peak, ext_of, pytorch_series, CapacityChoice, FailedRequest, FragSnapshot,
-    ReplayError, ReplayReport, Sample, DEFAULT_TIMELINE_POINTS, MIN_CAPACITY,
-};
-use crate::analysis::{self, FragLevel, PeakTracker};
+use super::capacity::{choose_capacity, CapacityChoice};
+use super::engine::{self, Ledger, ReplayTarget, Request, Setup, TargetSummary};
+use super::options::{choose_alignment, round_request, DEFAULT_TIMELINE_POINTS};
+use super::report::{fmt_bytes, FailedRequest, FragSnapshot, ReplayReport};
+use super::ReplayError;
+use crate::analysis::{self, external_ratio, FailureClass, FragLevel};
 use crate::backend::{Backend, BackendError};
-use crate::device_heap::{ops, DeviceHeap, Sizes};
-use crate::trace::{DeviceTrace, EventKind, Trace, TraceFormat};
+use crate::device_heap::{ops, DeviceHeap, Sizes, MIN_HEAP_BYTES};
+use crate::trace::{DeviceTrace, Trace};
 
 /// Default largest heap arena (bytes) the device replay creates on the CPU backend: 8 GiB. A larger
 /// capacity is replayed scaled (see the [module docs](self)). The CPU backend's buffers are lazily
@@ -92,8 +96,11 @@ const PATTERN_SEED: u64 = 0x0064_6576_6865_6170;
 /// Options of [`replay_device`].
 #[derive(Clone, Debug)]
 pub struct DeviceReplayOptions {
-    /// Capacity in bytes of the trace's scale; `None`: [`default_capacity`].
+    /// Capacity in bytes of the trace's scale; `None`: [`super::default_capacity`].
     pub capacity: Option<u64>,
+    /// Alignment of the requests in bytes (a power of two); `None`: the format's own
+    /// ([`super::alignment_for`]).
+    pub align: Option<u64>,
     /// Largest heap arena (bytes) to create before the trace is scaled; `None`:
     /// [`DEFAULT_DEVICE_HEAP_LIMIT_CPU`] on the CPU, 75 % of the free device memory on a GPU.
     pub heap_limit: Option<u64>,
@@ -108,6 +115,7 @@ impl Default for DeviceReplayOptions {
     fn default() -> Self {
         DeviceReplayOptions {
             capacity: None,
+            align: None,
             heap_limit: None,
             timeline_points: DEFAULT_TIMELINE_POINTS,
             verify_bytes: false,
@@ -203,50 +211,36 @@ fn unit_end(off: u64, block: u64) -> u64 {
     }
 }
 
-struct Engine<'a> {
+fn dev_err(event: Option<usize>, e: impl std::fmt::Display) -> ReplayError {
+    ReplayError::Device { event, message: e.to_string() }
+}
+
+/// The replay target of a [`DeviceHeap`]: requests batched into `malloc` / `free` launches.
+struct DeviceTarget<'a> {
     backend: &'a Backend,
     heap: DeviceHeap,
+    align: u64,
+    scale: u64,
+    scale_reason: Option<String>,
+    capacity: CapacityChoice,
     slots: Vec<Slot>,
     /// Live blocks: start offset -> end offset.
     extents: BTreeMap<u64, u64>,
     /// Footprint units (slab page or large block) by end offset -> live blocks in them.
     ends: BTreeMap<u64, u32>,
-    allocated: u64,
     in_use: u64,
-    peaks: PeakTracker,
-    peak_fp_event: Option<usize>,
-    last_event: Option<usize>,
-    bucket: Sample,
-    failed: Vec<FailedRequest>,
     pending: Pending,
-    excluded_ns: u64,
     kernel_ns: u64,
     malloc_launches: u64,
     free_launches: u64,
     checked: u64,
     verify: bool,
     verified: u64,
+    /// Metadata high-water mark at the last snapshot.
+    high: u64,
 }
 
-fn dev_err(event: Option<usize>, e: impl std::fmt::Display) -> ReplayError {
-    ReplayError::Device { event, message: e.to_string() }
-}
-
-impl Engine<'_> {
-    fn footprint(&self) -> u64 {
-        self.ends.last_key_value().map_or(0, |(&e, _)| e)
-    }
-
-    fn observe(&mut self) {
-        let f = self.footprint();
-        if f > self.peaks.max_footprint {
-            self.peak_fp_event = self.last_event;
-        }
-        self.peaks.observe(self.allocated, f);
-        self.bucket.allocated = self.bucket.allocated.max(self.allocated);
-        self.bucket.footprint = self.bucket.footprint.max(f);
-    }
-
+impl DeviceTarget<'_> {
     fn pattern_bytes(id: u32, len: u64) -> Vec<u8> {
         let seed = PATTERN_SEED ^ id as u64;
         let mut v: Vec<u8> = (0..len.div_ceil(4)).flat_map(|w| pattern(seed, w).to_le_bytes()).collect();
@@ -254,7 +248,7 @@ impl Engine<'_> {
         v
     }
 
-    fn check_bytes(&mut self, id: u32, event: Option<usize>) -> Result<(), ReplayError> {
+    fn check_bytes(&mut self, l: &mut Ledger, id: u32, event: Option<usize>) -> Result<(), ReplayError> {
         let t = Instant::now();
         let s = self.slots[id as usize];
         let mut got = vec![0u8; s.size as usize];
@@ -268,19 +262,20 @@ impl Engine<'_> {
             ));
         }
         self.verified += s.size;
-        self.excluded_ns += t.elapsed().as_nanos() as u64;
+        l.exclude_since(t);
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), ReplayError> {
+    /// Launches the pending batch; the state is then the one after `event`.
+    fn flush(&mut self, l: &mut Ledger, event: Option<usize>) -> Result<(), ReplayError> {
         match std::mem::replace(&mut self.pending, Pending::None) {
             Pending::None => Ok(()),
-            Pending::Alloc(reqs) => self.flush_alloc(reqs),
-            Pending::Free(ids) => self.flush_free(ids),
+            Pending::Alloc(reqs) => self.flush_alloc(l, event, reqs),
+            Pending::Free(ids) => self.flush_free(l, event, ids),
         }
     }
 
-    fn flush_alloc(&mut self, reqs: Vec<Req>) -> Result<(), ReplayError> {
+    fn flush_alloc(&mut self, l: &mut Ledger, event: Option<usize>, reqs: Vec<Req>) -> Result<(), ReplayError> {
         let first = reqs.first().and_then(|r| r.event);
         let sizes: Vec<u64> = reqs.iter().map(|r| r.size).collect();
         let batch = ops::malloc_batch(self.backend, &self.heap, &Sizes::PerThread(sizes), reqs.len() as u64, false)
@@ -320,7 +315,7 @@ impl Engine<'_> {
             self.extents.insert(off, end);
             *self.ends.entry(unit_end(off, block)).or_insert(0) += 1;
             self.slots[r.id as usize] = Slot { off, block, size: r.size, requested: r.requested, state: LIVE };
-            self.allocated += r.requested;
+            l.allocated += r.requested;
             self.in_use += block;
             self.checked += 1;
             if self.verify {
@@ -328,32 +323,31 @@ impl Engine<'_> {
                 let bytes = Self::pattern_bytes(r.id, r.size);
                 let at = self.heap.arena_offset() + off as usize;
                 self.heap.arena_mut().write_at(at, &bytes).map_err(|e| dev_err(r.event, e))?;
-                self.excluded_ns += t.elapsed().as_nanos() as u64;
+                l.exclude_since(t);
             }
         }
         if !failed.is_empty() {
             let t = Instant::now();
             let free = self.heap.free_blocks().map_err(|e| dev_err(first, e))?;
-            let total: u64 = free.iter().map(|b| b.1).sum();
-            let largest = free.iter().map(|b| b.1).max().unwrap_or(0);
             for r in failed {
-                let d = analysis::diagnose(block_of(r.size), total, largest);
-                let class = if d.class == analysis::OomClass::Capacity { "capacity" } else { "fragmentation" };
-                self.failed.push(FailedRequest {
+                let d = self.heap.diagnose_failure(r.size, &free);
+                // `Fits` (a free block would hold it, yet `malloc` returned null) counts as fragmentation.
+                l.failed.push(FailedRequest {
                     event: r.event,
                     size: r.requested,
-                    class: class.into(),
-                    free: total,
-                    largest_free: largest,
+                    class: FailureClass::of(d.class),
+                    free: d.free,
+                    largest_free: d.largest_free,
                 });
             }
-            self.excluded_ns += t.elapsed().as_nanos() as u64;
+            l.exclude_since(t);
         }
-        self.observe();
+        let f = self.footprint();
+        l.observe(event, f);
         Ok(())
     }
 
-    fn flush_free(&mut self, ids: Vec<u32>) -> Result<(), ReplayError> {
+    fn flush_free(&mut self, l: &mut Ledger, event: Option<usize>, ids: Vec<u32>) -> Result<(), ReplayError> {
         let mut ptrs = Vec::with_capacity(ids.len());
         for id in ids {
             let s = self.slots[id as usize];
@@ -361,7 +355,7 @@ impl Engine<'_> {
                 continue;
             }
             if self.verify {
-                self.check_bytes(id, self.last_event)?;
+                self.check_bytes(l, id, event)?;
             }
             self.slots[id as usize].state = FREED;
             self.extents.remove(&s.off);
@@ -372,25 +366,75 @@ impl Engine<'_> {
                     self.ends.remove(&e);
                 }
             }
-            self.allocated -= s.requested;
+            l.allocated -= s.requested;
             self.in_use -= s.block;
             ptrs.push(self.heap.base() + s.off);
         }
         if !ptrs.is_empty() {
             // SAFETY: every pointer was returned by `malloc` on this heap and is live (state LIVE, set to
             // FREED above), so each is freed exactly once.
-            let t =
-                unsafe { ops::free_ptrs(self.backend, &self.heap, &ptrs) }.map_err(|e| dev_err(self.last_event, e))?;
+            let t = unsafe { ops::free_ptrs(self.backend, &self.heap, &ptrs) }.map_err(|e| dev_err(event, e))?;
             self.kernel_ns += t.elapsed.as_nanos() as u64;
             self.free_launches += 1;
         }
-        self.observe();
+        let f = self.footprint();
+        l.observe(event, f);
         Ok(())
     }
 
-    /// Metrics now, from the metadata (and the consistency check of the host's view against it).
-    fn snapshot(&mut self, event: Option<usize>) -> Result<(FragSnapshot, u64), ReplayError> {
+    fn request(&self, r: Request) -> Req {
+        Req {
+            event: r.event,
+            id: r.id,
+            size: round_request(r.requested, self.align).div_ceil(self.scale).max(1),
+            requested: r.requested.div_ceil(self.scale),
+        }
+    }
+}
+
+impl ReplayTarget for DeviceTarget<'_> {
+    fn alloc(&mut self, l: &mut Ledger, r: Request) -> Result<(), ReplayError> {
+        if matches!(self.pending, Pending::Free(_)) {
+            // The state after the previous event.
+            self.flush(l, r.event.and_then(|i| i.checked_sub(1)))?;
+        }
+        let q = self.request(r);
+        match &mut self.pending {
+            Pending::Alloc(v) => v.push(q),
+            _ => self.pending = Pending::Alloc(vec![q]),
+        }
+        Ok(())
+    }
+
+    fn free(&mut self, l: &mut Ledger, event: usize, id: u32) -> Result<(), ReplayError> {
+        if matches!(self.pending, Pending::Alloc(_)) {
+            self.flush(l, event.checked_sub(1))?;
+        }
+        match &mut self.pending {
+            Pending::Free(v) => v.push(id),
+            _ => self.pending = Pending::Free(vec![id]),
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self, l: &mut Ledger, event: Option<usize>) -> Result<(), ReplayError> {
+        self.flush(l, event)
+    }
+
+    fn footprint(&mut self) -> u64 {
+        self.ends.last_key_value().map_or(0, |(&e, _)| e)
+    }
+
+    /// External fragmentation of the buddy levels now (a metadata read-back, excluded from the time).
+    fn external(&mut self, l: &mut Ledger, event: Option<usize>) -> Result<f64, ReplayError> {
         let t = Instant::now();
+        let free = self.heap.free_blocks().map_err(|e| dev_err(event, e))?;
+        l.exclude_since(t);
+        Ok(external_ratio(free.iter().map(|b| b.1).sum(), free.iter().map(|b| b.1).max().unwrap_or(0)))
+    }
+
+    /// Metrics now, from the metadata (and the consistency check of the host's view against it).
+    fn snapshot(&mut self, l: &mut Ledger, event: Option<usize>) -> Result<FragSnapshot, ReplayError> {
         let err = |e: BackendError| dev_err(event, e);
         let stats = self.heap.stats().map_err(err)?;
         let free = self.heap.free_blocks().map_err(err)?;
@@ -436,34 +480,78 @@ impl Engine<'_> {
         }
         let total: u64 = free.iter().map(|b| b.1).sum();
         let largest = free.iter().map(|b| b.1).max().unwrap_or(0);
-        let external = ext_of(total, largest);
+        let external = external_ratio(total, largest);
         let footprint = self.footprint();
-        let high = live.last().map_or(0, |b| b.offset + b.size).max(pages.last().map_or(0, |p| p.0 + PAGE));
-        let snap = FragSnapshot {
+        self.high = live.last().map_or(0, |b| b.offset + b.size).max(pages.last().map_or(0, |p| p.0 + PAGE));
+        Ok(FragSnapshot {
             event,
-            allocated: self.allocated,
+            allocated: l.allocated,
             in_use: self.in_use,
             footprint,
-            reserved_unallocated: footprint.saturating_sub(self.allocated),
-            rounding_waste: self.in_use.saturating_sub(self.allocated),
+            reserved_unallocated: footprint.saturating_sub(l.allocated),
+            rounding_waste: self.in_use.saturating_sub(l.allocated),
             holes: footprint.saturating_sub(self.in_use),
             free: total,
             largest_free: largest,
             free_blocks: free.len(),
             external,
             rms: analysis::rms_fragmentation(free.iter().map(|b| b.1)),
-            level: FragLevel::of(external).to_string(),
-        };
-        self.excluded_ns += t.elapsed().as_nanos() as u64;
-        Ok((snap, high))
+            level: FragLevel::of(external),
+        })
     }
 
-    /// External fragmentation of the buddy levels now.
-    fn external(&mut self) -> Result<f64, ReplayError> {
-        let t = Instant::now();
-        let free = self.heap.free_blocks().map_err(|e| dev_err(self.last_event, e))?;
-        self.excluded_ns += t.elapsed().as_nanos() as u64;
-        Ok(ext_of(free.iter().map(|b| b.1).sum(), free.iter().map(|b| b.1).max().unwrap_or(0)))
+    fn before_end(&mut self, l: &mut Ledger, last: Option<usize>) -> Result<(), ReplayError> {
+        if self.verify {
+            let live: Vec<u32> =
+                self.slots.iter().enumerate().filter(|(_, s)| s.state == LIVE).map(|(id, _)| id as u32).collect();
+            for id in live {
+                self.check_bytes(l, id, last)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(
+        &mut self,
+        _l: &mut Ledger,
+        at_end: &FragSnapshot,
+        last: Option<usize>,
+    ) -> Result<TargetSummary, ReplayError> {
+        let stats = self.heap.stats().map_err(|e| dev_err(last, e))?;
+        let scale = self.scale;
+        let strategy = if scale == 1 { DEVICE_HEAP.to_string() } else { format!("{DEVICE_HEAP} (scaled 1/{scale})") };
+        let heap_capacity = self.heap.capacity();
+        let source = if scale == 1 {
+            self.capacity.source.clone()
+        } else {
+            format!("{} ({}), scaled 1/{scale}", fmt_bytes(self.capacity.bytes), self.capacity.source)
+        };
+        let end = DeviceHeapEnd {
+            backend: self.backend.describe(),
+            scaled_by: scale,
+            scale_reason: self.scale_reason.take(),
+            trace_capacity: self.capacity.bytes,
+            heap_capacity,
+            malloc_launches: self.malloc_launches,
+            free_launches: self.free_launches,
+            kernel_ns: self.kernel_ns,
+            checked_allocations: self.checked,
+            verified_bytes: self.verify.then_some(self.verified),
+            slab_pages: stats.slab_pages(),
+            large_blocks: stats.large_blocks,
+            free_bytes: at_end.free,
+            largest_free: at_end.largest_free,
+            metadata_high_water: self.high,
+            heap_failed_counter: stats.failed_requests,
+        };
+        Ok(TargetSummary {
+            strategy,
+            capacity: CapacityChoice { bytes: heap_capacity, source },
+            policy: POLICY_NA.to_string(),
+            caching_end: None,
+            device_heap: Some(end),
+            tiers: None,
+        })
     }
 }
 
@@ -480,24 +568,21 @@ pub fn default_heap_limit(backend: &Backend) -> u64 {
 fn make_heap(backend: &Backend, capacity: u64, limit: u64) -> Result<(DeviceHeap, u64, Option<String>), ReplayError> {
     let mut n = 1u64;
     let mut reason = None;
-    while capacity / n > limit.max(MIN_CAPACITY) {
+    while capacity / n > limit.max(MIN_HEAP_BYTES) {
         n *= 2;
-        reason = Some(format!(
-            "a heap of {} is above the device-heap limit of {}",
-            super::fmt_bytes(capacity),
-            super::fmt_bytes(limit)
-        ));
+        reason =
+            Some(format!("a heap of {} is above the device-heap limit of {}", fmt_bytes(capacity), fmt_bytes(limit)));
     }
     loop {
-        if capacity / n < MIN_CAPACITY {
+        if capacity / n < MIN_HEAP_BYTES {
             return Err(ReplayError::Config(format!(
-                "capacity {capacity} B scaled by 1/{n} is below the device heap's minimum of {MIN_CAPACITY} B"
+                "capacity {capacity} B scaled by 1/{n} is below the device heap's minimum of {MIN_HEAP_BYTES} B"
             )));
         }
         match DeviceHeap::new(backend, capacity / n) {
             Ok(h) => return Ok((h, n, reason)),
-            Err(e) if n < 1 << 20 && capacity / n >= 2 * MIN_CAPACITY => {
-                reason = Some(format!("the backend refused a heap of {}: {e}", super::fmt_bytes(capacity / n)));
+            Err(e) if n < 1 << 20 && capacity / n >= 2 * MIN_HEAP_BYTES => {
+                reason = Some(format!("the backend refused a heap of {}: {e}", fmt_bytes(capacity / n)));
                 n *= 2;
             }
             Err(e) => return Err(dev_err(None, format!("cannot create a device heap of {} B: {e}", capacity / n))),
@@ -510,9 +595,9 @@ fn make_heap(backend: &Backend, capacity: u64, limit: u64) -> Result<(DeviceHeap
 /// the end.
 ///
 /// # Errors
-/// [`ReplayError::Config`] for a capacity below 4 KiB (after scaling); [`ReplayError::Device`] when the
-/// heap cannot be created at any scale, a launch or read-back fails, or a check of the returned blocks
-/// fails.
+/// [`ReplayError::Config`] for a capacity below [`MIN_HEAP_BYTES`] (after scaling) or a bad alignment;
+/// [`ReplayError::Device`] when the heap cannot be created at any scale, a launch or read-back fails, or a
+/// check of the returned blocks fails.
 pub fn replay_device(
     trace: &Trace,
     dev: &DeviceTrace,
@@ -520,184 +605,43 @@ pub fn replay_device(
     opts: &DeviceReplayOptions,
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
-    let capacity = match opts.capacity {
-        Some(c) => CapacityChoice { bytes: c, source: "given".into() },
-        None => default_capacity(trace, dev)?,
-    };
-    if capacity.bytes < MIN_CAPACITY {
-        return Err(ReplayError::Config(format!("capacity {} B is below {MIN_CAPACITY} B", capacity.bytes)));
+    let capacity = choose_capacity(trace, dev, opts.capacity)?;
+    if capacity.bytes < MIN_HEAP_BYTES {
+        return Err(ReplayError::Config(format!(
+            "capacity {} B is below the device heap's minimum of {MIN_HEAP_BYTES} B",
+            capacity.bytes
+        )));
     }
+    let align = choose_alignment(trace, opts.align).map_err(ReplayError::Config)?;
     let limit = opts.heap_limit.unwrap_or_else(|| default_heap_limit(backend));
     let (heap, scale, scale_reason) = make_heap(backend, capacity.bytes, limit)?;
-    let align = alignment_for(trace);
-    let pytorch_snapshot = matches!(trace.format, TraceFormat::PytorchSnapshot(_));
-    let (peak_event, _) = demand_peak(dev);
-    let mut eng = Engine {
+    let mut target = DeviceTarget {
         backend,
         heap,
+        align,
+        scale,
+        scale_reason,
+        capacity,
         slots: vec![Slot::default(); dev.block_ids as usize],
         extents: BTreeMap::new(),
         ends: BTreeMap::new(),
-        allocated: 0,
         in_use: 0,
-        peaks: PeakTracker::default(),
-        peak_fp_event: None,
-        last_event: None,
-        bucket: Sample::default(),
-        failed: Vec::new(),
         pending: Pending::None,
-        excluded_ns: 0,
         kernel_ns: 0,
         malloc_launches: 0,
         free_launches: 0,
         checked: 0,
         verify: opts.verify_bytes,
         verified: 0,
+        high: 0,
     };
-    let request = |event: Option<usize>, id: u32, requested: u64| Req {
-        event,
-        id,
-        size: requested.max(1).div_ceil(align).saturating_mul(align).div_ceil(scale).max(1),
-        requested: requested.div_ceil(scale),
-    };
-    let mut initial: Vec<usize> = (0..dev.initial_blocks.len()).collect();
-    initial.sort_by_key(|&i| dev.initial_blocks[i].addr);
-    let reqs: Vec<Req> = initial
-        .iter()
-        .map(|&i| &dev.initial_blocks[i])
-        .filter(|b| (b.id as usize) < eng.slots.len())
-        .map(|b| request(None, b.id, b.size))
-        .collect();
-    if !reqs.is_empty() {
-        eng.flush_alloc(reqs)?;
-    }
-    eng.observe();
-    let mut at_peak = None;
-    if peak_event.is_none() {
-        at_peak = Some(eng.snapshot(None)?.0);
-    }
-    eng.excluded_ns = 0;
-    let start = Instant::now();
-    let points = opts.timeline_points.max(1);
-    let stride = dev.events.len().div_ceil(points).max(1);
-    let mut timeline: Vec<Sample> = Vec::with_capacity(dev.events.len().div_ceil(stride) + 1);
-    eng.bucket = Sample::default();
-    let (mut allocs, mut frees, mut free_requests) = (0usize, 0usize, 0usize);
-    for (i, e) in dev.events.iter().enumerate() {
-        match e.kind {
-            EventKind::Alloc => {
-                allocs += 1;
-                if (e.id as usize) < eng.slots.len() {
-                    if matches!(eng.pending, Pending::Free(_)) {
-                        eng.flush()?;
-                    }
-                    eng.last_event = Some(i);
-                    match &mut eng.pending {
-                        Pending::Alloc(v) => v.push(request(Some(i), e.id, e.size)),
-                        _ => eng.pending = Pending::Alloc(vec![request(Some(i), e.id, e.size)]),
-                    }
-                }
-            }
-            EventKind::Free => {
-                frees += 1;
-                if (e.id as usize) < eng.slots.len() {
-                    if matches!(eng.pending, Pending::Alloc(_)) {
-                        eng.flush()?;
-                    }
-                    eng.last_event = Some(i);
-                    match &mut eng.pending {
-                        Pending::Free(v) => v.push(e.id),
-                        _ => eng.pending = Pending::Free(vec![e.id]),
-                    }
-                }
-            }
-            EventKind::FreeRequested => free_requests += 1,
-            _ => {}
-        }
-        eng.last_event = Some(i);
-        if Some(i) == peak_event {
-            eng.flush()?;
-            at_peak = Some(eng.snapshot(Some(i))?.0);
-        }
-        if (i + 1) % stride == 0 || i + 1 == dev.events.len() {
-            eng.flush()?;
-            let mut b = std::mem::take(&mut eng.bucket);
-            b.event = i;
-            b.time = e.time_us;
-            b.external = eng.external()?;
-            timeline.push(b);
-        }
-        if (i + 1) & 0xFFFF == 0 {
-            progress(i + 1);
-        }
-    }
-    eng.flush()?;
-    let replay_ns = (start.elapsed().as_nanos() as u64).saturating_sub(eng.excluded_ns).max(1);
-    progress(dev.events.len());
-
-    let last = dev.events.len().checked_sub(1);
-    if eng.verify {
-        let live: Vec<u32> =
-            eng.slots.iter().enumerate().filter(|(_, s)| s.state == LIVE).map(|(id, _)| id as u32).collect();
-        for id in live {
-            eng.check_bytes(id, last)?;
-        }
-    }
-    let (at_end, high) = eng.snapshot(last)?;
-    let stats = eng.heap.stats().map_err(|e| dev_err(last, e))?;
-    let strategy = if scale == 1 { DEVICE_HEAP.to_string() } else { format!("{DEVICE_HEAP} (scaled 1/{scale})") };
-    let heap_capacity = eng.heap.capacity();
-    let source = if scale == 1 {
-        capacity.source.clone()
-    } else {
-        format!("{} ({}), scaled 1/{scale}", super::fmt_bytes(capacity.bytes), capacity.source)
-    };
-    let end = DeviceHeapEnd {
-        backend: backend.describe(),
-        scaled_by: scale,
-        scale_reason,
-        trace_capacity: capacity.bytes,
-        heap_capacity,
-        malloc_launches: eng.malloc_launches,
-        free_launches: eng.free_launches,
-        kernel_ns: eng.kernel_ns,
-        checked_allocations: eng.checked,
-        verified_bytes: eng.verify.then_some(eng.verified),
-        slab_pages: stats.slab_pages(),
-        large_blocks: stats.large_blocks,
-        free_bytes: at_end.free,
-        largest_free: at_end.largest_free,
-        metadata_high_water: high,
-        heap_failed_counter: stats.failed_requests,
-    };
-    let peaks = eng.peaks;
-    Ok(ReplayReport {
-        trace: trace.source.display().to_string(),
-        format: trace.format.to_string(),
-        device: dev.device,
-        strategy,
-        capacity: CapacityChoice { bytes: heap_capacity, source },
+    let setup = Setup {
+        trace,
+        dev,
         align,
-        policy: POLICY_NA.to_string(),
-        events: dev.events.len(),
-        allocs,
-        frees,
-        free_requests,
-        initial_blocks: dev.initial_blocks.len(),
-        peak_allocated: peaks.max_live,
-        peak_reserved: peaks.max_footprint,
-        peak_reserved_event: eng.peak_fp_event,
-        utilisation: peaks.utilisation(),
-        johnstone_wilson: peaks.johnstone_wilson(),
-        failed: eng.failed,
-        at_peak: at_peak.unwrap_or_default(),
-        at_end,
-        compactions: Vec::new(),
-        replay_ns,
-        events_per_s: dev.events.len() as f64 / (replay_ns as f64 * 1e-9),
-        pytorch: (pytorch_snapshot && scale == 1).then(|| pytorch_series(dev)),
-        caching_end: None,
-        device_heap: Some(end),
-        timeline,
-    })
+        align_source: super::options::alignment_source(trace, opts.align),
+        timeline_points: opts.timeline_points,
+        pytorch_comparable: scale == 1,
+    };
+    engine::run(&mut target, &setup, progress)
 }

@@ -17,7 +17,7 @@
 //!
 //! # What is checked
 //!
-//! * the kernel's new offsets equal [`compaction::reference::plan`] of the image (the kernel's reference),
+//! * the kernel's new offsets equal [`compaction::oracle::plan`] of the image (the kernel's reference),
 //!   and, at full size, map back exactly onto the destinations of the strategy's reference plan
 //!   ([`crate::reference::compact::plan_slide`]);
 //! * every unit's bytes at its new place equal the pattern written at its old place.
@@ -191,7 +191,7 @@ pub fn measure(
     let wall_ns = t.elapsed().as_nanos() as u64;
 
     // Layout check: the kernel's reference, and at full size the strategy's plan.
-    let expected = compaction::reference::plan(&blocks);
+    let expected = compaction::oracle::plan(&blocks)?;
     if run.new_offsets != expected {
         let bad = run.new_offsets.iter().zip(&expected).position(|(a, b)| a != b).unwrap_or(0);
         return Err(CompactionError::InvalidLayout(format!(
@@ -239,7 +239,7 @@ pub fn measure(
             done += chunk;
         }
     }
-    let (bytes_moved, blocks_moved) = compaction::reference::moved(&blocks, &run.new_offsets);
+    let (bytes_moved, blocks_moved) = compaction::oracle::moved(&blocks, &run.new_offsets);
     let kernel = run.plan_time + run.move_time;
     let secs = kernel.as_secs_f64();
     Ok(MeasureOutcome::Measured(Measured {

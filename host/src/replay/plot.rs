@@ -111,6 +111,9 @@ where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE)?;
+    if reports.iter().all(|r| r.timeline.len() < 2) {
+        return draw_final_state(root, title, reports, text);
+    }
     let root = if text { root.titled(title, ("sans-serif", 22))? } else { root };
     let (top, bottom) = root.split_vertically((root.dim_in_pixel().1 as f64 * 0.68) as u32);
     let x_max = reports.iter().flat_map(|r| r.timeline.last()).map(|s| s.event + 1).max().unwrap_or(1) as f64;
@@ -206,6 +209,96 @@ where
         chart.draw_series(LineSeries::new(pts, color.stroke_width(1)))?;
         let marks: Vec<(f64, f64)> = r.compactions.iter().map(|c| (c.event as f64, c.external_after)).collect();
         chart.draw_series(marks.into_iter().map(|p| Circle::new(p, 4, RED.filled())))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// The plot of a trace without allocation history (a snapshot of the final heap, one event): a line over
+/// one event would be an empty chart, so the final state is drawn as bars instead: allocated bytes,
+/// PyTorch's reserved bytes (snapshots) and each strategy's footprint (top), and each strategy's
+/// external fragmentation (bottom).
+fn draw_final_state<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    reports: &[&ReplayReport],
+    text: bool,
+) -> DrawResult<()>
+where
+    DB::ErrorType: 'static,
+{
+    let title = format!("{title} — final state (the trace has no allocation history)");
+    let root = if text { root.titled(&title, ("sans-serif", 22))? } else { root };
+    let (top, bottom) = root.split_vertically((root.dim_in_pixel().1 as f64 * 0.68) as u32);
+    let gray = RGBColor(120, 120, 120);
+    // (name, bytes, colour) per bar.
+    let mut bars: Vec<(String, u64, RGBColor)> = Vec::new();
+    if let Some(r) = reports.first() {
+        bars.push(("allocated".into(), r.at_end.allocated, BLACK));
+        if let Some(pt) = &r.pytorch {
+            bars.push(("PyTorch reserved".into(), pt.snapshot_reserved.unwrap_or(pt.end), gray));
+        }
+    }
+    for (k, r) in reports.iter().enumerate() {
+        bars.push((r.strategy.clone(), r.at_end.footprint, COLORS[k % COLORS.len()]));
+    }
+    let peak = bars.iter().map(|b| b.1).max().unwrap_or(1).max(1);
+    let (unit, unit_name) = [(GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")]
+        .into_iter()
+        .find(|(u, _)| peak as f64 >= *u)
+        .unwrap_or((1.0, "bytes"));
+    let label = if text { 60 } else { 0 };
+    let n = bars.len().max(1);
+    let mut c = ChartBuilder::on(&top);
+    c.margin(10).x_label_area_size(label / 2 + 10).y_label_area_size(label + 20);
+    let mut chart = c.build_cartesian_2d(0f64..n as f64, 0f64..peak as f64 / unit * 1.1)?;
+    if text {
+        chart
+            .configure_mesh()
+            .y_desc(format!("{unit_name}: allocated, then reserved (footprint) at the end"))
+            .x_labels(0)
+            .light_line_style(WHITE.mix(0.0))
+            .draw()?;
+    } else {
+        chart.configure_mesh().disable_mesh().x_labels(0).y_labels(0).draw()?;
+    }
+    chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
+        Rectangle::new([(i as f64 + 0.15, 0.0), (i as f64 + 0.85, b.1 as f64 / unit)], b.2.filled())
+    }))?;
+    if text {
+        let dy = peak as f64 / unit * 0.035;
+        for (i, b) in bars.iter().enumerate() {
+            let y = b.1 as f64 / unit;
+            chart.draw_series([
+                Text::new(b.0.clone(), (i as f64 + 0.1, y + 2.0 * dy), ("sans-serif", 12)),
+                Text::new(format!("{:.2} {unit_name}", y), (i as f64 + 0.1, y + dy), ("sans-serif", 12)),
+            ])?;
+        }
+    }
+    let m = reports.len().max(1);
+    let mut c = ChartBuilder::on(&bottom);
+    c.margin(10).x_label_area_size(label / 2 + 10).y_label_area_size(label + 20);
+    let mut chart = c.build_cartesian_2d(0f64..m as f64, 0f64..1.0f64)?;
+    if text {
+        chart.configure_mesh().y_desc("external fragmentation").x_labels(0).light_line_style(WHITE.mix(0.0)).draw()?;
+    } else {
+        chart.configure_mesh().disable_mesh().x_labels(0).y_labels(0).draw()?;
+    }
+    chart.draw_series(reports.iter().enumerate().map(|(k, r)| {
+        Rectangle::new([(k as f64 + 0.15, 0.0), (k as f64 + 0.85, r.at_end.external)], COLORS[k % COLORS.len()].filled())
+    }))?;
+    if text {
+        for (k, r) in reports.iter().enumerate() {
+            let y = (r.at_end.external + 0.06).min(0.88);
+            chart.draw_series([
+                Text::new(r.strategy.clone(), (k as f64 + 0.1, y + 0.08), ("sans-serif", 12)),
+                Text::new(
+                    format!("{:.3} ({})", r.at_end.external, r.at_end.level),
+                    (k as f64 + 0.1, y),
+                    ("sans-serif", 12),
+                ),
+            ])?;
+        }
     }
     root.present()?;
     Ok(())

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use gpuheap::backend::{Backend, BackendError};
-use gpuheap::compaction::{reference, LiveBlock};
+use gpuheap::compaction::{oracle, LiveBlock};
 use gpuheap::reference::compact::{plan_slide, CompactionPlan};
 
 /// The GPU backend, or `None` after printing why the GPU half of a test is
@@ -76,7 +76,7 @@ pub fn is_no_gpu(e: &BackendError) -> bool {
 /// The compaction oracle: `plan_slide` of `layout` in a region of `capacity`
 /// bytes, as new offsets in layout order, and the plan itself.
 pub fn slide(layout: &[LiveBlock], capacity: u64) -> (Vec<u64>, CompactionPlan) {
-    let plan = plan_slide(&reference::slide_layout(layout, capacity)).expect("plan_slide rejects the layout");
+    let plan = plan_slide(&oracle::slide_layout(layout, capacity)).expect("plan_slide rejects the layout");
     let mut dst = vec![u64::MAX; layout.len()];
     for m in &plan.moves {
         let b = &layout[m.id as usize];

@@ -1,4 +1,4 @@
-//! The host reference of the sliding compaction, as the kernels' layouts
+//! The compaction oracle of the kernels: the host reference of the sliding compaction, as the kernels' layouts
 //! see it.
 //!
 //! The single source of truth for the layout a compaction must produce is
@@ -78,22 +78,22 @@ pub fn slide_plan(layout: &[LiveBlock]) -> Result<CompactionPlan, CompactionErro
 /// in order, to the start of their segment (the region start or the end of
 /// the previous pinned block); pinned blocks stay.
 ///
-/// # Panics
-/// When `layout` is not a valid layout (see [`validate`]): overlapping,
-/// empty or overflowing blocks.
-pub fn plan(layout: &[LiveBlock]) -> Vec<u64> {
-    let p = slide_plan(layout).unwrap_or_else(|e| panic!("reference plan of an invalid layout: {e}"));
+/// # Errors
+/// [`CompactionError`] when `layout` is not a valid layout (see [`validate`]):
+/// overlapping, empty or overflowing blocks.
+pub fn plan(layout: &[LiveBlock]) -> Result<Vec<u64>, CompactionError> {
+    let p = slide_plan(layout)?;
     let mut out = vec![0u64; layout.len()];
     for m in &p.moves {
         out[m.id as usize] = m.dst;
     }
-    out
+    Ok(out)
 }
 
 /// `true` when compacting `layout` moves nothing (no hole before any unpinned
-/// block inside its segment).
+/// block inside its segment). `false` for an invalid layout ([`validate`]).
 pub fn is_packed(layout: &[LiveBlock]) -> bool {
-    plan(layout).iter().zip(layout).all(|(&d, b)| d == b.offset)
+    plan(layout).is_ok_and(|p| p.iter().zip(layout).all(|(&d, b)| d == b.offset))
 }
 
 /// Applies `new_offsets` to a host image of the region: a sequential
@@ -152,7 +152,7 @@ mod tests {
     #[test]
     fn plan_restarts_at_pinned_blocks() {
         let l = [b(32, 16, false), b(64, 32, false), b(128, 16, true), b(176, 16, false), b(224, 32, false)];
-        assert_eq!(plan(&l), vec![0, 16, 128, 144, 160]);
+        assert_eq!(plan(&l).unwrap(), vec![0, 16, 128, 144, 160]);
         assert!(!is_packed(&l));
         assert!(is_packed(&[b(0, 16, false), b(16, 16, false), b(64, 16, true), b(80, 16, false)]));
     }
@@ -161,7 +161,7 @@ mod tests {
     fn apply_is_a_sequential_memmove() {
         let mut img: Vec<u8> = (0..64).collect();
         let l = [b(16, 32, false)];
-        apply(&mut img, &l, &plan(&l));
+        apply(&mut img, &l, &plan(&l).unwrap());
         assert_eq!(&img[..32], &(16..48).collect::<Vec<u8>>()[..]);
         assert_eq!(free_ranges(&l, Some(&[0]), 64), vec![(32, 32)]);
         assert_eq!(free_ranges(&l, None, 64), vec![(0, 16), (48, 16)]);

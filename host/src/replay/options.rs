@@ -1,0 +1,191 @@
+//! Options of a replay: the strategy, capacity, alignment, compaction policy and limits, and the one
+//! rounding rule every replay target applies to a request.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::reference::StrategyKind;
+use crate::trace::{Trace, TraceFormat};
+
+/// Alignment (bytes) of replayed PyTorch requests: PyTorch's `kMinBlockSize`.
+pub const PYTORCH_ALIGN: u64 = 512;
+/// Alignment (bytes) of replayed requests of RMM logs (`cudaMalloc`'s and RMM's 256 B).
+pub const DEFAULT_ALIGN: u64 = 256;
+/// Alignment (bytes) of replayed minimalloc CSV requests: minimalloc instances are defined at byte
+/// granularity, so a feasible instance stays feasible.
+pub const CSV_ALIGN: u64 = 1;
+/// Default number of timeline samples (the timeline is downsampled to at most this many points).
+pub const DEFAULT_TIMELINE_POINTS: usize = 2000;
+/// Default materialisation limit on the CPU backend, bytes (1 GiB).
+pub const DEFAULT_MATERIALIZE_LIMIT_CPU: u64 = 1 << 30;
+
+/// When to compact.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CompactPolicy {
+    /// Never.
+    Never,
+    /// When a request fails although it would fit after a perfect compaction; the request is retried.
+    OnOom,
+    /// After a free that leaves external fragmentation above the fraction (in `[0, 1]`).
+    Threshold(f64),
+}
+
+impl fmt::Display for CompactPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CompactPolicy::Never => f.write_str("never"),
+            CompactPolicy::OnOom => f.write_str("on-oom"),
+            CompactPolicy::Threshold(t) => write!(f, "threshold={t}"),
+        }
+    }
+}
+
+impl FromStr for CompactPolicy {
+    type Err = String;
+    /// `never`, `on-oom` or `threshold=F` with `F` in `[0, 1]`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase().replace('_', "-");
+        match t.as_str() {
+            "never" | "none" => Ok(CompactPolicy::Never),
+            "on-oom" | "oom" => Ok(CompactPolicy::OnOom),
+            _ => {
+                let v = t.strip_prefix("threshold=").ok_or_else(|| {
+                    format!("unknown compaction policy `{s}` (expected never, on-oom or threshold=F)")
+                })?;
+                match v.parse::<f64>() {
+                    Ok(f) if (0.0..=1.0).contains(&f) => Ok(CompactPolicy::Threshold(f)),
+                    _ => Err(format!("compaction threshold `{v}` is not a fraction in [0, 1]")),
+                }
+            }
+        }
+    }
+}
+
+/// Parses a byte count: plain bytes (`1048576`), a float (`1.5e9`), or a number with a unit
+/// (`80GiB`, `512 MiB`, `2GB`, `4k`; binary units KiB/MiB/GiB/TiB and K/M/G/T = powers of 1024,
+/// decimal units kB/MB/GB/TB = powers of 1000). The result is rounded down to whole bytes.
+///
+/// Used by the CLI and the Python bindings for every byte-valued option.
+///
+/// # Errors
+/// A one-line message for an empty, negative, non-finite or unparsable value or one above 2^64 − 1.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
+    // `1e9` has an `e` that is part of the number; a unit never starts with `e`.
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_lowercase();
+    let mult: f64 = match unit.as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024f64.powi(2),
+        "g" | "gib" => 1024f64.powi(3),
+        "t" | "tib" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return Err(format!("unknown unit `{}` in byte count `{s}`", unit)),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a byte count (e.g. 80GiB, 1.5e9, 1048576)"))?;
+    let bytes = v * mult;
+    if !bytes.is_finite() || !(0.0..18_446_744_073_709_551_615.0).contains(&bytes) {
+        return Err(format!("byte count `{s}` is negative or out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Options of [`super::replay`] (a host strategy or the caching model).
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    /// The strategy.
+    pub strategy: StrategyKind,
+    /// Managed capacity in bytes; `None`: [`super::default_capacity`].
+    pub capacity: Option<u64>,
+    /// Alignment of the requests in bytes (a power of two); `None`: the format's own
+    /// ([`alignment_for`]).
+    pub align: Option<u64>,
+    /// Tiered strategy only: `(small_max, large_min)` in bytes (requests up to `small_max` go to the
+    /// small tier, from `large_min` to the large tier); `None`: [`crate::reference::TieredConfig::for_capacity`].
+    pub tiers: Option<(u64, u64)>,
+    /// Compaction policy.
+    pub policy: CompactPolicy,
+    /// Largest image (bytes) a compaction materialises on the backend before it compacts a scaled image
+    /// instead; `None`: [`DEFAULT_MATERIALIZE_LIMIT_CPU`] on the CPU, 80 % of the free device memory on the
+    /// GPU.
+    pub materialize_limit: Option<u64>,
+    /// Most timeline samples kept.
+    pub timeline_points: usize,
+}
+
+impl ReplayOptions {
+    /// Defaults for `strategy`: derived capacity, the format's alignment, no compaction, default limits.
+    pub fn new(strategy: StrategyKind) -> Self {
+        ReplayOptions {
+            strategy,
+            capacity: None,
+            align: None,
+            tiers: None,
+            policy: CompactPolicy::Never,
+            materialize_limit: None,
+            timeline_points: DEFAULT_TIMELINE_POINTS,
+        }
+    }
+}
+
+/// The strategy a replay of `trace` uses when none is given: the PyTorch caching model for PyTorch
+/// snapshots (the allocator that produced them), best-fit otherwise (it runs at any capacity; the caching
+/// model needs at least one 2 MiB segment).
+pub fn default_strategy(trace: &Trace) -> StrategyKind {
+    if matches!(trace.format, TraceFormat::PytorchSnapshot(_)) {
+        StrategyKind::Caching
+    } else {
+        StrategyKind::BestFit
+    }
+}
+
+/// The natural alignment (bytes) of `trace`'s requests: [`PYTORCH_ALIGN`] for PyTorch snapshots,
+/// [`CSV_ALIGN`] for minimalloc (buffer-lifetime) CSV files, [`DEFAULT_ALIGN`] for RMM logs.
+pub fn alignment_for(trace: &Trace) -> u64 {
+    match trace.format {
+        TraceFormat::PytorchSnapshot(_) => PYTORCH_ALIGN,
+        TraceFormat::LifetimeCsv => CSV_ALIGN,
+        _ => DEFAULT_ALIGN,
+    }
+}
+
+/// The alignment a replay uses: `given` when set, else [`alignment_for`] the trace.
+///
+/// # Errors
+/// A message when `given` is zero, not a power of two, or above 1 GiB.
+pub fn choose_alignment(trace: &Trace, given: Option<u64>) -> Result<u64, String> {
+    match given {
+        None => Ok(alignment_for(trace)),
+        Some(a) if a.is_power_of_two() && a <= 1 << 30 => Ok(a),
+        Some(a) => Err(format!("alignment {a} B is not a power of two between 1 B and 1 GiB")),
+    }
+}
+
+/// Where the alignment of a replay comes from, for the report: `given`, or the format's default and why.
+pub fn alignment_source(trace: &Trace, given: Option<u64>) -> String {
+    if given.is_some() {
+        return "given".into();
+    }
+    match trace.format {
+        TraceFormat::PytorchSnapshot(_) => "the PyTorch default, kMinBlockSize".into(),
+        TraceFormat::LifetimeCsv if alignment_for(trace) == CSV_ALIGN => {
+            "the minimalloc default: instances are defined at byte granularity".into()
+        }
+        _ => "the default of cudaMalloc and RMM".into(),
+    }
+}
+
+/// The block a request of `requested` bytes is sent as: zero counts as one byte, rounded up to `align`
+/// (saturating; a size no strategy holds is then refused by the strategy as too large).
+#[inline]
+pub fn round_request(requested: u64, align: u64) -> u64 {
+    requested.max(1).div_ceil(align).saturating_mul(align)
+}
