@@ -574,7 +574,12 @@ fn bench_layouts_from_trace_snapshots_compact_like_the_reference() {
             let fill: Vec<u8> = (0..l.capacity).map(|i| (i * 7 + 3) as u8).collect();
             let mut region = backend.upload(&fill).unwrap();
             let run = compactor.compact(&backend, &mut region, &l.blocks, None).unwrap();
-            assert_eq!(run.new_offsets, gpuheap::compaction::oracle::plan(&l.blocks).expect("valid layout"), "{}", l.name);
+            assert_eq!(
+                run.new_offsets,
+                gpuheap::compaction::oracle::plan(&l.blocks).expect("valid layout"),
+                "{}",
+                l.name
+            );
             let after: Vec<u8> = region.read().unwrap();
             for (b, &d) in l.blocks.iter().zip(&run.new_offsets) {
                 let (s, d, n) = (b.offset as usize, d as usize, b.size as usize);

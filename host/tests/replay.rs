@@ -272,7 +272,13 @@ fn tiered_per_tier_statistics_add_up_to_the_trace() {
     let mut want = [(0u64, 0u64, 0u64); 3]; // (requests, failed, requested bytes served)
     for (i, e) in d.events.iter().enumerate().filter(|(_, e)| e.kind == gpuheap::trace::EventKind::Alloc) {
         let size = e.size.max(1);
-        let k = if size <= small_max { 0 } else if size >= large_min { 2 } else { 1 };
+        let k = if size <= small_max {
+            0
+        } else if size >= large_min {
+            2
+        } else {
+            1
+        };
         want[k].0 += 1;
         if failed.contains(&Some(i)) {
             want[k].1 += 1;

@@ -94,10 +94,9 @@ pub(crate) fn explain_json(
     })
 }
 
-/// `gpuheap tune --json` over one device: `(json, text)`. The JSON is the CLI's object plus the
-/// trace's `format` and the device choice under `device_choice` (the CLI's object names it `device`,
-/// a key the flattened report repeats with the device ordinal, so a JSON reader keeps only the
-/// ordinal). `settings`: keep only the rows with these labels ([`explain::tune::TuneReport::retain_settings`]).
+/// `gpuheap tune --json` over one device: `(json, text)`. The JSON is the CLI's object (the device
+/// ordinal under `device`, the choice and its reason under `device_choice`) plus the trace's
+/// `format`. `settings`: keep only the rows with these labels ([`explain::tune::TuneReport::retain_settings`]).
 #[pyfunction]
 #[pyo3(signature = (snapshot, device, capacity, settings))]
 pub(crate) fn tune_json(
@@ -118,11 +117,6 @@ pub(crate) fn tune_json(
             serde_json::to_value(&page).map_err(|e| Failure::Backend(format!("cannot serialise the report: {e}")))?;
         if let Some(o) = v.as_object_mut() {
             o.insert("format".into(), page.format.clone().into());
-            o.insert(
-                "device_choice".into(),
-                serde_json::to_value(&page.device)
-                    .map_err(|e| Failure::Backend(format!("cannot serialise the report: {e}")))?,
-            );
         }
         Ok((to_json(&v)?, page.render_text()))
     })

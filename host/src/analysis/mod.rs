@@ -1,6 +1,6 @@
 //! Fragmentation analysis: metrics, levels, free-block histograms and out-of-memory classification.
 //!
-//! Metrics follow `shared/research/compaction-defrag.md` §4 and are meant to be reported together:
+//! Metrics follow DESIGN.md §3.3 and are meant to be reported together:
 //! - external fragmentation `F_ext = 1 - largest_free / total_free` ([`external_fragmentation`]), with the
 //!   absolute largest free block;
 //! - reserved-but-unallocated bytes split into rounding waste and free holes ([`FragmentationReport`]);

@@ -476,7 +476,8 @@ pub fn table(r: &ReplayReport, strategy_note: &str) -> String {
 /// The tiered strategy's per-tier lines (empty for the other strategies).
 pub(crate) fn tier_lines(r: &ReplayReport) -> String {
     let Some(tiers) = &r.tiers else { return String::new() };
-    let mut s = format!("tiers of {}    requests (failed), requested bytes, peak live, internal fragmentation\n", r.strategy);
+    let mut s =
+        format!("tiers of {}    requests (failed), requested bytes, peak live, internal fragmentation\n", r.strategy);
     for t in tiers {
         let range = if t.max_size == u64::MAX {
             format!(">= {}", fmt_bytes(t.min_size))

@@ -13,7 +13,7 @@
 //!   checked: a size that cannot be represented rejects the file naming the event or line;
 //! * [`explain_oom`]: for a recorded `oom` event, the request, allocated and reserved bytes at that
 //!   moment, where the reserved-but-unallocated bytes sit ([`state`]), the driver's free bytes and a
-//!   [`Verdict`] by the rule of `shared/cases` BL-02: *fragmentation* iff
+//!   [`Verdict`] by the rule of DESIGN.md §3.8 (bug scenario BL-02): *fragmentation* iff
 //!   `device_free + holes ≥ request > largest free extent`, *capacity* iff
 //!   `device_free + holes < request` (then no defragmentation can help);
 //! * [`explain`]: the whole answer page (also for snapshots dumped without history, such as the
@@ -629,7 +629,7 @@ pub struct Explanation {
     pub allocator_settings: Option<String>,
     /// Options of those settings that the caching model does not implement or that have no effect as
     /// recorded (a `garbage_collection_threshold` without a memory fraction), each with the reason
-    /// ([`caching::config_for_trace`]): the replays run without them (shared/cases BL-31).
+    /// ([`caching::config_for_trace`]): the replays run without them (bug scenario BL-31, DESIGN.md §3.9).
     pub warnings: Vec<caching::ConfigWarning>,
     /// Every recorded `oom` event, explained.
     pub ooms: Vec<OomExplanation>,

@@ -465,8 +465,9 @@ pub struct TunePage {
     pub format: String,
     /// Every device of the file.
     pub devices: Vec<DeviceSummary>,
-    /// The device searched and why. (The flattened report repeats the key `device` with the ordinal: a
-    /// JSON reader that keeps the last value of a key reads the ordinal.)
+    /// The device searched and why (JSON key `device_choice`: the flattened report's `device` is the
+    /// ordinal, and a JSON object has each key once).
+    #[serde(rename = "device_choice")]
     pub device: DeviceChoice,
     /// The GPU's memory at the first recorded OOM, when the trace records one with `device_free`.
     pub gpu_capacity: Option<u64>,

@@ -483,12 +483,6 @@ impl<I: FreeIndex> Arena<I> {
         self.rebuild_keeping(&keep)
     }
 
-    /// Resets and re-creates exactly the live blocks given (ascending, disjoint) with new handles; O(n).
-    pub(crate) fn rebuild(&mut self, live: &[(LiveBlock, u8)]) -> Result<(), AllocError> {
-        let v: Vec<(LiveBlock, u8, Option<u32>)> = live.iter().map(|&(b, a)| (b, a, None)).collect();
-        self.rebuild_keeping(&v)
-    }
-
     /// Re-creates exactly the live blocks given (ascending, disjoint); a block with `Some(node)` stays in that
     /// live node (its handle stays valid), the others get new nodes. O(n).
     fn rebuild_keeping(&mut self, live: &[(LiveBlock, u8, Option<u32>)]) -> Result<(), AllocError> {

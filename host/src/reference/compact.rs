@@ -10,7 +10,7 @@
 //!    the lowest address at or above the end of its predecessor that honours its alignment (or the highest,
 //!    for a region marked `toward_end`); pinned units stay and later units pack behind them.
 //!    Destinations never exceed sources (`dst <= src` for a forward slide), so an in-place ascending
-//!    `memmove` per unit is a correct executor (see `shared/research/compaction-defrag.md` §2.1).
+//!    `memmove` per unit is a correct executor (see DESIGN.md §3.1).
 //! 3. [`SubAllocator::apply_relocation`] moves the units and rebuilds the strategy's free structures from
 //!    the new layout. [`compact`] does 1–3 in one call.
 //!

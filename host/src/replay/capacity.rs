@@ -35,7 +35,7 @@ pub struct CapacityChoice {
 ///
 /// # Errors
 /// [`ReplayError::Config`] (bad input) naming the event or CSV line when no capacity can be derived: a
-/// size beyond the largest device modelled (shared/cases BL-23); `--capacity` then replays the rest.
+/// size beyond the largest device modelled (bug scenario BL-23, DESIGN.md §3.9); `--capacity` then replays the rest.
 pub fn default_capacity(trace: &Trace, dev: &DeviceTrace) -> Result<CapacityChoice, ReplayError> {
     use crate::explain::{capacity_from_evidence, CapacitySource};
     let c = capacity_from_evidence(trace, dev, None).map_err(|e| ReplayError::Config(e.to_string()))?;

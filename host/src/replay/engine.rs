@@ -135,8 +135,12 @@ pub(crate) trait ReplayTarget {
         Ok(())
     }
     /// The target's part of the report.
-    fn finish(&mut self, l: &mut Ledger, at_end: &FragSnapshot, last: Option<usize>)
-        -> Result<TargetSummary, ReplayError>;
+    fn finish(
+        &mut self,
+        l: &mut Ledger,
+        at_end: &FragSnapshot,
+        last: Option<usize>,
+    ) -> Result<TargetSummary, ReplayError>;
 }
 
 /// The run's inputs besides the target.

@@ -33,7 +33,7 @@
 //!   the highest block placed bottom-up plus capacity minus the start of the lowest large block placed
 //!   top-down); for every other strategy the address high-water mark (end of the highest live block).
 //!   *Peak reserved* is its maximum over the run.
-//! * **Metrics** (`shared/research/compaction-defrag.md` §4.3, reported together): peak allocated, peak
+//! * **Metrics** (DESIGN.md §3.3, reported together): peak allocated, peak
 //!   reserved, peak utilisation and Johnstone–Wilson #4 `(max footprint − max live) / max live`
 //!   ([`crate::analysis::PeakTracker`]); at the demand peak (the event after which the trace's live requested bytes are
 //!   highest, the same event for every strategy) and at the end: external fragmentation
@@ -80,8 +80,8 @@ pub use capacity::{choose_capacity, default_capacity, demand_peak, CapacityChoic
 pub use device::{replay_device, DeviceHeapEnd, DeviceReplayOptions};
 pub use materialize::{MeasureOutcome, Measured};
 pub use options::{
-    alignment_for, alignment_source, choose_alignment, default_strategy, parse_bytes, round_request, CompactPolicy, ReplayOptions,
-    CSV_ALIGN, DEFAULT_ALIGN, DEFAULT_MATERIALIZE_LIMIT_CPU, DEFAULT_TIMELINE_POINTS, PYTORCH_ALIGN,
+    alignment_for, alignment_source, choose_alignment, default_strategy, parse_bytes, round_request, CompactPolicy,
+    ReplayOptions, CSV_ALIGN, DEFAULT_ALIGN, DEFAULT_MATERIALIZE_LIMIT_CPU, DEFAULT_TIMELINE_POINTS, PYTORCH_ALIGN,
 };
 pub use report::{
     fmt_bytes, CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel, FragSnapshot,

@@ -262,9 +262,11 @@ where
     } else {
         chart.configure_mesh().disable_mesh().x_labels(0).y_labels(0).draw()?;
     }
-    chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
-        Rectangle::new([(i as f64 + 0.15, 0.0), (i as f64 + 0.85, b.1 as f64 / unit)], b.2.filled())
-    }))?;
+    chart.draw_series(
+        bars.iter()
+            .enumerate()
+            .map(|(i, b)| Rectangle::new([(i as f64 + 0.15, 0.0), (i as f64 + 0.85, b.1 as f64 / unit)], b.2.filled())),
+    )?;
     if text {
         let dy = peak as f64 / unit * 0.035;
         for (i, b) in bars.iter().enumerate() {
@@ -285,7 +287,10 @@ where
         chart.configure_mesh().disable_mesh().x_labels(0).y_labels(0).draw()?;
     }
     chart.draw_series(reports.iter().enumerate().map(|(k, r)| {
-        Rectangle::new([(k as f64 + 0.15, 0.0), (k as f64 + 0.85, r.at_end.external)], COLORS[k % COLORS.len()].filled())
+        Rectangle::new(
+            [(k as f64 + 0.15, 0.0), (k as f64 + 0.85, r.at_end.external)],
+            COLORS[k % COLORS.len()].filled(),
+        )
     }))?;
     if text {
         for (k, r) in reports.iter().enumerate() {

@@ -159,7 +159,11 @@ impl Tiers {
         Tiers {
             small_max,
             large_min,
-            stats: [t("small", 1, small_max), t("medium", small_max + 1, large_min - 1), t("large", large_min, u64::MAX)],
+            stats: [
+                t("small", 1, small_max),
+                t("medium", small_max + 1, large_min - 1),
+                t("large", large_min, u64::MAX),
+            ],
             live: [0; 3],
         }
     }
@@ -205,7 +209,9 @@ fn make_model(
                 .map_err(|e| ReplayError::Config(format!("tiered allocator with {capacity} B: {e}")))?;
             Ok((Model::Strategy(Box::new(t)), cfg.large_min))
         }
-        _ if tiers.is_some() => Err(ReplayError::Config(format!("tiers apply to the tiered strategy only, not {kind}"))),
+        _ if tiers.is_some() => {
+            Err(ReplayError::Config(format!("tiers apply to the tiered strategy only, not {kind}")))
+        }
         _ => Ok((Model::Strategy(build(kind, capacity)), u64::MAX)),
     }
 }
@@ -257,7 +263,8 @@ impl<'a> StrategyTarget<'a> {
         let n = dev.block_ids as usize;
         let tiers = match &model {
             Model::Strategy(_) if opts.strategy == StrategyKind::Tiered => {
-                let small_max = opts.tiers.map_or_else(|| TieredConfig::for_capacity(capacity.bytes).small_max, |t| t.0);
+                let small_max =
+                    opts.tiers.map_or_else(|| TieredConfig::for_capacity(capacity.bytes).small_max, |t| t.0);
                 Some(Box::new(Tiers::new(small_max, large_min)))
             }
             _ => None,
