@@ -22,6 +22,15 @@ fn explain_failure(e: ExplainError) -> Failure {
     }
 }
 
+/// The file name of the trace's source, for a page title.
+fn file_name(trace: &gpuheap::trace::Trace) -> String {
+    trace.source.file_name().map_or_else(|| trace.source.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+fn render_html(r: &gpuheap::html::HtmlReport) -> Result<String, Failure> {
+    r.render().map_err(|e| Failure::Backend(format!("cannot render the HTML report: {e}")))
+}
+
 fn opt_bytes(what: &str, s: Option<&str>) -> PyResult<Option<u64>> {
     s.map(|s| replay::parse_bytes(s).map_err(|e| ConfigError::new_err(format!("{what}: {e}")))).transpose()
 }
@@ -67,8 +76,8 @@ fn with_source_file<T>(
 }
 
 /// `gpuheap explain --json` (with `tune`: the settings search too, as the CLI without `--no-tune`):
-/// `(json, text, tune_text)`: the report, its page, and the settings table alone (`None` without the
-/// search).
+/// `(json, text, tune_text, html)`: the report, its page, the settings table alone (`None` without the
+/// search), and the self-contained HTML page of `gpuheap explain --html` ([`gpuheap::html::pages`]).
 #[pyfunction]
 #[pyo3(signature = (snapshot, device, capacity, tune))]
 pub(crate) fn explain_json(
@@ -77,7 +86,7 @@ pub(crate) fn explain_json(
     device: Option<i64>,
     capacity: Option<&str>,
     tune: bool,
-) -> PyResult<(String, String, Option<String>)> {
+) -> PyResult<(String, String, Option<String>, String)> {
     let (trace, bytes) = (Arc::clone(&snapshot.trace), snapshot.bytes.clone());
     let capacity = opt_bytes("capacity", capacity)?;
     detached(py, move || {
@@ -89,12 +98,14 @@ pub(crate) fn explain_json(
             }
             page.trace = trace.source.display().to_string();
             let tune_text = page.tune.as_ref().map(|r| r.render_table(!page.ooms.is_empty()));
-            Ok((to_json(&page)?, page.render_text(), tune_text))
+            let html = gpuheap::html::pages::explain_page(&format!("{} — explain", file_name(&trace)), t, &page)?;
+            Ok((to_json(&page)?, page.render_text(), tune_text, render_html(&html)?))
         })
     })
 }
 
-/// `gpuheap tune --json` over one device: `(json, text)`. The JSON is the CLI's object (the device
+/// `gpuheap tune --json` over one device: `(json, text, html)` (`html`: the page of `gpuheap tune
+/// --html`). The JSON is the CLI's object (the device
 /// ordinal under `device`, the choice and its reason under `device_choice`) plus the trace's
 /// `format`. `settings`: keep only the rows with these labels ([`explain::tune::TuneReport::retain_settings`]).
 #[pyfunction]
@@ -105,7 +116,7 @@ pub(crate) fn tune_json(
     device: Option<i64>,
     capacity: Option<&str>,
     settings: Option<Vec<String>>,
-) -> PyResult<(String, String)> {
+) -> PyResult<(String, String, String)> {
     let trace = Arc::clone(&snapshot.trace);
     let capacity = opt_bytes("capacity", capacity)?;
     detached(py, move || {
@@ -118,6 +129,14 @@ pub(crate) fn tune_json(
         if let Some(o) = v.as_object_mut() {
             o.insert("format".into(), page.format.clone().into());
         }
-        Ok((to_json(&v)?, page.render_text()))
+        let dev = &trace.devices[page.device.index];
+        let html = gpuheap::html::pages::tune_page(
+            &format!("{} — tune", file_name(&trace)),
+            &trace,
+            dev,
+            &page.tune,
+            &page.tune.capacity,
+        )?;
+        Ok((to_json(&v)?, page.render_text(), render_html(&html)?))
     })
 }

@@ -18,6 +18,12 @@ from pathlib import Path
 
 import pytest
 
+# The CPU backend runs a launch's blocks in parallel on rayon's pool, so where the device heap places a
+# block (and every figure that follows from placement: footprint, fragmentation) can differ between two
+# runs of one replay, as on a GPU. The two interfaces are compared on one worker thread, where a replay
+# is deterministic; the CLI subprocesses inherit the setting.
+os.environ["RAYON_NUM_THREADS"] = "1"
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
 SHARED = Path(os.environ.get("GPUHEAP_SHARED_TRACES", ROOT.parent / "shared" / "traces"))

@@ -43,6 +43,7 @@ def test_tune_matches_cli(trace: Path, cli: Path, run_cli) -> None:
     d = py.to_dict()
     d.pop("format")
     assert strip_timing(d) == strip_timing(run_cli("tune", str(trace), "--capacity", "80GiB"))
+    assert py.html is not None and "application/json" in py.html and "<iframe" in py._repr_html_()
     drop_wall = lambda s: [l for l in s.splitlines() if " replays in " not in l]  # noqa: E731
     assert drop_wall(str(py)) == drop_wall(_text(cli, "tune", str(trace), "--capacity", "80GiB"))
 
@@ -73,7 +74,12 @@ def test_hand_worked_oom(tmp_path: Path, cli: Path, run_cli, request_bytes: int,
     page = gpuheap.explain(path, tune=False)
     assert str(page) == _text(cli, "explain", str(path), "--no-tune")
     assert f"Verdict: {verdict}" in str(page) or verdict == "fits"
-    assert "<pre>" in page._repr_html_() and "Verdict" in page._repr_html_()
+    # The notebook shows the CLI's --html page (the same bytes), isolated in an iframe.
+    out = tmp_path / "page.html"
+    subprocess.run([str(cli), "explain", str(path), "--no-tune", "--html", str(out)], check=True, capture_output=True)
+    assert page.html == out.read_text(encoding="utf-8")
+    assert page._repr_html_().startswith("<iframe") and "srcdoc=" in page._repr_html_()
+    assert "application/json" in page.html and "&lt;script" in page._repr_html_()
 
 
 def test_explain_bad_options() -> None:

@@ -161,7 +161,8 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     }
     if let Some(p) = &a.common.html {
         let title = format!("{} — all strategies", cli_replay::file_name(&a.trace));
-        let page = super::html::compare_page(&title, &refs, &not_run, gpuheap::replay::demand_peak(dev).1);
+        let not_run: Vec<(String, String)> = not_run.iter().map(|n| (n.strategy.clone(), n.reason.clone())).collect();
+        let page = gpuheap::html::pages::compare_page(&title, &refs, &not_run, gpuheap::replay::demand_peak(dev).1);
         super::html::write(p, &page)?;
     }
     let pytorch = reports.first().and_then(|r| r.pytorch.as_ref());

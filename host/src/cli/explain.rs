@@ -37,7 +37,8 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     }
     if let Some(p) = &c.html {
         let title = format!("{} — explain", super::replay::file_name(&c.trace));
-        super::html::write(p, &super::html::explain_page(&title, &trace, &page)?)?;
+        let html = gpuheap::html::pages::explain_page(&title, &trace, &page).map_err(super::replay::map_replay_err)?;
+        super::html::write(p, &html)?;
     }
     if c.json {
         let s = serde_json::to_string_pretty(&page).map_err(|e| CliError::Runtime(e.to_string()))?;

@@ -200,7 +200,7 @@ pub(crate) fn write_plot(
     Ok(())
 }
 
-fn map_replay_err(e: replay::ReplayError) -> CliError {
+pub(crate) fn map_replay_err(e: replay::ReplayError) -> CliError {
     if e.is_input() {
         CliError::Input(e.to_string())
     } else {
@@ -263,7 +263,7 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     }
     if let Some(p) = &a.common.html {
         let title = format!("{} — {}", file_name(&a.trace), strategy);
-        super::html::write(p, &super::html::replay_page(&title, &report))?;
+        super::html::write(p, &gpuheap::html::pages::replay_page(&title, &report))?;
     }
     if a.common.json {
         let s = serde_json::to_string_pretty(&report).map_err(|e| CliError::Runtime(e.to_string()))?;
@@ -291,16 +291,7 @@ pub(crate) fn pct(x: f64) -> String {
     format!("{:.1} %", x * 100.0)
 }
 
-/// Human duration of `ns` nanoseconds.
-pub(crate) fn fmt_ns(ns: u64) -> String {
-    if ns >= 1_000_000_000 {
-        format!("{:.2} s", ns as f64 * 1e-9)
-    } else if ns >= 1_000_000 {
-        format!("{:.2} ms", ns as f64 * 1e-6)
-    } else {
-        format!("{:.1} µs", ns as f64 * 1e-3)
-    }
-}
+pub(crate) use gpuheap::replay::fmt_ns;
 
 /// Smallest move (bytes) whose copy rate is printed: below it the kernel time is launch and plan
 /// overhead, and a rate would read as a rounded-down "0.00 GB/s"; the time alone is given.

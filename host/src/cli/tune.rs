@@ -91,7 +91,9 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     if let Some(p) = &c.html {
         let title = format!("{} — tune", super::replay::file_name(&c.trace));
         let dev = &trace.devices[page.device.index];
-        super::html::write(p, &super::html::tune_page(&title, &trace, dev, &page.tune, &page.tune.capacity)?)?;
+        let html = gpuheap::html::pages::tune_page(&title, &trace, dev, &page.tune, &page.tune.capacity)
+            .map_err(super::replay::map_replay_err)?;
+        super::html::write(p, &html)?;
     }
     if c.json {
         let s = serde_json::to_string_pretty(&page).map_err(|e| CliError::Runtime(e.to_string()))?;

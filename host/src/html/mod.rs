@@ -24,6 +24,8 @@
 //! text at the first series' peak, and every script error caught. The headless-browser test
 //! (`host/tests/html_report.rs`) reads it with `chromium --dump-dom`.
 
+pub mod pages;
+
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};

@@ -84,8 +84,8 @@ pub use options::{
     ReplayOptions, CSV_ALIGN, DEFAULT_ALIGN, DEFAULT_MATERIALIZE_LIMIT_CPU, DEFAULT_TIMELINE_POINTS, PYTORCH_ALIGN,
 };
 pub use report::{
-    fmt_bytes, CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel, FragSnapshot,
-    ReplayReport, Sample, TierStats,
+    fmt_bytes, fmt_ns, CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel,
+    FragSnapshot, ReplayReport, Sample, TierStats,
 };
 pub use seeding::{pytorch_series, PytorchReserved};
 

@@ -250,3 +250,14 @@ pub fn fmt_bytes(b: u64) -> String {
         format!("{v:.2} {}", U[i])
     }
 }
+
+/// A duration of `ns` nanoseconds for people: seconds, milliseconds or microseconds (`"3.21 ms"`).
+pub fn fmt_ns(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", ns as f64 * 1e-9)
+    } else if ns >= 1_000_000 {
+        format!("{:.2} ms", ns as f64 * 1e-6)
+    } else {
+        format!("{:.1} µs", ns as f64 * 1e-3)
+    }
+}

@@ -237,8 +237,8 @@ def explain(
     snap = load(snapshot)
     if not isinstance(tune, bool):
         raise ConfigError(f"tune: expected a bool, not {type(tune).__qualname__}")
-    out, text, tune_text = _gpuheap.explain_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), tune)
-    return Explanation(json.loads(out), text, tune_text)
+    out, text, tune_text, page = _gpuheap.explain_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), tune)
+    return Explanation(json.loads(out), text, tune_text, page)
 
 
 def tune(
@@ -279,8 +279,8 @@ def tune(
         if isinstance(settings, str) or not all(isinstance(x, str) for x in settings):
             raise ConfigError("settings: expected a list of setting names (str), not one str")
         settings = list(settings)
-    out, text = _gpuheap.tune_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), settings)
-    return TuneResult(json.loads(out), text)
+    out, text, page = _gpuheap.tune_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), settings)
+    return TuneResult(json.loads(out), text, page)
 
 
 from . import torch  # noqa: E402  (imports no torch: see gpuheap.torch)

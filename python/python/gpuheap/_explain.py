@@ -17,7 +17,14 @@ from ._reports import Report
 __all__ = ["Explanation", "TuneResult"]
 
 
-def _html(title: str, text: str) -> str:
+def _html(title: str, text: str, page: Optional[str]) -> str:
+    """The notebook view: the CLI's ``--html`` page in a sandboxed ``iframe`` (its script and element ids
+    stay inside it, whatever else the notebook shows), else the text page."""
+    if page:
+        return (
+            f'<iframe title="{html.escape(title)}" sandbox="allow-scripts" srcdoc="{html.escape(page, quote=True)}" '
+            'style="width:100%;height:720px;border:0"></iframe>'
+        )
     return f"<div><p><b>{html.escape(title)}</b></p><pre>{html.escape(text)}</pre></div>"
 
 
@@ -26,12 +33,20 @@ class TuneResult(Report):
     requests at the capacity and the least GPU memory (bytes, a multiple of 2 MiB) that replays the
     whole trace, ranked (fitting rows first, then by minimum capacity)."""
 
-    __slots__ = ("_text",)
+    __slots__ = ("_text", "_page")
 
-    def __init__(self, data: dict, text: str) -> None:
-        """``text``: the page (or, inside an :class:`Explanation`, the table) the library rendered."""
+    def __init__(self, data: dict, text: str, page: Optional[str] = None) -> None:
+        """``text``: the page (or, inside an :class:`Explanation`, the table) the library rendered;
+        ``page``: the HTML page of ``gpuheap tune --html`` (``None`` inside an :class:`Explanation`)."""
         super().__init__(data)
         self._text = text
+        self._page = page
+
+    @property
+    def html(self) -> Optional[str]:
+        """The self-contained HTML page of ``gpuheap tune --html`` (``None`` inside an
+        :class:`Explanation`, whose :attr:`Explanation.html` has the timeline)."""
+        return self._page
 
     @property
     def rows(self) -> list[dict]:
@@ -65,7 +80,7 @@ class TuneResult(Report):
         return f"<gpuheap.TuneResult best {self.best_env!r}>\n{self}"
 
     def _repr_html_(self) -> str:
-        return _html("gpuheap tune", str(self))
+        return _html("gpuheap tune", str(self), self._page)
 
 
 class Explanation(Report):
@@ -73,13 +88,21 @@ class Explanation(Report):
     numbers, the largest live tensors with the code that allocated them, the holes, and (with the
     settings search) the recommended ``PYTORCH_CUDA_ALLOC_CONF``. ``str()`` is the CLI's page."""
 
-    __slots__ = ("_text", "_tune_text")
+    __slots__ = ("_text", "_tune_text", "_page")
 
-    def __init__(self, data: dict, text: str, tune_text: Optional[str] = None) -> None:
-        """``text``: the page the library rendered; ``tune_text``: its settings table (with the search)."""
+    def __init__(self, data: dict, text: str, tune_text: Optional[str] = None, page: Optional[str] = None) -> None:
+        """``text``: the page the library rendered; ``tune_text``: its settings table (with the search);
+        ``page``: the HTML page of ``gpuheap explain --html``."""
         super().__init__(data)
         self._text = text
         self._tune_text = tune_text
+        self._page = page
+
+    @property
+    def html(self) -> Optional[str]:
+        """The self-contained HTML page of ``gpuheap explain --html`` (timeline, tables, parameters):
+        write it to a file, or let a notebook show it."""
+        return self._page
 
     @property
     def verdict(self) -> Optional[str]:
@@ -165,4 +188,4 @@ class Explanation(Report):
         return f"<gpuheap.Explanation device {self.device}: {v}; recommended {self.recommended_env!r}>"
 
     def _repr_html_(self) -> str:
-        return _html("gpuheap explain", str(self))
+        return _html("gpuheap explain", str(self), self._page)

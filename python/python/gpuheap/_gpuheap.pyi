@@ -53,14 +53,15 @@ def compare_json(
 
 def explain_json(
     snapshot: Snapshot, device: Optional[int], capacity: Optional[str], tune: bool
-) -> tuple[str, str, Optional[str]]:
-    """`gpuheap explain --json` (`tune=False`: `--no-tune`): (JSON, the page, the settings table or None).
+) -> tuple[str, str, Optional[str], str]:
+    """`gpuheap explain --json` (`tune=False`: `--no-tune`): (JSON, the page, the settings table or None,
+    the HTML page of `--html`).
     Raises TraceError, ConfigError, BackendError."""
 
 def tune_json(
     snapshot: Snapshot, device: Optional[int], capacity: Optional[str], settings: Optional[list[str]]
-) -> tuple[str, str]:
-    """`gpuheap tune --json` plus the trace's `format` and `device_choice`, and the page; `settings`: keep
+) -> tuple[str, str, str]:
+    """`gpuheap tune --json` plus the trace's `format`, the page and the HTML page of `--html`; `settings`: keep
     only these rows. Raises TraceError, ConfigError, BackendError (ConfigError for an unknown row)."""
 
 def strategies() -> list[str]:
