@@ -12,7 +12,7 @@
 //! * [`Compactor`]: the compaction core (plan and move kernels over any
 //!   region and layout), which the device heap will reuse.
 //! * [`mod@oracle`]: the kernels' view of the one reference plan
-//!   ([`crate::reference::compact::plan_slide`], through [`reference::plan`])
+//!   ([`crate::reference::compact::plan_slide`], through [`oracle::plan`])
 //!   and the reference bytes ([`oracle::apply`]).
 //!
 //! # Handle model and guarantees

@@ -56,8 +56,8 @@
 //! * **Speed.** `replay_ns` is the wall time of the event loop: the launches, the pointer read-backs and
 //!   the host bookkeeping; the metadata read-backs (timeline samples, failure diagnoses, the peak and end
 //!   snapshots) and the byte verification are excluded.
-//! * The event loop, the timeline and the report are the engine's ([`super::engine`]), shared with the
-//!   host strategies; this module is the device heap's [`ReplayTarget`]. On the CPU backend every launch runs the kernel
+//! * The event loop, the timeline and the report are the engine's (`super::engine`), shared with the
+//!   host strategies; this module is the device heap's `ReplayTarget`. On the CPU backend every launch runs the kernel
 //!   on host threads.
 
 use std::collections::BTreeMap;

@@ -53,8 +53,8 @@
 //!
 //! # Layout
 //!
-//! One driver ([`engine`]: the event loop, timeline, peaks and report builder) runs every target: a
-//! host strategy or the caching model ([`strategy`], [`replay`]) and the device heap on a backend
+//! One driver (`engine`: the event loop, timeline, peaks and report builder) runs every target: a
+//! host strategy or the caching model (`strategy`, [`replay`]) and the device heap on a backend
 //! ([`device`], [`replay_device`]). [`options`] holds the options and the request rounding rule,
 //! [`capacity`] the one default-capacity rule, [`seeding`] the PyTorch snapshot seeding and series,
 //! [`report`] the report types.

@@ -1,5 +1,5 @@
 //! What a replay reports: one [`ReplayReport`] for every target (host strategy, caching model, device
-//! heap), built by the engine ([`super::engine`]).
+//! heap), built by the engine (`super::engine`).
 
 use std::fmt;
 

@@ -128,7 +128,7 @@
 //!
 //! ## Warps
 //!
-//! Every kernel here cooperates per *launched* warp ([`Warp::launched`]:
+//! Every kernel here cooperates per *launched* warp (`Warp::launched`:
 //! the lanes the launch created, from the block size), never per
 //! `active_mask()` group: a tile is one warp's unit of work, with one
 //! shared-memory slot per warp and the tile's words split by lane rank. All
