@@ -197,35 +197,8 @@ fn given_capacity_sets_the_device_free_bytes() {
 
 #[test]
 fn expandable_mapping_counted_once() {
-    // Issue 9's smallest input: one 20 MiB expandable segment in the final state, its own segment_map
-    // of 20 MiB, one 4 MiB alloc: 20 MiB reserved at the peak, not 40.
-    let seg = V::Dict(vec![
-        ("device", V::Int(0)),
-        ("address", i(S1)),
-        ("total_size", i(20 * MIB)),
-        ("is_expandable", V::Int(1)),
-        ("segment_type", V::Str("large")),
-        (
-            "blocks",
-            V::List(vec![
-                V::Dict(vec![
-                    ("address", i(S1)),
-                    ("size", i(4 * MIB)),
-                    ("requested_size", i(4 * MIB)),
-                    ("state", V::Str("active_allocated")),
-                ]),
-                V::Dict(vec![
-                    ("address", i(S1 + 4 * MIB)),
-                    ("size", i(16 * MIB)),
-                    ("requested_size", i(0)),
-                    ("state", V::Str("inactive")),
-                ]),
-            ]),
-        ),
-    ]);
-    let events = vec![event("segment_map", S1, 20 * MIB, vec![]), event("alloc", S1, 4 * MIB, vec![])];
-    let bytes =
-        pickle(&V::Dict(vec![("segments", V::List(vec![seg])), ("device_traces", V::List(vec![V::List(events)]))]));
+    // Issue 9's smallest input: 20 MiB reserved at the peak, not 40.
+    let bytes = expandable_snapshot();
     let trace = parse("exp.pickle", &bytes);
     let s = &explain::summarize(&trace)[0];
     assert_eq!((s.peak_reserved, s.peak_allocated), (Some(20 * MIB), Some(4 * MIB)));

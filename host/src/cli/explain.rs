@@ -40,11 +40,5 @@ pub fn run(a: &Args) -> Result<(), CliError> {
         let html = gpuheap::html::pages::explain_page(&title, &trace, &page).map_err(super::replay::map_replay_err)?;
         super::html::write(p, &html)?;
     }
-    if c.json {
-        let s = serde_json::to_string_pretty(&page).map_err(|e| CliError::Runtime(e.to_string()))?;
-        println!("{s}");
-    } else {
-        print!("{}", page.render_text());
-    }
-    Ok(())
+    cli_tune::print_page(&page, c.json)
 }

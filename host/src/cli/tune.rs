@@ -95,11 +95,19 @@ pub fn run(a: &Args) -> Result<(), CliError> {
             .map_err(super::replay::map_replay_err)?;
         super::html::write(p, &html)?;
     }
-    if c.json {
-        let s = serde_json::to_string_pretty(&page).map_err(|e| CliError::Runtime(e.to_string()))?;
+    print_page(&page, c.json)
+}
+
+/// Prints the page of `explain` or `tune`: its JSON with `--json`, else the text the library renders.
+///
+/// # Errors
+/// [`CliError::Runtime`] when the report cannot be serialised.
+pub(crate) fn print_page<T: serde::Serialize + std::fmt::Display>(page: &T, json: bool) -> Result<(), CliError> {
+    if json {
+        let s = serde_json::to_string_pretty(page).map_err(|e| CliError::Runtime(e.to_string()))?;
         println!("{s}");
     } else {
-        print!("{}", page.render_text());
+        print!("{page}");
     }
     Ok(())
 }
