@@ -111,11 +111,11 @@ fn compact_and_check(heap: &mut CompactHeap<'_>, what: &str) -> gpuheap::compact
     );
     assert_eq!(report.blocks, before_layout.len() as u64);
     let segments = 1 + before_layout.iter().filter(|b| b.pinned()).count() as u64;
-    assert!(report.after.free_ranges <= segments, "{what}: {} free ranges after", report.after.free_ranges);
+    assert!(report.after.free_blocks <= segments, "{what}: {} free ranges after", report.after.free_blocks);
     if segments == 1 {
         assert_eq!(report.after.external, 0.0, "{what}: fragmentation after");
     }
-    assert_eq!(report.after.total_free, report.before.total_free);
+    assert_eq!(report.after.free, report.before.free);
     report
 }
 
@@ -258,11 +258,11 @@ fn pinned_block_in_the_middle_with_holes_on_both_sides() {
         let at = heap.resolve(pinned).unwrap().offset;
         let r = compact_and_check(&mut heap, what);
         assert_eq!(heap.resolve(pinned).unwrap().offset, at, "{what}: pinned block moved");
-        assert_eq!(r.after.free_ranges, 2, "{what}: one free range per segment");
+        assert_eq!(r.after.free_blocks, 2, "{what}: one free range per segment");
         // Unpinned, the next compaction merges the segments.
         heap.unpin(pinned).unwrap();
         let r = compact_and_check(&mut heap, what);
-        assert_eq!((r.after.free_ranges, r.after.external), (1, 0.0));
+        assert_eq!((r.after.free_blocks, r.after.external), (1, 0.0));
     });
 }
 
@@ -287,7 +287,7 @@ fn empty_heap() {
         let h = heap.alloc(100).unwrap();
         heap.free(h).unwrap();
         let r = compact_and_check(&mut heap, what);
-        assert_eq!((r.blocks, r.after.free_ranges), (0, 1));
+        assert_eq!((r.blocks, r.after.free_blocks), (0, 1));
         // The core on an empty layout.
         let mut region = b.alloc_zeroed(64).unwrap();
         let run = Compactor::new(heap.tuning()).compact(b, &mut region, &[], None).unwrap();

@@ -149,7 +149,7 @@ fn compact_and_check(b: &Backend, heap: &mut DeviceHeap, what: &str) -> Compacti
     // Report.
     assert_eq!((report.bytes_moved, report.blocks_moved), (plan.bytes_moved, plan.blocks_moved as u64), "{what}");
     assert_eq!(report.blocks, before_layout.len() as u64);
-    assert_eq!(report.after.total_free, report.before.total_free, "{what}: free bytes changed");
+    assert_eq!(report.after.free, report.before.free, "{what}: free bytes changed");
     assert_eq!(report.launches == 0, plan.bytes_moved == 0, "{what}: launches");
     // Free space: outside pinned islands, one range at the end; each other
     // range ends where a pinned block starts.
@@ -230,7 +230,7 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         assert!(more.iter().all(|h| heap.resolve(*h).unwrap().offset >= end), "{what}: allocation below the cursor");
         fill_handles(b, &heap, &more);
         let r3 = compact_and_check(b, &mut heap, &format!("{what}, unpinned"));
-        assert_eq!(r3.after.free_ranges, 1, "{what}");
+        assert_eq!(r3.after.free_blocks, 1, "{what}");
         assert_eq!(ops::touch_batch(b, &raw1, 77, true).unwrap(), 0, "{what}");
     });
 }
@@ -255,12 +255,12 @@ fn pinned_handle_in_the_middle_with_holes_on_both_sides() {
         let at = heap.resolve(pinned).unwrap().offset;
         let r = compact_and_check(b, &mut heap, what);
         assert_eq!(heap.resolve(pinned).unwrap().offset, at, "{what}: pinned handle moved");
-        assert_eq!(r.after.free_ranges, 2, "{what}: one free range per segment");
+        assert_eq!(r.after.free_blocks, 2, "{what}: one free range per segment");
         heap.unpin(pinned).unwrap();
         assert!(heap.resolve(pinned).unwrap().pinned, "{what}: pins nest");
         heap.unpin(pinned).unwrap();
         let r = compact_and_check(b, &mut heap, what);
-        assert_eq!((r.after.free_ranges, r.after.external), (1, 0.0), "{what}");
+        assert_eq!((r.after.free_blocks, r.after.external), (1, 0.0), "{what}");
     });
 }
 
@@ -372,7 +372,7 @@ fn empty_arena_and_no_holes() {
     on_backends("empty_and_packed", |b, what| {
         let mut heap = DeviceHeap::with_movable(b, 1 << 20, 256 << 10, 1024).unwrap();
         let r = compact_and_check(b, &mut heap, what);
-        assert_eq!((r.blocks, r.launches, r.after.free_ranges), (0, 0, 1), "{what}");
+        assert_eq!((r.blocks, r.launches, r.after.free_blocks), (0, 0, 1), "{what}");
         let mut hs: Vec<Handle> = heap
             .handle_alloc_batch(b, &(1..200).collect::<Vec<u64>>())
             .unwrap()

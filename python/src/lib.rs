@@ -20,9 +20,8 @@ use serde::Serialize;
 
 use gpuheap::backend::{Backend, BackendChoice};
 use gpuheap::reference::StrategyKind;
-use gpuheap::replay::{
-    self, CompactPolicy, DeviceReplayOptions, PytorchReserved, ReplayError, ReplayOptions, ReplayReport,
-};
+use gpuheap::replay::compare::{compare, CompareOptions};
+use gpuheap::replay::{self, CompactPolicy, DeviceReplayOptions, ReplayError, ReplayOptions, ReplayReport};
 use gpuheap::trace::{self, DeviceTrace, Trace};
 
 mod explain;
@@ -229,13 +228,16 @@ impl Common {
         strategy: StrategyKind,
         backend: Option<&Backend>,
     ) -> Result<ReplayReport, Failure> {
-        let opts = ReplayOptions {
+        Ok(replay::replay(trace, dev, &self.options(strategy), backend, &mut |_| {})?)
+    }
+
+    fn options(&self, strategy: StrategyKind) -> ReplayOptions {
+        ReplayOptions {
             capacity: self.capacity,
             policy: self.policy,
             materialize_limit: self.materialize_limit,
             ..ReplayOptions::new(strategy)
-        };
-        Ok(replay::replay(trace, dev, &opts, backend, &mut |_| {})?)
+        }
     }
 }
 
@@ -268,23 +270,6 @@ fn replay_json(
     })
 }
 
-/// A contender of `compare` that could not run with the given options.
-#[derive(Serialize)]
-struct NotRun {
-    strategy: String,
-    reason: String,
-}
-
-/// The JSON object of `gpuheap compare --json`.
-#[derive(Serialize)]
-struct CompareReport<'a> {
-    trace: String,
-    device: i64,
-    pytorch: Option<&'a PytorchReserved>,
-    strategies: Vec<&'a ReplayReport>,
-    not_run: &'a [NotRun],
-}
-
 /// `gpuheap compare --json`: every host strategy, then the device allocator, over the same device of
 /// the trace; a contender that cannot take the options is listed under `not_run` with the reason.
 #[pyfunction]
@@ -308,43 +293,15 @@ fn compare_json(
     detached(py, move || {
         let dev = common.device(&trace)?;
         let backend = common.measuring_backend()?;
-        let mut reports = Vec::new();
-        let mut not_run = Vec::new();
-        let mut outcome = |name: String, r: Result<ReplayReport, Failure>| -> Result<(), Failure> {
-            match r {
-                Ok(r) => reports.push(r),
-                // As in the CLI: a contender that cannot use these options is a row with the reason.
-                Err(Failure::Config(reason)) => not_run.push(NotRun { strategy: name, reason }),
-                Err(e) => return Err(e),
-            }
-            Ok(())
-        };
-        for k in StrategyKind::ALL {
-            outcome(k.to_string(), common.replay(&trace, dev, k, backend.as_ref()))?;
-        }
         // The device allocator's row always runs on a backend, whatever the compaction policy.
-        let owned;
-        let b = match &backend {
-            Some(b) => b,
-            None => {
-                owned = common.backend()?;
-                &owned
-            }
+        let owned = if backend.is_none() { Some(common.backend()?) } else { None };
+        let device_backend = backend.as_ref().or(owned.as_ref()).expect("one of the two is set");
+        let opts = CompareOptions {
+            host: common.options(StrategyKind::BestFit),
+            device: DeviceReplayOptions { capacity: common.capacity, heap_limit, ..DeviceReplayOptions::default() },
         };
-        let opts = DeviceReplayOptions { capacity: common.capacity, heap_limit, ..DeviceReplayOptions::default() };
-        let device_row = replay::replay_device(&trace, dev, b, &opts, &mut |_| {}).map_err(Failure::from);
-        outcome(replay::device::DEVICE_HEAP.to_string(), device_row)?;
-        if reports.is_empty() {
-            let why: Vec<String> = not_run.iter().map(|n| format!("{}: {}", n.strategy, n.reason)).collect();
-            return Err(Failure::Config(why.join("; ")));
-        }
-        to_json(&CompareReport {
-            trace: trace.source.display().to_string(),
-            device: dev.device,
-            pytorch: reports.first().and_then(|r| r.pytorch.as_ref()),
-            strategies: reports.iter().collect(),
-            not_run: &not_run,
-        })
+        let cmp = compare(&trace, dev, |c| c.replay(&trace, dev, &opts, backend.as_ref(), device_backend, &mut |_| {}))?;
+        to_json(&cmp)
     })
 }
 

@@ -3,7 +3,8 @@
 //! Metrics follow DESIGN.md §3.3 and are meant to be reported together:
 //! - external fragmentation `F_ext = 1 - largest_free / total_free` ([`external_fragmentation`]), with the
 //!   absolute largest free block;
-//! - reserved-but-unallocated bytes split into rounding waste and free holes ([`FragmentationReport`]);
+//! - reserved-but-unallocated bytes split into rounding waste and free holes ([`Fragmentation`]), against the
+//!   [`footprint`] (its one definition);
 //! - peak utilisation `peak allocated / peak reserved` and Johnstone–Wilson fragmentation #4
 //!   `(max footprint - max live) / max live` ([`PeakTracker`]);
 //! - the RMS metric `1 - sqrt(Σ f_i²) / Σ f_i`, a free-block size [`Histogram`], and a [`FragLevel`].
@@ -185,67 +186,126 @@ impl Histogram {
     }
 }
 
-/// A snapshot analysis of one allocator. Bytes unless named otherwise.
-#[derive(Clone, Debug, PartialEq)]
-pub struct FragmentationReport {
-    /// Managed bytes.
-    pub capacity: u64,
+/// Fragmentation metrics of one allocator at one moment: the one fragmentation type of gpuheap, used by
+/// [`analyze`], the replay report (`at_peak`, `at_end`) and the compaction reports (`before`, `after`).
+/// Bytes unless named otherwise. Serialised with these field names (the replay's JSON).
+///
+/// Built from the free extents ([`Fragmentation::of_free`]) and the live bytes
+/// ([`Fragmentation::with_live`]); a free-block [`Histogram`] is `Histogram::of` the same lengths.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Fragmentation {
+    /// The event after which the metrics were taken (`None`: before the first event, or outside a replay).
+    pub event: Option<usize>,
     /// Requested bytes live.
     pub allocated: u64,
     /// Bytes of live blocks, rounding included.
     pub in_use: u64,
-    /// Footprint: reserved bytes for strategies that reserve (caching segments, slab pages), else the end
-    /// of the highest live block (the address high-water mark).
+    /// The footprint, as defined by [`footprint`].
     pub footprint: u64,
-    /// `footprint - allocated`: reserved but unallocated.
+    /// `footprint − allocated`: reserved but unallocated.
     pub reserved_unallocated: u64,
-    /// `in_use - allocated`: internal (rounding) waste.
+    /// `in_use − allocated`: internal (rounding) waste.
     pub rounding_waste: u64,
-    /// `footprint - in_use`: free holes inside the footprint.
+    /// `footprint − in_use`: free holes inside the footprint.
     pub holes: u64,
-    /// Total free bytes.
+    /// All free bytes (inside and outside the footprint).
     pub free: u64,
-    /// Largest free block.
+    /// Largest free extent.
     pub largest_free: u64,
-    /// Number of free blocks.
-    pub free_blocks: usize,
-    /// `1 - largest_free / free`.
+    /// Number of free extents.
+    pub free_blocks: u64,
+    /// External fragmentation `1 − largest_free / free` ([`external_ratio`]).
     pub external: f64,
-    /// RMS fragmentation of the free blocks.
+    /// RMS fragmentation `1 − sqrt(Σ f²) / Σ f` ([`rms_fragmentation`]).
     pub rms: f64,
     /// Level of `external`.
     pub level: FragLevel,
-    /// Free-block sizes.
-    pub histogram: Histogram,
 }
 
-/// End of the highest live block in bytes (0 when nothing is live). O(n).
-pub fn address_high_water(alloc: &dyn SubAllocator) -> u64 {
-    alloc.live_blocks().iter().map(|b| b.offset + b.size).max().unwrap_or(0)
+impl Fragmentation {
+    /// The free-space metrics of free extents of `lengths` bytes (free, largest, count, external, RMS,
+    /// level); the live-bytes fields stay 0 until [`with_live`](Self::with_live).
+    pub fn of_free(lengths: impl IntoIterator<Item = u64>) -> Fragmentation {
+        let lens: Vec<u64> = lengths.into_iter().collect();
+        let external = external_fragmentation(lens.iter().copied());
+        Fragmentation {
+            free: lens.iter().fold(0u64, |a, &l| a.saturating_add(l)),
+            largest_free: lens.iter().copied().max().unwrap_or(0),
+            free_blocks: lens.len() as u64,
+            external,
+            rms: rms_fragmentation(lens.iter().copied()),
+            level: FragLevel::of(external),
+            ..Fragmentation::default()
+        }
+    }
+
+    /// Sets the live bytes: `allocated` requested bytes in blocks of `in_use` bytes, and the
+    /// [`footprint`]; derives reserved-but-unallocated, rounding waste and holes from them.
+    pub fn with_live(self, allocated: u64, in_use: u64, footprint: u64) -> Fragmentation {
+        Fragmentation {
+            allocated,
+            in_use,
+            footprint,
+            reserved_unallocated: footprint.saturating_sub(allocated),
+            rounding_waste: in_use.saturating_sub(allocated),
+            holes: footprint.saturating_sub(in_use),
+            ..self
+        }
+    }
+
+    /// The same metrics, taken after `event`.
+    pub fn at(self, event: Option<usize>) -> Fragmentation {
+        Fragmentation { event, ..self }
+    }
+}
+
+/// The footprint of an allocator in bytes: the one definition every report uses (analysis, replay,
+/// compaction; DESIGN.md §3.3).
+///
+/// A strategy that obtains its memory as separate segments (the PyTorch caching model) has the sum of
+/// its segments as footprint (`segments = Some(reserved)`, PyTorch's `reserved_bytes`). A strategy that
+/// carves one range of `capacity` bytes has the part of the range its live memory reaches from the
+/// end(s) it grows from: `bottom_end`, the end of the highest unit placed bottom-up, plus
+/// `capacity − top_start`, where `top_start` is the start of the lowest unit placed top-down (the tiered
+/// strategy's large tier; `capacity` when there is none), at most `capacity`. A unit is a live block,
+/// or for the device heap a slab page or large block. With nothing live the footprint is 0.
+#[inline]
+pub fn footprint(segments: Option<u64>, bottom_end: u64, top_start: u64, capacity: u64) -> u64 {
+    match segments {
+        Some(reserved) => reserved,
+        None => bottom_end.saturating_add(capacity.saturating_sub(top_start)).min(capacity),
+    }
+}
+
+/// [`footprint`] of `alloc` now: its reserved bytes when it reserves more than its blocks (the caching
+/// model's segments), else the end of its highest live block. Blocks placed top-down count as
+/// [`SubAllocator::placed_top_down`] says. O(n) in the live blocks.
+pub fn allocator_footprint(alloc: &dyn SubAllocator) -> u64 {
+    let s = alloc.stats();
+    if s.reserved > s.reserved_in_use {
+        return footprint(Some(s.reserved), 0, s.capacity, s.capacity);
+    }
+    let (mut bottom_end, mut top_start) = (0, s.capacity);
+    for b in alloc.live_blocks() {
+        if alloc.placed_top_down(&b) {
+            top_start = top_start.min(b.offset);
+        } else {
+            bottom_end = bottom_end.max(b.offset + b.size);
+        }
+    }
+    footprint(None, bottom_end, top_start, s.capacity)
 }
 
 /// Analyses the current state of `alloc`. O(n log n) in the number of blocks.
-pub fn analyze(alloc: &dyn SubAllocator) -> FragmentationReport {
+pub fn analyze(alloc: &dyn SubAllocator) -> Fragmentation {
     let s = alloc.stats();
-    let lens: Vec<u64> = alloc.free_blocks().map(|b| b.1).collect();
-    let footprint = if s.reserved > s.reserved_in_use { s.reserved } else { address_high_water(alloc) };
-    let external = external_fragmentation(lens.iter().copied());
-    FragmentationReport {
-        capacity: s.capacity,
-        allocated: s.allocated,
-        in_use: s.reserved_in_use,
-        footprint,
-        reserved_unallocated: footprint.saturating_sub(s.allocated),
-        rounding_waste: s.reserved_in_use.saturating_sub(s.allocated),
-        holes: footprint.saturating_sub(s.reserved_in_use),
+    Fragmentation {
         free: s.free,
         largest_free: s.largest_free,
-        free_blocks: s.free_blocks,
-        external,
-        rms: rms_fragmentation(lens.iter().copied()),
-        level: FragLevel::of(external),
-        histogram: Histogram::of(lens),
+        free_blocks: s.free_blocks as u64,
+        ..Fragmentation::of_free(alloc.free_blocks().map(|b| b.1))
     }
+    .with_live(s.allocated, s.reserved_in_use, allocator_footprint(alloc))
 }
 
 /// Tracks peaks over a run (trace replay): feed it after every operation. Bytes.
@@ -253,7 +313,7 @@ pub fn analyze(alloc: &dyn SubAllocator) -> FragmentationReport {
 pub struct PeakTracker {
     /// Highest live (allocated) bytes seen.
     pub max_live: u64,
-    /// Highest footprint (reserved) bytes seen.
+    /// Highest [`footprint`] bytes seen.
     pub max_footprint: u64,
 }
 
@@ -264,11 +324,9 @@ impl PeakTracker {
         self.max_footprint = self.max_footprint.max(footprint);
     }
 
-    /// Records the state of `alloc` (live = requested bytes, footprint as in [`FragmentationReport`]).
+    /// Records the state of `alloc` (live = requested bytes, [`allocator_footprint`]).
     pub fn observe_allocator(&mut self, alloc: &dyn SubAllocator) {
-        let s = alloc.stats();
-        let footprint = if s.reserved > s.reserved_in_use { s.reserved } else { address_high_water(alloc) };
-        self.observe(s.allocated, footprint);
+        self.observe(alloc.stats().allocated, allocator_footprint(alloc));
     }
 
     /// Peak utilisation `max_live / max_footprint` (1 when nothing was reserved).

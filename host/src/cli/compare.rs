@@ -6,18 +6,12 @@
 //! bytes planned, kernel measurements full size / scaled / not measured and why). `--verbose` lists every
 //! compaction as `gpuheap replay` does; `--json` always has them all.
 //!
-//! # Extension point
-//! The rows come from [`contenders`]: the host strategies, then the device allocator
-//! ([`Contender::Device`], replayed by [`gpuheap::replay::replay_device`] on the chosen backend, scaled
-//! when its heap would exceed `--device-heap-limit`). A [`run_contender`] arm returns a
-//! [`ReplayReport`]; the table, the JSON and the plot need no change.
+//! The rows and the loop are the library's ([`gpuheap::replay::compare`], shared with the Python
+//! package); this file adds the progress bar, the advice on the CLI's own flags, the table and the plot.
 
-use serde::Serialize;
-
-use gpuheap::backend::Backend;
 use gpuheap::reference::StrategyKind;
-use gpuheap::replay::{self, fmt_bytes, DeviceReplayOptions, MeasureOutcome, PytorchReserved, ReplayReport};
-use gpuheap::trace::{DeviceTrace, Trace};
+use gpuheap::replay::compare::{compare, contenders, CompareOptions, Contender, NotRun};
+use gpuheap::replay::{self, fmt_bytes, DeviceReplayOptions, MeasureOutcome, ReplayReport};
 
 use super::replay::{self as cli_replay, Common};
 use super::CliError;
@@ -43,88 +37,6 @@ fn parse_limit(s: &str) -> Result<u64, String> {
     replay::parse_bytes(s)
 }
 
-/// One row of the comparison.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Contender {
-    /// A host reference strategy.
-    Host(StrategyKind),
-    /// The device allocator (`gpuheap_kernels::heap::malloc`/`free`), replayed on the chosen backend.
-    Device,
-}
-
-impl Contender {
-    /// The row's base name (a scaled device replay adds "(scaled 1/N)" to its report's name).
-    pub fn name(self) -> String {
-        match self {
-            Contender::Host(k) => k.to_string(),
-            Contender::Device => replay::device::DEVICE_HEAP.to_string(),
-        }
-    }
-}
-
-/// The rows, in order: every host strategy, then the device allocator.
-pub fn contenders() -> Vec<Contender> {
-    StrategyKind::ALL.iter().map(|&k| Contender::Host(k)).chain([Contender::Device]).collect()
-}
-
-fn run_contender(
-    c: Contender,
-    trace: &Trace,
-    dev: &DeviceTrace,
-    a: &Args,
-    backend: Option<&Backend>,
-    pb: &indicatif::ProgressBar,
-) -> Result<ReplayReport, CliError> {
-    pb.set_message(c.name());
-    match c {
-        Contender::Host(k) => cli_replay::run_one(trace, dev, k, &a.common, backend, pb),
-        Contender::Device => {
-            // The device row always runs on a backend, whatever the compaction policy.
-            let owned;
-            let b = match backend {
-                Some(b) => b,
-                None => {
-                    owned = a.common.backend.backend()?;
-                    &owned
-                }
-            };
-            let opts = DeviceReplayOptions {
-                capacity: a.common.capacity,
-                align: a.common.align,
-                heap_limit: a.device_heap_limit,
-                ..DeviceReplayOptions::default()
-            };
-            pb.set_position(0);
-            let mut progress = |n: usize| pb.set_position(n as u64);
-            replay::replay_device(trace, dev, b, &opts, &mut progress).map_err(|e| {
-                if e.is_input() {
-                    CliError::Input(e.to_string())
-                } else {
-                    CliError::Runtime(e.to_string())
-                }
-            })
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct CompareReport<'a> {
-    trace: String,
-    device: i64,
-    pytorch: Option<&'a PytorchReserved>,
-    strategies: Vec<&'a ReplayReport>,
-    not_run: &'a [NotRun],
-}
-
-/// A contender that could not run with the given options.
-#[derive(Serialize)]
-pub struct NotRun {
-    /// Its name.
-    pub strategy: String,
-    /// Why.
-    pub reason: String,
-}
-
 /// Runs `gpuheap compare`.
 ///
 /// # Errors
@@ -136,24 +48,33 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     let dev = &trace.devices[idx];
     cli_replay::check_capacity(&trace, dev, &a.common)?;
     let backend = cli_replay::backend_for(&a.common)?;
-    let list = contenders();
-    let pb = cli_replay::progress_bar(dev.events.len() * list.len(), a.common.json, "compare");
-    let mut reports = Vec::with_capacity(list.len());
-    let mut not_run: Vec<NotRun> = Vec::new();
-    for c in list {
-        match run_contender(c, &trace, dev, a, backend.as_ref(), &pb) {
-            Ok(r) => reports.push(r),
-            // A strategy that cannot use these options (e.g. the caching model below 2 MiB) is a row
-            // with the reason, not a failure of the whole comparison.
-            Err(CliError::Input(reason)) => not_run.push(NotRun { strategy: c.name(), reason }),
-            Err(e) => return Err(e),
+    // The device row always runs on a backend, whatever the compaction policy.
+    let owned = if backend.is_none() { Some(a.common.backend.backend()?) } else { None };
+    let device_backend = backend.as_ref().or(owned.as_ref()).expect("one of the two is set");
+    let opts = CompareOptions {
+        // Built for tiered so that `--tiers` is kept; each row sets its own strategy.
+        host: cli_replay::replay_options(&a.common, StrategyKind::Tiered),
+        device: DeviceReplayOptions {
+            capacity: a.common.capacity,
+            align: a.common.align,
+            heap_limit: a.device_heap_limit,
+            ..DeviceReplayOptions::default()
+        },
+    };
+    let pb = cli_replay::progress_bar(dev.events.len() * contenders().len(), a.common.json, "compare");
+    let cmp = compare(&trace, dev, |c| {
+        pb.set_message(c.name());
+        pb.set_position(0);
+        let mut progress = |n: usize| pb.set_position(n as u64);
+        let r = c.replay(&trace, dev, &opts, backend.as_ref(), device_backend, &mut progress);
+        match c {
+            Contender::Host(_) => r.map_err(cli_replay::with_advice),
+            Contender::Device => r,
         }
-    }
-    if reports.is_empty() {
-        let why: Vec<String> = not_run.iter().map(|n| format!("{}: {}", n.strategy, n.reason)).collect();
-        return Err(CliError::Input(why.join("; ")));
-    }
+    })
+    .map_err(cli_replay::map_replay_err)?;
     pb.finish_and_clear();
+    let (reports, not_run) = (&cmp.strategies, &cmp.not_run);
     let refs: Vec<&ReplayReport> = reports.iter().collect();
     if let (Some(p), Some(f)) = (&a.common.plot, plot_format) {
         let title = format!("{} — all strategies", cli_replay::file_name(&a.trace));
@@ -165,18 +86,10 @@ pub fn run(a: &Args) -> Result<(), CliError> {
         let page = gpuheap::html::pages::compare_page(&title, &refs, &not_run, gpuheap::replay::demand_peak(dev).1);
         super::html::write(p, &page)?;
     }
-    let pytorch = reports.first().and_then(|r| r.pytorch.as_ref());
     if a.common.json {
-        let out = CompareReport {
-            trace: trace.source.display().to_string(),
-            device: dev.device,
-            pytorch,
-            strategies: refs,
-            not_run: &not_run,
-        };
-        println!("{}", serde_json::to_string_pretty(&out).map_err(|e| CliError::Runtime(e.to_string()))?);
+        println!("{}", serde_json::to_string_pretty(&cmp).map_err(|e| CliError::Runtime(e.to_string()))?);
     } else {
-        print!("{}", table(&reports, &not_run, gpuheap::replay::demand_peak(dev).1, a.verbose));
+        print!("{}", table(reports, not_run, gpuheap::replay::demand_peak(dev).1, a.verbose));
     }
     Ok(())
 }

@@ -208,7 +208,30 @@ pub(crate) fn map_replay_err(e: replay::ReplayError) -> CliError {
     }
 }
 
-/// Replays one strategy (used by `replay` and `compare`).
+/// The replay options of `common` for `strategy` (used by `replay` and `compare`).
+pub(crate) fn replay_options(common: &Common, strategy: StrategyKind) -> ReplayOptions {
+    ReplayOptions {
+        capacity: common.capacity,
+        align: common.align,
+        // The tiers are the tiered strategy's; the other strategies (compare's rows) ignore them.
+        tiers: common.tiers.filter(|_| strategy == StrategyKind::Tiered),
+        policy: common.policy,
+        materialize_limit: common.materialize_limit,
+        ..ReplayOptions::new(strategy)
+    }
+}
+
+/// A host strategy's replay error with the advice on the CLI's flags added to an invalid configuration.
+pub(crate) fn with_advice(e: replay::ReplayError) -> replay::ReplayError {
+    match e {
+        replay::ReplayError::Config(m) => replay::ReplayError::Config(format!(
+            "{m} (choose another strategy with --strategy, or a larger --capacity)"
+        )),
+        other => other,
+    }
+}
+
+/// Replays one strategy (`replay`).
 pub(crate) fn run_one(
     trace: &Trace,
     dev: &DeviceTrace,
@@ -217,26 +240,10 @@ pub(crate) fn run_one(
     backend: Option<&Backend>,
     pb: &indicatif::ProgressBar,
 ) -> Result<ReplayReport, CliError> {
-    let opts = ReplayOptions {
-        capacity: common.capacity,
-        align: common.align,
-        // The tiers are the tiered strategy's; the other strategies (compare's rows) ignore them.
-        tiers: common.tiers.filter(|_| strategy == StrategyKind::Tiered),
-        policy: common.policy,
-        materialize_limit: common.materialize_limit,
-        ..ReplayOptions::new(strategy)
-    };
+    let opts = replay_options(common, strategy);
     pb.set_position(0);
     let mut progress = |n: usize| pb.set_position(n as u64);
-    replay::replay(trace, dev, &opts, backend, &mut progress).map_err(|e| {
-        let invalid_config = matches!(&e, replay::ReplayError::Config(_));
-        match map_replay_err(e) {
-            CliError::Input(m) if invalid_config => {
-                CliError::Input(format!("{m} (choose another strategy with --strategy, or a larger --capacity)"))
-            }
-            other => other,
-        }
-    })
+    replay::replay(trace, dev, &opts, backend, &mut progress).map_err(|e| map_replay_err(with_advice(e)))
 }
 
 /// Runs `gpuheap replay`.

@@ -55,6 +55,8 @@ use gpuheap_kernels::compact::handle::{
 };
 pub use gpuheap_kernels::compact::{LiveBlock, BLOCK_PINNED, GRANULE};
 
+pub use crate::analysis::Fragmentation;
+
 use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig};
 
 /// Errors of the compaction API.
@@ -128,31 +130,20 @@ pub struct BlockInfo {
     pub pinned: bool,
 }
 
-/// External fragmentation of a region's free space.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Fragmentation {
-    /// All free bytes.
-    pub total_free: u64,
-    /// Largest free range, bytes.
-    pub largest_free: u64,
-    /// Number of free ranges.
-    pub free_ranges: u64,
-    /// `1 − largest_free / total_free` (0 when nothing is free; [`crate::analysis::external_ratio`]).
-    pub external: f64,
-}
-
-impl Fragmentation {
-    /// From free ranges `(offset, len)`.
-    pub fn of_ranges(ranges: impl IntoIterator<Item = (u64, u64)>) -> Self {
-        let mut f = Fragmentation::default();
-        for (_, len) in ranges {
-            f.total_free += len;
-            f.largest_free = f.largest_free.max(len);
-            f.free_ranges += 1;
-        }
-        f.external = crate::analysis::external_ratio(f.total_free, f.largest_free);
-        f
-    }
+/// The [`Fragmentation`] of a region of `capacity` bytes tiled by live blocks of `allocated` requested
+/// bytes and the free ranges `free` (`(offset, len)`, address order): in use is every byte not free, the
+/// [`footprint`](crate::analysis::footprint) the end of the highest live block.
+pub fn region_fragmentation(
+    capacity: u64,
+    allocated: u64,
+    free: impl IntoIterator<Item = (u64, u64)>,
+) -> Fragmentation {
+    let free: Vec<(u64, u64)> = free.into_iter().collect();
+    let f = Fragmentation::of_free(free.iter().map(|r| r.1));
+    let free_top = free.last().filter(|r| r.0.saturating_add(r.1) == capacity).map_or(0, |r| r.1);
+    let footprint = crate::analysis::footprint(None, capacity - free_top, capacity, capacity);
+    let in_use = capacity.saturating_sub(f.free);
+    f.with_live(allocated, in_use, footprint)
 }
 
 /// What [`compact`] did.
@@ -286,7 +277,7 @@ impl<'b> CompactHeap<'b> {
             return Err(CompactionError::OutOfMemory {
                 requested: need,
                 largest_free: f.largest_free,
-                total_free: f.total_free,
+                total_free: f.free,
             });
         };
         let index = match self.free_ids.pop() {
@@ -460,9 +451,14 @@ impl<'b> CompactHeap<'b> {
         self.holes.iter().map(|(&o, &l)| (o, l)).collect()
     }
 
-    /// External fragmentation of the free space now.
+    /// Fragmentation of the region now ([`region_fragmentation`]).
     pub fn fragmentation(&self) -> Fragmentation {
-        Fragmentation::of_ranges(self.holes.iter().map(|(&o, &l)| (o, l)))
+        region_fragmentation(self.capacity, self.allocated(), self.holes.iter().map(|(&o, &l)| (o, l)))
+    }
+
+    /// Requested bytes of the live blocks.
+    fn allocated(&self) -> u64 {
+        self.live.values().map(|&i| self.entries[i as usize].size).sum()
     }
 
     /// The region's memory (for whole-region reads and writes).

@@ -29,7 +29,8 @@ use super::ops::BLOCK;
 use super::DeviceHeap;
 use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig, Result as BackendResult};
 use crate::compaction::{
-    oracle, BlockInfo, CompactTuning, CompactionError, CompactionReport, Compactor, Fragmentation, Handle, Result,
+    oracle, region_fragmentation, BlockInfo, CompactTuning, CompactionError, CompactionReport, Compactor,
+    Fragmentation, Handle, Result,
 };
 
 /// Host state of a movable arena: the device buffer of control words, table
@@ -213,7 +214,7 @@ impl DeviceHeap {
             return Err(CompactionError::OutOfMemory {
                 requested: need,
                 largest_free: f.largest_free,
-                total_free: f.total_free,
+                total_free: f.free,
             });
         }
         if w[CTRL_POOL_NEXT as usize] >= w[CTRL_POOL_LEN as usize] {
@@ -448,13 +449,15 @@ impl DeviceHeap {
         Ok(oracle::free_ranges(&self.movable_layout()?, None, self.handle.movable_bytes))
     }
 
-    /// External fragmentation of the movable arena's free space now (see
+    /// Fragmentation of the movable arena now ([`region_fragmentation`] over
     /// [`movable_free_ranges`](Self::movable_free_ranges)).
     ///
     /// # Errors
     /// As for [`movable_free_ranges`](Self::movable_free_ranges).
     pub fn movable_fragmentation(&self) -> Result<Fragmentation> {
-        Ok(Fragmentation::of_ranges(self.movable_free_ranges()?))
+        let table = self.read_handle_table()?;
+        let cap = self.handle.movable_bytes;
+        Ok(region_fragmentation(cap, allocated_of(&table), oracle::free_ranges(&layout_of(&table), None, cap)))
     }
 
     /// Counters of the movable arena.
@@ -540,7 +543,8 @@ impl DeviceHeap {
         let table = self.read_handle_table()?;
         let layout = layout_of(&table);
         oracle::validate(&layout, cap)?;
-        let before = Fragmentation::of_ranges(oracle::free_ranges(&layout, None, cap));
+        let allocated = allocated_of(&table);
+        let before = region_fragmentation(cap, allocated, oracle::free_ranges(&layout, None, cap));
         let mut report = CompactionReport { blocks: layout.len() as u64, before, after: before, ..Default::default() };
         let new_offsets = if oracle::is_packed(&layout) {
             layout.iter().map(|b| b.offset).collect()
@@ -564,13 +568,18 @@ impl DeviceHeap {
         report.bytes_moved = bytes;
         let secs = report.kernel_time.as_secs_f64();
         report.gbps = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
-        report.after = Fragmentation::of_ranges(oracle::free_ranges(&layout, Some(&new_offsets), cap));
+        report.after = region_fragmentation(cap, allocated, oracle::free_ranges(&layout, Some(&new_offsets), cap));
         report.wall_time = start.elapsed();
         Ok(report)
     }
 }
 
 /// Live entries of `table` as a layout sorted by offset.
+/// Requested bytes of the live entries of a handle table.
+fn allocated_of(table: &[HandleEntry]) -> u64 {
+    table.iter().filter(|e| e.flags & ENTRY_LIVE != 0).map(|e| e.size).sum()
+}
+
 fn layout_of(table: &[HandleEntry]) -> Vec<LiveBlock> {
     let mut v: Vec<LiveBlock> = table
         .iter()

@@ -265,6 +265,13 @@ pub trait SubAllocator {
     /// Live allocations, ascending by offset.
     fn live_blocks(&self) -> Vec<LiveBlock>;
 
+    /// Whether the live block `b` was placed from the top of the range down (the tiered strategy's large
+    /// tier): it counts from the top in the [`crate::analysis::footprint`]. False for every other strategy.
+    fn placed_top_down(&self, b: &LiveBlock) -> bool {
+        let _ = b;
+        false
+    }
+
     /// Returns to the freshly constructed state (everything free).
     fn reset(&mut self);
 
@@ -318,6 +325,9 @@ impl<T: SubAllocator + ?Sized> SubAllocator for Box<T> {
     }
     fn release_cached(&mut self) -> u64 {
         (**self).release_cached()
+    }
+    fn placed_top_down(&self, b: &LiveBlock) -> bool {
+        (**self).placed_top_down(b)
     }
     fn compaction_layout(&self) -> CompactionLayout {
         (**self).compaction_layout()

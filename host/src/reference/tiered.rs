@@ -120,6 +120,10 @@ impl SubAllocator for Tiered {
     fn live_blocks(&self) -> Vec<LiveBlock> {
         self.slab.live_blocks()
     }
+    /// Blocks of the large tier (`size >= large_min`) are carved from the top.
+    fn placed_top_down(&self, b: &LiveBlock) -> bool {
+        b.size >= self.config.large_min
+    }
     fn reset(&mut self) {
         self.slab.reset()
     }

@@ -70,9 +70,9 @@ use serde::Serialize;
 use super::capacity::{choose_capacity, CapacityChoice};
 use super::engine::{self, Ledger, ReplayTarget, Request, Setup, TargetSummary};
 use super::options::{choose_alignment, round_request, DEFAULT_TIMELINE_POINTS};
-use super::report::{fmt_bytes, FailedRequest, FragSnapshot, ReplayReport};
+use super::report::{fmt_bytes, FailedRequest, ReplayReport};
 use super::ReplayError;
-use crate::analysis::{self, external_ratio, FailureClass, FragLevel};
+use crate::analysis::{self, external_ratio, FailureClass, Fragmentation};
 use crate::backend::{Backend, BackendError};
 use crate::device_heap::{ops, DeviceHeap, Sizes, MIN_HEAP_BYTES};
 use crate::trace::{DeviceTrace, Trace};
@@ -421,8 +421,10 @@ impl ReplayTarget for DeviceTarget<'_> {
         self.flush(l, event)
     }
 
+    /// [`analysis::footprint`] with slab pages and large blocks as units, all placed bottom-up.
     fn footprint(&mut self) -> u64 {
-        self.ends.last_key_value().map_or(0, |(&e, _)| e)
+        let cap = self.heap.capacity();
+        analysis::footprint(None, self.ends.last_key_value().map_or(0, |(&e, _)| e), cap, cap)
     }
 
     /// External fragmentation of the buddy levels now (a metadata read-back, excluded from the time).
@@ -434,7 +436,7 @@ impl ReplayTarget for DeviceTarget<'_> {
     }
 
     /// Metrics now, from the metadata (and the consistency check of the host's view against it).
-    fn snapshot(&mut self, l: &mut Ledger, event: Option<usize>) -> Result<FragSnapshot, ReplayError> {
+    fn snapshot(&mut self, l: &mut Ledger, event: Option<usize>) -> Result<Fragmentation, ReplayError> {
         let err = |e: BackendError| dev_err(event, e);
         let stats = self.heap.stats().map_err(err)?;
         let free = self.heap.free_blocks().map_err(err)?;
@@ -478,26 +480,9 @@ impl ReplayTarget for DeviceTarget<'_> {
                 ),
             ));
         }
-        let total: u64 = free.iter().map(|b| b.1).sum();
-        let largest = free.iter().map(|b| b.1).max().unwrap_or(0);
-        let external = external_ratio(total, largest);
         let footprint = self.footprint();
         self.high = live.last().map_or(0, |b| b.offset + b.size).max(pages.last().map_or(0, |p| p.0 + PAGE));
-        Ok(FragSnapshot {
-            event,
-            allocated: l.allocated,
-            in_use: self.in_use,
-            footprint,
-            reserved_unallocated: footprint.saturating_sub(l.allocated),
-            rounding_waste: self.in_use.saturating_sub(l.allocated),
-            holes: footprint.saturating_sub(self.in_use),
-            free: total,
-            largest_free: largest,
-            free_blocks: free.len(),
-            external,
-            rms: analysis::rms_fragmentation(free.iter().map(|b| b.1)),
-            level: FragLevel::of(external),
-        })
+        Ok(Fragmentation::of_free(free.iter().map(|b| b.1)).with_live(l.allocated, self.in_use, footprint).at(event))
     }
 
     fn before_end(&mut self, l: &mut Ledger, last: Option<usize>) -> Result<(), ReplayError> {
@@ -514,7 +499,7 @@ impl ReplayTarget for DeviceTarget<'_> {
     fn finish(
         &mut self,
         _l: &mut Ledger,
-        at_end: &FragSnapshot,
+        at_end: &Fragmentation,
         last: Option<usize>,
     ) -> Result<TargetSummary, ReplayError> {
         let stats = self.heap.stats().map_err(|e| dev_err(last, e))?;

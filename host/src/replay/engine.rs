@@ -17,9 +17,10 @@ use std::time::Instant;
 
 use super::capacity::{demand_peak, CapacityChoice};
 use super::device::DeviceHeapEnd;
-use super::report::{CachingEnd, CompactionRecord, FailedRequest, FragSnapshot, ReplayReport, Sample, TierStats};
+use super::report::{CachingEnd, CompactionRecord, FailedRequest, ReplayReport, Sample, TierStats};
 use super::seeding::pytorch_series;
 use super::ReplayError;
+use crate::analysis::Fragmentation;
 use crate::analysis::PeakTracker;
 use crate::trace::{DeviceTrace, Event, EventKind, Trace};
 
@@ -123,12 +124,12 @@ pub(crate) trait ReplayTarget {
         let _ = (l, event);
         Ok(())
     }
-    /// The footprint now, bytes.
+    /// The footprint now ([`crate::analysis::footprint`]), bytes.
     fn footprint(&mut self) -> u64;
     /// External fragmentation now, `1 − largest free / free`.
     fn external(&mut self, l: &mut Ledger, event: Option<usize>) -> Result<f64, ReplayError>;
     /// The fragmentation metrics now (after `event`).
-    fn snapshot(&mut self, l: &mut Ledger, event: Option<usize>) -> Result<FragSnapshot, ReplayError>;
+    fn snapshot(&mut self, l: &mut Ledger, event: Option<usize>) -> Result<Fragmentation, ReplayError>;
     /// Checks before the end snapshot (after the last event).
     fn before_end(&mut self, l: &mut Ledger, last: Option<usize>) -> Result<(), ReplayError> {
         let _ = (l, last);
@@ -138,7 +139,7 @@ pub(crate) trait ReplayTarget {
     fn finish(
         &mut self,
         l: &mut Ledger,
-        at_end: &FragSnapshot,
+        at_end: &Fragmentation,
         last: Option<usize>,
     ) -> Result<TargetSummary, ReplayError>;
 }

@@ -28,11 +28,12 @@
 //!   release or unmap what PyTorch released, at the same event ([`crate::reference::caching::RecordedSegments`]); another
 //!   strategy's [`SubAllocator::release_cached`] is called at the first event of each run of releases (a
 //!   no-op for strategies without a cache).
-//! * **Footprint** ("reserved" of a strategy, bytes): for the caching model its reserved bytes (the sum
-//!   of its segments, PyTorch's `reserved_bytes`); for tiered, the bytes spanned by its two ends (end of
-//!   the highest block placed bottom-up plus capacity minus the start of the lowest large block placed
-//!   top-down); for every other strategy the address high-water mark (end of the highest live block).
-//!   *Peak reserved* is its maximum over the run.
+//! * **Footprint** ("reserved" of a strategy, bytes): [`crate::analysis::footprint`], the one definition:
+//!   for the caching model its reserved bytes (the sum of its segments, PyTorch's `reserved_bytes`); for
+//!   tiered, the bytes spanned by its two ends (end of the highest block placed bottom-up plus capacity
+//!   minus the start of the lowest large block placed top-down); for the device heap the end of its
+//!   highest slab page or large block; for every other strategy the address high-water mark (end of the
+//!   highest live block). *Peak reserved* is its maximum over the run.
 //! * **Metrics** (DESIGN.md §3.3, reported together): peak allocated, peak
 //!   reserved, peak utilisation and Johnstone–Wilson #4 `(max footprint − max live) / max live`
 //!   ([`crate::analysis::PeakTracker`]); at the demand peak (the event after which the trace's live requested bytes are
@@ -56,7 +57,7 @@
 //! One driver (`engine`: the event loop, timeline, peaks and report builder) runs every target: a
 //! host strategy or the caching model (`strategy`, [`replay`]) and the device heap on a backend
 //! ([`device`], [`replay_device`]). [`options`] holds the options and the request rounding rule,
-//! [`capacity`] the one default-capacity rule, [`seeding`] the PyTorch snapshot seeding and series,
+//! [`capacity`] the one default-capacity rule, [`mod@compare`] every contender over one trace, [`seeding`] the PyTorch snapshot seeding and series,
 //! [`report`] the report types.
 
 use crate::backend::Backend;
@@ -66,6 +67,7 @@ use crate::reference::{Allocation, SubAllocator};
 use crate::trace::{DeviceTrace, Trace, TraceFormat};
 
 pub mod capacity;
+pub mod compare;
 pub mod device;
 mod engine;
 pub mod materialize;
@@ -85,7 +87,7 @@ pub use options::{
 };
 pub use report::{
     fmt_bytes, fmt_ns, CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel,
-    FragSnapshot, ReplayReport, Sample, TierStats,
+    Fragmentation, ReplayReport, Sample, TierStats,
 };
 pub use seeding::{pytorch_series, PytorchReserved};
 

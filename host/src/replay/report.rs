@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-pub use crate::analysis::{FailureClass, FragLevel};
+pub use crate::analysis::{FailureClass, FragLevel, Fragmentation};
 
 use super::capacity::CapacityChoice;
 use super::device::DeviceHeapEnd;
@@ -25,37 +25,6 @@ pub struct FailedRequest {
     pub free: u64,
     /// Largest free extent at the failure, bytes.
     pub largest_free: u64,
-}
-
-/// Fragmentation metrics at one moment (bytes unless named otherwise).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct FragSnapshot {
-    /// After this event (`None`: before the first event).
-    pub event: Option<usize>,
-    /// Requested bytes live.
-    pub allocated: u64,
-    /// Bytes of live blocks, rounding included.
-    pub in_use: u64,
-    /// Footprint (see the module docs).
-    pub footprint: u64,
-    /// `footprint − allocated`.
-    pub reserved_unallocated: u64,
-    /// `in_use − allocated`: rounding waste.
-    pub rounding_waste: u64,
-    /// `footprint − in_use`: holes.
-    pub holes: u64,
-    /// All free bytes (inside and outside the footprint).
-    pub free: u64,
-    /// Largest free extent.
-    pub largest_free: u64,
-    /// Number of free extents.
-    pub free_blocks: usize,
-    /// External fragmentation `1 − largest_free / free`.
-    pub external: f64,
-    /// RMS fragmentation `1 − sqrt(Σ f²) / Σ f`.
-    pub rms: f64,
-    /// Level of `external`.
-    pub level: FragLevel,
 }
 
 /// What made a compaction run (serialised as `on-oom` or `threshold`, the policy's names).
@@ -214,9 +183,9 @@ pub struct ReplayReport {
     /// Failed requests (every one).
     pub failed: Vec<FailedRequest>,
     /// Metrics at the demand peak.
-    pub at_peak: FragSnapshot,
+    pub at_peak: Fragmentation,
     /// Metrics after the last event.
-    pub at_end: FragSnapshot,
+    pub at_end: Fragmentation,
     /// Compactions.
     pub compactions: Vec<CompactionRecord>,
     /// Wall time of the event loop, ns.

@@ -1,7 +1,7 @@
 //! The replay target of a host strategy or the PyTorch caching model ([`super::replay`]).
 //!
 //! Requests are served one by one; frees go through the handle API ([`SubAllocator::free`] with the
-//! block's [`Allocation`], kept per block id). The footprint is the caching model's reserved bytes, or the
+//! block's [`Allocation`], kept per block id). The footprint ([`analysis::footprint`]) is the caching model's reserved bytes, or the
 //! address high-water mark kept by [`HighWater`] (both ends for the tiered strategy's top-down large
 //! tier). Compaction (on-oom, threshold) plans the reference slide, measures it with the real kernel on
 //! the backend ([`super::materialize`]) and applies it with [`SubAllocator::apply_relocation`].
@@ -14,12 +14,10 @@ use super::capacity::{CapacityChoice, MIN_CAPACITY};
 use super::engine::{Ledger, ReplayTarget, Request, TargetSummary};
 use super::materialize::{self, MeasureOutcome};
 use super::options::{round_request, CompactPolicy, ReplayOptions, DEFAULT_MATERIALIZE_LIMIT_CPU};
-use super::report::{
-    CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragSnapshot, TierStats,
-};
+use super::report::{CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, TierStats};
 use super::seeding::seed_caching;
 use super::ReplayError;
-use crate::analysis::{self, external_ratio};
+use crate::analysis::{self, external_ratio, Fragmentation};
 use crate::backend::Backend;
 use crate::reference::caching::{self, CachingAllocator, RecordedSegments};
 use crate::reference::compact::plan_slide;
@@ -99,10 +97,10 @@ impl HighWater {
             }
             self.starts.pop();
         }
-        let low = self.ends.peek().map_or(0, |x| x.0);
-        let high = self.starts.peek().map_or(0, |x| self.capacity - x.0 .0);
+        let bottom_end = self.ends.peek().map_or(0, |x| x.0);
+        let top_start = self.starts.peek().map_or(self.capacity, |x| x.0 .0);
         // Interleaved ends (a large block placed low) span the whole range.
-        (low + high).min(self.capacity)
+        analysis::footprint(None, bottom_end, top_start, self.capacity)
     }
     fn rebuild(&mut self, slots: &[Slot]) {
         self.ends.clear();
@@ -504,10 +502,11 @@ impl ReplayTarget for StrategyTarget<'_> {
         Ok(())
     }
 
+    /// [`analysis::footprint`], kept incrementally: O(1) for the caching model, amortised O(log n) else.
     #[inline]
     fn footprint(&mut self) -> u64 {
         match &self.model {
-            Model::Caching(c) => c.reserved_bytes(),
+            Model::Caching(c) => analysis::footprint(Some(c.reserved_bytes()), 0, 0, 0),
             Model::Strategy(_) => self.high_water.current(&self.slots),
         }
     }
@@ -517,30 +516,17 @@ impl ReplayTarget for StrategyTarget<'_> {
         Ok(external_ratio(st.free, st.largest_free))
     }
 
-    fn snapshot(&mut self, l: &mut Ledger, event: Option<usize>) -> Result<FragSnapshot, ReplayError> {
+    fn snapshot(&mut self, l: &mut Ledger, event: Option<usize>) -> Result<Fragmentation, ReplayError> {
         let footprint = self.footprint();
         let r = analysis::analyze(&*self.model);
-        Ok(FragSnapshot {
-            event,
-            allocated: l.allocated,
-            in_use: r.in_use,
-            footprint,
-            reserved_unallocated: footprint.saturating_sub(l.allocated),
-            rounding_waste: r.in_use.saturating_sub(l.allocated),
-            holes: footprint.saturating_sub(r.in_use),
-            free: r.free,
-            largest_free: r.largest_free,
-            free_blocks: r.free_blocks,
-            external: r.external,
-            rms: r.rms,
-            level: r.level,
-        })
+        let in_use = r.in_use;
+        Ok(r.with_live(l.allocated, in_use, footprint).at(event))
     }
 
     fn finish(
         &mut self,
         _l: &mut Ledger,
-        _at_end: &FragSnapshot,
+        _at_end: &Fragmentation,
         _last: Option<usize>,
     ) -> Result<TargetSummary, ReplayError> {
         let caching_end = match &self.model {

@@ -45,15 +45,10 @@ class Report:
         return iter(self._data.keys())
 
 
-class ReplayReport(Report):
-    """One strategy replayed over one device of a trace (``gpuheap replay --json``)."""
+class _TraceReport(Report):
+    """Base class of the reports over one device of a trace: its source, device and PyTorch's figures."""
 
     __slots__ = ()
-
-    @property
-    def strategy(self) -> str:
-        """The strategy's name (e.g. ``best-fit``; ``device heap`` for the device allocator)."""
-        return self._data["strategy"]
 
     @property
     def trace(self) -> str:
@@ -64,6 +59,24 @@ class ReplayReport(Report):
     def device(self) -> int:
         """The device ordinal replayed."""
         return self._data["device"]
+
+    @property
+    def pytorch(self) -> Optional[dict]:
+        """PyTorch's own reserved bytes from the snapshot's segments (initial, peak, end, the
+        snapshot's final state; ``None`` for other formats)."""
+        p = self._data.get("pytorch")
+        return None if p is None else dict(p)
+
+
+class ReplayReport(_TraceReport):
+    """One strategy replayed over one device of a trace (``gpuheap replay --json``)."""
+
+    __slots__ = ()
+
+    @property
+    def strategy(self) -> str:
+        """The strategy's name (e.g. ``best-fit``; ``device heap`` for the device allocator)."""
+        return self._data["strategy"]
 
     @property
     def capacity(self) -> int:
@@ -103,7 +116,8 @@ class ReplayReport(Report):
 
     @property
     def at_peak(self) -> dict:
-        """Fragmentation at the demand peak: allocated, reserved, holes, ... (bytes), ``external``."""
+        """Fragmentation at the demand peak: ``allocated``, ``footprint``, ``holes``, ... (bytes),
+        ``external``, ``level``."""
         return dict(self._data["at_peak"])
 
     @property
@@ -115,12 +129,6 @@ class ReplayReport(Report):
     def compactions(self) -> list[dict]:
         """One record per compaction (event, bytes planned, kernel measurement)."""
         return copy.deepcopy(self._data["compactions"])
-
-    @property
-    def pytorch(self) -> Optional[dict]:
-        """PyTorch's own reserved bytes from the snapshot's segments (``None`` for other formats)."""
-        p = self._data.get("pytorch")
-        return None if p is None else dict(p)
 
     def summary(self) -> str:
         """One line: peak allocated and reserved, utilisation, failures, compactions."""
@@ -153,32 +161,15 @@ def _row(r: dict) -> list[str]:
     ]
 
 
-class Comparison(Report):
+class Comparison(_TraceReport):
     """Every strategy over the same trace, side by side (``gpuheap compare --json``)."""
 
     __slots__ = ()
 
     @property
-    def trace(self) -> str:
-        """The trace's source."""
-        return self._data["trace"]
-
-    @property
-    def device(self) -> int:
-        """The device ordinal replayed."""
-        return self._data["device"]
-
-    @property
     def strategies(self) -> list[ReplayReport]:
         """One report per strategy that ran, in the CLI's order (host strategies, then ``device heap``)."""
         return [ReplayReport(r) for r in self._data["strategies"]]
-
-    @property
-    def pytorch(self) -> Optional[dict]:
-        """PyTorch's own reserved bytes (initial, peak, end, snapshot's final state; ``None`` for
-        non-PyTorch traces)."""
-        p = self._data.get("pytorch")
-        return None if p is None else dict(p)
 
     @property
     def not_run(self) -> list[dict]:
