@@ -8,7 +8,7 @@
 //! * [`ptx`]: the embedded PTX of `gpuheap-kernels`;
 //! * [`ops`]: safe host wrappers of the basic kernels (fill/verify, bump);
 //! * [`device_heap`]: the device allocator (`malloc`/`free` inside kernels):
-//!   creation, statistics, live blocks, reset, the movable arena of handles;
+//!   creation, statistics, live blocks, reset, the movable region of handles;
 //! * [`compaction`]: relocatable blocks (handles) and in-place compaction;
 //! * [`mod@reference`]: host reference allocators (first-fit, best-fit, buddy,
 //!   TLSF, slab, tiered, PyTorch-style caching) and the reference compaction;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use gpuheap::backend::Backend;
 use gpuheap::device_heap::ops::{self, Batch};
-use gpuheap::device_heap::{DeviceHeap, HeapStats, LiveBlock, Sizes};
+use gpuheap::device_heap::{BuddyBlock, DeviceHeap, HeapStats, Sizes};
 use gpuheap_kernels::heap::layout::{class_of, class_size, order_of, CLASSES, PAGE, UNIT};
 
 /// The block size a request really takes (the host model of the rounding).
@@ -322,11 +322,11 @@ fn live_blocks_list_large_allocations_and_rebuild_accepts_a_relocation() {
         let n = sizes.len() as u64;
         let batch = ops::malloc_batch(&b, &heap, &Sizes::PerThread(sizes.clone()), n, false).unwrap();
         let ptrs = batch.read_ptrs().unwrap();
-        let mut expect: Vec<LiveBlock> = ptrs
+        let mut expect: Vec<BuddyBlock> = ptrs
             .iter()
             .zip(&sizes)
             .filter(|(_, &s)| s > 4096)
-            .map(|(&p, &s)| LiveBlock { offset: p - heap.base(), size: rounded(s) })
+            .map(|(&p, &s)| BuddyBlock { offset: p - heap.base(), size: rounded(s) })
             .collect();
         expect.sort();
         assert_eq!(heap.live_blocks().unwrap(), expect, "{what}");
@@ -338,7 +338,7 @@ fn live_blocks_list_large_allocations_and_rebuild_accepts_a_relocation() {
         by_size.sort_by_key(|b| std::cmp::Reverse(b.size));
         for blk in &by_size {
             top = (top - blk.size) & !(blk.size - 1);
-            moved.push(LiveBlock { offset: top, size: blk.size });
+            moved.push(BuddyBlock { offset: top, size: blk.size });
         }
         heap.rebuild(&moved).unwrap();
         let mut sorted = moved.clone();
@@ -352,7 +352,7 @@ fn live_blocks_list_large_allocations_and_rebuild_accepts_a_relocation() {
         // SAFETY: exactly the live allocations, each once.
         unsafe { ops::free_ptrs(&b, &heap, &all).unwrap() };
         check_fully_free(&b, &heap, &what);
-        assert!(heap.rebuild(&[LiveBlock { offset: 4096, size: 8192 }]).is_err(), "misaligned block rejected");
+        assert!(heap.rebuild(&[BuddyBlock { offset: 4096, size: 8192 }]).is_err(), "misaligned block rejected");
     }
 }
 

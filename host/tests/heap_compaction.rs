@@ -1,4 +1,4 @@
-//! Compaction of the device heap's movable arena (issue 5, integrated with
+//! Compaction of the device heap's movable region (issue 5, integrated with
 //! the device heap of issue 4) on every backend.
 //!
 //! Handles are allocated by kernels (`arena::handle_alloc`) and by the host, each
@@ -58,8 +58,8 @@ fn its_seed_case(seed: u64) {
 
 use common::slide;
 
-/// The bytes of the movable arena.
-fn arena_image(heap: &DeviceHeap) -> Vec<u8> {
+/// The bytes of the movable region.
+fn movable_image(heap: &DeviceHeap) -> Vec<u8> {
     let mut img = vec![0u8; heap.movable_capacity() as usize];
     heap.arena().read_into(heap.arena_offset() + (heap.movable_base() - heap.base()) as usize, &mut img).unwrap();
     img
@@ -99,11 +99,11 @@ fn raw_blocks(b: &Backend, heap: &DeviceHeap, sizes: Vec<u64>, seed: u64) -> Bat
     batch
 }
 
-/// Raw blocks never lie in the movable arena.
-fn assert_outside_arena(heap: &DeviceHeap, batch: &Batch, what: &str) {
+/// Raw blocks never lie in the movable region.
+fn assert_outside_movable(heap: &DeviceHeap, batch: &Batch, what: &str) {
     let (lo, hi) = (heap.movable_base(), heap.movable_base() + heap.movable_capacity());
     for (p, s) in batch.read_ptrs().unwrap().into_iter().zip(batch.read_sizes().unwrap()) {
-        assert!(p == 0 || p + s <= lo || p >= hi, "{what}: raw block {p:#x}+{s} inside the movable arena");
+        assert!(p == 0 || p + s <= lo || p >= hi, "{what}: raw block {p:#x}+{s} inside the movable region");
     }
 }
 
@@ -111,7 +111,7 @@ fn assert_outside_arena(heap: &DeviceHeap, batch: &Batch, what: &str) {
 fn compact_and_check(b: &Backend, heap: &mut DeviceHeap, what: &str) -> CompactionReport {
     let cap = heap.movable_capacity();
     let before_layout = heap.movable_layout().unwrap();
-    let before = arena_image(heap);
+    let before = movable_image(heap);
     let handles = live_handles(heap);
     let report = compact_heap(b, heap).unwrap_or_else(|e| panic!("{what}: compaction failed: {e}"));
     let after_layout = heap.movable_layout().unwrap();
@@ -140,7 +140,7 @@ fn compact_and_check(b: &Backend, heap: &mut DeviceHeap, what: &str) -> Compacti
     }
     // Bytes: every handle block, and the whole arena against the reference memmove.
     check_handles(b, heap, what);
-    let after = arena_image(heap);
+    let after = movable_image(heap);
     let mut want = before.clone();
     oracle::apply(&mut want, &before_layout, &expected);
     if let Some(i) = want.iter().zip(&after).position(|(a, b)| a != b) {
@@ -214,7 +214,7 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         // Raw malloc blocks: unchanged in place, never inside the arena.
         for (batch, seed) in [(&raw1, 77), (&raw2, 78)] {
             assert_eq!(ops::touch_batch(b, batch, seed, true).unwrap(), 0, "{what}: a raw block changed");
-            assert_outside_arena(&heap, batch, what);
+            assert_outside_movable(&heap, batch, what);
         }
         // A second compaction moves nothing.
         let r2 = compact_and_check(b, &mut heap, &format!("{what}, again"));
@@ -300,7 +300,7 @@ fn stale_handles_are_detected() {
 /// smaller than the request; the request fails, and succeeds after a
 /// compaction (raw `malloc` blocks are untouched).
 #[test]
-fn full_arena_accepts_a_large_handle_only_after_compaction() {
+fn full_movable_region_accepts_a_large_handle_only_after_compaction() {
     on_backends("bl_01_heap", |b, what| {
         const KIB: u64 = 1024;
         let mut heap = DeviceHeap::with_movable(b, 1 << 20, 64 * KIB, 64).unwrap();
@@ -368,7 +368,7 @@ fn bl_16_pending_op_sees_its_block_after_heap_compaction() {
 }
 
 #[test]
-fn empty_arena_and_no_holes() {
+fn empty_movable_region_and_no_holes() {
     on_backends("empty_and_packed", |b, what| {
         let mut heap = DeviceHeap::with_movable(b, 1 << 20, 256 << 10, 1024).unwrap();
         let r = compact_and_check(b, &mut heap, what);
@@ -381,10 +381,10 @@ fn empty_arena_and_no_holes() {
             .collect();
         hs.sort_by_key(|h| heap.resolve(*h).unwrap().offset);
         fill_handles(b, &heap, &hs);
-        let img = arena_image(&heap);
+        let img = movable_image(&heap);
         let r = compact_and_check(b, &mut heap, what);
         assert_eq!((r.blocks_moved, r.bytes_moved, r.launches), (0, 0, 0), "{what}");
-        assert_eq!(arena_image(&heap), img, "{what}: a packed arena changed");
+        assert_eq!(movable_image(&heap), img, "{what}: a packed arena changed");
         // Freeing the last blocks only moves the cursor back.
         let tail: Vec<Handle> = hs[150..].to_vec();
         heap.handle_free_batch(b, &tail).unwrap();
@@ -441,7 +441,7 @@ fn movable_arena_is_outside_the_buddy() {
     assert!(heap.live_blocks().unwrap().is_empty(), "the arena is not a large block");
     // Raw malloc never returns arena memory, even when the rest is exhausted.
     let raw = ops::malloc_batch(&b, &heap, &Sizes::Uniform(4096), 300, false).unwrap();
-    assert_outside_arena(&heap, &raw, "exhaustion");
+    assert_outside_movable(&heap, &raw, "exhaustion");
     let got = raw.read_ptrs().unwrap().iter().filter(|&&p| p != 0).count() as u64;
     assert!(got > 0 && got * 4096 <= (1 << 20) - 25 * 4096, "{got} raw blocks");
     assert_eq!(heap.stats().unwrap().accounted_bytes(), 1 << 20);

@@ -201,10 +201,10 @@ fn run(spec: &Spec, ops: &[Op]) -> Result<(), TestCaseError> {
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 /// Not a size-class boundary (2035 granules of 16 B), so "the whole capacity in one piece" exercises exact fits.
-const ARENA_CAP: u64 = 127 * KIB + 48;
+const BLOCK_LIST_CAP: u64 = 127 * KIB + 48;
 
-fn arena_need(granule: u64) -> fn(u64, u64) -> u64 {
-    // For alignments up to the granule, an arena OOM means no free block holds the rounded size.
+fn block_list_need(granule: u64) -> fn(u64, u64) -> u64 {
+    // For alignments up to the granule, a block-list OOM means no free block holds the rounded size.
     match granule {
         16 => |size, align| if align <= 16 { size.div_ceil(16) * 16 } else { u64::MAX },
         _ => unreachable!(),
@@ -220,19 +220,19 @@ proptest! {
 
     #[test]
     fn first_fit_matches_model(ops in ops(14, 8, 160)) {
-        run(&Spec { make: || Box::new(FirstFit::with_granule(ARENA_CAP, 16).unwrap()), exact_oom: Some(arena_need(16)),
+        run(&Spec { make: || Box::new(FirstFit::with_granule(BLOCK_LIST_CAP, 16).unwrap()), exact_oom: Some(block_list_need(16)),
                     max_align: u64::MAX, fresh_layout: None }, &ops)?;
     }
 
     #[test]
     fn best_fit_matches_model(ops in ops(14, 8, 160)) {
-        run(&Spec { make: || Box::new(BestFit::with_granule(ARENA_CAP, 16).unwrap()), exact_oom: Some(arena_need(16)),
+        run(&Spec { make: || Box::new(BestFit::with_granule(BLOCK_LIST_CAP, 16).unwrap()), exact_oom: Some(block_list_need(16)),
                     max_align: u64::MAX, fresh_layout: None }, &ops)?;
     }
 
     #[test]
     fn tlsf_matches_model(ops in ops(14, 8, 160)) {
-        run(&Spec { make: || Box::new(Tlsf::with_granule(ARENA_CAP, 16).unwrap()), exact_oom: Some(arena_need(16)),
+        run(&Spec { make: || Box::new(Tlsf::with_granule(BLOCK_LIST_CAP, 16).unwrap()), exact_oom: Some(block_list_need(16)),
                     max_align: u64::MAX, fresh_layout: None }, &ops)?;
     }
 
@@ -254,7 +254,7 @@ proptest! {
     fn slab_matches_model(ops in ops(14, 8, 160)) {
         let make = || -> Box<dyn SubAllocator + Send> {
             let cfg = SlabConfig { page_size: 4 * KIB, min_class: 16, max_class: KIB };
-            Box::new(Slab::new(Box::new(BestFit::with_granule(ARENA_CAP, 16).unwrap()), cfg).unwrap())
+            Box::new(Slab::new(Box::new(BestFit::with_granule(BLOCK_LIST_CAP, 16).unwrap()), cfg).unwrap())
         };
         run(&Spec { make, exact_oom: None, max_align: u64::MAX, fresh_layout: None }, &ops)?;
     }

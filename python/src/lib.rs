@@ -300,7 +300,8 @@ fn compare_json(
             host: common.options(StrategyKind::BestFit),
             device: DeviceReplayOptions { capacity: common.capacity, heap_limit, ..DeviceReplayOptions::default() },
         };
-        let cmp = compare(&trace, dev, |c| c.replay(&trace, dev, &opts, backend.as_ref(), device_backend, &mut |_| {}))?;
+        let cmp =
+            compare(&trace, dev, |c| c.replay(&trace, dev, &opts, backend.as_ref(), device_backend, &mut |_| {}))?;
         to_json(&cmp)
     })
 }

@@ -198,7 +198,7 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose:
     s += "Fext: external fragmentation 1 - largest free / free at the demand peak and at the end, with its level \
           (low < 0.1, medium < 0.3, high < 0.6, severe)\n";
     if reports.iter().any(|r| r.device_heap.is_some()) {
-        s += "device heap: compaction n/a (raw malloc blocks are pinned; only handle blocks of the movable arena move)\n";
+        s += "device heap: compaction n/a (raw malloc blocks are pinned; only handle blocks of the movable region move)\n";
     }
     for r in reports.iter().filter(|r| r.tiers.is_some()) {
         s += "\n";

@@ -3,11 +3,11 @@
 //! * [`CompactHeap`]: a region of device memory whose layout is managed on
 //!   the host (first fit), whose blocks are named by [`Handle`]s through a
 //!   device handle table, and which [`compact`] defragments in place.
-//! * The device heap's *movable arena*
+//! * The device heap's *movable region*
 //!   ([`DeviceHeap::with_movable`](crate::device_heap::DeviceHeap::with_movable)):
-//!   handle blocks allocated by kernels (`gpuheap_kernels::compact::arena::handle_alloc`)
+//!   handle blocks allocated by kernels (`gpuheap_kernels::compact::movable::handle_alloc`)
 //!   or the host beside raw `malloc`, which [`compact_heap`] defragments in
-//!   place with the same core. Raw `malloc` blocks lie outside the arena and
+//!   place with the same core. Raw `malloc` blocks lie outside the movable region and
 //!   never move (they count as pinned).
 //! * [`Compactor`]: the compaction core (plan and move kernels over any
 //!   region and layout), which the device heap will reuse.
@@ -555,17 +555,17 @@ impl<'b> CompactHeap<'b> {
     }
 }
 
-/// Compacts the movable arena of a device heap in place (see
+/// Compacts the movable region of a device heap in place (see
 /// [`DeviceHeap::compact`](crate::device_heap::DeviceHeap::compact)): the
 /// live, unpinned handle blocks slide towards the start of their segment,
-/// the device handle table is rewritten by the plan kernel, and the arena's
+/// the device handle table is rewritten by the plan kernel, and the movable region's
 /// allocator state (bump cursor, index pool) is rebuilt in the same call, so
 /// that afterwards the free space outside pinned islands is one range at the
-/// end. Raw `malloc` blocks are outside the arena and never move. `backend`
+/// end. Raw `malloc` blocks are outside the movable region and never move. `backend`
 /// is the one the heap was made on.
 ///
 /// # Errors
-/// When the heap has no movable arena (`InvalidArgument`); backend errors,
+/// When the heap has no movable region (`InvalidArgument`); backend errors,
 /// [`CompactionError::InvalidTuning`].
 pub fn compact_heap(backend: &Backend, heap: &mut crate::device_heap::DeviceHeap) -> Result<CompactionReport> {
     heap.compact(backend)

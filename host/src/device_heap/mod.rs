@@ -20,15 +20,15 @@
 //!
 //! # Movable blocks
 //!
-//! A heap made by [`DeviceHeap::with_movable`] also has a *movable arena*: a
+//! A heap made by [`DeviceHeap::with_movable`] also has a *movable region*: a
 //! span of its arena, taken out of the buddy allocator, whose blocks are
 //! named by [`Handle`](crate::compaction::Handle)s and which
 //! [`compact_heap`](crate::compaction::compact_heap) defragments in place.
-//! Kernels allocate them with `gpuheap_kernels::compact::arena::{handle_alloc,
+//! Kernels allocate them with `gpuheap_kernels::compact::movable::{handle_alloc,
 //! handle_free, resolve}` beside raw `malloc`/`free`; the host with
 //! [`DeviceHeap::handle_alloc`], [`DeviceHeap::handle_free`], [`DeviceHeap::pin`],
 //! [`DeviceHeap::unpin`] and [`DeviceHeap::resolve`]. The handle model, what
-//! moves and what never moves are documented in `gpuheap_kernels::compact::arena`
+//! moves and what never moves are documented in `gpuheap_kernels::compact::movable`
 //! and [`crate::compaction`]. The span is not a large block: it is not in
 //! [`DeviceHeap::live_blocks`], [`HeapStats::movable_bytes`] counts it, and
 //! [`DeviceHeap::rebuild`] and [`DeviceHeap::reset`] keep it.
@@ -99,7 +99,7 @@ pub struct HeapStats {
     pub invalid_frees: u64,
     /// Buddy splits/merges in flight (0 when no kernel runs).
     pub transit_in_flight: u32,
-    /// Bytes of the movable arena (taken out of the buddy for handle blocks,
+    /// Bytes of the movable region (taken out of the buddy for handle blocks,
     /// see [`DeviceHeap::with_movable`]; 0 without one).
     pub movable_bytes: u64,
 }
@@ -125,14 +125,14 @@ impl HeapStats {
 
 /// A live large block (a buddy allocation of more than 4 KiB).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LiveBlock {
+pub struct BuddyBlock {
     /// Byte offset from the arena base (a multiple of `size`).
     pub offset: u64,
     /// Block size, bytes (`4096 << order`; the request was rounded up to it).
     pub size: u64,
 }
 
-impl LiveBlock {
+impl BuddyBlock {
     /// Buddy order (`size = 4096 << order`).
     pub fn order(&self) -> u32 {
         (self.size >> UNIT_SHIFT).trailing_zeros()
@@ -173,7 +173,7 @@ impl DeviceHeap {
         Ok(heap)
     }
 
-    /// Unit range `[start, end)` of the movable arena (empty without one).
+    /// Unit range `[start, end)` of the movable region (empty without one).
     fn movable_units(&self) -> (u64, u64) {
         let h = &self.handle;
         (h.movable_off >> UNIT_SHIFT, (h.movable_off + h.movable_bytes) >> UNIT_SHIFT)
@@ -274,7 +274,7 @@ impl DeviceHeap {
 
     /// Frees everything: the heap returns to the state of [`DeviceHeap::new`]
     /// (counters included). Pointers from before are invalid afterwards. With
-    /// a movable arena, every handle is freed too (handles from before stay
+    /// a movable region, every handle is freed too (handles from before stay
     /// invalid: entry generations are kept) and the arena stays reserved.
     pub fn reset(&mut self) -> Result<()> {
         self.meta.zero()?;
@@ -336,7 +336,7 @@ impl DeviceHeap {
     /// starts a live block of order `k` iff `tags[u] = k + 1`). This is the
     /// list a compaction pass relocates; slab pages (listed by
     /// [`slab_pages`](Self::slab_pages)) are not in it.
-    pub fn live_blocks(&self) -> Result<Vec<LiveBlock>> {
+    pub fn live_blocks(&self) -> Result<Vec<BuddyBlock>> {
         Ok(MetaView { h: self.handle, bytes: self.read_meta()? }.live_blocks())
     }
 
@@ -392,14 +392,14 @@ impl DeviceHeap {
     /// live large blocks are exactly `blocks` and every unit that is neither
     /// in one of them nor in a slab page is free (decomposed into maximal
     /// buddy blocks by `gpuheap_kernels::heap::init::free_runs`). Slab pages,
-    /// their bitmaps, the counters and the movable arena are kept. Run it
+    /// their bitmaps, the counters and the movable region are kept. Run it
     /// while no kernel uses the heap.
     ///
     /// # Errors
     /// `InvalidArgument` when a block is not a power-of-two multiple of 4 KiB,
     /// is not aligned to its size, overlaps another block, a slab page or the
-    /// movable arena, or lies outside the arena.
-    pub fn rebuild(&mut self, blocks: &[LiveBlock]) -> Result<()> {
+    /// movable region, or lies outside the arena.
+    pub fn rebuild(&mut self, blocks: &[BuddyBlock]) -> Result<()> {
         let h = self.handle;
         let mut occupied: Vec<(u64, u64)> = Vec::with_capacity(blocks.len());
         for b in blocks {
@@ -482,11 +482,11 @@ impl MetaView {
         u32::from_le_bytes(self.bytes[o..o + 4].try_into().expect("4 bytes"))
     }
 
-    fn live_blocks(&self) -> Vec<LiveBlock> {
+    fn live_blocks(&self) -> Vec<BuddyBlock> {
         (0..self.h.units)
             .filter_map(|u| {
                 let t = self.u32(self.h.tags_off, u);
-                (t != 0).then(|| LiveBlock { offset: u << UNIT_SHIFT, size: UNIT << (t - 1) })
+                (t != 0).then(|| BuddyBlock { offset: u << UNIT_SHIFT, size: UNIT << (t - 1) })
             })
             .collect()
     }

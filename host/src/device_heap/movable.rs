@@ -1,8 +1,8 @@
-//! The movable arena of a [`DeviceHeap`], host side: creation, handle
+//! The movable region of a [`DeviceHeap`], host side: creation, handle
 //! allocation, free, pin, unpin, resolve, and compaction.
 //!
 //! The device side, the design and the guarantees are documented in
-//! `gpuheap_kernels::compact::arena`; this file keeps no host mirror of the
+//! `gpuheap_kernels::compact::movable`; this file keeps no host mirror of the
 //! handle table (kernels allocate and free handles, so the device copy is
 //! the only truth): every query reads it back, every host allocation or free
 //! launches the same kernel code that user kernels call.
@@ -14,13 +14,13 @@
 
 use std::time::Instant;
 
-use gpuheap_kernels::compact::arena::{
-    self, buffer_bytes, pool_offset, HandleAllocParams, HandleFreeParams, HandleTouchParams, ARENA_CTRL_BYTES,
-    CTRL_CURSOR, CTRL_FAILED, CTRL_POOL_LEN, CTRL_POOL_NEXT, HEAP_HANDLE_ALLOC, HEAP_HANDLE_FREE, HEAP_HANDLE_TOUCH,
-    PIN_SHIFT, TABLE_OFFSET,
-};
 use gpuheap_kernels::compact::handle::{
     make_handle, split_handle, DeviceHandleTable, HandleEntry, ENTRY_LIVE, ENTRY_PINNED,
+};
+use gpuheap_kernels::compact::movable::{
+    self, buffer_bytes, pool_offset, HandleAllocParams, HandleFreeParams, HandleTouchParams, CTRL_CURSOR, CTRL_FAILED,
+    CTRL_POOL_LEN, CTRL_POOL_NEXT, HEAP_HANDLE_ALLOC, HEAP_HANDLE_FREE, HEAP_HANDLE_TOUCH, MOVABLE_CTRL_BYTES,
+    PIN_SHIFT, TABLE_OFFSET,
 };
 use gpuheap_kernels::compact::{LiveBlock, BLOCK_PINNED, GRANULE};
 use gpuheap_kernels::heap::layout::{UNIT, UNIT_SHIFT};
@@ -33,18 +33,18 @@ use crate::compaction::{
     Fragmentation, Handle, Result,
 };
 
-/// Host state of a movable arena: the device buffer of control words, table
+/// Host state of a movable region: the device buffer of control words, table
 /// and pool, and the compaction core (its buffers are reused).
 pub(super) struct Movable {
     buf: DeviceBuffer,
     compactor: Compactor,
 }
 
-/// A snapshot of the movable arena, read back from the device. Exact when no
+/// A snapshot of the movable region, read back from the device. Exact when no
 /// kernel is running on the heap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MovableStats {
-    /// Bytes of the arena.
+    /// Bytes of the movable region.
     pub capacity: u64,
     /// The bump cursor: bytes handed out since the last compaction (live and
     /// freed blocks; may exceed `capacity` after failed requests).
@@ -67,16 +67,16 @@ fn round(size: u64) -> u64 {
     size.div_ceil(GRANULE) * GRANULE
 }
 
-fn no_arena() -> CompactionError {
-    BackendError::InvalidArgument("the device heap has no movable arena (see DeviceHeap::with_movable)".into()).into()
+fn no_movable() -> CompactionError {
+    BackendError::InvalidArgument("the device heap has no movable region (see DeviceHeap::with_movable)".into()).into()
 }
 
 const ENTRY_BYTES: usize = size_of::<HandleEntry>();
 
 impl DeviceHeap {
     /// A heap with an arena of `bytes` bytes of which `movable_bytes`
-    /// (rounded up to 4 KiB) form the *movable arena* for handle blocks, with
-    /// a handle table of `max_handles` entries. The movable arena is taken out
+    /// (rounded up to 4 KiB) form the *movable region* for handle blocks, with
+    /// a handle table of `max_handles` entries. The movable region is taken out
     /// of the buddy allocator (at the start of the arena); raw `malloc` serves
     /// the rest.
     ///
@@ -88,7 +88,7 @@ impl DeviceHeap {
         let span = movable_bytes.div_ceil(UNIT) * UNIT;
         if movable_bytes == 0 || span > heap.capacity() || max_handles == 0 {
             return Err(BackendError::InvalidArgument(format!(
-                "a movable arena of {movable_bytes} bytes with {max_handles} handles in a {}-byte heap",
+                "a movable region of {movable_bytes} bytes with {max_handles} handles in a {}-byte heap",
                 heap.capacity()
             )));
         }
@@ -105,22 +105,22 @@ impl DeviceHeap {
         Ok(heap)
     }
 
-    /// `true` when the heap has a movable arena.
+    /// `true` when the heap has a movable region.
     pub fn has_movable(&self) -> bool {
         self.movable.is_some()
     }
 
-    /// Bytes of the movable arena (0 without one).
+    /// Bytes of the movable region (0 without one).
     pub fn movable_capacity(&self) -> u64 {
         self.handle.movable_bytes
     }
 
-    /// Entries of the handle table (0 without a movable arena).
+    /// Entries of the handle table (0 without a movable region).
     pub fn max_handles(&self) -> u32 {
         self.handle.max_handles as u32
     }
 
-    /// Device address of the movable arena (handle offsets are relative to
+    /// Device address of the movable region (handle offsets are relative to
     /// it).
     pub fn movable_base(&self) -> u64 {
         self.handle.base + self.handle.movable_off
@@ -128,30 +128,30 @@ impl DeviceHeap {
 
     /// The handle table as a [`DeviceHandleTable`], for kernels written
     /// against `gpuheap_kernels::compact::handle::resolve` (kernels that have
-    /// the [`Heap`](super::Heap) use `arena::resolve` instead).
+    /// the [`Heap`](super::Heap) use `movable::resolve` instead).
     pub fn handle_table(&self) -> DeviceHandleTable {
-        arena::table(&self.handle)
+        movable::table(&self.handle)
     }
 
-    /// The compaction tuning of the movable arena.
+    /// The compaction tuning of the movable region.
     ///
     /// # Errors
-    /// When the heap has no movable arena.
+    /// When the heap has no movable region.
     pub fn compact_tuning(&self) -> Result<CompactTuning> {
-        Ok(self.movable.as_ref().ok_or_else(no_arena)?.compactor.tuning())
+        Ok(self.movable.as_ref().ok_or_else(no_movable)?.compactor.tuning())
     }
 
     /// Replaces the compaction tuning (tile size, geometry).
     ///
     /// # Errors
-    /// When the heap has no movable arena.
+    /// When the heap has no movable region.
     pub fn set_compact_tuning(&mut self, t: CompactTuning) -> Result<()> {
-        self.movable.as_mut().ok_or_else(no_arena)?.compactor.set_tuning(t);
+        self.movable.as_mut().ok_or_else(no_movable)?.compactor.set_tuning(t);
         Ok(())
     }
 
     fn mv(&self) -> Result<&Movable> {
-        self.movable.as_ref().ok_or_else(no_arena)
+        self.movable.as_ref().ok_or_else(no_movable)
     }
 
     fn ctrl_words(&self) -> Result<[u64; 8]> {
@@ -161,10 +161,10 @@ impl DeviceHeap {
     }
 
     /// The handle table read back: one entry per index (flags: live, pinned,
-    /// pin count in bits 8.., see `arena::PIN_SHIFT`).
+    /// pin count in bits 8.., see `movable::PIN_SHIFT`).
     ///
     /// # Errors
-    /// When the heap has no movable arena; backend errors.
+    /// When the heap has no movable region; backend errors.
     pub fn read_handle_table(&self) -> Result<Vec<HandleEntry>> {
         let mut v = vec![HandleEntry::default(); self.handle.max_handles as usize];
         self.mv()?.buf.read_into(TABLE_OFFSET as usize, bytemuck::cast_slice_mut(&mut v))?;
@@ -229,10 +229,10 @@ impl DeviceHeap {
     }
 
     /// Thread `i` of one launch calls the device `handle_alloc(sizes[i])`; `None`
-    /// where it returned 0 (0 bytes, arena or table exhausted).
+    /// where it returned 0 (0 bytes, movable region or table exhausted).
     ///
     /// # Errors
-    /// When the heap has no movable arena; backend errors.
+    /// When the heap has no movable region; backend errors.
     pub fn handle_alloc_batch(&self, backend: &Backend, sizes: &[u64]) -> Result<Vec<Option<Handle>>> {
         self.mv()?;
         let n = sizes.len() as u64;
@@ -277,7 +277,7 @@ impl DeviceHeap {
     /// where it was rejected (not live, or pinned).
     ///
     /// # Errors
-    /// When the heap has no movable arena; backend errors.
+    /// When the heap has no movable region; backend errors.
     pub fn handle_free_batch(&self, backend: &Backend, handles: &[Handle]) -> Result<Vec<bool>> {
         self.mv()?;
         let n = handles.len() as u64;
@@ -301,7 +301,7 @@ impl DeviceHeap {
     /// mismatching words and the handles that did not resolve (stale, freed).
     ///
     /// # Errors
-    /// When the heap has no movable arena; `InvalidArgument` for a handle
+    /// When the heap has no movable region; `InvalidArgument` for a handle
     /// listed twice in write mode; backend errors.
     pub fn touch_handles(&self, backend: &Backend, handles: &[Handle], seed: u64, verify: bool) -> Result<(u64, u64)> {
         self.mv()?;
@@ -337,7 +337,7 @@ impl DeviceHeap {
     fn write_state(&mut self, index: u32, flags: u32, generation: u32) -> Result<()> {
         let word = (generation as u64) << 32 | flags as u64;
         let at = TABLE_OFFSET as usize + index as usize * ENTRY_BYTES + 16;
-        self.movable.as_mut().ok_or_else(no_arena)?.buf.write_at(at, &word.to_le_bytes())?;
+        self.movable.as_mut().ok_or_else(no_movable)?.buf.write_at(at, &word.to_le_bytes())?;
         Ok(())
     }
 
@@ -373,7 +373,7 @@ impl DeviceHeap {
     }
 
     /// Where the block of `h` is now: offset from [`movable_base`](Self::movable_base),
-    /// requested size, pinned (host side of `arena::resolve`).
+    /// requested size, pinned (host side of `movable::resolve`).
     ///
     /// # Errors
     /// [`CompactionError::InvalidHandle`]; backend errors.
@@ -421,7 +421,7 @@ impl DeviceHeap {
     /// up to 16, `handle` = table index, pinned flag).
     ///
     /// # Errors
-    /// When the heap has no movable arena; backend errors.
+    /// When the heap has no movable region; backend errors.
     pub fn movable_layout(&self) -> Result<Vec<LiveBlock>> {
         let table = self.read_handle_table()?;
         Ok(layout_of(&table))
@@ -430,7 +430,7 @@ impl DeviceHeap {
     /// The handle of the live block whose table index is `index`.
     ///
     /// # Errors
-    /// When the heap has no movable arena; backend errors.
+    /// When the heap has no movable region; backend errors.
     pub fn handle_of(&self, index: u32) -> Result<Option<Handle>> {
         if index as u64 >= self.handle.max_handles {
             return Ok(None);
@@ -439,17 +439,17 @@ impl DeviceHeap {
         Ok((e.flags & ENTRY_LIVE != 0).then(|| Handle(make_handle(index, e.generation))))
     }
 
-    /// Free ranges `(offset, len)` of the movable arena in address order:
+    /// Free ranges `(offset, len)` of the movable region in address order:
     /// every byte not in a live handle block (freed blocks count as free:
     /// the next compaction reclaims them).
     ///
     /// # Errors
-    /// When the heap has no movable arena; backend errors.
+    /// When the heap has no movable region; backend errors.
     pub fn movable_free_ranges(&self) -> Result<Vec<(u64, u64)>> {
         Ok(oracle::free_ranges(&self.movable_layout()?, None, self.handle.movable_bytes))
     }
 
-    /// Fragmentation of the movable arena now ([`region_fragmentation`] over
+    /// Fragmentation of the movable region now ([`region_fragmentation`] over
     /// [`movable_free_ranges`](Self::movable_free_ranges)).
     ///
     /// # Errors
@@ -460,10 +460,10 @@ impl DeviceHeap {
         Ok(region_fragmentation(cap, allocated_of(&table), oracle::free_ranges(&layout_of(&table), None, cap)))
     }
 
-    /// Counters of the movable arena.
+    /// Counters of the movable region.
     ///
     /// # Errors
-    /// When the heap has no movable arena; backend errors.
+    /// When the heap has no movable region; backend errors.
     pub fn movable_stats(&self) -> Result<MovableStats> {
         let w = self.ctrl_words()?;
         let layout = self.movable_layout()?;
@@ -478,7 +478,7 @@ impl DeviceHeap {
         })
     }
 
-    /// Rewrites the arena's allocator state after a compaction (or a reset):
+    /// Rewrites the movable region's allocator state after a compaction (or a reset):
     /// the cursor at `cursor`, the pool = every entry that is not live
     /// (ascending), the failed counter kept unless `clear_failed`.
     fn write_allocator_state(&mut self, table: &[HandleEntry], cursor: u64, clear_failed: bool) -> Result<()> {
@@ -491,14 +491,14 @@ impl DeviceHeap {
         if clear_failed {
             w[CTRL_FAILED as usize] = 0;
         }
-        let mv = self.movable.as_mut().ok_or_else(no_arena)?;
+        let mv = self.movable.as_mut().ok_or_else(no_movable)?;
         mv.buf.write_at(pool_offset(max) as usize, bytemuck::cast_slice(&pool))?;
         mv.buf.write_at(0, bytemuck::cast_slice(&w))?;
         Ok(())
     }
 
     /// Frees every handle (generations kept, so old handles stay invalid) and
-    /// empties the arena.
+    /// empties the movable region.
     pub(super) fn reset_movable(&mut self) -> BackendResult<()> {
         if self.movable.is_none() {
             return Ok(());
@@ -514,26 +514,26 @@ impl DeviceHeap {
         for e in &mut table {
             e.flags = 0;
         }
-        let mv = self.movable.as_mut().ok_or_else(no_arena)?;
+        let mv = self.movable.as_mut().ok_or_else(no_movable)?;
         mv.buf.write_at(TABLE_OFFSET as usize, bytemuck::cast_slice(&table))?;
         self.write_allocator_state(&table, 0, true)
     }
 
-    /// Compacts the movable arena in place (see
+    /// Compacts the movable region in place (see
     /// [`compact_heap`](crate::compaction::compact_heap)).
     ///
     /// Steps: read the handle table back and list the live entries in
     /// address order (a host read-back of `max_handles` entries and a host
     /// sort: the device has no sort by offset); unless they are already
     /// packed, run the plan kernels (which write the new offsets into the
-    /// device table) and the in-place mover over the arena; then, in the same
+    /// device table) and the in-place mover over the movable region; then, in the same
     /// call, set the bump cursor to the end of the last live block and refill
     /// the index pool with every entry that is not live. Afterwards the free
-    /// space of the arena is one range after the last block, plus one range
+    /// space of the movable region is one range after the last block, plus one range
     /// before each pinned block (its segment's tail).
     ///
     /// # Errors
-    /// When the heap has no movable arena; [`CompactionError::InvalidLayout`]
+    /// When the heap has no movable region; [`CompactionError::InvalidLayout`]
     /// when the table read back is not a valid layout (a kernel wrote it
     /// outside the API); [`CompactionError::InvalidTuning`]; backend errors.
     pub fn compact(&mut self, backend: &Backend) -> Result<CompactionReport> {
@@ -552,7 +552,7 @@ impl DeviceHeap {
             let at = (self.arena_offset() as u64) + self.handle.movable_off;
             let n = self.handle.max_handles as u32;
             let DeviceHeap { arena, movable, .. } = self;
-            let mv = movable.as_mut().ok_or_else(no_arena)?;
+            let mv = movable.as_mut().ok_or_else(no_movable)?;
             let run =
                 mv.compactor.compact_at(backend, arena, at, cap, &layout, Some((&mut mv.buf, TABLE_OFFSET, n)))?;
             report.plan_time = run.plan_time;
@@ -596,4 +596,4 @@ fn layout_of(table: &[HandleEntry]) -> Vec<LiveBlock> {
     v
 }
 
-const _: () = assert!(ARENA_CTRL_BYTES == 64 && ENTRY_BYTES == 24);
+const _: () = assert!(MOVABLE_CTRL_BYTES == 64 && ENTRY_BYTES == 24);

@@ -35,7 +35,7 @@ pub mod tune;
 
 pub use render::{capacity_text, devices_text, settings_warnings_text, warnings_text};
 
-pub use state::{final_state, state_after, HeapState, Hole, LiveBlock, SegmentView, StateError};
+pub use state::{final_state, state_after, HeapState, Hole, SegmentView, SnapshotBlock, StateError};
 
 /// What one device of a trace holds. Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -584,7 +584,7 @@ pub enum Moment {
 pub struct Tensor {
     /// The block.
     #[serde(flatten)]
-    pub block: LiveBlock,
+    pub block: SnapshotBlock,
     /// Up to [`TOP_FRAMES`] user frames (Python files outside `torch/`), innermost first; empty when
     /// the snapshot records none (history not recorded).
     pub frames: Vec<Frame>,

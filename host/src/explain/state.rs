@@ -26,7 +26,7 @@ use crate::trace::{BlockStatus, DeviceTrace, EventKind, Pool, SnapshotState};
 
 /// A live block (a tensor's storage) at the moment. Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct LiveBlock {
+pub struct SnapshotBlock {
     /// Device address.
     pub addr: u64,
     /// Block bytes (rounding included; see the module docs).
@@ -95,7 +95,7 @@ pub struct HeapState {
     /// Segments by address.
     pub segments: Vec<SegmentView>,
     /// Live blocks, largest requested size first.
-    pub live: Vec<LiveBlock>,
+    pub live: Vec<SnapshotBlock>,
 }
 
 /// A sum that does not fit in 64 bits (possible only with corrupt or hostile sizes).
@@ -164,16 +164,17 @@ pub fn state_after(dev: &DeviceTrace, after: Option<usize>) -> Result<HeapState,
             segs.insert(s.id, (s.addr, s.size, s.pool));
         }
     }
-    let mut blocks: HashMap<u32, LiveBlock> = HashMap::with_capacity(dev.initial_blocks.len());
+    let mut blocks: HashMap<u32, SnapshotBlock> = HashMap::with_capacity(dev.initial_blocks.len());
     for b in &dev.initial_blocks {
-        let lb = LiveBlock { addr: b.addr, size: 0, requested: b.size, stream: b.stream, alloc_event: None };
+        let lb = SnapshotBlock { addr: b.addr, size: 0, requested: b.size, stream: b.stream, alloc_event: None };
         blocks.insert(b.id, lb);
     }
     let end = after.map_or(0, |a| a.saturating_add(1).min(dev.events.len()));
     for (i, e) in dev.events[..end].iter().enumerate() {
         match e.kind {
             EventKind::Alloc => {
-                let lb = LiveBlock { addr: e.addr, size: 0, requested: e.size, stream: e.stream, alloc_event: Some(i) };
+                let lb =
+                    SnapshotBlock { addr: e.addr, size: 0, requested: e.size, stream: e.stream, alloc_event: Some(i) };
                 blocks.insert(e.id, lb);
             }
             EventKind::Free => {
@@ -200,7 +201,7 @@ pub fn state_after(dev: &DeviceTrace, after: Option<usize>) -> Result<HeapState,
         .collect();
     let fin_pool: HashMap<u64, Pool> =
         dev.final_state.iter().flat_map(|f| f.segments.iter()).map(|s| (s.addr, s.pool)).collect();
-    let mut live: Vec<LiveBlock> = blocks.into_values().collect();
+    let mut live: Vec<SnapshotBlock> = blocks.into_values().collect();
     for b in &mut live {
         b.size = match fin.get(&b.addr) {
             Some(&(size, req)) if req == b.requested || req == 0 => size,
@@ -224,7 +225,7 @@ pub fn final_state(state: &SnapshotState, event: Option<usize>) -> Result<HeapSt
     let mut live = Vec::new();
     for s in &state.segments {
         views.push((s.addr, s.size, s.pool, s.is_expandable));
-        live.extend(s.blocks.iter().filter(|b| b.state != BlockStatus::Inactive).map(|b| LiveBlock {
+        live.extend(s.blocks.iter().filter(|b| b.state != BlockStatus::Inactive).map(|b| SnapshotBlock {
             addr: b.addr,
             size: b.size,
             requested: b.requested_size,
@@ -238,7 +239,7 @@ pub fn final_state(state: &SnapshotState, event: Option<usize>) -> Result<HeapSt
 fn build(
     event: Option<usize>,
     mut views: Vec<(u64, u64, Pool, bool)>,
-    mut live: Vec<LiveBlock>,
+    mut live: Vec<SnapshotBlock>,
 ) -> Result<HeapState, StateError> {
     views.sort_unstable_by_key(|v| v.0);
     live.sort_unstable_by_key(|b| b.addr);

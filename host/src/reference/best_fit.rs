@@ -7,7 +7,7 @@
 //! nothing large enough, the minimum of the next non-empty class: exact best fit, with sets that stay small
 //! because each class holds only the blocks of one narrow size band.
 //!
-//! Blocks live in the shared block arena (`arena.rs`): free blocks are out-of-band nodes found by their
+//! Blocks live in the shared block list (`block_list.rs`): free blocks are out-of-band nodes found by their
 //! start and end offsets in one tagged hash table, so merging with free neighbours on free is O(1) expected
 //! and immediate, and a split or merge that keeps a free block's address order updates the index in place.
 //!
@@ -23,8 +23,8 @@
 
 use std::collections::BTreeSet;
 
-use super::arena::{
-    arena_strategy, first_class_at_or_above, size_class, Arena, FreeIndex, Node, Placement, FL_COUNT, SL_COUNT,
+use super::block_list::{
+    block_list_strategy, first_class_at_or_above, size_class, BlockList, FreeIndex, Node, Placement, FL_COUNT, SL_COUNT,
 };
 use super::fit_front;
 
@@ -158,9 +158,9 @@ impl FreeIndex for BestFitIndex {
 
 /// Best-fit sub-allocator over `[0, capacity)`. See the [module docs](self) for invariants and complexity.
 #[derive(Debug)]
-pub struct BestFit(pub(crate) Arena<BestFitIndex>);
+pub struct BestFit(pub(crate) BlockList<BestFitIndex>);
 
-arena_strategy!(BestFit, "best-fit", BestFitIndex::new);
+block_list_strategy!(BestFit, "best-fit", BestFitIndex::new);
 
 #[cfg(test)]
 mod tests {

@@ -33,7 +33,7 @@
 use super::compact::{relocate_live, CompactBlock, CompactionLayout, CompactionPlan, Region};
 use super::live_slots::LiveSlots;
 use super::offset_table::OffsetTable;
-use super::{check_request, oom, AllocError, Allocation, LiveBlock, Stats, SubAllocator, MAX_BYTES};
+use super::{check_request, oom, AllocError, AllocatedBlock, Allocation, Stats, SubAllocator, MAX_BYTES};
 
 /// Default minimum block in bytes.
 pub const DEFAULT_MIN_BLOCK: u64 = 256;
@@ -214,7 +214,7 @@ impl Buddy {
 
     /// Checks that `live` (ascending) is a set of disjoint buddy blocks and rebuilds the free structures
     /// around it; the live records are not touched.
-    fn rebuild_free(&mut self, live: &[LiveBlock]) -> Result<(), AllocError> {
+    fn rebuild_free(&mut self, live: &[AllocatedBlock]) -> Result<(), AllocError> {
         let mut cursor = 0u64;
         for b in live {
             let ok = b.size.is_power_of_two()
@@ -316,11 +316,11 @@ impl SubAllocator for Buddy {
         Box::new(v.into_iter())
     }
 
-    fn live_blocks(&self) -> Vec<LiveBlock> {
-        let mut v: Vec<LiveBlock> = self
+    fn live_blocks(&self) -> Vec<AllocatedBlock> {
+        let mut v: Vec<AllocatedBlock> = self
             .live
             .iter()
-            .map(|(offset, e, _)| LiveBlock { offset, size: 1 << e.order(), requested: e.val() })
+            .map(|(offset, e, _)| AllocatedBlock { offset, size: 1 << e.order(), requested: e.val() })
             .collect();
         v.sort_unstable();
         v
@@ -347,7 +347,7 @@ impl SubAllocator for Buddy {
     /// Live blocks keep their handles (their records move with them).
     fn apply_relocation(&mut self, plan: &CompactionPlan) -> Result<(), AllocError> {
         let live = self.live_blocks();
-        let moved: Vec<LiveBlock> =
+        let moved: Vec<AllocatedBlock> =
             relocate_live(&live, &self.compaction_layout(), plan)?.into_iter().map(|x| x.1).collect();
         self.rebuild_free(&moved)?;
         self.live.relocate(|o, _| plan.translate(o).expect("checked by relocate_live"));

@@ -17,7 +17,7 @@
 //! The [`CompactionPlan`] is the relocation map: [`CompactionPlan::translate`] maps any old address inside a
 //! moved unit (e.g. an object inside a slab page) to its new address.
 
-use super::{align_down, align_up, AllocError, LiveBlock, SubAllocator};
+use super::{align_down, align_up, AllocError, AllocatedBlock, SubAllocator};
 
 /// A unit compaction may move. All values in bytes except `id`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -181,17 +181,17 @@ pub fn compact<A: SubAllocator + ?Sized>(
 /// Checks that `plan` moves exactly the units of `layout`, whose units are the live blocks `live`, and
 /// returns `(old offset, relocated block)` ascending by new offset.
 pub(crate) fn relocate_live(
-    live: &[LiveBlock],
+    live: &[AllocatedBlock],
     layout: &CompactionLayout,
     plan: &CompactionPlan,
-) -> Result<Vec<(u64, LiveBlock)>, AllocError> {
+) -> Result<Vec<(u64, AllocatedBlock)>, AllocError> {
     let mut units: Vec<(u64, u64)> = layout.blocks.iter().map(|b| (b.offset, b.len)).collect();
     units.sort_unstable();
     check_plan_matches(&units, plan)?;
     let mut out = Vec::with_capacity(live.len());
     for b in live {
         let dst = plan.translate(b.offset).ok_or(AllocError::InvalidRelocation("live block not covered"))?;
-        out.push((b.offset, LiveBlock { offset: dst, ..*b }));
+        out.push((b.offset, AllocatedBlock { offset: dst, ..*b }));
     }
     out.sort_by_key(|x| x.1.offset);
     Ok(out)

@@ -5,7 +5,7 @@
 //! large enough, so it finds the lowest fitting address without scanning. The same tree answers
 //! "highest-address fit" for the [tiered](super::tiered) strategy's large tier.
 //!
-//! Blocks live in the shared block arena: out-of-band 32-byte nodes in an address-ordered doubly linked
+//! Blocks live in the shared block list: out-of-band 32-byte nodes in an address-ordered doubly linked
 //! list (offset-allocator style), so merging with free neighbours on free is O(1) and immediate, and a split
 //! or merge that keeps a free block's address order updates the index in place.
 //!
@@ -19,10 +19,10 @@
 //! With an alignment above the granule a candidate may not fit; the search then resumes after it, and
 //! stops at the first block of length `size + align - granule` (which always fits).
 
-use super::arena::{arena_strategy, Arena, FreeIndex, Node, Placement, NIL};
+use super::block_list::{block_list_strategy, BlockList, FreeIndex, Node, Placement, NIL};
 use super::{fit_back, fit_front};
 
-/// Max-augmented treap over free arena nodes, keyed by offset. Requests of at least `high_threshold` bytes
+/// Max-augmented treap over free block-list nodes, keyed by offset. Requests of at least `high_threshold` bytes
 /// are placed at the highest fitting address (carved from the back of the block); others at the lowest.
 #[derive(Debug)]
 pub(crate) struct AddressIndex {
@@ -334,9 +334,9 @@ impl FreeIndex for AddressIndex {
 
 /// Address-ordered first-fit sub-allocator over `[0, capacity)`. See the [module docs](self).
 #[derive(Debug)]
-pub struct FirstFit(pub(crate) Arena<AddressIndex>);
+pub struct FirstFit(pub(crate) BlockList<AddressIndex>);
 
-arena_strategy!(FirstFit, "first-fit", |_| AddressIndex::new(u64::MAX));
+block_list_strategy!(FirstFit, "first-fit", |_| AddressIndex::new(u64::MAX));
 
 #[cfg(test)]
 mod tests {
@@ -391,7 +391,7 @@ mod tests {
     #[test]
     fn treap_invariants_hold_under_churn() {
         for threshold in [u64::MAX, 4096] {
-            let mut h = Arena::new(1 << 22, 64, AddressIndex::new(threshold)).unwrap();
+            let mut h = BlockList::new(1 << 22, 64, AddressIndex::new(threshold)).unwrap();
             let mut live = Vec::new();
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
             for _ in 0..3000 {
@@ -413,7 +413,7 @@ mod tests {
 
     #[test]
     fn high_threshold_places_at_the_top() {
-        let mut h = Arena::new(1024, 16, AddressIndex::new(256)).unwrap();
+        let mut h = BlockList::new(1024, 16, AddressIndex::new(256)).unwrap();
         assert_eq!(h.alloc(16, 1).unwrap().offset, 0);
         assert_eq!(h.alloc(256, 1).unwrap().offset, 768);
         assert_eq!(h.alloc(300, 128).unwrap().offset, 384);

@@ -36,8 +36,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
-pub(crate) mod arena;
 pub mod best_fit;
+pub(crate) mod block_list;
 pub mod buddy;
 pub mod caching;
 pub mod compact;
@@ -58,7 +58,7 @@ pub use slab::Slab;
 pub use tiered::{Tiered, TieredConfig};
 pub use tlsf::Tlsf;
 
-/// Default granule in bytes for the arena strategies (first-fit, best-fit, TLSF): every offset and
+/// Default granule in bytes for the block-list strategies (first-fit, best-fit, TLSF): every offset and
 /// reserved size is a multiple of it. 256 B is the alignment `cudaMalloc` guarantees.
 pub const DEFAULT_GRANULE: u64 = 256;
 
@@ -66,7 +66,7 @@ pub const DEFAULT_GRANULE: u64 = 256;
 pub const MAX_BYTES: u64 = 1 << 48;
 
 /// Opaque name of a live block, carried in its [`Allocation`]: the index of the strategy's record of the
-/// block (an arena node, a slot), so that [`SubAllocator::free`] finds the block in O(1) without hashing
+/// block (a block-list node, a slot), so that [`SubAllocator::free`] finds the block in O(1) without hashing
 /// its offset.
 ///
 /// A handle is only meaningful to the allocator that returned it, and only while its block is live. In
@@ -122,7 +122,7 @@ pub struct Allocation {
 
 /// A live allocation as reported by [`SubAllocator::live_blocks`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LiveBlock {
+pub struct AllocatedBlock {
     /// Offset in bytes.
     pub offset: u64,
     /// Reserved size in bytes.
@@ -263,11 +263,11 @@ pub trait SubAllocator {
     fn free_blocks(&self) -> Box<dyn Iterator<Item = (u64, u64)> + '_>;
 
     /// Live allocations, ascending by offset.
-    fn live_blocks(&self) -> Vec<LiveBlock>;
+    fn live_blocks(&self) -> Vec<AllocatedBlock>;
 
     /// Whether the live block `b` was placed from the top of the range down (the tiered strategy's large
     /// tier): it counts from the top in the [`crate::analysis::footprint`]. False for every other strategy.
-    fn placed_top_down(&self, b: &LiveBlock) -> bool {
+    fn placed_top_down(&self, b: &AllocatedBlock) -> bool {
         let _ = b;
         false
     }
@@ -317,7 +317,7 @@ impl<T: SubAllocator + ?Sized> SubAllocator for Box<T> {
     fn free_blocks(&self) -> Box<dyn Iterator<Item = (u64, u64)> + '_> {
         (**self).free_blocks()
     }
-    fn live_blocks(&self) -> Vec<LiveBlock> {
+    fn live_blocks(&self) -> Vec<AllocatedBlock> {
         (**self).live_blocks()
     }
     fn reset(&mut self) {
@@ -326,7 +326,7 @@ impl<T: SubAllocator + ?Sized> SubAllocator for Box<T> {
     fn release_cached(&mut self) -> u64 {
         (**self).release_cached()
     }
-    fn placed_top_down(&self, b: &LiveBlock) -> bool {
+    fn placed_top_down(&self, b: &AllocatedBlock) -> bool {
         (**self).placed_top_down(b)
     }
     fn compaction_layout(&self) -> CompactionLayout {
@@ -418,7 +418,7 @@ impl FromStr for StrategyKind {
 /// Builds a strategy with default options over `[0, capacity)` (bytes).
 ///
 /// Capacities a strategy cannot use completely are handled as its module describes (the buddy system
-/// ignores a tail below its minimum block; the arena strategies round the capacity down to their granule).
+/// ignores a tail below its minimum block; the block-list strategies round the capacity down to their granule).
 /// A capacity below 4 KiB or above [`MAX_BYTES`] is clamped into range, and a capacity a strategy rejects
 /// (the caching model needs 2 MiB) is raised to the smallest it accepts, so that this never fails; use the
 /// strategies' `new` constructors to get errors instead.
@@ -511,7 +511,7 @@ pub fn merge_adjacent(blocks: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64,
 
 /// Validates a target layout for rebuilding: ascending, disjoint, in `[0, capacity)`, sizes non-zero and
 /// multiples of `granule`.
-pub(crate) fn check_layout(live: &[LiveBlock], capacity: u64, granule: u64) -> Result<(), AllocError> {
+pub(crate) fn check_layout(live: &[AllocatedBlock], capacity: u64, granule: u64) -> Result<(), AllocError> {
     let mut cursor = 0u64;
     for b in live {
         if b.size == 0 || b.offset % granule != 0 || b.size % granule != 0 || b.requested > b.size {

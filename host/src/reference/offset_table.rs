@@ -8,12 +8,12 @@
 //!
 //! Measured on the `strategies` workload (100k live blocks, `strategies_icount` under callgrind with
 //! `--cache-sim=yes --D1=32768,8,64 --LL=1048576,16,64`): swapping hashbrown for this table in the old
-//! node-list arena cut TLSF from 641 to 613 instructions and 8.5 to 7.2 D1 misses per pair, but not the
+//! node-list block list cut TLSF from 641 to 613 instructions and 8.5 to 7.2 D1 misses per pair, but not the
 //! 1 MiB-LL misses (4.9 -> 5.3: hashbrown's control bytes fit the L2, and this table at load ≤ 1/2 is larger).
 //!
 //! # Invariants
 //! - The slot count is a power of two; the load is at most `max_load_8ths` / 8 (1/2 by default, 5/8 for
-//!   the arena, whose keys come in tagged groups).
+//!   the block list, whose keys come in tagged groups).
 //! - `EMPTY` (`u64::MAX`) marks a free slot; keys are offsets ≤ 2^48, so never `EMPTY`.
 //! - Linear probing without tombstones: every key lies in the run of occupied slots that starts at or
 //!   before its home slot `h(key)` and reaches it (wrapping). `remove` restores this by backward shifting
@@ -26,7 +26,7 @@
 /// Marks an empty slot.
 const EMPTY: u64 = u64::MAX;
 
-/// Bits of a key that the hash reads: the top two are tags that callers may set (the arena keeps the
+/// Bits of a key that the hash reads: the top two are tags that callers may set (the block list keeps the
 /// entries of one offset under `offset`, `offset | 1 << 62` and `offset | 1 << 63`), so keys that differ only
 /// in them share a home slot and a probe run.
 const HASH_MASK: u64 = (1 << 62) - 1;

@@ -22,7 +22,7 @@
 use super::compact::{CompactionLayout, CompactionPlan};
 use super::live_slots::LiveSlots;
 use super::{
-    check_request, offset_map, oom, AllocError, Allocation, Handle, LiveBlock, OffsetMap, Stats, SubAllocator,
+    check_request, offset_map, oom, AllocError, AllocatedBlock, Allocation, Handle, OffsetMap, Stats, SubAllocator,
     MAX_BYTES,
 };
 
@@ -372,9 +372,12 @@ impl SubAllocator for Slab {
         self.backing.free_blocks()
     }
 
-    fn live_blocks(&self) -> Vec<LiveBlock> {
-        let mut v: Vec<LiveBlock> =
-            self.live.iter().map(|(offset, o, _)| LiveBlock { offset, size: o.size, requested: o.requested }).collect();
+    fn live_blocks(&self) -> Vec<AllocatedBlock> {
+        let mut v: Vec<AllocatedBlock> = self
+            .live
+            .iter()
+            .map(|(offset, o, _)| AllocatedBlock { offset, size: o.size, requested: o.requested })
+            .collect();
         v.sort_unstable();
         v
     }

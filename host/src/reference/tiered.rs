@@ -10,17 +10,17 @@
 //! freed memory coalesces across tiers and any tier can use it.
 //!
 //! # Invariants
-//! Those of [`Slab`] and of the first-fit arena; a block of the shared range is a slab page, a medium block
+//! Those of [`Slab`] and of the first-fit block list; a block of the shared range is a slab page, a medium block
 //! or a large block.
 //!
 //! # Time complexity
 //! O(log n) for medium and large requests (treap search, n = free blocks); small requests as [`Slab`].
 
-use super::arena::{arena_strategy, Arena};
+use super::block_list::{block_list_strategy, BlockList};
 use super::compact::{CompactionLayout, CompactionPlan};
 use super::first_fit::AddressIndex;
 use super::slab::{Slab, SlabConfig};
-use super::{AllocError, Allocation, LiveBlock, Stats, SubAllocator, DEFAULT_GRANULE};
+use super::{AllocError, AllocatedBlock, Allocation, Stats, SubAllocator, DEFAULT_GRANULE};
 
 /// Tier thresholds and slab geometry. All values are bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,9 +51,9 @@ impl TieredConfig {
 
 /// The shared range: first-fit below `large_min`, highest fit at and above it.
 #[derive(Debug)]
-struct SharedRange(Arena<AddressIndex>);
+struct SharedRange(BlockList<AddressIndex>);
 
-arena_strategy!(SharedRange, "tiered-shared");
+block_list_strategy!(SharedRange, "tiered-shared");
 
 /// Tiered allocator. See the [module docs](self).
 #[derive(Debug)]
@@ -80,7 +80,7 @@ impl Tiered {
         if config.large_min <= config.small_max || !config.small_max.is_power_of_two() {
             return Err(AllocError::InvalidConfig("need a power-of-two small_max < large_min"));
         }
-        let shared = SharedRange(Arena::new(capacity, config.granule, AddressIndex::new(config.large_min))?);
+        let shared = SharedRange(BlockList::new(capacity, config.granule, AddressIndex::new(config.large_min))?);
         let slab_cfg = SlabConfig {
             page_size: config.page_size,
             min_class: 64.min(config.small_max),
@@ -117,11 +117,11 @@ impl SubAllocator for Tiered {
     fn free_blocks(&self) -> Box<dyn Iterator<Item = (u64, u64)> + '_> {
         self.slab.free_blocks()
     }
-    fn live_blocks(&self) -> Vec<LiveBlock> {
+    fn live_blocks(&self) -> Vec<AllocatedBlock> {
         self.slab.live_blocks()
     }
     /// Blocks of the large tier (`size >= large_min`) are carved from the top.
-    fn placed_top_down(&self, b: &LiveBlock) -> bool {
+    fn placed_top_down(&self, b: &AllocatedBlock) -> bool {
         b.size >= self.config.large_min
     }
     fn reset(&mut self) {

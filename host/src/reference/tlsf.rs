@@ -7,10 +7,10 @@
 //!  fl 0 : [g=0][g=1] ... [g=31]            (exact sizes below 32 granules)
 //!  fl k : [2^(k+4) .. +2^(k-1)) ... 32 sub-classes per power of two
 //!            |
-//!            v  doubly linked free list through the arena nodes (a = prev, b = next)
+//!            v  doubly linked free list through the block-list nodes (a = prev, b = next)
 //! ```
 //!
-//! Blocks live in the shared block arena (`arena.rs`): free blocks are out-of-band nodes found by their
+//! Blocks live in the shared block list (`block_list.rs`): free blocks are out-of-band nodes found by their
 //! start and end offsets in one tagged hash table, so merging with free neighbours on free is O(1) expected
 //! and immediate, and a split or merge that keeps a free block's address order updates the index in place.
 //! Sizes are counted in granules (default 256 B) and classed with 5 second-level bits, so a class spans at
@@ -35,9 +35,9 @@
 //! Alignment above the granule is served by searching for `size + align - granule` and leaving the front
 //! padding as a free block.
 
-use super::arena::{
-    arena_strategy, first_class_at_or_above, round_to_class, size_class, Arena, FreeIndex, Node, Placement, FL_COUNT,
-    NIL, SL_COUNT,
+use super::block_list::{
+    block_list_strategy, first_class_at_or_above, round_to_class, size_class, BlockList, FreeIndex, Node, Placement,
+    FL_COUNT, NIL, SL_COUNT,
 };
 use super::fit_front;
 
@@ -191,9 +191,9 @@ impl FreeIndex for TlsfIndex {
 
 /// TLSF sub-allocator over `[0, capacity)`. See the [module docs](self) for invariants and complexity.
 #[derive(Debug)]
-pub struct Tlsf(pub(crate) Arena<TlsfIndex>);
+pub struct Tlsf(pub(crate) BlockList<TlsfIndex>);
 
-arena_strategy!(Tlsf, "tlsf", TlsfIndex::new);
+block_list_strategy!(Tlsf, "tlsf", TlsfIndex::new);
 
 #[cfg(test)]
 mod tests {

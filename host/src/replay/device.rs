@@ -41,7 +41,7 @@
 //!   the request or its free buddy bytes are fewer than the buddy block it needs (a whole 64 KiB page for
 //!   a slab request), else *fragmentation* (a compaction would make room).
 //! * **Compaction** does not apply: raw `malloc` blocks are pinned by design (only handle blocks of the
-//!   heap's movable arena move); the report's policy says `n/a` and it has no compactions.
+//!   heap's movable region move); the report's policy says `n/a` and it has no compactions.
 //! * **Capacity** is [`super::default_capacity`] unless given, as for the host strategies; it must be at
 //!   least [`MIN_HEAP_BYTES`] (after scaling). When a heap of
 //!   that size is larger than [`DeviceReplayOptions::heap_limit`] (default

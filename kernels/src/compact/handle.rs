@@ -7,13 +7,13 @@
 //! * a host-managed region (`gpuheap::compaction::CompactHeap`): the host
 //!   allocates, frees, pins and unpins handles and uploads the table before
 //!   launches that use it;
-//! * the device heap's movable arena ([`super::arena`]): kernels allocate
+//! * the device heap's movable region ([`super::movable`]): kernels allocate
 //!   and free handles themselves (`handle_alloc`, `handle_free`), the host pins and
 //!   unpins between launches.
 //!
 //! A user kernel receives a [`DeviceHandleTable`] by value in its parameters
 //! and calls [`resolve`] when it runs (or, with the heap's `Heap` handle,
-//! [`super::arena::resolve`], which also orders its reads after a concurrent
+//! [`super::movable::resolve`], which also orders its reads after a concurrent
 //! `handle_alloc` in the same launch).
 //!
 //! # Rules for kernels

@@ -28,8 +28,8 @@
 //!   its handle when it executes (bug scenario BL-16). A block whose address
 //!   must stay fixed for longer (DMA, a pointer stored inside other data, work
 //!   on another stream) must be pinned for that time.
-//! * In the device heap, movable blocks live in the heap's *movable arena*
-//!   ([`arena`]: `handle_alloc`, `handle_free`, `resolve` beside raw `malloc`); raw
+//! * In the device heap, movable blocks live in the heap's *movable region*
+//!   ([`movable`]: `handle_alloc`, `handle_free`, `resolve` beside raw `malloc`); raw
 //!   `malloc` blocks are outside it and never move.
 //! * After a compaction, all free space of each segment is one contiguous
 //!   range at the segment's end; with no pinned blocks the region's free space
@@ -144,8 +144,8 @@
 //! per block for each of the new offsets and the stream positions, one
 //! status word per scan tile, one `u32` flag per move tile.
 
-pub mod arena;
 pub mod handle;
+pub mod movable;
 pub mod mover;
 pub mod plan;
 

@@ -40,19 +40,19 @@
 //! All decisions are made on the current value of one word, never on a
 //! remembered pointer, so there is no ABA problem to tag against.
 
-use super::layout::{hb_words, HeapMem, Region};
+use super::layout::{hb_words, HeapMem, MetaSection};
 use crate::arch::atomic::{AtomicU64, Ordering};
 
 /// Descents a search may restart (each restart follows a concurrent change
 /// or cleans one stale summary bit), so every search is bounded.
 pub const MAX_RESTARTS: u32 = 24;
 
-/// A hierarchical bitmap of `n` bits at word offset `off` of region `region`.
+/// A hierarchical bitmap of `n` bits at word offset `off` of metadata section `section`.
 #[derive(Clone, Copy, Debug)]
 pub struct Hb {
-    /// Which metadata region holds it.
-    pub region: Region,
-    /// Word offset of level 0 in the region.
+    /// Which metadata section holds it.
+    pub section: MetaSection,
+    /// Word offset of level 0 in the section.
     pub off: u64,
     /// Number of bits.
     pub n: u64,
@@ -89,7 +89,7 @@ impl Hb {
         d
     }
 
-    /// Word offset (in the region) of level `l`.
+    /// Word offset (in the section) of level `l`.
     #[inline(always)]
     fn level_off(&self, l: u32) -> u64 {
         let mut off = self.off;
@@ -103,7 +103,7 @@ impl Hb {
 
     #[inline(always)]
     fn at<'m, M: HeapMem>(&self, m: &'m M, level_off: u64, w: u64) -> &'m AtomicU64 {
-        m.word(self.region, level_off + w)
+        m.word(self.section, level_off + w)
     }
 
     /// Total words (for tests and layout checks).

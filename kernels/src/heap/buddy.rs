@@ -9,7 +9,7 @@
 //! Levels `0..=max_order`; block `b` of level `k` has buddy `b ^ 1` and parent
 //! `b >> 1`. Blocks that stick out of a non-power-of-two arena are never set.
 //! This is the state a compaction pass needs to rebuild: free runs are bits,
-//! live large blocks are the non-zero [`super::layout::Region32::Tags`].
+//! live large blocks are the non-zero [`super::layout::MetaSection32::Tags`].
 //!
 //! # Allocation (order `k`)
 //!
@@ -53,7 +53,7 @@
 //! as it answers a success (BL-11), and never spins: every loop is bounded.
 
 use super::bitmap::Hb;
-use super::layout::{level_bits, HeapMem, Region, Region32, CTRL_LEVELS, CTRL_TRANSIT, MAX_ORDER_LIMIT};
+use super::layout::{level_bits, HeapMem, MetaSection, MetaSection32, CTRL_LEVELS, CTRL_TRANSIT, MAX_ORDER_LIMIT};
 use crate::arch::atomic::Ordering;
 use crate::arch::time::backoff;
 
@@ -68,27 +68,27 @@ const TRANSIT_END: u64 = (1 << 32) - 1;
 #[inline(always)]
 pub(crate) fn level<M: HeapMem>(m: &M, k: u32) -> Hb {
     let g = m.geom();
-    let off = m.word(Region::Ctrl, (CTRL_LEVELS as u32 + k) as u64).load(Ordering::Relaxed);
-    Hb { region: Region::Buddy, off, n: level_bits(g.units, k) }
+    let off = m.word(MetaSection::Ctrl, (CTRL_LEVELS as u32 + k) as u64).load(Ordering::Relaxed);
+    Hb { section: MetaSection::Buddy, off, n: level_bits(g.units, k) }
 }
 
 /// Marks the start of an operation that hides free memory from searchers
 /// (see the module docs); its program-order-next RMW does the hiding.
 #[inline(always)]
 pub(crate) fn transit_begin<M: HeapMem>(m: &M) {
-    m.word(Region::Ctrl, CTRL_TRANSIT as u64).fetch_add(TRANSIT_BEGIN, Ordering::Relaxed);
+    m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).fetch_add(TRANSIT_BEGIN, Ordering::Relaxed);
 }
 
 /// Marks the end of a hiding operation whose memory is published again.
 #[inline(always)]
 pub(crate) fn transit_end<M: HeapMem>(m: &M) {
-    m.word(Region::Ctrl, CTRL_TRANSIT as u64).fetch_add(TRANSIT_END, Ordering::AcqRel);
+    m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).fetch_add(TRANSIT_END, Ordering::AcqRel);
 }
 
 /// Withdraws a [`transit_begin`] whose operation hid nothing.
 #[inline(always)]
 pub(crate) fn transit_cancel<M: HeapMem>(m: &M) {
-    m.word(Region::Ctrl, CTRL_TRANSIT as u64).fetch_sub(TRANSIT_BEGIN, Ordering::Relaxed);
+    m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).fetch_sub(TRANSIT_BEGIN, Ordering::Relaxed);
 }
 
 /// The transit counter's value (`Acquire`): a search that found nothing is
@@ -96,7 +96,7 @@ pub(crate) fn transit_cancel<M: HeapMem>(m: &M) {
 /// and the value read after it.
 #[inline(always)]
 pub(crate) fn transit_now<M: HeapMem>(m: &M) -> u64 {
-    m.word(Region::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Acquire)
+    m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Acquire)
 }
 
 /// `true` when, between counter values `t0` (read before a search) and `t1`
@@ -122,7 +122,7 @@ pub(crate) fn alloc_in_transit<M: HeapMem>(m: &M, k: u32, hint: u64, own: u32) -
     if k > max || k > MAX_ORDER_LIMIT {
         return None;
     }
-    let transit = m.word(Region::Ctrl, CTRL_TRANSIT as u64);
+    let transit = m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64);
     let mut t0 = transit.load(Ordering::Acquire);
     let hint = hint & 63;
     let mut attempt = 0;
@@ -171,7 +171,7 @@ pub(crate) fn alloc_in_transit<M: HeapMem>(m: &M, k: u32, hint: u64, own: u32) -
 /// twice (the callers check this with the tags or page headers).
 pub(crate) fn free<M: HeapMem>(m: &M, unit: u64, k: u32) {
     let max = m.geom().max_order as u32;
-    let transit = m.word(Region::Ctrl, CTRL_TRANSIT as u64);
+    let transit = m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64);
     transit.fetch_add(TRANSIT_BEGIN, Ordering::Relaxed);
     let mut b = unit >> k;
     let mut i = k;
@@ -195,7 +195,7 @@ pub(crate) fn free<M: HeapMem>(m: &M, unit: u64, k: u32) {
 /// there is live, else 0).
 #[inline(always)]
 pub(crate) fn tag<M: HeapMem>(m: &M, unit: u64) -> &crate::arch::atomic::AtomicU32 {
-    m.word32(Region32::Tags, unit)
+    m.word32(MetaSection32::Tags, unit)
 }
 
 /// Host-side: the free blocks as `(first unit, order)`, in address order

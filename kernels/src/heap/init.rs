@@ -9,7 +9,7 @@
 //! ranges that are *not* live, it recreates a valid buddy state over them.
 
 use super::buddy;
-use super::layout::{HeapMem, Region, CTRL_GEOM, CTRL_LEVELS, CTRL_MAGIC, MAGIC};
+use super::layout::{HeapMem, MetaSection, CTRL_GEOM, CTRL_LEVELS, CTRL_MAGIC, MAGIC};
 use crate::arch::atomic::Ordering;
 
 /// Writes the control block (magic, buddy level table) and sets all of
@@ -24,12 +24,12 @@ pub(crate) fn init<M: HeapMem>(m: &M) {
 /// (`CTRL_GEOM`) into the control block.
 pub(crate) fn write_ctrl<M: HeapMem>(m: &M) {
     let g = *m.geom();
-    m.word(Region::Ctrl, CTRL_MAGIC as u64).store(MAGIC, Ordering::Relaxed);
+    m.word(MetaSection::Ctrl, CTRL_MAGIC as u64).store(MAGIC, Ordering::Relaxed);
     for (i, w) in bytemuck::cast_slice::<_, u64>(bytemuck::bytes_of(&g)).iter().enumerate() {
-        m.word(Region::Ctrl, (CTRL_GEOM + i) as u64).store(*w, Ordering::Relaxed);
+        m.word(MetaSection::Ctrl, (CTRL_GEOM + i) as u64).store(*w, Ordering::Relaxed);
     }
     for k in 0..=g.max_order as u32 {
-        m.word(Region::Ctrl, CTRL_LEVELS as u64 + k as u64).store(g.level_offset(k), Ordering::Relaxed);
+        m.word(MetaSection::Ctrl, CTRL_LEVELS as u64 + k as u64).store(g.level_offset(k), Ordering::Relaxed);
     }
 }
 

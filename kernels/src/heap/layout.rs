@@ -71,7 +71,7 @@ pub const CTRL_INVALID_FREES: usize = 4;
 /// each scavenge, so failing requests do not rescan for nothing).
 pub const CTRL_KEPT: usize = 5;
 /// Control words `CTRL_LEVELS + k`: word offset of buddy level `k` in the
-/// buddy region (written by the host at init, read-only afterwards).
+/// buddy section (written by the host at init, read-only afterwards).
 pub const CTRL_LEVELS: usize = 8;
 /// The value of `CTRL_MAGIC` in an initialised heap ("gpuheap1").
 pub const MAGIC: u64 = 0x3170_6165_6875_7067;
@@ -177,22 +177,22 @@ pub struct Heap {
     pub avail_stride: u64,
     /// Buddy levels `0..=max_order`, each a hierarchical bitmap of free blocks.
     pub buddy_off: u64,
-    /// Words of the buddy region.
+    /// Words of the buddy section.
     pub buddy_words: u64,
     /// `u32 tags[units]`: `order + 1` at the first unit of every live large
     /// block, 0 elsewhere. The live-block list for compaction.
     pub tags_off: u64,
     /// Bytes of metadata in total.
     pub meta_bytes: u64,
-    /// Device address of the movable arena's control block, handle table and
-    /// index pool (see `crate::compact::arena`); 0 when the heap has no
-    /// movable arena.
+    /// Device address of the movable region's control block, handle table and
+    /// index pool (see `crate::compact::movable`); 0 when the heap has no
+    /// movable region.
     pub movable_ctrl: u64,
-    /// Entries of the movable arena's handle table (0 without an arena).
+    /// Entries of the movable region's handle table (0 without one).
     pub max_handles: u64,
-    /// Byte offset of the movable arena from `base` (a multiple of [`UNIT`]).
+    /// Byte offset of the movable region from `base` (a multiple of [`UNIT`]).
     pub movable_off: u64,
-    /// Bytes of the movable arena (a multiple of [`UNIT`]; 0 without one).
+    /// Bytes of the movable region (a multiple of [`UNIT`]; 0 without one).
     /// Its units are never in the buddy levels, never tagged and never slab
     /// pages: `malloc` never returns them and `free` ignores them.
     pub movable_bytes: u64,
@@ -253,7 +253,7 @@ impl Heap {
         })
     }
 
-    /// Word offset of buddy level `k` inside the buddy region (the value the
+    /// Word offset of buddy level `k` inside the buddy section (the value the
     /// host stores in control word `CTRL_LEVELS + k`).
     pub const fn level_offset(&self, k: u32) -> u64 {
         let mut off = 0;
@@ -302,26 +302,26 @@ unsafe impl HeapMem for DevHeap {
     }
 
     #[inline(always)]
-    fn word(&self, r: Region, i: u64) -> &AtomicU64 {
+    fn word(&self, r: MetaSection, i: u64) -> &AtomicU64 {
         let g = self.geom();
         let off = match r {
-            Region::Ctrl => 0,
-            Region::Hdr => g.hdr_off,
-            Region::Bits => g.bits_off,
-            Region::Avail => g.avail_off,
-            Region::Buddy => g.buddy_off,
+            MetaSection::Ctrl => 0,
+            MetaSection::Hdr => g.hdr_off,
+            MetaSection::Bits => g.bits_off,
+            MetaSection::Avail => g.avail_off,
+            MetaSection::Buddy => g.buddy_off,
         };
         // SAFETY: as for `Heap`'s implementation: indices are inside their
-        // regions by construction, the metadata is live.
+        // sections by construction, the metadata is live.
         unsafe { AtomicU64::from_ptr((self.meta + off + i * 8) as *mut u64) }
     }
 
     #[inline(always)]
-    fn word32(&self, r: Region32, i: u64) -> &AtomicU32 {
+    fn word32(&self, r: MetaSection32, i: u64) -> &AtomicU32 {
         let g = self.geom();
         let off = match r {
-            Region32::Current => g.current_off,
-            Region32::Tags => g.tags_off,
+            MetaSection32::Current => g.current_off,
+            MetaSection32::Tags => g.tags_off,
         };
         // SAFETY: as for `word`.
         unsafe { AtomicU32::from_ptr((self.meta + off + i * 4) as *mut u32) }
@@ -334,17 +334,17 @@ unsafe impl HeapMem for DevHeap {
     fn geom(&self) -> &Heap {
         unreachable!("device handles are not used in model-checking builds; use VecHeap")
     }
-    fn word(&self, _: Region, _: u64) -> &AtomicU64 {
+    fn word(&self, _: MetaSection, _: u64) -> &AtomicU64 {
         unreachable!("device handles are not used in model-checking builds; use VecHeap")
     }
-    fn word32(&self, _: Region32, _: u64) -> &AtomicU32 {
+    fn word32(&self, _: MetaSection32, _: u64) -> &AtomicU32 {
         unreachable!("device handles are not used in model-checking builds; use VecHeap")
     }
 }
 
-/// The metadata regions a protocol addresses (`HeapMem::word`).
+/// The metadata sections a protocol addresses (`HeapMem::word`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Region {
+pub enum MetaSection {
     /// The control block.
     Ctrl,
     /// Page headers.
@@ -357,9 +357,9 @@ pub enum Region {
     Buddy,
 }
 
-/// The 32-bit metadata regions (`HeapMem::word32`).
+/// The 32-bit metadata sections (`HeapMem::word32`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Region32 {
+pub enum MetaSection32 {
     /// Current page per class and slot.
     Current,
     /// Large-block tags per unit.
@@ -384,7 +384,7 @@ pub enum Region32 {
 /// # Safety
 /// An implementation guarantees that, for the geometry `g = self.geom()`,
 /// `word(r, i)` and `word32(r, i)` return a reference to a live atomic for
-/// every `i` inside region `r` (`Ctrl`: `CTRL_WORDS`; `Hdr`: `g.pages`;
+/// every `i` inside section `r` (`Ctrl`: `CTRL_WORDS`; `Hdr`: `g.pages`;
 /// `Bits`: `g.pages * WORDS_PER_PAGE`; `Avail`: `CLASSES * g.avail_stride`;
 /// `Buddy`: `g.buddy_words`; `Current`: `CLASSES * CURRENT_SLOTS`; `Tags`:
 /// `g.units`), shared by every thread using the same heap, and that `geom()`
@@ -393,10 +393,10 @@ pub enum Region32 {
 pub(crate) unsafe trait HeapMem {
     /// The geometry (and, on the device, the addresses).
     fn geom(&self) -> &Heap;
-    /// Word `i` of region `r`.
-    fn word(&self, r: Region, i: u64) -> &AtomicU64;
-    /// Word `i` of 32-bit region `r`.
-    fn word32(&self, r: Region32, i: u64) -> &AtomicU32;
+    /// Word `i` of section `r`.
+    fn word(&self, r: MetaSection, i: u64) -> &AtomicU64;
+    /// Word `i` of 32-bit section `r`.
+    fn word32(&self, r: MetaSection32, i: u64) -> &AtomicU32;
 }
 
 /// Heap metadata in host `Vec`s: the model checkers' `HeapMem`, and the
@@ -481,20 +481,20 @@ unsafe impl HeapMem for VecHeap {
     fn geom(&self) -> &Heap {
         &self.heap
     }
-    fn word(&self, r: Region, i: u64) -> &AtomicU64 {
+    fn word(&self, r: MetaSection, i: u64) -> &AtomicU64 {
         let v = match r {
-            Region::Ctrl => &self.ctrl,
-            Region::Hdr => &self.hdr,
-            Region::Bits => &self.bits,
-            Region::Avail => &self.avail,
-            Region::Buddy => &self.buddy,
+            MetaSection::Ctrl => &self.ctrl,
+            MetaSection::Hdr => &self.hdr,
+            MetaSection::Bits => &self.bits,
+            MetaSection::Avail => &self.avail,
+            MetaSection::Buddy => &self.buddy,
         };
         &v[i as usize]
     }
-    fn word32(&self, r: Region32, i: u64) -> &AtomicU32 {
+    fn word32(&self, r: MetaSection32, i: u64) -> &AtomicU32 {
         let v = match r {
-            Region32::Current => &self.current,
-            Region32::Tags => &self.tags,
+            MetaSection32::Current => &self.current,
+            MetaSection32::Tags => &self.tags,
         };
         &v[i as usize]
     }
@@ -502,7 +502,7 @@ unsafe impl HeapMem for VecHeap {
 
 /// The non-zero part of a fresh heap's metadata, computed on the host
 /// without materialising the (zero) page bitmaps: the control block and the
-/// buddy region. Only `super::init::init` runs over it.
+/// buddy section. Only `super::init::init` runs over it.
 #[cfg(not(target_arch = "nvptx64"))]
 pub struct InitImage {
     /// Geometry.
@@ -543,7 +543,7 @@ impl InitImage {
         Self::bytes(&self.ctrl)
     }
 
-    /// Little-endian bytes of the buddy region (offset `heap.buddy_off`).
+    /// Little-endian bytes of the buddy section (offset `heap.buddy_off`).
     pub fn buddy_bytes(&self) -> std::vec::Vec<u8> {
         Self::bytes(&self.buddy)
     }
@@ -553,23 +553,23 @@ impl InitImage {
     }
 }
 
-// SAFETY: owned vectors, bounds-checked indexing; other regions panic.
+// SAFETY: owned vectors, bounds-checked indexing; other sections panic.
 #[cfg(not(target_arch = "nvptx64"))]
 unsafe impl HeapMem for InitImage {
     fn geom(&self) -> &Heap {
         &self.heap
     }
-    fn word(&self, r: Region, i: u64) -> &AtomicU64 {
+    fn word(&self, r: MetaSection, i: u64) -> &AtomicU64 {
         match r {
-            Region::Ctrl => &self.ctrl[i as usize],
-            Region::Buddy => &self.buddy[i as usize],
+            MetaSection::Ctrl => &self.ctrl[i as usize],
+            MetaSection::Buddy => &self.buddy[i as usize],
             _ => unreachable!("initialisation writes only the control block and the buddy levels"),
         }
     }
-    fn word32(&self, r: Region32, i: u64) -> &AtomicU32 {
+    fn word32(&self, r: MetaSection32, i: u64) -> &AtomicU32 {
         match r {
-            Region32::Current => &self.current[i as usize],
-            Region32::Tags => &self.tags[i as usize],
+            MetaSection32::Current => &self.current[i as usize],
+            MetaSection32::Tags => &self.tags[i as usize],
         }
     }
 }
@@ -603,7 +603,7 @@ mod tests {
     }
 
     #[test]
-    fn layout_regions_do_not_overlap() {
+    fn layout_sections_do_not_overlap() {
         for cap in [4096u64, 3 * 4096, 2 * PAGE, (1 << 20) + 12345, 1 << 30] {
             let h = Heap::layout(cap).unwrap();
             assert!(h.hdr_off >= h.current_off + (CLASSES * CURRENT_SLOTS) as u64 * 4);

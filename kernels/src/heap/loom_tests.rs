@@ -80,7 +80,7 @@ fn bitmap_clear_vs_set_keeps_summary_exact() {
 fn bitmap_claim_is_exclusive() {
     loom::model(|| {
         let h = new_heap(64 * UNIT);
-        let hb = Hb { region: Region::Buddy, off: buddy::level(&*h, 0).off, n: 64 };
+        let hb = Hb { section: MetaSection::Buddy, off: buddy::level(&*h, 0).off, n: 64 };
         hb.set(&*h, 17);
         let h1 = h.clone();
         let t = thread::spawn(move || hb.claim(&*h1, 5));
@@ -166,7 +166,7 @@ fn slab_claim_free_and_retire() {
         assert_eq!(got, 1);
         let mut cur = 0;
         let (w0, b0) = slab::claim_bits(&*h, page, class, &mut cur, 1);
-        h.word32(Region32::Current, (class * CURRENT_SLOTS) as u64).store(0, Ordering::Relaxed);
+        h.word32(MetaSection32::Current, (class * CURRENT_SLOTS) as u64).store(0, Ordering::Relaxed);
         let first_off = (w0 as u64 * 64 + b0.trailing_zeros() as u64) * class_size(class);
 
         let worker = |h: Arc<VecHeap>, hint: u32| {
@@ -179,18 +179,18 @@ fn slab_claim_free_and_retire() {
                 let (w, bits) = slab::claim_bits(&*h, page, class, &mut cur, 1);
                 assert_eq!(bits.count_ones(), 1);
                 let off = (w as u64 * 64 + bits.trailing_zeros() as u64) * class_size(class);
-                let hdr = h.word(Region::Hdr, page).load(Ordering::Acquire);
+                let hdr = h.word(MetaSection::Hdr, page).load(Ordering::Acquire);
                 assert_eq!(slab::free_slot(&*h, page, hdr, off), slab::SlotFree::Freed);
                 Some(off)
             }
         };
         let t1 = thread::spawn(worker(h.clone(), 0));
         let t2 = thread::spawn(worker(h.clone(), 0));
-        let hdr = h.word(Region::Hdr, page).load(Ordering::Acquire);
+        let hdr = h.word(MetaSection::Hdr, page).load(Ordering::Acquire);
         assert_eq!(slab::free_slot(&*h, page, hdr, first_off), slab::SlotFree::Freed);
         let _ = (t1.join().unwrap(), t2.join().unwrap());
         // Everything was freed: the page must be back in the buddy.
-        let hdr = h.word(Region::Hdr, page).load(Ordering::Relaxed);
+        let hdr = h.word(MetaSection::Hdr, page).load(Ordering::Relaxed);
         assert_eq!(slab::hdr_class(hdr), None, "empty page retired");
         assert_eq!(buddy::free_blocks(&*h), fresh_blocks(&h));
     });
@@ -208,14 +208,14 @@ fn slab_reservation_vs_retire_is_exclusive() {
         let (page, _) = slab::acquire(&*h, class, 0, 1, 0).get().unwrap();
         let mut cur = 0;
         let (w0, b0) = slab::claim_bits(&*h, page, class, &mut cur, 1);
-        h.word32(Region32::Current, (class * CURRENT_SLOTS) as u64).store(0, Ordering::Relaxed);
+        h.word32(MetaSection32::Current, (class * CURRENT_SLOTS) as u64).store(0, Ordering::Relaxed);
         let off = (w0 as u64 * 64 + b0.trailing_zeros() as u64) * class_size(class);
         let h1 = h.clone();
         let t = thread::spawn(move || slab::reserve(&*h1, page, class, 1));
-        let hdr = h.word(Region::Hdr, page).load(Ordering::Acquire);
+        let hdr = h.word(MetaSection::Hdr, page).load(Ordering::Acquire);
         assert_eq!(slab::free_slot(&*h, page, hdr, off), slab::SlotFree::Freed);
         let got = t.join().unwrap();
-        let hdr = h.word(Region::Hdr, page).load(Ordering::Relaxed);
+        let hdr = h.word(MetaSection::Hdr, page).load(Ordering::Relaxed);
         let in_buddy = !buddy::free_blocks(&*h).is_empty();
         if got == 1 {
             assert_eq!((slab::hdr_class(hdr), slab::hdr_used(hdr), in_buddy), (Some(class), 1, false));

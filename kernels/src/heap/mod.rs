@@ -84,8 +84,8 @@
 //!
 //! Buddy blocks stay at offsets aligned to their size, so sliding them cannot
 //! make the free space contiguous. Blocks meant to be compacted are therefore
-//! allocated by handle in the heap's *movable arena*
-//! ([`crate::compact::arena`]): a span taken out of the buddy when the heap
+//! allocated by handle in the heap's *movable region*
+//! ([`crate::compact::movable`]): a span taken out of the buddy when the heap
 //! is created with one (`Heap::movable_bytes`), never in a buddy level,
 //! never tagged and never a slab page. Raw `malloc` blocks lie outside it and
 //! never move.
@@ -138,14 +138,14 @@ fn hash(x: u64) -> u64 {
 #[inline(always)]
 fn count_failed<M: HeapMem>(m: &M, n: u32) {
     if n > 0 {
-        m.word(Region::Ctrl, CTRL_FAILED as u64).fetch_add(n as u64, Ordering::Relaxed);
+        m.word(MetaSection::Ctrl, CTRL_FAILED as u64).fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 
 #[inline(always)]
 fn count_bad_free<M: HeapMem>(m: &M, word: usize) {
     #[cfg(feature = "debug-free")]
-    m.word(Region::Ctrl, word as u64).fetch_add(1, Ordering::Relaxed);
+    m.word(MetaSection::Ctrl, word as u64).fetch_add(1, Ordering::Relaxed);
     #[cfg(not(feature = "debug-free"))]
     let _ = (m, word);
 }
@@ -274,7 +274,7 @@ pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
         // the previous owner's free.
         let off = result - g.base;
         let slot_idx = (off & (PAGE - 1)) >> size_shift;
-        m.word(Region::Bits, (off >> PAGE_SHIFT) * WORDS_PER_PAGE + slot_idx / 64).load(Ordering::Acquire);
+        m.word(MetaSection::Bits, (off >> PAGE_SHIFT) * WORDS_PER_PAGE + slot_idx / 64).load(Ordering::Acquire);
     }
     // A leftover reservation (cannot happen: a group takes what it reserves)
     // is returned so the page can still empty.
@@ -297,7 +297,7 @@ pub(crate) fn free_in<M: HeapMem>(m: &M, ptr: u64) {
         return;
     }
     let page = off >> PAGE_SHIFT;
-    let h = m.word(Region::Hdr, page).load(Ordering::Acquire);
+    let h = m.word(MetaSection::Hdr, page).load(Ordering::Acquire);
     if slab::hdr_class(h).is_some() {
         match slab::free_slot(m, page, h, off & (PAGE - 1)) {
             SlotFree::Freed => {}

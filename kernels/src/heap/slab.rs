@@ -162,18 +162,18 @@ impl Grant {
 #[inline(always)]
 pub(crate) fn avail<M: HeapMem>(m: &M, class: u32) -> Hb {
     let g = m.geom();
-    Hb { region: Region::Avail, off: class as u64 * g.avail_stride, n: g.pages }
+    Hb { section: MetaSection::Avail, off: class as u64 * g.avail_stride, n: g.pages }
 }
 
 #[inline(always)]
 fn current<M: HeapMem>(m: &M, class: u32, slot: u32) -> &crate::arch::atomic::AtomicU32 {
-    m.word32(Region32::Current, (class * CURRENT_SLOTS + slot) as u64)
+    m.word32(MetaSection32::Current, (class * CURRENT_SLOTS + slot) as u64)
 }
 
 /// Reserves up to `need` slots of class `class` on `page`; returns how many.
 #[inline(always)]
 pub(crate) fn reserve<M: HeapMem>(m: &M, page: u64, class: u32, need: u32) -> u32 {
-    let hdr = m.word(Region::Hdr, page);
+    let hdr = m.word(MetaSection::Hdr, page);
     let slots = class_slots(class);
     // A plain look first avoids stray reservations on pages that are
     // obviously full or of another class.
@@ -208,7 +208,7 @@ fn drop_if_full<M: HeapMem>(m: &M, page: u64, class: u32) {
     let av = avail(m, class);
     buddy::transit_begin(m);
     av.clear(m, page);
-    let h = m.word(Region::Hdr, page).load(Ordering::Acquire);
+    let h = m.word(MetaSection::Hdr, page).load(Ordering::Acquire);
     if hdr_class(h) == Some(class) && hdr_used(h) < class_slots(class) {
         av.set(m, page);
     }
@@ -231,7 +231,7 @@ pub(crate) fn after_release<M: HeapMem>(m: &M, page: u64, old: u64, n: u32) {
         if current(m, class, hdr_slot(h)).load(Ordering::Acquire) != page as u32 + 1 {
             retire(m, page, h);
         } else {
-            m.word(Region::Ctrl, CTRL_KEPT as u64).fetch_add(1, Ordering::AcqRel);
+            m.word(MetaSection::Ctrl, CTRL_KEPT as u64).fetch_add(1, Ordering::AcqRel);
         }
     }
 }
@@ -245,7 +245,7 @@ pub(crate) fn retire<M: HeapMem>(m: &M, page: u64, h: u64) -> bool {
     let new = ((hdr_gen(h) as u64 + 1) & 0xF_FFFF) << GEN_SHIFT;
     // Between the CAS and the buddy free the page is in neither place.
     buddy::transit_begin(m);
-    if m.word(Region::Hdr, page).compare_exchange(h, new, Ordering::AcqRel).is_ok() {
+    if m.word(MetaSection::Hdr, page).compare_exchange(h, new, Ordering::AcqRel).is_ok() {
         if let Some(class) = hdr_class(h) {
             avail(m, class).clear(m, page);
         }
@@ -267,7 +267,7 @@ pub(crate) fn format<M: HeapMem>(m: &M, page: u64, class: u32, slot: u32, reserv
         + (((class + 1) as u64) << CLASS_SHIFT)
         + ((slot as u64 & 0xFF) << SLOT_SHIFT)
         + (1u64 << GEN_SHIFT);
-    m.word(Region::Hdr, page).fetch_add(delta, Ordering::AcqRel);
+    m.word(MetaSection::Hdr, page).fetch_add(delta, Ordering::AcqRel);
     if reserve < class_slots(class) {
         avail(m, class).set(m, page);
     }
@@ -321,17 +321,17 @@ pub(crate) fn scavenge<M: HeapMem>(m: &M) -> bool {
     // From the swap until the scan has retired the kept pages, they are
     // neither findable by their count nor back in the buddy: a transit.
     buddy::transit_begin(m);
-    if m.word(Region::Ctrl, CTRL_KEPT as u64).swap(0, Ordering::AcqRel) == 0 {
+    if m.word(MetaSection::Ctrl, CTRL_KEPT as u64).swap(0, Ordering::AcqRel) == 0 {
         buddy::transit_cancel(m);
         return false;
     }
     let mut any = false;
     let mut i = 0;
     while i < CLASSES * CURRENT_SLOTS {
-        let v = m.word32(Region32::Current, i as u64).load(Ordering::Acquire);
+        let v = m.word32(MetaSection32::Current, i as u64).load(Ordering::Acquire);
         if v != 0 && v != REFILLING {
             let page = (v - 1) as u64;
-            let h = m.word(Region::Hdr, page).load(Ordering::Acquire);
+            let h = m.word(MetaSection::Hdr, page).load(Ordering::Acquire);
             if hdr_class(h) == Some(i / CURRENT_SLOTS) && hdr_used(h) == 0 {
                 any |= retire(m, page, h);
             }
@@ -425,7 +425,7 @@ fn refill<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64, old: u
     if old != 0 && old != new {
         // The page we un-installed may have emptied while it was current.
         let page = (old - 1) as u64;
-        let h = m.word(Region::Hdr, page).fetch_add(0, Ordering::AcqRel);
+        let h = m.word(MetaSection::Hdr, page).fetch_add(0, Ordering::AcqRel);
         if hdr_class(h) == Some(class) && hdr_used(h) == 0 {
             retire(m, page, h);
         }
@@ -446,7 +446,7 @@ pub(crate) fn claim_bits<M: HeapMem>(m: &M, page: u64, class: u32, cursor: &mut 
     // other reservers progressed. Bound the scan anyway.
     while scanned < words * 64 {
         let idx = *cursor % words;
-        let word = m.word(Region::Bits, page * WORDS_PER_PAGE + idx as u64);
+        let word = m.word(MetaSection::Bits, page * WORDS_PER_PAGE + idx as u64);
         let v = word.load(Ordering::Relaxed);
         let mut free = !v & valid;
         if free != 0 {
@@ -494,11 +494,11 @@ pub(crate) fn free_slot<M: HeapMem>(m: &M, page: u64, h: u64, off_in_page: u64) 
     }
     let slot = off_in_page >> size_shift;
     let bit = 1u64 << (slot % 64);
-    let old = m.word(Region::Bits, page * WORDS_PER_PAGE + slot / 64).fetch_and(!bit, Ordering::AcqRel);
+    let old = m.word(MetaSection::Bits, page * WORDS_PER_PAGE + slot / 64).fetch_and(!bit, Ordering::AcqRel);
     if old & bit == 0 {
         return SlotFree::Double;
     }
-    let old_h = m.word(Region::Hdr, page).fetch_sub(1, Ordering::AcqRel);
+    let old_h = m.word(MetaSection::Hdr, page).fetch_sub(1, Ordering::AcqRel);
     after_release(m, page, old_h, 1);
     SlotFree::Freed
 }
@@ -507,7 +507,7 @@ pub(crate) fn free_slot<M: HeapMem>(m: &M, page: u64, h: u64, off_in_page: u64) 
 /// reservation invariant holds; kept so that every path is balanced).
 pub(crate) fn unreserve<M: HeapMem>(m: &M, page: u64, n: u32) {
     if n > 0 {
-        let old = m.word(Region::Hdr, page).fetch_sub(n as u64, Ordering::AcqRel);
+        let old = m.word(MetaSection::Hdr, page).fetch_sub(n as u64, Ordering::AcqRel);
         after_release(m, page, old, n);
     }
 }

@@ -122,7 +122,7 @@ fn huge_and_boundary_sizes_fail_cleanly() {
     assert_eq!(p, BASE, "the whole heap as one block");
     assert_eq!(malloc_in(&h, 16), 0);
     free_in(&h, p);
-    assert_eq!(h.word(Region::Ctrl, CTRL_FAILED as u64).load(crate::arch::atomic::Ordering::Relaxed), 6);
+    assert_eq!(h.word(MetaSection::Ctrl, CTRL_FAILED as u64).load(crate::arch::atomic::Ordering::Relaxed), 6);
 }
 
 #[test]
@@ -142,7 +142,7 @@ fn double_and_invalid_frees_do_not_corrupt() {
     free_in(&h, b);
     slab::scavenge(&h);
     assert_eq!(buddy::free_blocks(&h), fresh_free_blocks(1 << 20));
-    let ctrl = |w: usize| h.word(Region::Ctrl, w as u64).load(crate::arch::atomic::Ordering::Relaxed);
+    let ctrl = |w: usize| h.word(MetaSection::Ctrl, w as u64).load(crate::arch::atomic::Ordering::Relaxed);
     if cfg!(feature = "debug-free") {
         assert_eq!(ctrl(CTRL_DOUBLE_FREES), 3, "slab double, large double, tag-less unit inside the large block");
         assert_eq!(ctrl(CTRL_INVALID_FREES), 3);
@@ -173,6 +173,6 @@ fn buddy_split_and_merge_restore_the_initial_state() {
         buddy::free(&h, u, k);
     }
     assert_eq!(buddy::free_blocks(&h), [(0, 6)]);
-    let t = h.word(Region::Ctrl, CTRL_TRANSIT as u64).load(crate::arch::atomic::Ordering::Relaxed);
+    let t = h.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).load(crate::arch::atomic::Ordering::Relaxed);
     assert_eq!(t as u32, 0, "nothing in flight");
 }

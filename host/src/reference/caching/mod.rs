@@ -84,11 +84,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::arena::{first_class_at_or_above, size_class, FL_COUNT, SL_COUNT};
+use super::block_list::{first_class_at_or_above, size_class, FL_COUNT, SL_COUNT};
 use super::compact::{check_plan_matches, CompactBlock, CompactionLayout, CompactionPlan, Region};
 use super::{
-    align_down, align_up, check_request, offset_map, oom, AllocError, Allocation, Handle, LiveBlock, OffsetMap, Stats,
-    SubAllocator,
+    align_down, align_up, check_request, offset_map, oom, AllocError, AllocatedBlock, Allocation, Handle, OffsetMap,
+    Stats, SubAllocator,
 };
 
 pub mod config;
@@ -1479,12 +1479,12 @@ impl SubAllocator for CachingAllocator {
         Box::new(v.into_iter())
     }
 
-    fn live_blocks(&self) -> Vec<LiveBlock> {
-        let mut v: Vec<LiveBlock> = self
+    fn live_blocks(&self) -> Vec<AllocatedBlock> {
+        let mut v: Vec<AllocatedBlock> = self
             .blocks
             .iter()
             .filter(|b| b.state == LIVE)
-            .map(|b| LiveBlock { offset: b.off, size: b.size, requested: b.requested })
+            .map(|b| AllocatedBlock { offset: b.off, size: b.size, requested: b.requested })
             .collect();
         v.sort_unstable_by_key(|b| b.offset);
         v

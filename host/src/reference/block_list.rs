@@ -1,4 +1,4 @@
-//! The block arena shared by first-fit, best-fit, TLSF and the tiered backing.
+//! The block list shared by first-fit, best-fit, TLSF and the tiered backing.
 //!
 //! The range `[0, capacity)` is tiled by *blocks* kept out of band (offset-allocator style: the managed
 //! memory is never touched). Every block, live or free, is a [`Node`] of `nodes`, linked to its physical
@@ -32,14 +32,14 @@
 use super::compact::{relocate_live, CompactBlock, CompactionLayout, CompactionPlan, Region};
 use super::live_slots::{Generations, OffsetIndex};
 use super::{
-    check_layout, check_request, fit_back, fit_front, offset_map, oom, AllocError, Allocation, Handle, LiveBlock,
+    check_layout, check_request, fit_back, fit_front, offset_map, oom, AllocError, AllocatedBlock, Allocation, Handle,
     OffsetMap, Stats, MAX_BYTES,
 };
 
 /// No node.
 pub(crate) const NIL: u32 = u32::MAX;
 
-/// Value of `a` in a live node (never a node index: the arena holds fewer than `u32::MAX - 1` nodes).
+/// Value of `a` in a live node (never a node index: the block list holds fewer than `u32::MAX - 1` nodes).
 const LIVE: u32 = u32::MAX - 1;
 
 /// A block: 32 bytes plus the index's extra data `X`. While free, `a`, `b` and `x` belong to the free
@@ -108,9 +108,9 @@ pub(crate) trait FreeIndex: Send {
     fn clear(&mut self);
 }
 
-/// Generic arena allocator over a [`FreeIndex`].
+/// Generic block-list allocator over a [`FreeIndex`].
 #[derive(Debug)]
-pub(crate) struct Arena<I: FreeIndex> {
+pub(crate) struct BlockList<I: FreeIndex> {
     capacity: u64,
     granule: u64,
     /// Live blocks, free blocks (size > 0) and spare slots (size 0).
@@ -129,7 +129,7 @@ pub(crate) struct Arena<I: FreeIndex> {
     free_count: usize,
 }
 
-impl<I: FreeIndex> Arena<I> {
+impl<I: FreeIndex> BlockList<I> {
     /// `capacity` is rounded down to `granule` (a power of two).
     pub(crate) fn new(capacity: u64, granule: u64, index: I) -> Result<Self, AllocError> {
         if granule == 0 || !granule.is_power_of_two() || granule > MAX_BYTES {
@@ -142,7 +142,7 @@ impl<I: FreeIndex> Arena<I> {
         if capacity == 0 {
             return Err(AllocError::InvalidConfig("capacity below one granule"));
         }
-        let mut a = Arena {
+        let mut a = BlockList {
             capacity,
             granule,
             nodes: Vec::new(),
@@ -432,9 +432,9 @@ impl<I: FreeIndex> Arena<I> {
         }
     }
 
-    fn live_block(&self, n: u32) -> LiveBlock {
+    fn live_block(&self, n: u32) -> AllocatedBlock {
         let node = &self.nodes[n as usize];
-        LiveBlock { offset: node.offset, size: node.size, requested: self.requested_of(n) }
+        AllocatedBlock { offset: node.offset, size: node.size, requested: self.requested_of(n) }
     }
 
     /// O(f log f) for f free blocks.
@@ -445,7 +445,7 @@ impl<I: FreeIndex> Arena<I> {
     }
 
     /// O(n log n) for n live blocks.
-    pub(crate) fn live_blocks(&self) -> Vec<LiveBlock> {
+    pub(crate) fn live_blocks(&self) -> Vec<AllocatedBlock> {
         self.live_sorted().into_iter().map(|n| self.live_block(n)).collect()
     }
 
@@ -472,7 +472,7 @@ impl<I: FreeIndex> Arena<I> {
         let layout = self.compaction_layout();
         let sorted = self.live_sorted();
         let moved = relocate_live(&self.live_blocks(), &layout, plan)?;
-        let keep: Vec<(LiveBlock, u8, Option<u32>)> = moved
+        let keep: Vec<(AllocatedBlock, u8, Option<u32>)> = moved
             .into_iter()
             .map(|(old, new)| {
                 let i = sorted.partition_point(|&n| self.nodes[n as usize].offset < old);
@@ -485,8 +485,8 @@ impl<I: FreeIndex> Arena<I> {
 
     /// Re-creates exactly the live blocks given (ascending, disjoint); a block with `Some(node)` stays in that
     /// live node (its handle stays valid), the others get new nodes. O(n).
-    fn rebuild_keeping(&mut self, live: &[(LiveBlock, u8, Option<u32>)]) -> Result<(), AllocError> {
-        let blocks: Vec<LiveBlock> = live.iter().map(|x| x.0).collect();
+    fn rebuild_keeping(&mut self, live: &[(AllocatedBlock, u8, Option<u32>)]) -> Result<(), AllocError> {
+        let blocks: Vec<AllocatedBlock> = live.iter().map(|x| x.0).collect();
         check_layout(&blocks, self.capacity, self.granule)?;
         let mut kept = vec![false; self.nodes.len()];
         for &(_, _, n) in live {
@@ -598,9 +598,9 @@ impl<I: FreeIndex> Arena<I> {
     }
 }
 
-/// Generates a public newtype over `Arena<$index>` implementing [`super::SubAllocator`]; with an index
+/// Generates a public newtype over `BlockList<$index>` implementing [`super::SubAllocator`]; with an index
 /// constructor (`granule -> index`) also its `new`, `with_granule` and `granule`.
-macro_rules! arena_strategy {
+macro_rules! block_list_strategy {
     ($ty:ident, $name:literal, $index:expr) => {
         impl $ty {
             #[doc = concat!($name, " over `capacity` bytes with the [default granule](crate::reference::DEFAULT_GRANULE).")]
@@ -620,7 +620,7 @@ macro_rules! arena_strategy {
             /// capacity.
             pub fn with_granule(capacity: u64, granule: u64) -> Result<Self, $crate::reference::AllocError> {
                 let index: fn(u64) -> _ = $index;
-                Ok($ty($crate::reference::arena::Arena::new(capacity, granule, index(granule))?))
+                Ok($ty($crate::reference::block_list::BlockList::new(capacity, granule, index(granule))?))
             }
 
             /// Granule in bytes.
@@ -628,7 +628,7 @@ macro_rules! arena_strategy {
                 self.0.granule()
             }
         }
-        $crate::reference::arena::arena_strategy!($ty, $name);
+        $crate::reference::block_list::block_list_strategy!($ty, $name);
     };
     ($ty:ident, $name:literal) => {
         impl $crate::reference::SubAllocator for $ty {
@@ -657,7 +657,7 @@ macro_rules! arena_strategy {
             fn free_blocks(&self) -> Box<dyn Iterator<Item = (u64, u64)> + '_> {
                 self.0.free_blocks()
             }
-            fn live_blocks(&self) -> Vec<$crate::reference::LiveBlock> {
+            fn live_blocks(&self) -> Vec<$crate::reference::AllocatedBlock> {
                 self.0.live_blocks()
             }
             fn reset(&mut self) {
@@ -675,7 +675,7 @@ macro_rules! arena_strategy {
         }
     };
 }
-pub(crate) use arena_strategy;
+pub(crate) use block_list_strategy;
 
 /// The first non-empty class at or above `(fl, sl)` of a two-level bitmap (TLSF's search, Masmano et
 /// al. 2004): bit `fl` of `fl_bitmap` is set iff `sl_bitmap[fl] != 0`. O(1): two `trailing_zeros`.
@@ -757,7 +757,7 @@ mod churn_tests {
 
     /// Random alloc/free churn with every invariant checked after each step, for each index; best-fit's
     /// choice is compared with a brute-force scan of the free blocks. Every third free goes by offset.
-    fn churn<I: FreeIndex>(mut a: Arena<I>, best_fit: bool) {
+    fn churn<I: FreeIndex>(mut a: BlockList<I>, best_fit: bool) {
         let mut live: Vec<Allocation> = Vec::new();
         let mut x = 0x2545_f491_4f6c_dd1du64;
         for step in 0..3000 {
@@ -805,22 +805,22 @@ mod churn_tests {
 
     #[test]
     fn tlsf_churn_keeps_invariants() {
-        churn(Arena::new(1 << 22, 64, TlsfIndex::new(64)).unwrap(), false);
+        churn(BlockList::new(1 << 22, 64, TlsfIndex::new(64)).unwrap(), false);
     }
 
     #[test]
     fn best_fit_churn_is_exact() {
-        churn(Arena::new(1 << 22, 64, BestFitIndex::new(64)).unwrap(), true);
+        churn(BlockList::new(1 << 22, 64, BestFitIndex::new(64)).unwrap(), true);
     }
 
     #[test]
     fn first_fit_churn_keeps_invariants() {
-        churn(Arena::new(1 << 22, 64, AddressIndex::new(u64::MAX)).unwrap(), false);
+        churn(BlockList::new(1 << 22, 64, AddressIndex::new(u64::MAX)).unwrap(), false);
     }
 
     #[test]
     fn stale_and_foreign_handles_are_errors() {
-        let mut a = Arena::new(1 << 20, 64, TlsfIndex::new(64)).unwrap();
+        let mut a = BlockList::new(1 << 20, 64, TlsfIndex::new(64)).unwrap();
         let b = a.alloc(100, 1).unwrap();
         a.free(b).unwrap();
         // The node is reused for a new block at the same offset: the old handle is stale.
@@ -847,7 +847,7 @@ mod churn_tests {
 
     #[test]
     fn handles_survive_relocation() {
-        let mut a = Arena::new(1 << 20, 64, BestFitIndex::new(64)).unwrap();
+        let mut a = BlockList::new(1 << 20, 64, BestFitIndex::new(64)).unwrap();
         let v: Vec<Allocation> = (0..6).map(|i| a.alloc(100 * (i + 1), 1).unwrap()).collect();
         a.free(v[1]).unwrap();
         a.free(v[3]).unwrap();
@@ -865,7 +865,7 @@ mod churn_tests {
     #[test]
     fn huge_granule_slack_goes_to_the_side_map() {
         // Slack of 2^40 - 1 bytes does not fit the packed entry.
-        let mut a = Arena::new(1 << 44, 1 << 40, TlsfIndex::new(1 << 40)).unwrap();
+        let mut a = BlockList::new(1 << 44, 1 << 40, TlsfIndex::new(1 << 40)).unwrap();
         let b = a.alloc(1, 1).unwrap();
         assert_eq!(b.size, 1 << 40);
         assert_eq!(a.live_blocks()[0].requested, 1);

@@ -1,14 +1,14 @@
-//! The movable arena of the device heap: blocks named by handles, allocated
+//! The movable region of the device heap: blocks named by handles, allocated
 //! by kernels (and the host) beside raw `malloc`, and defragmented in place
 //! by the compaction kernels.
 //!
 //! ```ignore
-//! use gpuheap_kernels::compact::arena;
+//! use gpuheap_kernels::compact::movable;
 //! // in a kernel body, with `p.heap: Heap` (from `DeviceHeap::with_movable`):
-//! let h = unsafe { arena::handle_alloc(&p.heap, 48) };       // 0 on failure
-//! let ptr = unsafe { arena::resolve(&p.heap, h) };     // null if not live
+//! let h = unsafe { movable::handle_alloc(&p.heap, 48) };       // 0 on failure
+//! let ptr = unsafe { movable::resolve(&p.heap, h) };     // null if not live
 //! // ... use ptr in this kernel only ...
-//! unsafe { arena::handle_free(&p.heap, h) };                  // bytes reclaimed by the next compaction
+//! unsafe { movable::handle_free(&p.heap, h) };                  // bytes reclaimed by the next compaction
 //! ```
 //!
 //! # Design: one span, a bump cursor, a handle table
@@ -77,9 +77,9 @@
 //! 30 registers, `gpuheap_heap_handle_free` 16, `gpuheap_heap_handle_touch` 32; no
 //! spills, no stack frame, no local memory.
 //!
-//! # Memory of the arena state
+//! # Memory of the movable region's state
 //!
-//! One device buffer at `Heap::movable_ctrl`: [`ARENA_CTRL_BYTES`] of control
+//! One device buffer at `Heap::movable_ctrl`: [`MOVABLE_CTRL_BYTES`] of control
 //! words ([`CTRL_CURSOR`], [`CTRL_POOL_NEXT`], [`CTRL_POOL_LEN`],
 //! [`CTRL_FAILED`]), then `max_handles` [`HandleEntry`]s (the table), then
 //! `max_handles` `u32` pool indices ([`buffer_bytes`]).
@@ -92,8 +92,8 @@ use crate::arch::warp::{active_mask, ballot, lanemask_lt, match_any, shfl, shfl_
 use crate::fill::pattern;
 use crate::heap::Heap;
 
-/// Bytes of the control block at the start of the arena buffer.
-pub const ARENA_CTRL_BYTES: u64 = 64;
+/// Bytes of the control block at the start of the movable region's buffer.
+pub const MOVABLE_CTRL_BYTES: u64 = 64;
 /// Control word: the bump cursor, bytes from the start of the span (may pass
 /// the span's end after failed requests).
 pub const CTRL_CURSOR: u64 = 0;
@@ -107,23 +107,23 @@ pub const CTRL_FAILED: u64 = 3;
 /// [`ENTRY_PINNED`] is set while it is nonzero).
 pub const PIN_SHIFT: u32 = 8;
 
-/// Bytes of the arena buffer for `max_handles` handles: control block, table
+/// Bytes of the movable region's buffer for `max_handles` handles: control block, table
 /// (24 bytes per entry), pool (4 bytes per entry).
 pub const fn buffer_bytes(max_handles: u64) -> u64 {
-    ARENA_CTRL_BYTES + max_handles * (core::mem::size_of::<HandleEntry>() as u64 + 4)
+    MOVABLE_CTRL_BYTES + max_handles * (core::mem::size_of::<HandleEntry>() as u64 + 4)
 }
 
-/// Byte offset of the handle table in the arena buffer.
-pub const TABLE_OFFSET: u64 = ARENA_CTRL_BYTES;
+/// Byte offset of the handle table in the movable region's buffer.
+pub const TABLE_OFFSET: u64 = MOVABLE_CTRL_BYTES;
 
-/// Byte offset of the index pool in the arena buffer.
+/// Byte offset of the index pool in the movable region's buffer.
 pub const fn pool_offset(max_handles: u64) -> u64 {
-    ARENA_CTRL_BYTES + max_handles * core::mem::size_of::<HandleEntry>() as u64
+    MOVABLE_CTRL_BYTES + max_handles * core::mem::size_of::<HandleEntry>() as u64
 }
 
-/// The handle table of `heap`'s movable arena as a [`DeviceHandleTable`]
+/// The handle table of `heap`'s movable region as a [`DeviceHandleTable`]
 /// (for [`super::handle::resolve`] and kernels written against it). `len` is
-/// 0 when the heap has no movable arena.
+/// 0 when the heap has no movable region.
 #[inline(always)]
 pub fn table(heap: &Heap) -> DeviceHandleTable {
     DeviceHandleTable {
@@ -134,10 +134,10 @@ pub fn table(heap: &Heap) -> DeviceHandleTable {
     }
 }
 
-/// Control word `i` of the arena.
+/// Control word `i` of the movable region.
 ///
 /// # Safety
-/// `heap` has a live movable arena; `i < ARENA_CTRL_BYTES / 8`.
+/// `heap` has a live movable region; `i < MOVABLE_CTRL_BYTES / 8`.
 #[inline(always)]
 unsafe fn ctrl<'a>(heap: &Heap, i: u64) -> &'a AtomicU64 {
     // SAFETY: the control block is 64 bytes of 8-byte aligned words in a
@@ -154,7 +154,7 @@ fn entry_ptr(heap: &Heap, i: u32) -> *mut HandleEntry {
 /// The state word (flags | generation << 32) of entry `i`.
 ///
 /// # Safety
-/// `heap` has a live movable arena; `i < max_handles`.
+/// `heap` has a live movable region; `i < max_handles`.
 #[inline(always)]
 unsafe fn state<'a>(heap: &Heap, i: u32) -> &'a AtomicU64 {
     // SAFETY: entries are 24 bytes at an 8-byte aligned table; `flags` and
@@ -164,7 +164,7 @@ unsafe fn state<'a>(heap: &Heap, i: u32) -> &'a AtomicU64 {
 
 /// Allocates a movable block of `size` bytes (it occupies `size` rounded up
 /// to 16 bytes, 16-byte aligned) and returns its handle, or 0 when `size` is
-/// 0, the heap has no movable arena, or the span or the handle table is
+/// 0, the heap has no movable region, or the span or the handle table is
 /// exhausted. Bounded time (no loop); failures are counted in
 /// [`CTRL_FAILED`]. Never moves anything.
 ///
@@ -177,8 +177,8 @@ unsafe fn state<'a>(heap: &Heap, i: u32) -> &'a AtomicU64 {
 #[inline(always)]
 pub unsafe fn handle_alloc(heap: &Heap, size: u64) -> u64 {
     let cap = heap.movable_bytes;
-    let has_arena = heap.movable_ctrl != 0;
-    let need = if size == 0 || size > cap || !has_arena { 0 } else { size.div_ceil(GRANULE) * GRANULE };
+    let has_movable = heap.movable_ctrl != 0;
+    let need = if size == 0 || size > cap || !has_movable { 0 } else { size.div_ceil(GRANULE) * GRANULE };
     let mask = active_mask();
     let lane = lane_id();
     // Every collective below is over `mask` (the lanes that executed this
@@ -194,7 +194,7 @@ pub unsafe fn handle_alloc(heap: &Heap, size: u64) -> u64 {
     let mut base = cap;
     let mut n_fit = 0u64;
     if lane == leader && need != 0 {
-        // SAFETY: a live arena (`need != 0` implies one).
+        // SAFETY: a live movable region (`need != 0` implies one).
         let cursor = unsafe { ctrl(heap, CTRL_CURSOR) };
         // Take only what fits after the cursor as last seen, so a request
         // that cannot fit does not advance it (the tail stays usable for
@@ -224,7 +224,7 @@ pub unsafe fn handle_alloc(heap: &Heap, size: u64) -> u64 {
         let first = got.trailing_zeros();
         let mut k0 = 0u64;
         if lane == first {
-            // SAFETY: a live arena (some lane has `need != 0`).
+            // SAFETY: a live movable region (some lane has `need != 0`).
             k0 = unsafe { ctrl(heap, CTRL_POOL_NEXT) }.fetch_add(got.count_ones() as u64, Ordering::Relaxed);
         }
         // SAFETY: `got` is the same on every lane of `mask` (a ballot over
@@ -232,7 +232,7 @@ pub unsafe fn handle_alloc(heap: &Heap, size: u64) -> u64 {
         let k0 = unsafe { shfl_u64(mask, k0, first) };
         if fits {
             let k = k0 + (got & lanemask_lt()).count_ones() as u64;
-            // SAFETY: a live arena; the pool length is written by the host only.
+            // SAFETY: a live movable region; the pool length is written by the host only.
             let pool_len = unsafe { ctrl(heap, CTRL_POOL_LEN) }.load(Ordering::Relaxed);
             if k < pool_len && k < heap.max_handles {
                 let pool = (heap.movable_ctrl + pool_offset(heap.max_handles)) as *const u32;
@@ -257,8 +257,8 @@ pub unsafe fn handle_alloc(heap: &Heap, size: u64) -> u64 {
     }
     // SAFETY: unconditional, over `mask`.
     let failed = unsafe { ballot(mask, size != 0 && handle == 0) };
-    if failed != 0 && lane == failed.trailing_zeros() && has_arena {
-        // SAFETY: a live arena.
+    if failed != 0 && lane == failed.trailing_zeros() && has_movable {
+        // SAFETY: a live movable region.
         unsafe { ctrl(heap, CTRL_FAILED) }.fetch_add(failed.count_ones() as u64, Ordering::Relaxed);
     }
     handle
@@ -276,7 +276,7 @@ pub unsafe fn entry(heap: &Heap, handle: u64) -> Option<HandleEntry> {
     if heap.movable_ctrl == 0 || i as u64 >= heap.max_handles {
         return None;
     }
-    // SAFETY: `i < max_handles` of a live arena.
+    // SAFETY: `i < max_handles` of a live movable region.
     let s = unsafe { state(heap, i) }.load(Ordering::Acquire);
     let (flags, g) = (s as u32, (s >> 32) as u32);
     if flags & ENTRY_LIVE == 0 || g != gen {
@@ -321,7 +321,7 @@ pub unsafe fn handle_free(heap: &Heap, handle: u64) -> bool {
     if heap.movable_ctrl == 0 || i as u64 >= heap.max_handles {
         return false;
     }
-    // SAFETY: `i < max_handles` of a live arena.
+    // SAFETY: `i < max_handles` of a live movable region.
     let st = unsafe { state(heap, i) };
     let s = st.load(Ordering::Acquire);
     if (s >> 32) as u32 != gen || (s as u32) & ENTRY_LIVE == 0 || (s as u32) & ENTRY_PINNED != 0 {
