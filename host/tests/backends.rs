@@ -46,12 +46,12 @@ fn bump_allocations_are_disjoint_aligned_and_dense() {
     for b in common::backends("bump_allocations_are_disjoint_aligned_and_dense") {
         // 1000 threads (not a multiple of the block or warp size).
         let run = ops::bump_alloc(&b, 1000, 24, 1 << 20).unwrap();
-        let offs: Vec<u64> = run.offsets.iter().map(|o| o.expect("arena is large enough")).collect();
+        let offs: Vec<u64> = run.offsets.iter().map(|o| o.expect("buffer is large enough")).collect();
         assert_eq!(run.cursor, 1000 * 32, "{b:?}: 24 B rounds to 32 B, nothing else is taken");
         let mut sorted = offs.clone();
         sorted.sort_unstable();
         for (i, o) in sorted.iter().enumerate() {
-            assert_eq!(*o, i as u64 * 32, "{b:?}: offsets tile the arena without gaps or overlaps");
+            assert_eq!(*o, i as u64 * 32, "{b:?}: offsets tile the buffer without gaps or overlaps");
         }
     }
 }

@@ -129,8 +129,8 @@ fn bl_10b_alloc_free_loop_never_exceeds_the_superblock() {
 
 /// BL-11: a heap of 4 pages; 64 threads each request one page at once:
 /// exactly 4 succeed and the other 60 get null at once; the failure path
-/// writes nothing into the heap (the arena stays all zero: the allocator
-/// never writes the arena at all); after freeing the 4, all 64 ask again
+/// writes nothing into the heap (the data region stays all zero: the allocator
+/// never writes the data region at all); after freeing the 4, all 64 ask again
 /// with the same outcome, the heap intact. Reporting out-of-memory costs one
 /// top-word load per buddy level, like a success (timings are printed, not
 /// asserted).
@@ -144,8 +144,8 @@ fn bl_11_failing_lanes_fail_fast_and_write_nothing() {
             let ptrs = batch.read_ptrs().unwrap();
             let ok = ptrs.iter().filter(|&&p| p != 0).count();
             assert_eq!(ok, 4, "{what} round {round}: {ptrs:x?}");
-            let arena: Vec<u8> = heap.arena().read().unwrap();
-            assert!(arena.iter().all(|&x| x == 0), "{what}: something wrote into the arena");
+            let bytes: Vec<u8> = heap.data().read().unwrap();
+            assert!(bytes.iter().all(|&x| x == 0), "{what}: something wrote into the data region");
             let s = heap.stats().unwrap();
             assert_eq!(s.failed_requests, 60 * (round + 1), "{what}");
             assert_eq!((s.large_blocks, s.free_bytes), (4, 0), "{what}: {s:?}");

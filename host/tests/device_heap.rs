@@ -20,7 +20,7 @@ fn rounded(size: u64) -> u64 {
     class_of(size).map(class_size).unwrap_or(UNIT << order_of(size))
 }
 
-/// Checks that the non-null pointers are aligned, inside the arena and
+/// Checks that the non-null pointers are aligned, inside the data region and
 /// pairwise disjoint (with their rounded sizes); returns how many were null.
 fn check_disjoint(heap: &DeviceHeap, ptrs: &[u64], sizes: &[u64], what: &str) -> usize {
     let mut blocks = BTreeMap::new();
@@ -36,7 +36,10 @@ fn check_disjoint(heap: &DeviceHeap, ptrs: &[u64], sizes: &[u64], what: &str) ->
         }
         assert_eq!(p % 16, 0, "{what}: {p:#x} not 16-byte aligned");
         let r = rounded(s);
-        assert!(p >= heap.base() && p + r <= heap.base() + heap.capacity(), "{what}: {p:#x}+{r} outside the arena");
+        assert!(
+            p >= heap.base() && p + r <= heap.base() + heap.capacity(),
+            "{what}: {p:#x}+{r} outside the data region"
+        );
         if s > 4096 {
             assert_eq!((p - heap.base()) % r, 0, "{what}: large block {p:#x} not aligned to its size {r}");
         }
@@ -75,7 +78,7 @@ fn check_stats_against_model(stats: &HeapStats, ptrs: &[u64], sizes: &[u64], wha
     assert_eq!(stats.transit_in_flight, 0, "{what}");
 }
 
-/// After everything is freed, the whole arena must be allocatable as one block
+/// After everything is freed, the whole data region must be allocatable as one block
 /// again (pages retired, buddies merged).
 fn check_fully_free(b: &Backend, heap: &DeviceHeap, what: &str) {
     let s = heap.stats().unwrap();
@@ -330,7 +333,7 @@ fn live_blocks_list_large_allocations_and_rebuild_accepts_a_relocation() {
             .collect();
         expect.sort();
         assert_eq!(heap.live_blocks().unwrap(), expect, "{what}");
-        // A "compaction": move the large blocks to the top of the arena,
+        // A "compaction": move the large blocks to the top of the data region,
         // largest first, each aligned to its size; keep the slab pages.
         let mut moved = Vec::new();
         let mut top = heap.capacity();

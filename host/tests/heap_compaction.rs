@@ -1,14 +1,14 @@
 //! Compaction of the device heap's movable region (issue 5, integrated with
 //! the device heap of issue 4) on every backend.
 //!
-//! Handles are allocated by kernels (`arena::handle_alloc`) and by the host, each
+//! Handles are allocated by kernels (`movable::handle_alloc`) and by the host, each
 //! block is filled by a kernel that resolves its handle with a pattern
 //! derived from the handle, raw `malloc` blocks of the same heap are filled
 //! with their own patterns, frees make holes, and after a compaction every
 //! test checks: every byte of every handle block (host read-back and a kernel
 //! that resolves the handle on the device), every handle (host resolve and
 //! the device table), that no two blocks overlap, that the layout equals the
-//! one oracle `reference::compact::plan_slide`, that the whole arena equals
+//! one oracle `reference::compact::plan_slide`, that the whole movable region equals
 //! the reference sequential `memmove`, that raw `malloc` blocks and pinned
 //! handles are unchanged in place, that the free space outside pinned
 //! islands is one range at the end, that the bump cursor is there, and that
@@ -61,7 +61,7 @@ use common::slide;
 /// The bytes of the movable region.
 fn movable_image(heap: &DeviceHeap) -> Vec<u8> {
     let mut img = vec![0u8; heap.movable_capacity() as usize];
-    heap.arena().read_into(heap.arena_offset() + (heap.movable_base() - heap.base()) as usize, &mut img).unwrap();
+    heap.data().read_into(heap.data_offset() + (heap.movable_base() - heap.base()) as usize, &mut img).unwrap();
     img
 }
 
@@ -138,13 +138,13 @@ fn compact_and_check(b: &Backend, heap: &mut DeviceHeap, what: &str) -> Compacti
         assert!(e.flags & ENTRY_LIVE != 0);
         assert_eq!(e.flags & ENTRY_PINNED != 0, info.pinned, "{what}: pinned flag of {h:?}");
     }
-    // Bytes: every handle block, and the whole arena against the reference memmove.
+    // Bytes: every handle block, and the whole movable region against the reference memmove.
     check_handles(b, heap, what);
     let after = movable_image(heap);
     let mut want = before.clone();
     oracle::apply(&mut want, &before_layout, &expected);
     if let Some(i) = want.iter().zip(&after).position(|(a, b)| a != b) {
-        panic!("{what}: arena differs from the reference memmove at byte {i}");
+        panic!("{what}: movable region differs from the reference memmove at byte {i}");
     }
     // Report.
     assert_eq!((report.bytes_moved, report.blocks_moved), (plan.bytes_moved, plan.blocks_moved as u64), "{what}");
@@ -211,7 +211,7 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         for (h, &at) in pins.iter().zip(&pinned_at) {
             assert_eq!(heap.resolve(*h).unwrap().offset, at, "{what}: pinned handle moved");
         }
-        // Raw malloc blocks: unchanged in place, never inside the arena.
+        // Raw malloc blocks: unchanged in place, never inside the movable region.
         for (batch, seed) in [(&raw1, 77), (&raw2, 78)] {
             assert_eq!(ops::touch_batch(b, batch, seed, true).unwrap(), 0, "{what}: a raw block changed");
             assert_outside_movable(&heap, batch, what);
@@ -296,7 +296,7 @@ fn stale_handles_are_detected() {
     });
 }
 
-/// BL-01 in the device heap: the arena is full, half of it is free in holes
+/// BL-01 in the device heap: the movable region is full, half of it is free in holes
 /// smaller than the request; the request fails, and succeeds after a
 /// compaction (raw `malloc` blocks are untouched).
 #[test]
@@ -309,7 +309,7 @@ fn full_movable_region_accepts_a_large_handle_only_after_compaction() {
             heap.handle_alloc_batch(b, &[4 * KIB; 16]).unwrap().into_iter().map(|h| h.unwrap()).collect();
         hs.sort_by_key(|h| heap.resolve(*h).unwrap().offset);
         fill_handles(b, &heap, &hs);
-        assert!(heap.handle_alloc_batch(b, &[16]).unwrap()[0].is_none(), "{what}: the arena is not full");
+        assert!(heap.handle_alloc_batch(b, &[16]).unwrap()[0].is_none(), "{what}: the movable region is not full");
         let odd: Vec<Handle> = hs.iter().skip(1).step_by(2).copied().collect();
         assert!(heap.handle_free_batch(b, &odd).unwrap().iter().all(|&ok| ok));
         match heap.handle_alloc(b, 32 * KIB) {
@@ -384,20 +384,20 @@ fn empty_movable_region_and_no_holes() {
         let img = movable_image(&heap);
         let r = compact_and_check(b, &mut heap, what);
         assert_eq!((r.blocks_moved, r.bytes_moved, r.launches), (0, 0, 0), "{what}");
-        assert_eq!(movable_image(&heap), img, "{what}: a packed arena changed");
+        assert_eq!(movable_image(&heap), img, "{what}: a packed movable region changed");
         // Freeing the last blocks only moves the cursor back.
         let tail: Vec<Handle> = hs[150..].to_vec();
         heap.handle_free_batch(b, &tail).unwrap();
         let r = compact_and_check(b, &mut heap, what);
         assert_eq!((r.blocks_moved, r.launches), (0, 0), "{what}");
-        // Everything freed: the arena is empty again.
+        // Everything freed: the movable region is empty again.
         heap.handle_free_batch(b, &hs[..150]).unwrap();
         compact_and_check(b, &mut heap, what);
         assert_eq!(heap.movable_stats().unwrap().cursor, 0, "{what}");
     });
 }
 
-/// Many warps allocate concurrently until the arena runs out: the handles
+/// Many warps allocate concurrently until the movable region runs out: the handles
 /// that succeed are disjoint and complete, the others are counted, and
 /// compaction after random frees matches the oracle.
 #[test]
@@ -411,7 +411,7 @@ fn concurrent_handle_alloc_until_exhaustion() {
         let ok: Vec<Handle> = got.iter().flatten().copied().collect();
         let failed = got.iter().filter(|h| h.is_none()).count() as u64;
         let asked: u64 = req.iter().map(|s| s.div_ceil(16) * 16).sum();
-        assert!(asked > cap && failed > 0, "{what}: the arena did not run out");
+        assert!(asked > cap && failed > 0, "{what}: the movable region did not run out");
         let st = heap.movable_stats().unwrap();
         assert_eq!((st.live_handles, st.failed_requests), (ok.len() as u64, failed), "{what}");
         assert!(st.live_bytes > cap * 3 / 4, "{what}: only {} of {cap} bytes handed out", st.live_bytes);
@@ -438,19 +438,19 @@ fn movable_arena_is_outside_the_buddy() {
     assert_eq!(heap.movable_capacity(), 25 * 4096, "rounded up to 4 KiB");
     let s = heap.stats().unwrap();
     assert_eq!((s.movable_bytes, s.free_bytes, s.accounted_bytes()), (25 * 4096, (1 << 20) - 25 * 4096, 1 << 20));
-    assert!(heap.live_blocks().unwrap().is_empty(), "the arena is not a large block");
-    // Raw malloc never returns arena memory, even when the rest is exhausted.
+    assert!(heap.live_blocks().unwrap().is_empty(), "the movable region is not a large block");
+    // Raw malloc never returns movable-region memory, even when the rest is exhausted.
     let raw = ops::malloc_batch(&b, &heap, &Sizes::Uniform(4096), 300, false).unwrap();
     assert_outside_movable(&heap, &raw, "exhaustion");
     let got = raw.read_ptrs().unwrap().iter().filter(|&&p| p != 0).count() as u64;
     assert!(got > 0 && got * 4096 <= (1 << 20) - 25 * 4096, "{got} raw blocks");
     assert_eq!(heap.stats().unwrap().accounted_bytes(), 1 << 20);
-    // Raw free of an arena address is ignored.
+    // Raw free of a movable-region address is ignored.
     let h = heap.handle_alloc(&b, 64).unwrap();
     // SAFETY: the pointer is not from malloc; the heap ignores it (tested here).
     unsafe { ops::free_ptrs(&b, &heap, &[heap.handle_ptr(h).unwrap()]).unwrap() };
     assert!(heap.resolve(h).is_ok());
-    // Rebuild and reset keep the arena out of the buddy.
+    // Rebuild and reset keep the movable region out of the buddy.
     heap.rebuild(&[]).unwrap();
     assert_eq!(heap.stats().unwrap().accounted_bytes(), 1 << 20);
     heap.reset().unwrap();
@@ -466,7 +466,7 @@ fn movable_arena_is_outside_the_buddy() {
 #[test]
 fn handle_api_rejects_misuse() {
     let b = Backend::cpu();
-    // A heap without an arena.
+    // A heap without a movable region.
     let plain = DeviceHeap::new(&b, 1 << 20).unwrap();
     assert!(!plain.has_movable());
     assert!(plain.handle_alloc(&b, 16).is_err());

@@ -59,7 +59,7 @@ fn check_common(trace: &Trace, r: &ReplayReport, scale: u64) {
     assert_eq!(r.events, d.events.len());
     assert_eq!(r.allocs, d.count(EventKind::Alloc));
     let successes = (d.initial_blocks.len() + r.allocs) as u64 - r.failed.len() as u64;
-    assert_eq!(dh.checked_allocations, successes, "every non-null pointer checked (arena, alignment, disjoint)");
+    assert_eq!(dh.checked_allocations, successes, "every non-null pointer checked (data region, alignment, disjoint)");
     assert_eq!(dh.heap_failed_counter, r.failed.len() as u64, "the heap counted the same null returns");
     assert!(dh.malloc_launches >= 1 && dh.malloc_launches <= (d.count(EventKind::Alloc) + 1) as u64);
     // Patterns: every successful block was filled over the bytes sent and read back intact, so no two
@@ -81,7 +81,7 @@ fn check_common(trace: &Trace, r: &ReplayReport, scale: u64) {
         assert!(s.free + s.in_use <= r.capacity.bytes);
         assert!((0.0..=1.0).contains(&s.external));
     }
-    // Buddy accounting at the end: free bytes, slab pages and large blocks tile the arena.
+    // Buddy accounting at the end: free bytes, slab pages and large blocks tile the data region.
     assert!(dh.free_bytes + dh.slab_pages * 65536 <= dh.heap_capacity);
     assert!(dh.metadata_high_water >= r.at_end.footprint, "the metadata's high-water mark includes kept pages");
     assert!(!r.timeline.is_empty() || d.events.is_empty());

@@ -12,11 +12,11 @@ use crate::arch::warp::{active_mask, lanemask_lt, match_any, shfl_u64};
 pub const BUMP_ALIGN: u64 = 16;
 
 /// Takes `size` bytes (rounded up to [`BUMP_ALIGN`]) from `cursor`, a byte
-/// offset into an arena of `capacity` bytes. Lanes of the warp asking for the
+/// offset into a buffer of `capacity` bytes. Lanes of the warp asking for the
 /// same size share one atomic: the lowest such lane adds the group's total
 /// and shuffles the base to the others.
 ///
-/// Returns the offset, or `None` when the arena is exhausted (the cursor
+/// Returns the offset, or `None` when the buffer is exhausted (the cursor
 /// still advances, so later calls fail too) or `size` is 0.
 #[inline(always)]
 pub fn bump_alloc(cursor: &AtomicU64, capacity: u64, size: u64) -> Option<u64> {
@@ -51,14 +51,14 @@ pub fn bump_alloc(cursor: &AtomicU64, capacity: u64, size: u64) -> Option<u64> {
 pub struct BumpParams {
     /// Device address of the `u64` cursor (bytes handed out so far).
     pub cursor: u64,
-    /// Arena size in bytes.
+    /// Buffer size in bytes.
     pub capacity: u64,
     /// Bytes per allocation.
     pub size: u64,
     /// Number of threads that allocate (thread `i < threads`).
     pub threads: u64,
     /// Device address of `threads` `u64` results: the offset, or `u64::MAX`
-    /// when the arena was exhausted.
+    /// when the buffer was exhausted.
     pub out: u64,
 }
 

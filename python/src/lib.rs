@@ -294,8 +294,14 @@ fn compare_json(
         let dev = common.device(&trace)?;
         let backend = common.measuring_backend()?;
         // The device allocator's row always runs on a backend, whatever the compaction policy.
-        let owned = if backend.is_none() { Some(common.backend()?) } else { None };
-        let device_backend = backend.as_ref().or(owned.as_ref()).expect("one of the two is set");
+        let owned;
+        let device_backend = match &backend {
+            Some(b) => b,
+            None => {
+                owned = common.backend()?;
+                &owned
+            }
+        };
         let opts = CompareOptions {
             host: common.options(StrategyKind::BestFit),
             device: DeviceReplayOptions { capacity: common.capacity, heap_limit, ..DeviceReplayOptions::default() },

@@ -46,7 +46,7 @@ impl DeviceBuffer {
     /// with the system's natural alignment and `CPU_BUFFER_ALIGN` spare bytes
     /// (then aligned by hand), so that the allocator can use `calloc`: large
     /// buffers come as fresh, lazily zeroed pages, and memory no kernel
-    /// touches (most of a device heap's arena) is never committed. An
+    /// touches (most of a device heap's data region) is never committed. An
     /// over-aligned `alloc_zeroed` would write every byte instead.
     pub(super) fn cpu_zeroed(len: usize) -> Result<Self> {
         let too_large = || BackendError::InvalidArgument(format!("buffer of {len} bytes is too large"));

@@ -41,7 +41,7 @@ pub struct AllocBenchConfig {
     pub mixed_hi: Vec<u64>,
     /// T4 runs 2^0 … 2^`scaling_max_log2` threads.
     pub scaling_max_log2: u32,
-    /// Arena of the heap (and CUDA's heap limit), bytes.
+    /// Data region of the heap (and CUDA's heap limit), bytes.
     pub heap_bytes: u64,
     /// Pool of the out-of-memory test, bytes.
     pub oom_pool: u64,

@@ -49,8 +49,14 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     cli_replay::check_capacity(&trace, dev, &a.common)?;
     let backend = cli_replay::backend_for(&a.common)?;
     // The device row always runs on a backend, whatever the compaction policy.
-    let owned = if backend.is_none() { Some(a.common.backend.backend()?) } else { None };
-    let device_backend = backend.as_ref().or(owned.as_ref()).expect("one of the two is set");
+    let owned;
+    let device_backend = match &backend {
+        Some(b) => b,
+        None => {
+            owned = a.common.backend.backend()?;
+            &owned
+        }
+    };
     let opts = CompareOptions {
         // Built for tiered so that `--tiers` is kept; each row sets its own strategy.
         host: cli_replay::replay_options(&a.common, StrategyKind::Tiered),

@@ -168,7 +168,7 @@ impl Compactor {
     /// Like [`compact`](Self::compact), for the region `[at, at + len)` of
     /// `buffer` (layout offsets are relative to `at`) and a handle table of
     /// `n` entries starting `table_at` bytes into its buffer. The device
-    /// heap's movable region is such a sub-range of the heap's arena, and its
+    /// heap's movable region is such a sub-range of the heap's data region, and its
     /// table lives after a control block.
     ///
     /// # Errors

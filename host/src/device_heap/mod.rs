@@ -12,7 +12,7 @@
 //! ```
 //!
 //! The same code runs on the CPU and the GPU backend: the heap is two
-//! [`DeviceBuffer`]s (the arena and the metadata), initialised from an image
+//! [`DeviceBuffer`]s (the data region and the metadata), initialised from an image
 //! computed on the host by the kernels crate's own init code
 //! (`gpuheap_kernels::heap::init`), and everything this module reports is
 //! decoded from a copy of the metadata (no counters are kept on the hot
@@ -21,7 +21,7 @@
 //! # Movable blocks
 //!
 //! A heap made by [`DeviceHeap::with_movable`] also has a *movable region*: a
-//! span of its arena, taken out of the buddy allocator, whose blocks are
+//! span of its data region, taken out of the buddy allocator, whose blocks are
 //! named by [`Handle`](crate::compaction::Handle)s and which
 //! [`compact_heap`](crate::compaction::compact_heap) defragments in place.
 //! Kernels allocate them with `gpuheap_kernels::compact::movable::{handle_alloc,
@@ -45,12 +45,12 @@ pub use ops::Sizes;
 use crate::analysis::{self, OomClass, OomDiagnosis};
 use crate::backend::{Backend, BackendError, DeviceBuffer, Result};
 
-/// The smallest arena a [`DeviceHeap`] accepts: one 64 KiB slab page.
+/// The smallest data region a [`DeviceHeap`] accepts: one 64 KiB slab page.
 ///
 /// Requests of up to 4 KiB are served from slab pages, which are 64 KiB
-/// buddy blocks; a smaller arena could serve none of them (a 4 KiB arena
+/// buddy blocks; a smaller data region could serve none of them (a 4 KiB data region
 /// would refuse `malloc(16)`). With at least one whole page every request of
-/// up to 64 KiB can be served by an empty heap, and an arena of any larger
+/// up to 64 KiB can be served by an empty heap, and a data region of any larger
 /// size serves every request up to its largest buddy block (the largest
 /// power of two of 4 KiB units that fits).
 pub const MIN_HEAP_BYTES: u64 = PAGE;
@@ -58,7 +58,7 @@ pub const MIN_HEAP_BYTES: u64 = PAGE;
 /// A heap in device memory that kernels allocate from with
 /// `gpuheap_kernels::heap::{malloc, free}`.
 pub struct DeviceHeap {
-    arena: DeviceBuffer,
+    data: DeviceBuffer,
     meta: DeviceBuffer,
     handle: Heap,
     movable: Option<movable::Movable>,
@@ -81,7 +81,7 @@ pub struct ClassStats {
 /// kernel is running on the heap.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HeapStats {
-    /// Arena bytes.
+    /// Data-region bytes.
     pub capacity: u64,
     /// The 9 slab classes (16 B .. 4 KiB).
     pub classes: Vec<ClassStats>,
@@ -126,7 +126,7 @@ impl HeapStats {
 /// A live large block (a buddy allocation of more than 4 KiB).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BuddyBlock {
-    /// Byte offset from the arena base (a multiple of `size`).
+    /// Byte offset from the data-region base (a multiple of `size`).
     pub offset: u64,
     /// Block size, bytes (`4096 << order`; the request was rounded up to it).
     pub size: u64,
@@ -145,12 +145,12 @@ fn invalid(msg: String) -> BackendError {
 }
 
 impl DeviceHeap {
-    /// A heap with an arena of `bytes` bytes (rounded down to 4 KiB; at least
+    /// A heap with a data region of `bytes` bytes (rounded down to 4 KiB; at least
     /// [`MIN_HEAP_BYTES`] = 64 KiB), every byte free.
     ///
     /// # Errors
     /// `InvalidArgument` when `bytes` is below [`MIN_HEAP_BYTES`] or beyond the
-    /// largest supported arena; allocation errors of the backend.
+    /// largest supported data region; allocation errors of the backend.
     pub fn new(backend: &Backend, bytes: u64) -> Result<Self> {
         if bytes < MIN_HEAP_BYTES {
             return Err(invalid(format!(
@@ -158,17 +158,18 @@ impl DeviceHeap {
                  4 KiB are carved from whole pages), got {bytes}"
             )));
         }
-        let layout = Heap::layout(bytes)
-            .ok_or_else(|| invalid(format!("a device heap of {bytes} bytes exceeds the largest supported arena")))?;
-        let arena_len = usize::try_from(layout.capacity + PAGE)
+        let layout = Heap::layout(bytes).ok_or_else(|| {
+            invalid(format!("a device heap of {bytes} bytes exceeds the largest supported data region"))
+        })?;
+        let data_len = usize::try_from(layout.capacity + PAGE)
             .map_err(|_| invalid(format!("{bytes} bytes do not fit the host's address space")))?;
         // One extra page so that the base can be aligned to a page: pages and
         // large blocks are then aligned to their size in absolute addresses.
-        let arena = backend.alloc_zeroed(arena_len)?;
+        let data = backend.alloc_zeroed(data_len)?;
         let meta = backend.alloc_zeroed(layout.meta_bytes as usize)?;
-        let base = (arena.device_ptr() + PAGE - 1) & !(PAGE - 1);
+        let base = (data.device_ptr() + PAGE - 1) & !(PAGE - 1);
         let handle = Heap { base, meta: meta.device_ptr(), ..layout };
-        let mut heap = DeviceHeap { arena, meta, handle, movable: None };
+        let mut heap = DeviceHeap { data, meta, handle, movable: None };
         heap.write_initial_metadata()?;
         Ok(heap)
     }
@@ -196,7 +197,7 @@ impl DeviceHeap {
         self.handle
     }
 
-    /// Arena bytes.
+    /// Data-region bytes.
     pub fn capacity(&self) -> u64 {
         self.handle.capacity
     }
@@ -251,31 +252,31 @@ impl DeviceHeap {
         }
     }
 
-    /// Device address of the arena (page aligned).
+    /// Device address of the data region (page aligned).
     pub fn base(&self) -> u64 {
         self.handle.base
     }
 
-    /// The arena buffer (for copying block contents back).
-    pub fn arena(&self) -> &DeviceBuffer {
-        &self.arena
+    /// The data-region buffer (for copying block contents back).
+    pub fn data(&self) -> &DeviceBuffer {
+        &self.data
     }
 
-    /// The arena buffer, writable (to fill blocks from the host while no
+    /// The data-region buffer, writable (to fill blocks from the host while no
     /// kernel uses the heap; the metadata is not reachable through it).
-    pub fn arena_mut(&mut self) -> &mut DeviceBuffer {
-        &mut self.arena
+    pub fn data_mut(&mut self) -> &mut DeviceBuffer {
+        &mut self.data
     }
 
-    /// Byte offset of the arena base inside [`arena`](Self::arena).
-    pub fn arena_offset(&self) -> usize {
-        (self.handle.base - self.arena.device_ptr()) as usize
+    /// Byte offset of the data-region base inside [`data`](Self::data).
+    pub fn data_offset(&self) -> usize {
+        (self.handle.base - self.data.device_ptr()) as usize
     }
 
     /// Frees everything: the heap returns to the state of [`DeviceHeap::new`]
     /// (counters included). Pointers from before are invalid afterwards. With
     /// a movable region, every handle is freed too (handles from before stay
-    /// invalid: entry generations are kept) and the arena stays reserved.
+    /// invalid: entry generations are kept) and the data region stays reserved.
     pub fn reset(&mut self) -> Result<()> {
         self.meta.zero()?;
         self.write_initial_metadata()?;
@@ -349,7 +350,7 @@ impl DeviceHeap {
             .collect())
     }
 
-    /// The free buddy blocks as `(byte offset from the arena base, bytes)`, in
+    /// The free buddy blocks as `(byte offset from the data-region base, bytes)`, in
     /// address order: every block that is free as a whole at some buddy level
     /// (adjacent free blocks that are not buddies are listed separately: the
     /// buddy allocator cannot serve one request from both). Free slots inside
@@ -398,7 +399,7 @@ impl DeviceHeap {
     /// # Errors
     /// `InvalidArgument` when a block is not a power-of-two multiple of 4 KiB,
     /// is not aligned to its size, overlaps another block, a slab page or the
-    /// movable region, or lies outside the arena.
+    /// movable region, or lies outside the data region.
     pub fn rebuild(&mut self, blocks: &[BuddyBlock]) -> Result<()> {
         let h = self.handle;
         let mut occupied: Vec<(u64, u64)> = Vec::with_capacity(blocks.len());
@@ -408,7 +409,7 @@ impl DeviceHeap {
                 && b.offset % b.size == 0
                 && b.offset.checked_add(b.size).is_some_and(|e| e <= h.capacity);
             if !ok {
-                return Err(invalid(format!("{b:?} is not an aligned power-of-two block inside the arena")));
+                return Err(invalid(format!("{b:?} is not an aligned power-of-two block inside the data region")));
             }
             occupied.push((b.offset >> UNIT_SHIFT, (b.offset + b.size) >> UNIT_SHIFT));
         }

@@ -74,15 +74,15 @@ fn no_movable() -> CompactionError {
 const ENTRY_BYTES: usize = size_of::<HandleEntry>();
 
 impl DeviceHeap {
-    /// A heap with an arena of `bytes` bytes of which `movable_bytes`
+    /// A heap with a data region of `bytes` bytes of which `movable_bytes`
     /// (rounded up to 4 KiB) form the *movable region* for handle blocks, with
     /// a handle table of `max_handles` entries. The movable region is taken out
-    /// of the buddy allocator (at the start of the arena); raw `malloc` serves
+    /// of the buddy allocator (at the start of the data region); raw `malloc` serves
     /// the rest.
     ///
     /// # Errors
     /// `InvalidArgument` when `bytes < 4096`, `movable_bytes` is 0 or larger
-    /// than the arena, or `max_handles` is 0; allocation errors.
+    /// than the data region, or `max_handles` is 0; allocation errors.
     pub fn with_movable(backend: &Backend, bytes: u64, movable_bytes: u64, max_handles: u32) -> BackendResult<Self> {
         let mut heap = DeviceHeap::new(backend, bytes)?;
         let span = movable_bytes.div_ceil(UNIT) * UNIT;
@@ -248,7 +248,7 @@ impl DeviceHeap {
             threads: n,
             out: out.device_ptr(),
         };
-        // SAFETY: the heap (and its arena buffer) is alive, borrowed for the
+        // SAFETY: the heap (and its data-region buffer) is alive, borrowed for the
         // launch, which is synchronous, so no compaction runs; `sizes` and
         // `out` hold `n` u64s.
         unsafe { backend.launch(&HEAP_HANDLE_ALLOC, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
@@ -398,7 +398,7 @@ impl DeviceHeap {
     pub fn read_handle(&self, h: Handle) -> Result<Vec<u8>> {
         let b = self.resolve(h)?;
         let mut v = vec![0u8; round(b.size) as usize];
-        self.arena.read_into(self.arena_offset() + (self.handle.movable_off + b.offset) as usize, &mut v)?;
+        self.data.read_into(self.data_offset() + (self.handle.movable_off + b.offset) as usize, &mut v)?;
         Ok(v)
     }
 
@@ -412,8 +412,8 @@ impl DeviceHeap {
         if at.checked_add(data.len() as u64).is_none_or(|e| e > round(b.size)) {
             return Err(BackendError::InvalidArgument(format!("write past a {}-byte block", b.size)).into());
         }
-        let off = self.arena_offset() + (self.handle.movable_off + b.offset + at) as usize;
-        Ok(self.arena.write_at(off, data)?)
+        let off = self.data_offset() + (self.handle.movable_off + b.offset + at) as usize;
+        Ok(self.data.write_at(off, data)?)
     }
 
     /// The live handle blocks in address order, as the compaction kernels take
@@ -549,12 +549,11 @@ impl DeviceHeap {
         let new_offsets = if oracle::is_packed(&layout) {
             layout.iter().map(|b| b.offset).collect()
         } else {
-            let at = (self.arena_offset() as u64) + self.handle.movable_off;
+            let at = (self.data_offset() as u64) + self.handle.movable_off;
             let n = self.handle.max_handles as u32;
-            let DeviceHeap { arena, movable, .. } = self;
+            let DeviceHeap { data, movable, .. } = self;
             let mv = movable.as_mut().ok_or_else(no_movable)?;
-            let run =
-                mv.compactor.compact_at(backend, arena, at, cap, &layout, Some((&mut mv.buf, TABLE_OFFSET, n)))?;
+            let run = mv.compactor.compact_at(backend, data, at, cap, &layout, Some((&mut mv.buf, TABLE_OFFSET, n)))?;
             report.plan_time = run.plan_time;
             report.move_time = run.move_time;
             report.kernel_time = run.plan_time + run.move_time;

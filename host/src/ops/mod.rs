@@ -51,7 +51,7 @@ pub fn verify(backend: &Backend, buf: &DeviceBuffer, seed: u64) -> Result<(Verif
 /// Result of [`bump_alloc`].
 #[derive(Clone, Debug)]
 pub struct BumpRun {
-    /// Offset of each thread's allocation in the arena, `None` if it failed.
+    /// Offset of each thread's allocation in the buffer, `None` if it failed.
     pub offsets: Vec<Option<u64>>,
     /// Bytes the cursor advanced (including failed requests).
     pub cursor: u64,
@@ -59,7 +59,7 @@ pub struct BumpRun {
     pub timing: LaunchTiming,
 }
 
-/// `threads` threads each take `size` bytes from a bump arena of `capacity`
+/// `threads` threads each take `size` bytes from a bump-allocated buffer of `capacity`
 /// bytes (one atomic per warp; see `gpuheap_kernels::bump`).
 pub fn bump_alloc(backend: &Backend, threads: u64, size: u64, capacity: u64) -> Result<BumpRun> {
     let n = usize::try_from(threads)

@@ -17,7 +17,7 @@
 //!   alive before the first event are allocated first, as one batch, in address order. A free of a block
 //!   whose allocation returned null is skipped.
 //! * **Checks** (always on; a violation is [`ReplayError::Device`], a bug in the heap): every returned
-//!   pointer lies in the arena, is 16-byte aligned (large blocks: aligned to their size), and its block
+//!   pointer lies in the data region, is 16-byte aligned (large blocks: aligned to their size), and its block
 //!   (requested size rounded by the heap's rule) overlaps no live block; at the demand peak and at the end
 //!   the metadata read back agrees with the host's view (the live large blocks of
 //!   [`DeviceHeap::live_blocks`] are exactly the host's, every live slot lies in a slab page of its class
@@ -25,7 +25,7 @@
 //!   sum). With [`DeviceReplayOptions::verify_bytes`] every block is also filled with a pattern derived
 //!   from its id when it is allocated and checked when it is freed (and at the end).
 //! * **Footprint** (the device heap's "reserved"): the address high-water mark of the memory holding live
-//!   requests at the heap's granularity: the end (bytes from the arena base) of the highest live large
+//!   requests at the heap's granularity: the end (bytes from the data-region base) of the highest live large
 //!   block or of the highest 64 KiB slab page that holds a live slot. It is exact after every launch
 //!   (computed on the host from the returned pointers and the size rule, the same way the host strategies'
 //!   high-water marks are). Empty pages the heap keeps formatted (current pages, reclaimed by its
@@ -77,10 +77,10 @@ use crate::backend::{Backend, BackendError};
 use crate::device_heap::{ops, DeviceHeap, Sizes, MIN_HEAP_BYTES};
 use crate::trace::{DeviceTrace, Trace};
 
-/// Default largest heap arena (bytes) the device replay creates on the CPU backend: 8 GiB. A larger
+/// Default largest heap data region (bytes) the device replay creates on the CPU backend: 8 GiB. A larger
 /// capacity is replayed scaled (see the [module docs](self)). The CPU backend's buffers are lazily
-/// zeroed host pages and `malloc` never writes into the arena, so such a heap commits little more than
-/// its metadata (about 0.9 % of the arena) unless blocks are filled
+/// zeroed host pages and `malloc` never writes into the data region, so such a heap commits little more than
+/// its metadata (about 0.9 % of the data region) unless blocks are filled
 /// ([`DeviceReplayOptions::verify_bytes`]).
 pub const DEFAULT_DEVICE_HEAP_LIMIT_CPU: u64 = 8 << 30;
 
@@ -101,7 +101,7 @@ pub struct DeviceReplayOptions {
     /// Alignment of the requests in bytes (a power of two); `None`: the format's own
     /// ([`super::alignment_for`]).
     pub align: Option<u64>,
-    /// Largest heap arena (bytes) to create before the trace is scaled; `None`:
+    /// largest heap data region (bytes) to create before the trace is scaled; `None`:
     /// [`DEFAULT_DEVICE_HEAP_LIMIT_CPU`] on the CPU, 75 % of the free device memory on a GPU.
     pub heap_limit: Option<u64>,
     /// Most timeline samples kept (each one cuts the current batch and reads the buddy levels back).
@@ -135,7 +135,7 @@ pub struct DeviceHeapEnd {
     pub scale_reason: Option<String>,
     /// The capacity at the trace's scale, bytes.
     pub trace_capacity: u64,
-    /// Arena bytes of the heap replayed (the capacity divided by `scaled_by`, rounded down to 4 KiB).
+    /// Data-region bytes of the heap replayed (the capacity divided by `scaled_by`, rounded down to 4 KiB).
     pub heap_capacity: u64,
     /// `malloc` launches (batches of alloc events).
     pub malloc_launches: u64,
@@ -143,7 +143,7 @@ pub struct DeviceHeapEnd {
     pub free_launches: u64,
     /// Kernel time of all launches, ns.
     pub kernel_ns: u64,
-    /// Non-null pointers checked (in the arena, aligned, disjoint from every live block).
+    /// Non-null pointers checked (in the data region, aligned, disjoint from every live block).
     pub checked_allocations: u64,
     /// Bytes whose pattern was verified (`None` without [`DeviceReplayOptions::verify_bytes`]).
     pub verified_bytes: Option<u64>,
@@ -156,7 +156,7 @@ pub struct DeviceHeapEnd {
     /// Largest free buddy block at the end, bytes.
     pub largest_free: u64,
     /// End of the highest formatted slab page or live large block at the end, from the metadata
-    /// (empty pages kept formatted included), bytes from the arena base.
+    /// (empty pages kept formatted included), bytes from the data-region base.
     pub metadata_high_water: u64,
     /// Null returns the heap counted itself (its `failed_requests` counter).
     pub heap_failed_counter: u64,
@@ -169,7 +169,7 @@ const FREED: u8 = 3;
 
 #[derive(Clone, Copy, Default)]
 struct Slot {
-    /// Offset from the arena base.
+    /// Offset from the data-region base.
     off: u64,
     /// Block bytes (the heap's rounding of `size`).
     block: u64,
@@ -252,13 +252,13 @@ impl DeviceTarget<'_> {
         let t = Instant::now();
         let s = self.slots[id as usize];
         let mut got = vec![0u8; s.size as usize];
-        let base = self.heap.arena_offset() + s.off as usize;
-        self.heap.arena().read_into(base, &mut got).map_err(|e| dev_err(event, e))?;
+        let base = self.heap.data_offset() + s.off as usize;
+        self.heap.data().read_into(base, &mut got).map_err(|e| dev_err(event, e))?;
         if got != Self::pattern_bytes(id, s.size) {
             let at = got.iter().zip(Self::pattern_bytes(id, s.size)).position(|(a, b)| *a != b).unwrap_or(0);
             return Err(dev_err(
                 event,
-                format!("block {id} at arena offset {}: byte {at} was overwritten while it was live", s.off),
+                format!("block {id} at data-region offset {}: byte {at} was overwritten while it was live", s.off),
             ));
         }
         self.verified += s.size;
@@ -295,7 +295,7 @@ impl DeviceTarget<'_> {
             let off = ptr.wrapping_sub(base);
             let bad = |m: String| dev_err(r.event, format!("malloc({}) returned {ptr:#x}: {m}", r.size));
             if ptr < base || off.checked_add(block).is_none_or(|e| e > cap) {
-                return Err(bad(format!("its {block}-byte block is not inside the arena [{base:#x}, +{cap})")));
+                return Err(bad(format!("its {block}-byte block is not inside the data region [{base:#x}, +{cap})")));
             }
             let align = if class_of(r.size).is_some() { 16 } else { block };
             if off % align != 0 {
@@ -321,8 +321,8 @@ impl DeviceTarget<'_> {
             if self.verify {
                 let t = Instant::now();
                 let bytes = Self::pattern_bytes(r.id, r.size);
-                let at = self.heap.arena_offset() + off as usize;
-                self.heap.arena_mut().write_at(at, &bytes).map_err(|e| dev_err(r.event, e))?;
+                let at = self.heap.data_offset() + off as usize;
+                self.heap.data_mut().write_at(at, &bytes).map_err(|e| dev_err(r.event, e))?;
                 l.exclude_since(t);
             }
         }

@@ -106,7 +106,7 @@ pub enum ReplayError {
         message: String,
     },
     /// The device heap failed ([`device::replay_device`]): it could not be created, a launch or a
-    /// read-back failed, or a returned block failed a check (outside the arena, misaligned, overlapping a
+    /// read-back failed, or a returned block failed a check (outside the data region, misaligned, overlapping a
     /// live block, disagreeing with the heap's metadata, bytes overwritten): a run-time failure.
     #[error("device heap{}: {message}", event.map_or_else(String::new, |e| format!(" at event {e}")))]
     Device {

@@ -10,7 +10,7 @@
 //! refusing them, and it resolves memo references by cloning, which fails with a false
 //! "recursive structure" error on real PyTorch snapshots (the frames lists are shared through the
 //! memo) and would expand "billion laughs" pickles exponentially. This decoder keeps every value
-//! once, in an arena; memo references and `DUP` share the node. Memory and time are linear in the
+//! once, in one node vector; memo references and `DUP` share the node. Memory and time are linear in the
 //! input: each opcode adds at most one node.
 
 use std::borrow::Cow;
@@ -53,7 +53,7 @@ impl Node<'_> {
     }
 }
 
-/// A decoded pickle: an arena of nodes and the root.
+/// A decoded pickle: a vector of nodes and the root.
 #[derive(Debug)]
 pub(crate) struct Pickle<'a> {
     pub(crate) nodes: Vec<Node<'a>>,
@@ -177,7 +177,7 @@ fn code_opcode(op: u8) -> Option<&'static str> {
     })
 }
 
-/// Decodes `data` (a whole pickle, protocols 0 to 5) into an arena of plain values.
+/// Decodes `data` (a whole pickle, protocols 0 to 5) into a vector of plain values.
 pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
     let mut r = Reader { data, pos: 0, op_pos: 0 };
     let mut nodes: Vec<Node<'_>> = Vec::with_capacity(data.len() / 8);

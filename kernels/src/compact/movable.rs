@@ -16,7 +16,7 @@
 //! The buddy allocator keeps every block at an offset aligned to its
 //! power-of-two size, so sliding buddy blocks cannot make free space
 //! contiguous (a block moved off its alignment is no longer a buddy block).
-//! Movable blocks therefore live in their own span of the heap's arena, taken
+//! Movable blocks therefore live in their own span of the heap's data region, taken
 //! out of the buddy when the heap is created (`DeviceHeap::with_movable`):
 //! its units are never in a buddy level, never tagged and never in a slab
 //! page, so raw `malloc` never returns them and raw `free` ignores them.

@@ -7,7 +7,7 @@
 //! free *as a whole at this level*. A free block is set at exactly one level;
 //! allocated blocks and the pieces of split blocks are not set anywhere.
 //! Levels `0..=max_order`; block `b` of level `k` has buddy `b ^ 1` and parent
-//! `b >> 1`. Blocks that stick out of a non-power-of-two arena are never set.
+//! `b >> 1`. Blocks that stick out of a non-power-of-two data region are never set.
 //! This is the state a compaction pass needs to rebuild: free runs are bits,
 //! live large blocks are the non-zero [`super::layout::MetaSection32::Tags`].
 //!

@@ -15,8 +15,8 @@
 //! * **Classes = 16 B .. 4 KiB, powers of two** (9 classes, like Gallatin and
 //!   Ouroboros). Power-of-two slots keep every slot 16-byte aligned and make
 //!   `size -> class` a leading-zero count.
-//! * **Metadata lives outside the arena** (headers, bitmaps and the buddy tree
-//!   are in a separate buffer). The arena is only ever written by the users of
+//! * **Metadata lives outside the data region** (headers, bitmaps and the buddy tree
+//!   are in a separate buffer). The data region is only ever written by the users of
 //!   the blocks: the allocator never touches it, so a failing request writes
 //!   nothing into the heap (BL-11) and a page of 16-byte slots is 100 % usable.
 
@@ -141,7 +141,7 @@ pub const fn level_bits(units: u64, k: u32) -> u64 {
     (units + (1 << k) - 1) >> k
 }
 
-/// The handle kernels receive: where the arena and the metadata are, and the
+/// The handle kernels receive: where the data region and the metadata are, and the
 /// geometry. Plain old data, `#[repr(C)]`, passed by value in a kernel's
 /// parameter struct (152 bytes).
 ///
@@ -151,13 +151,13 @@ pub const fn level_bits(units: u64, k: u32) -> u64 {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Heap {
-    /// Device address of the arena (aligned to [`PAGE`]).
+    /// Device address of the data region (aligned to [`PAGE`]).
     pub base: u64,
-    /// Arena bytes (`units * UNIT`).
+    /// Data-region bytes (`units * UNIT`).
     pub capacity: u64,
     /// Device address of the metadata (8-byte aligned).
     pub meta: u64,
-    /// Buddy units in the arena.
+    /// Buddy units in the data region.
     pub units: u64,
     /// Pages (`ceil(units / 16)`; a trailing partial page is never a slab page).
     pub pages: u64,
@@ -203,7 +203,7 @@ const fn align8(x: u64) -> u64 {
 }
 
 impl Heap {
-    /// The geometry of a heap whose arena has `capacity` bytes (rounded down
+    /// The geometry of a heap whose data region has `capacity` bytes (rounded down
     /// to a multiple of [`UNIT`]), with `base` and `meta` left at 0. `None`
     /// when fewer than one unit remains.
     pub const fn layout(capacity: u64) -> Option<Heap> {
@@ -404,7 +404,7 @@ pub(crate) unsafe trait HeapMem {
 #[cfg(not(target_arch = "nvptx64"))]
 pub struct VecHeap {
     /// Geometry; `base` is an arbitrary address (the allocator never
-    /// dereferences the arena), `meta` is 0.
+    /// dereferences the data region), `meta` is 0.
     pub heap: Heap,
     ctrl: std::vec::Vec<AtomicU64>,
     hdr: std::vec::Vec<AtomicU64>,
@@ -418,7 +418,7 @@ pub struct VecHeap {
 #[cfg(not(target_arch = "nvptx64"))]
 impl VecHeap {
     /// Initialised metadata (every unit free, see [`super::init`]) for an
-    /// arena of `capacity` bytes at address `base`. `None` if `capacity` is
+    /// data region of `capacity` bytes at address `base`. `None` if `capacity` is
     /// below one unit.
     pub fn new(capacity: u64, base: u64) -> Option<Self> {
         let mut heap = Heap::layout(capacity)?;

@@ -11,7 +11,7 @@
 //!
 //! | file | what | why this way |
 //! |---|---|---|
-//! | [`layout`] | units (4 KiB), pages (64 KiB), classes (16 B..4 KiB), the [`Heap`] handle, the metadata map, the crate-private `HeapMem` trait over which the protocols are written | one handle of plain data; metadata outside the arena |
+//! | [`layout`] | units (4 KiB), pages (64 KiB), classes (16 B..4 KiB), the [`Heap`] handle, the metadata map, the crate-private `HeapMem` trait over which the protocols are written | one handle of plain data; metadata outside the data region |
 //! | [`bitmap`] | hierarchical bitmaps with a summary-bit protocol | "find a set bit" in `depth` loads, exact at quiescence |
 //! | [`buddy`] | lock-free buddy levels, split/merge, the transit counter | large blocks and pages from one pool; no lost merges; no spurious null from splits in flight |
 //! | [`slab`] | page headers, slot bitmaps, reserve/claim/free, retire, current pages | one `fetch_add` per warp group, pages back to the buddy when empty |
@@ -28,7 +28,7 @@
 //!   once, without overflow, whatever the value (up to `u64::MAX`).
 //! * `malloc` returns null when the request cannot be met, after a bounded
 //!   amount of work: every loop in the allocator has a fixed bound, nothing
-//!   waits for another thread, and nothing is written into the arena.
+//!   waits for another thread, and nothing is written into the data region.
 //! * **What a null means (the exact guarantee).** A slab request (1..=4096
 //!   bytes) returns null only after a *final scan* of its class (the
 //!   available-page bitmap, then a fresh page from the buddy, which first
@@ -52,7 +52,7 @@
 //!   collective, so it may be called divergently.
 //! * Double and invalid frees are undefined behaviour in release builds, but
 //!   every one that the free path can see for free (a slot bit already clear,
-//!   a tag already zero, a pointer outside the arena or off a slot boundary)
+//!   a tag already zero, a pointer outside the data region or off a slot boundary)
 //!   is ignored rather than corrupting the heap. With the cargo feature
 //!   `debug-free` they are also counted in control words that
 //!   `DeviceHeap::stats` reports. A double free is only detectable until the
