@@ -277,15 +277,15 @@ pub fn footprint(segments: Option<u64>, bottom_end: u64, top_start: u64, capacit
     }
 }
 
-/// [`footprint`] of `alloc` now: its reserved bytes when it reserves more than its blocks (the caching
-/// model's segments), else the end of its highest live block. Blocks placed top-down count as
-/// [`SubAllocator::placed_top_down`] says. O(n) in the live blocks.
+/// [`footprint`] of `alloc` now: its [`SubAllocator::segment_bytes`] when it obtains memory as segments
+/// (the caching model), else the span of its live blocks from the end(s) they grow from, the blocks
+/// placed top-down being those [`SubAllocator::placed_top_down`] names. O(n) in the live blocks.
 pub fn allocator_footprint(alloc: &dyn SubAllocator) -> u64 {
-    let s = alloc.stats();
-    if s.reserved > s.reserved_in_use {
-        return footprint(Some(s.reserved), 0, s.capacity, s.capacity);
+    let capacity = alloc.capacity();
+    if let Some(segments) = alloc.segment_bytes() {
+        return footprint(Some(segments), 0, capacity, capacity);
     }
-    let (mut bottom_end, mut top_start) = (0, s.capacity);
+    let (mut bottom_end, mut top_start) = (0, capacity);
     for b in alloc.live_blocks() {
         if alloc.placed_top_down(&b) {
             top_start = top_start.min(b.offset);
@@ -293,7 +293,7 @@ pub fn allocator_footprint(alloc: &dyn SubAllocator) -> u64 {
             bottom_end = bottom_end.max(b.offset + b.size);
         }
     }
-    footprint(None, bottom_end, top_start, s.capacity)
+    footprint(None, bottom_end, top_start, capacity)
 }
 
 /// Analyses the current state of `alloc`. O(n log n) in the number of blocks.
@@ -468,6 +468,25 @@ mod tests {
         p.observe(100, 150);
         p.observe(80, 200);
         assert_eq!((p.utilisation(), p.johnstone_wilson()), (0.5, 1.0));
+    }
+
+    #[test]
+    fn footprint_counts_top_down_blocks_from_the_top() {
+        use crate::reference::{AllocatedBlock, Tiered, TieredConfig};
+        let cfg = TieredConfig { small_max: 1024, large_min: 64 << 10, page_size: 8192, granule: 256 };
+        let cap = 1 << 20;
+        let mut t = Tiered::with_config(cap, cfg).unwrap();
+        assert_eq!(allocator_footprint(&t), 0, "nothing live");
+        let medium = t.alloc(4096, 1).unwrap();
+        let large = t.alloc(128 << 10, 1).unwrap();
+        assert!(t.placed_top_down(&AllocatedBlock { offset: large.offset, size: large.size, requested: 0 }));
+        assert_eq!(large.offset + large.size, cap, "the large block sits at the top");
+        let want = (medium.offset + medium.size) + (cap - large.offset);
+        assert_eq!(allocator_footprint(&t), want);
+        assert_eq!(footprint(None, medium.offset + medium.size, large.offset, cap), want);
+        // A segment strategy's footprint is its segments, whatever the layout.
+        assert_eq!(footprint(Some(7), 100, 0, 200), 7);
+        assert_eq!(footprint(None, 150, 100, 200), 200, "interleaved ends span the range");
     }
 
     #[test]

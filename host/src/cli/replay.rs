@@ -405,7 +405,7 @@ pub fn table(r: &ReplayReport, strategy_note: &str) -> String {
         ("  holes", p.holes, e.holes),
         ("free (all extents)", p.free, e.free),
         ("largest free extent", p.largest_free, e.largest_free),
-        ("free extents (count)", p.free_blocks as u64, e.free_blocks as u64),
+        ("free extents (count)", p.free_blocks, e.free_blocks),
     ];
     for (name, a, b) in rows {
         let f = |x: u64| if name.contains("count") { x.to_string() } else { fmt_bytes(x) };

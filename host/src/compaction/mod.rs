@@ -581,3 +581,20 @@ pub fn compact_heap(backend: &Backend, heap: &mut crate::device_heap::DeviceHeap
 pub fn compact(heap: &mut CompactHeap<'_>) -> Result<CompactionReport> {
     heap.compact()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn region_fragmentation_tiles_the_region() {
+        // 1024 bytes: live [0, 256) and [512, 768) holding 300 requested bytes; free [256, 512) and
+        // [768, 1024).
+        let f = region_fragmentation(1024, 300, [(256, 256), (768, 256)]);
+        assert_eq!((f.free, f.largest_free, f.free_blocks, f.external), (512, 256, 2, 0.5));
+        assert_eq!((f.allocated, f.in_use, f.footprint), (300, 512, 768));
+        assert_eq!((f.rounding_waste, f.holes, f.reserved_unallocated), (212, 256, 468));
+        let empty = region_fragmentation(1024, 0, [(0, 1024)]);
+        assert_eq!((empty.footprint, empty.in_use, empty.external), (0, 0, 0.0));
+    }
+}

@@ -265,6 +265,13 @@ pub trait SubAllocator {
     /// Live allocations, ascending by offset.
     fn live_blocks(&self) -> Vec<AllocatedBlock>;
 
+    /// The bytes of the segments the strategy obtains its memory as (the caching model: PyTorch's
+    /// `reserved_bytes`), which are its [`crate::analysis::footprint`]; `None` for a strategy that carves
+    /// one range (the default).
+    fn segment_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Whether the live block `b` was placed from the top of the range down (the tiered strategy's large
     /// tier): it counts from the top in the [`crate::analysis::footprint`]. False for every other strategy.
     fn placed_top_down(&self, b: &AllocatedBlock) -> bool {
@@ -325,6 +332,9 @@ impl<T: SubAllocator + ?Sized> SubAllocator for Box<T> {
     }
     fn release_cached(&mut self) -> u64 {
         (**self).release_cached()
+    }
+    fn segment_bytes(&self) -> Option<u64> {
+        (**self).segment_bytes()
     }
     fn placed_top_down(&self, b: &AllocatedBlock) -> bool {
         (**self).placed_top_down(b)

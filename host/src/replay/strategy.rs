@@ -21,7 +21,9 @@ use crate::analysis::{self, external_ratio, Fragmentation};
 use crate::backend::Backend;
 use crate::reference::caching::{self, CachingAllocator, RecordedSegments};
 use crate::reference::compact::plan_slide;
-use crate::reference::{build, AllocError, Allocation, Handle, StrategyKind, SubAllocator, Tiered, TieredConfig};
+use crate::reference::{
+    build, AllocError, AllocatedBlock, Allocation, Handle, StrategyKind, SubAllocator, Tiered, TieredConfig,
+};
 use crate::trace::{DeviceTrace, Event, EventKind};
 
 // Slot states (0, the default, is "never allocated").
@@ -222,7 +224,6 @@ pub(crate) struct StrategyTarget<'a> {
     slots: Vec<Slot>,
     high_water: HighWater,
     align: u64,
-    large_min: u64,
     policy: CompactPolicy,
     /// Threshold policy: armed until it fires, re-armed when fragmentation falls back.
     armed: bool,
@@ -275,7 +276,6 @@ impl<'a> StrategyTarget<'a> {
             model,
             slots: vec![Slot::default(); n],
             align,
-            large_min,
             policy: opts.policy,
             armed: true,
             backend,
@@ -309,7 +309,9 @@ impl<'a> StrategyTarget<'a> {
             }
             Model::Strategy(h) => h.alloc(size, self.align)?,
         };
-        let mut s = Slot { alloc: a, requested, state: LIVE, top: size >= self.large_min, tier: 0 };
+        // Top-down placement as the strategy reports it (the tiered strategy's large tier).
+        let top = self.model.placed_top_down(&AllocatedBlock { offset: a.offset, size: a.size, requested });
+        let mut s = Slot { alloc: a, requested, state: LIVE, top, tier: 0 };
         if let Some(t) = self.tiers.as_mut() {
             let k = t.of(size);
             s.tier = k;

@@ -1407,6 +1407,11 @@ impl SubAllocator for CachingAllocator {
         "caching"
     }
 
+    /// Its segments: [`CachingAllocator::reserved_bytes`].
+    fn segment_bytes(&self) -> Option<u64> {
+        Some(self.reserved_bytes())
+    }
+
     /// The model's virtual address range, [`ADDRESS_RANGE`] bytes (the device's memory is
     /// [`CachingConfig::device_capacity`], [`Stats::capacity`]).
     fn capacity(&self) -> u64 {
