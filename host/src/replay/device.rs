@@ -101,7 +101,7 @@ pub struct DeviceReplayOptions {
     /// Alignment of the requests in bytes (a power of two); `None`: the format's own
     /// ([`super::alignment_for`]).
     pub align: Option<u64>,
-    /// largest heap data region (bytes) to create before the trace is scaled; `None`:
+    /// Largest heap data region (bytes) to create before the trace is scaled; `None`:
     /// [`DEFAULT_DEVICE_HEAP_LIMIT_CPU`] on the CPU, 75 % of the free device memory on a GPU.
     pub heap_limit: Option<u64>,
     /// Most timeline samples kept (each one cuts the current batch and reads the buddy levels back).
