@@ -374,15 +374,19 @@ fn reset_restores_a_fresh_heap() {
 
 /// The heavy variant: many threads, many rounds. Run with `--release`
 /// (`cargo test --release -p gpuheap --test device_heap -- --ignored`).
+/// Runs on the sequential CPU backend and the GPU (where present, and as
+/// selected by `GPUHEAP_TEST_BACKENDS`: `scripts/gpu-suite` runs it with
+/// `gpu` alone); the thread-per-lane CPU modes would take hours at this size.
 #[test]
 #[ignore = "heavy: scripts/test runs it optimised, with --ignored"]
 fn churn_heavy_release() {
-    let b = Backend::cpu();
-    let heap = DeviceHeap::new(&b, 1 << 30).unwrap();
-    let r = ops::churn(&b, &heap, 1 << 15, 500, (16, 16 << 10), 3, true).unwrap();
-    assert_eq!((r.corrupted_words, r.failures), (0, 0), "{r:?}");
-    check_fully_free(&b, &heap, "heavy churn");
-    run_mixed(&b, 1 << 17, 1 << 30);
+    for b in common::backends("churn_heavy_release").into_iter().filter(|b| !common::has_thread_per_lane(b)) {
+        let heap = DeviceHeap::new(&b, 1 << 30).unwrap();
+        let r = ops::churn(&b, &heap, 1 << 15, 500, (16, 16 << 10), 3, true).unwrap();
+        assert_eq!((r.corrupted_words, r.failures), (0, 0), "{b:?}: {r:?}");
+        check_fully_free(&b, &heap, &format!("{b:?}: heavy churn"));
+        run_mixed(&b, 1 << 17, 1 << 30);
+    }
 }
 
 /// Small heaps: below one 64 KiB page a heap is refused at creation with an

@@ -48,10 +48,12 @@ struct Report {
 
 /// Register budgets asserted per (arch, kernel): the figures measured with
 /// `ptxas -v` (CUDA 12 wheel) at the commit that set them, so a change that
-/// raises them fails here. `gpuheap_heap_malloc` is above the issue's
-/// target of 64 (which would not limit occupancy); the bound records where it
-/// stands, not the goal (most of it is `slab::acquire`, which LLVM keeps out
-/// of line and ptxas counts in the entry's registers).
+/// raises them fails here. `gpuheap_heap_malloc` is above issue 10's target
+/// of 64 (which would not limit occupancy); the bound records where it stands,
+/// the lowest count found with zero spills, not the goal. Every `.maxnreg`
+/// cap below it spills, and the variants tried (out-of-line bitmap and cold
+/// slab paths, everything inlined, `acquire` as one leaf) all came out higher
+/// uncapped: `bench/results/2026-12-01-ptxas-malloc-registers.md`, DESIGN.md §4.1.
 const REGISTER_BUDGETS: &[(&str, &str, u32)] =
     &[("sm_80", "gpuheap_heap_malloc", 122), ("sm_90", "gpuheap_heap_malloc", 124)];
 

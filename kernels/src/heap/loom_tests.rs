@@ -224,3 +224,58 @@ fn slab_reservation_vs_retire_is_exclusive() {
         }
     });
 }
+
+/// Slab transit, format side (BL-26 in miniature): two warps of one class on
+/// a fresh one-page heap, through different current-page slots. The first
+/// takes the only page from the buddy; until its format publishes the page in
+/// the available bitmap the page is in neither place. The second must not
+/// return null meanwhile: `fresh_page`'s transit bracket makes its final
+/// scan retry. Both get a distinct slot of the same page.
+#[test]
+fn slab_acquire_during_page_format_never_fails_spuriously() {
+    loom::model(|| {
+        let h = new_heap(PAGE);
+        let class = CLASSES - 1; // 16 slots of 4 KiB
+        let h1 = h.clone();
+        let t = thread::spawn(move || slab::acquire(&*h1, class, 1, 1, 0).get());
+        let mine = slab::acquire(&*h, class, 0, 1, 0).get();
+        let theirs = t.join().unwrap();
+        let (p0, n0) = mine.expect("first reservation: one page of 16 slots is free");
+        let (p1, n1) = theirs.expect("second reservation: 15 slots left (no spurious null)");
+        assert_eq!((p0, p1, n0, n1), (0, 0, 1, 1));
+        let hdr = h.word(Region::Hdr, 0).load(Ordering::Relaxed);
+        assert_eq!((slab::hdr_class(hdr), slab::hdr_used(hdr)), (Some(class), 2));
+        assert_eq!(h.word(Region::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Relaxed) as u32, 0, "no transit left open");
+        check_all_summaries(&h);
+    });
+}
+
+/// Slab transit, retire side: the last free of a (non-current) page retires
+/// it (header CAS, available bit cleared, buddy free) while another warp of
+/// the same class asks for a slot. Between the CAS and the buddy free the
+/// page is neither a slab page nor free in the buddy; the retire's transit
+/// bracket makes the searcher's final scan retry instead of returning null.
+/// The searcher gets a slot of the page in either incarnation.
+#[test]
+fn slab_acquire_during_retire_never_fails_spuriously() {
+    loom::model(|| {
+        let h = new_heap(PAGE);
+        let class = CLASSES - 1;
+        let (page, _) = slab::acquire(&*h, class, 0, 1, 0).get().unwrap();
+        let mut cur = 0;
+        let (w0, b0) = slab::claim_bits(&*h, page, class, &mut cur, 1);
+        h.word32(Region32::Current, (class * CURRENT_SLOTS) as u64).store(0, Ordering::Relaxed);
+        let off = (w0 as u64 * 64 + b0.trailing_zeros() as u64) * class_size(class);
+        let h1 = h.clone();
+        let t = thread::spawn(move || {
+            let hdr = h1.word(Region::Hdr, page).load(Ordering::Acquire);
+            assert_eq!(slab::free_slot(&*h1, page, hdr, off), slab::SlotFree::Freed);
+        });
+        let got = slab::acquire(&*h, class, 1, 1, 0).get();
+        t.join().unwrap();
+        assert_eq!(got, Some((page, 1)), "a slot was free at every moment");
+        let hdr = h.word(Region::Hdr, page).load(Ordering::Relaxed);
+        assert_eq!((slab::hdr_class(hdr), slab::hdr_used(hdr)), (Some(class), 1));
+        assert_eq!(h.word(Region::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Relaxed) as u32, 0, "no transit left open");
+    });
+}

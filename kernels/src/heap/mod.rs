@@ -102,7 +102,12 @@
 //! interleavings and weak-memory outcomes of the protocol cores on
 //! [`layout::VecHeap`] and reports a plain/atomic race as well as a broken
 //! invariant. Covered: bitmap summary bits, buddy split/merge and the
-//! transit check, slab reserve/claim/free/retire. The independent-thread
+//! transit check, slab reserve/claim/free/retire, and the slab's transit
+//! brackets around a page's format (`slab::fresh_page`) and its retirement
+//! (`slab::retire`): a searcher racing either must not return null (each
+//! model fails when its bracket is removed). The brackets of the
+//! available-bit re-check and of the scavenge are exercised by the
+//! independent mode only. The independent-thread
 //! scheduling mode of the CPU backend ([`crate::arch::emu::its`]) covers
 //! the warp-level paths loom cannot (whole kernels under seeded schedules).
 
