@@ -1,13 +1,13 @@
 //! Address-ordered first-fit: the lowest-address free block that fits, found by scanning cache lines.
 //!
-//! Free blocks are kept in address order in *chunks*: sorted arrays of up to [`CHUNK`] entries (offset,
+//! Free blocks are kept in address order in *chunks*: sorted arrays of up to `CHUNK` (32) entries (offset,
 //! size and node, each in its own array, so a scan reads consecutive cache lines). The chunks are listed
 //! in address order in a directory that keeps, per chunk, its first offset and its largest size, and per
-//! group of [`GROUP`] chunks a bound on the largest size of the group. The lowest fit is a scan of the group maxima
-//! (a few cache lines), of one group's chunk maxima and of one chunk's sizes: about a dozen consecutive
-//! cache lines, where the treap this replaces followed ~30 nodes, one cache miss each (issue 11; the
-//! measurement is in DESIGN.md §4.4). The same structure answers "highest-address fit" for the
-//! [tiered](super::tiered) strategy's large tier by scanning backwards.
+//! group of `GROUP` (64) chunks a bound on the largest size of the group. The lowest fit is a scan of the
+//! group bounds (a few cache lines), of one group's chunk maxima and of one chunk's sizes: at most about
+//! fifteen consecutive cache lines at 36k free blocks, where the treap this replaces followed ~30 nodes,
+//! one cache miss each (issue 11; the measurement is in DESIGN.md §4.4). The same structure answers
+//! "highest-address fit" for the [tiered](super::tiered) strategy's large tier by scanning backwards.
 //!
 //! A free node's `a` holds the id of its chunk, so `remove` and `update` go to the chunk directly and
 //! binary-search its offsets; `insert` binary-searches the directory's first offsets. A full chunk splits in
@@ -27,11 +27,11 @@
 //! - No two physically adjacent blocks are free.
 //!
 //! # Time complexity
-//! With n free blocks: `alloc` reads O(n / (CHUNK · GROUP) + GROUP + CHUNK) consecutive words (a few
-//! dozen cache lines at n = 10^5), `free` O(log n) plus O(CHUNK) moves; a chunk split or merge costs
-//! O(n / CHUNK). `largest_free` is O(n / (CHUNK · GROUP) + GROUP) when the bounds are fresh. With an alignment above the granule a
-//! candidate may not fit; the search then resumes after it, and stops at the first block of length
-//! `size + align - granule` (which always fits).
+//! With n free blocks: `alloc` reads O(n / (CHUNK · GROUP) + GROUP + CHUNK) consecutive words (about
+//! fifteen cache lines at n = 36k), `free` O(log n) plus O(CHUNK) moves; a chunk split or merge costs
+//! O(n / CHUNK). `largest_free` is O(n / (CHUNK · GROUP) + GROUP) when the bounds are fresh. With an
+//! alignment above the granule a candidate may not fit; the search then resumes after it, and stops at
+//! the first block of length `size + align - granule` (which always fits).
 
 use super::arena::{arena_strategy, Arena, FreeIndex, Node, Placement, NIL};
 use super::{fit_back, fit_front};
