@@ -92,10 +92,8 @@ impl BestFitIndex {
 }
 
 impl FreeIndex for BestFitIndex {
-    type Extra = ();
-
     #[inline]
-    fn insert(&mut self, nodes: &mut [Node<()>], n: u32) {
+    fn insert(&mut self, nodes: &mut [Node], n: u32) {
         let Node { size, offset, .. } = nodes[n as usize];
         let (fl, sl) = self.bin_of(size);
         self.bins[fl * SL_COUNT + sl].insert(key(size, offset, n));
@@ -104,18 +102,18 @@ impl FreeIndex for BestFitIndex {
     }
 
     #[inline]
-    fn remove(&mut self, nodes: &mut [Node<()>], n: u32) {
+    fn remove(&mut self, nodes: &mut [Node], n: u32) {
         let Node { size, offset, .. } = nodes[n as usize];
         self.remove_key(size, offset, n);
     }
 
     #[inline]
-    fn update(&mut self, nodes: &mut [Node<()>], n: u32, old_offset: u64, old_size: u64) {
+    fn update(&mut self, nodes: &mut [Node], n: u32, old_offset: u64, old_size: u64) {
         self.remove_key(old_size, old_offset, n);
         self.insert(nodes, n);
     }
 
-    fn find(&mut self, nodes: &[Node<()>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
+    fn find(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
         let (mut fl, mut sl) = self.bin_of(size);
         let fits = |n: u32| {
             let node = &nodes[n as usize];
@@ -138,7 +136,7 @@ impl FreeIndex for BestFitIndex {
         None
     }
 
-    fn largest(&self, _nodes: &[Node<()>]) -> u64 {
+    fn largest(&self, _nodes: &[Node]) -> u64 {
         if self.fl_bitmap == 0 {
             return 0;
         }

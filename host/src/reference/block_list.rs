@@ -5,7 +5,7 @@
 //! neighbours (`prev`/`next`, by address). A live block's [`Handle`] is its node index, so
 //! `free(allocation)` reads the node, checks it, and merges with its neighbours through the links: O(1),
 //! with no hashing and no table keyed by offset. Free nodes are also in the free index, a [`FreeIndex`]
-//! (what differs between strategies), through the links `a`/`b` and the extra data `x`; a live node has
+//! (what differs between strategies), through the links `a`/`b`; a live node has
 //! `a == LIVE` and keeps its alignment and rounding slack in `b`.
 //!
 //! A pair of alloc and free touches about four nodes: the freed node and its two neighbours, and the free
@@ -42,11 +42,11 @@ pub(crate) const NIL: u32 = u32::MAX;
 /// Value of `a` in a live node (never a node index: the block list holds fewer than `u32::MAX - 1` nodes).
 const LIVE: u32 = u32::MAX - 1;
 
-/// A block: 32 bytes plus the index's extra data `X`. While free, `a`, `b` and `x` belong to the free
-/// index (free-list links for TLSF, children and subtree maximum for the treap); while live, `a == LIVE`
-/// and `b` packs log2 of the requested alignment (bits 0–5) and the slack (from bit 6).
+/// A block: 32 bytes. While free, `a` and `b` belong to the free index (free-list links for TLSF, the
+/// chunk id for first-fit's address index); while live, `a == LIVE` and `b` packs log2 of the requested
+/// alignment (bits 0–5) and the slack (from bit 6).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Node<X> {
+pub(crate) struct Node {
     pub offset: u64,
     pub size: u64,
     pub a: u32,
@@ -55,10 +55,9 @@ pub(crate) struct Node<X> {
     pub prev: u32,
     /// Physical neighbour above (`NIL` at the end of the range).
     pub next: u32,
-    pub x: X,
 }
 
-impl<X> Node<X> {
+impl Node {
     #[inline]
     fn is_live(&self) -> bool {
         self.a == LIVE
@@ -91,19 +90,17 @@ pub(crate) enum Placement {
 
 /// The search structure over free blocks.
 pub(crate) trait FreeIndex: Send {
-    /// Per-node data of the index (`()` when the links `a`/`b` suffice).
-    type Extra: Copy + Default + Send + std::fmt::Debug;
     /// Adds free node `n` (its offset and size are final while it stays in the index).
-    fn insert(&mut self, nodes: &mut [Node<Self::Extra>], n: u32);
+    fn insert(&mut self, nodes: &mut [Node], n: u32);
     /// Removes free node `n`.
-    fn remove(&mut self, nodes: &mut [Node<Self::Extra>], n: u32);
+    fn remove(&mut self, nodes: &mut [Node], n: u32);
     /// Free node `n`, in the index, changed from `(old_offset, old_size)` to its current offset and size
     /// without changing its address order among the free blocks (a split or merge in place).
-    fn update(&mut self, nodes: &mut [Node<Self::Extra>], n: u32, old_offset: u64, old_size: u64);
+    fn update(&mut self, nodes: &mut [Node], n: u32, old_offset: u64, old_size: u64);
     /// A free node that holds `size` bytes (a granule multiple) at an `align`-aligned start, and where.
-    fn find(&mut self, nodes: &[Node<Self::Extra>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)>;
+    fn find(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)>;
     /// Size of the largest free block in bytes.
-    fn largest(&self, nodes: &[Node<Self::Extra>]) -> u64;
+    fn largest(&self, nodes: &[Node]) -> u64;
     /// Forgets every block.
     fn clear(&mut self);
 }
@@ -114,7 +111,7 @@ pub(crate) struct BlockList<I: FreeIndex> {
     capacity: u64,
     granule: u64,
     /// Live blocks, free blocks (size > 0) and spare slots (size 0).
-    nodes: Vec<Node<I::Extra>>,
+    nodes: Vec<Node>,
     spare: Vec<u32>,
     generations: Generations,
     /// Offset → node of the live blocks, for `free_at`; built on its first call.
@@ -188,7 +185,7 @@ impl<I: FreeIndex> BlockList<I> {
     /// spare list (most recently recycled first) or new.
     #[inline]
     fn new_node(&mut self, offset: u64, size: u64, prev: u32, next: u32) -> u32 {
-        let node = Node { offset, size, a: NIL, b: NIL, prev, next, x: I::Extra::default() };
+        let node = Node { offset, size, a: NIL, b: NIL, prev, next };
         if let Some(i) = self.spare.pop() {
             self.nodes[i as usize] = node;
             i
@@ -412,7 +409,7 @@ impl<I: FreeIndex> BlockList<I> {
     }
 
     /// The free nodes, in no particular order.
-    fn free_nodes(&self) -> impl Iterator<Item = &Node<I::Extra>> + '_ {
+    fn free_nodes(&self) -> impl Iterator<Item = &Node> + '_ {
         self.nodes.iter().filter(|n| n.is_free())
     }
 
@@ -553,7 +550,7 @@ impl<I: FreeIndex> BlockList<I> {
 
     /// The nodes (tests of the free indices).
     #[cfg(test)]
-    pub(crate) fn nodes(&self) -> &[Node<I::Extra>] {
+    pub(crate) fn nodes(&self) -> &[Node] {
         &self.nodes
     }
 

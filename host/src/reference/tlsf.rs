@@ -47,7 +47,7 @@ const OWN_CLASS_PROBES: usize = 2;
 /// The first of at most `limit` list nodes from `n` that holds `size` bytes at an `align`-aligned start, and
 /// the node where the walk stopped (`NIL` at the end of the list).
 #[inline]
-fn scan_fit(nodes: &[Node<()>], mut n: u32, size: u64, align: u64, limit: usize) -> (Option<u32>, u32) {
+fn scan_fit(nodes: &[Node], mut n: u32, size: u64, align: u64, limit: usize) -> (Option<u32>, u32) {
     let mut left = limit;
     while n != NIL && left > 0 {
         let node = &nodes[n as usize];
@@ -81,7 +81,7 @@ impl TlsfIndex {
 
     /// Unlinks `n`, which is filed under the class of `size` bytes.
     #[inline]
-    fn unlink(&mut self, nodes: &mut [Node<()>], n: u32, size: u64) {
+    fn unlink(&mut self, nodes: &mut [Node], n: u32, size: u64) {
         let Node { a: prev, b: next, .. } = nodes[n as usize];
         if prev != NIL {
             nodes[prev as usize].b = next;
@@ -108,10 +108,8 @@ impl TlsfIndex {
 }
 
 impl FreeIndex for TlsfIndex {
-    type Extra = ();
-
     #[inline]
-    fn insert(&mut self, nodes: &mut [Node<()>], n: u32) {
+    fn insert(&mut self, nodes: &mut [Node], n: u32) {
         let (fl, sl) = size_class(nodes[n as usize].size >> self.granule_log2);
         let head = self.heads[fl][sl];
         nodes[n as usize].a = NIL;
@@ -125,13 +123,13 @@ impl FreeIndex for TlsfIndex {
     }
 
     #[inline]
-    fn remove(&mut self, nodes: &mut [Node<()>], n: u32) {
+    fn remove(&mut self, nodes: &mut [Node], n: u32) {
         let size = nodes[n as usize].size;
         self.unlink(nodes, n, size);
     }
 
     #[inline]
-    fn update(&mut self, nodes: &mut [Node<()>], n: u32, _old_offset: u64, old_size: u64) {
+    fn update(&mut self, nodes: &mut [Node], n: u32, _old_offset: u64, old_size: u64) {
         let new_size = nodes[n as usize].size;
         // Lists are unordered: only a change of class moves the node.
         if size_class(old_size >> self.granule_log2) != size_class(new_size >> self.granule_log2) {
@@ -140,7 +138,7 @@ impl FreeIndex for TlsfIndex {
         }
     }
 
-    fn find(&mut self, nodes: &[Node<()>], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
+    fn find(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
         // 1. The request's own class first (tlsf-bsd#4, BL-25): a hole of exactly the request's size sits
         //    there, below the rounded-up class, and is the best fit the lists can offer. Only the first
         //    `OWN_CLASS_PROBES` blocks are looked at (a freed hole goes to the head of its list), so this
@@ -165,7 +163,7 @@ impl FreeIndex for TlsfIndex {
         scan_fit(nodes, rest, size, align, usize::MAX).0.map(|n| (n, Placement::Front))
     }
 
-    fn largest(&self, nodes: &[Node<()>]) -> u64 {
+    fn largest(&self, nodes: &[Node]) -> u64 {
         if self.fl_bitmap == 0 {
             return 0;
         }
