@@ -263,7 +263,22 @@ fn output_paths_that_would_replace_the_trace_or_cannot_be_written_exit_2() {
         assert!(err.contains("cannot write in folder /proc"), "{args:?}: {err}");
         assert!(out.stdout.is_empty(), "{args:?}: refused before any work");
     }
-    assert_eq!(listing(&dir), ["K.1048576.csv", "trace.svg"], "nothing left behind");
+    // A link to /dev/null and a named pipe: the rename would replace them (as root, a link at
+    // /dev/null itself would replace the device), so they are refused before any work.
+    let null = dir.join("null.html");
+    std::os::unix::fs::symlink("/dev/null", &null).unwrap();
+    let fifo = dir.join("fifo.svg");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    for args in
+        [vec!["replay", t, "--html", null.to_str().unwrap()], vec!["compare", t, "--plot", fifo.to_str().unwrap()]]
+    {
+        let out = gpuheap(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("is not a regular file"), "{args:?}: {err}");
+    }
+    assert!(std::fs::symlink_metadata(&null).unwrap().file_type().is_symlink(), "the link is untouched");
+    assert_eq!(listing(&dir), ["K.1048576.csv", "fifo.svg", "null.html", "trace.svg"], "nothing left behind");
     std::fs::remove_dir_all(&dir).ok();
 }
 

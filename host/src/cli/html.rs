@@ -20,7 +20,8 @@ pub(crate) fn check_path(p: &Path, trace: &Path) -> Result<(), CliError> {
 }
 
 /// Checks an output path (`--html`, `--plot`) before any work: its folder exists and takes a new file,
-/// it is not a folder, and it is not the trace being read (writing there would replace the input).
+/// it is not a folder nor another non-regular file (a device such as /dev/null, a pipe), and it is not
+/// the trace being read (writing there would replace the input).
 ///
 /// The folder is probed by creating and removing the temporary file that
 /// [`super::replay::write_atomically`] writes, so an unwritable folder is reported here, with exit
@@ -35,6 +36,17 @@ pub(crate) fn check_output(p: &Path, trace: &Path) -> Result<(), CliError> {
     }
     if p.is_dir() {
         return Err(CliError::Input(format!("{}: is a directory", p.display())));
+    }
+    // The write renames a temporary file onto `p`: onto /dev/null or /dev/stdout (as root) that would
+    // replace the device node or link, so only a regular file (or a new path) is taken.
+    if let Ok(m) = std::fs::metadata(p) {
+        if !m.is_file() {
+            return Err(CliError::Input(format!(
+                "{}: is not a regular file (a device, pipe or socket): the report is written to a temporary \
+                 file renamed into place, which would replace it; give a file path",
+                p.display()
+            )));
+        }
     }
     if let (Ok(out), Ok(input)) = (p.canonicalize(), trace.canonicalize()) {
         if out == input {
