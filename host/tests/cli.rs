@@ -3,7 +3,6 @@
 //! exit code 2, no panic, no output file left behind, partial or not).
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
 mod common;
 use common::pickle::{ev, snapshot, V};
@@ -231,4 +230,99 @@ fn compare_has_the_device_heap_row_on_the_shipped_snapshot() {
     assert!(s.contains("its byte figures are the scaled replay's"), "{s}");
     let out = gpuheap(&["compare", "data/1.3b_snapshot.pickle", "--device-heap-limit", "lots"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// An output path (`--html`, `--plot`) that is the trace itself, or in a folder that takes no new file, is
+/// refused with exit code 2 before any work, and the trace is left as it was.
+#[test]
+fn output_paths_that_would_replace_the_trace_or_cannot_be_written_exit_2() {
+    let dir = temp_dir("output-paths");
+    let csv = dir.join("K.1048576.csv");
+    let content = std::fs::read(workspace().join("data/K.1048576.csv")).unwrap();
+    std::fs::write(&csv, &content).unwrap();
+    let t = csv.to_str().unwrap();
+    let svg = dir.join("trace.svg");
+    std::fs::write(&svg, b"<svg/>").unwrap();
+    for args in [
+        vec!["replay", t, "--html", t],
+        vec!["compare", t, "--html", t],
+        vec!["explain", t, "--no-tune", "--html", t],
+        vec!["tune", t, "--html", t],
+    ] {
+        let out = gpuheap(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("is the trace being read"), "{args:?}: {err}");
+        assert_eq!(std::fs::read(&csv).unwrap(), content, "{args:?}: the trace is untouched");
+    }
+    // /proc takes no new file, even for root.
+    for args in [vec!["replay", t, "--html", "/proc/gpuheap-report.html"], vec!["replay", t, "--plot", "/proc/p.png"]] {
+        let out = gpuheap(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("cannot write in folder /proc"), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}: refused before any work");
+    }
+    // A link to /dev/null and a named pipe: the rename would replace them (as root, a link at
+    // /dev/null itself would replace the device), so they are refused before any work.
+    let null = dir.join("null.html");
+    std::os::unix::fs::symlink("/dev/null", &null).unwrap();
+    let fifo = dir.join("fifo.svg");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    for args in
+        [vec!["replay", t, "--html", null.to_str().unwrap()], vec!["compare", t, "--plot", fifo.to_str().unwrap()]]
+    {
+        let out = gpuheap(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("is not a regular file"), "{args:?}: {err}");
+    }
+    assert!(std::fs::symlink_metadata(&null).unwrap().file_type().is_symlink(), "the link is untouched");
+    assert_eq!(listing(&dir), ["K.1048576.csv", "fifo.svg", "null.html", "trace.svg"], "nothing left behind");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--capacity` outside [4 KiB, 2^48 B] is refused by every command, exit code 2; a whole number near
+/// 2^64 is read exactly, not rounded through a float.
+#[test]
+fn capacity_outside_the_modelled_range_exits_2_everywhere() {
+    let t = workspace().join("data/1.3b_snapshot.pickle");
+    let t = t.to_str().unwrap();
+    for cmd in ["replay", "compare", "explain", "tune"] {
+        for (cap, needle) in [
+            ("0", "capacity 0 B is outside [4096 B, 2^48 B]"),
+            ("3", "capacity 3 B is outside"),
+            ("1e15", "capacity 1000000000000000 B is outside"),
+            ("18446744073709551614", "capacity 18446744073709551614 B is outside"),
+            ("18446744073709551616", "is negative or out of range"),
+            ("16777216TiB", "is above 2^64 - 1"),
+        ] {
+            let out = gpuheap(&[cmd, t, "--capacity", cap]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd} --capacity {cap}: {err}");
+            assert!(err.contains(needle), "{cmd} --capacity {cap}: {err:?} should contain {needle:?}");
+            assert!(out.stdout.is_empty(), "{cmd} --capacity {cap}");
+        }
+    }
+}
+
+/// A minimalloc file name whose capacity no strategy models is refused naming the file name, not
+/// silently raised to the 4 KiB minimum; `--capacity` overrides it.
+#[test]
+fn file_name_capacity_outside_the_modelled_range_exits_2() {
+    let dir = temp_dir("name-capacity");
+    for name in ["K.0.csv", "K.100.csv", "K.18446744073709551615.csv"] {
+        let p = dir.join(name);
+        std::fs::write(&p, b"id,lower,upper,size\n0,0,10,100\n").unwrap();
+        let t = p.to_str().unwrap();
+        for cmd in ["replay", "compare", "explain", "tune"] {
+            let out = gpuheap(&[cmd, t]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd} {name}: {err}");
+            assert!(err.contains(&format!("{t}: file name: capacity ")), "{cmd} {name}: {err}");
+            assert!(err.contains("give --capacity"), "{cmd} {name}: {err}");
+        }
+        assert_eq!(gpuheap(&["replay", t, "--capacity", "1MiB"]).status.code(), Some(0), "{name}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -229,7 +229,11 @@ fn options_parse() {
     assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
     assert_eq!(parse_bytes("512 MiB"), Ok(512 << 20));
     assert_eq!(parse_bytes("2GB"), Ok(2_000_000_000));
-    for bad in ["", "-1", "lots", "1e30", "5 parsecs", "nan"] {
+    // Whole numbers are exact up to 2^64 - 1 (a float would round them).
+    assert_eq!(parse_bytes("18446744073709551615"), Ok(u64::MAX));
+    assert_eq!(parse_bytes("9007199254740993"), Ok(9_007_199_254_740_993));
+    assert_eq!(parse_bytes("3KiB"), Ok(3072));
+    for bad in ["", "-1", "lots", "1e30", "5 parsecs", "nan", "16777216TiB", "18446744073709551616"] {
         assert!(parse_bytes(bad).is_err(), "{bad}");
     }
     assert_eq!("never".parse::<CompactPolicy>(), Ok(CompactPolicy::Never));

@@ -248,3 +248,16 @@ fn missing_file() {
     let err = read_trace(&p).unwrap_err();
     check_message(&err, &p, &["cannot read"]);
 }
+
+/// A length that runs past the end of the data is reported at its opcode, and the message does not
+/// claim the data ends there (the file is longer than the opcode's offset).
+#[test]
+fn length_past_the_end_names_the_opcode() {
+    // BINUNICODE (`X`) at byte 2 announces 65535 bytes; 3 follow.
+    let err = read_err(
+        "long.pickle",
+        b"\x80\x04X\xff\xff\x00\x00abc",
+        &["truncated pickle: the opcode at byte 2 needs more bytes than the data holds"],
+    );
+    assert!(matches!(err, TraceError::PickleTruncated { offset: 2, .. }), "{err:?}");
+}

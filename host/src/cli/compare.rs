@@ -42,8 +42,8 @@ fn parse_limit(s: &str) -> Result<u64, String> {
 /// # Errors
 /// [`CliError::Input`] for bad input (exit 2), [`CliError::Runtime`] otherwise (exit 1).
 pub fn run(a: &Args) -> Result<(), CliError> {
-    let plot_format = a.common.plot.as_deref().map(cli_replay::check_plot_path).transpose()?;
-    a.common.html.as_deref().map(super::html::check_path).transpose()?;
+    let plot_format = a.common.plot.as_deref().map(|p| cli_replay::check_plot_path(p, &a.trace)).transpose()?;
+    a.common.html.as_deref().map(|p| super::html::check_path(p, &a.trace)).transpose()?;
     let (trace, idx) = cli_replay::load(&a.trace, a.common.device)?;
     let dev = &trace.devices[idx];
     cli_replay::check_capacity(&trace, dev, &a.common)?;

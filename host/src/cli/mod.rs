@@ -75,7 +75,6 @@ impl BackendArgs {
 #[derive(Debug)]
 pub enum CliError {
     /// Bad input: exit code 2.
-    #[allow(dead_code, reason = "no command reports bad input yet; kept for the exit-code contract")]
     Input(String),
     /// Run-time failure: exit code 1.
     Runtime(String),

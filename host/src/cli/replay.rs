@@ -41,7 +41,7 @@ pub struct Common {
     /// Default: the GPU's memory at a recorded OOM (reserved + the driver's free bytes), else PyTorch's
     /// peak reserved rounded up to a GiB (snapshots), the capacity in a minimalloc file name, else twice
     /// the peak of live bytes.
-    #[arg(long, value_parser = parse_bytes_arg)]
+    #[arg(long, value_parser = parse_capacity)]
     pub capacity: Option<u64>,
     /// Alignment of every request, bytes (a power of two). Default: the format's own: 512 B for PyTorch
     /// snapshots (PyTorch's kMinBlockSize), 1 B for minimalloc CSV (defined at byte granularity), 256 B
@@ -83,6 +83,16 @@ fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
 
 fn parse_bytes_arg(s: &str) -> Result<u64, String> {
     replay::parse_bytes(s)
+}
+
+/// A `--capacity`: a byte count (as [`replay::parse_bytes`]) in the range the strategies model,
+/// [`replay::MIN_CAPACITY`] to [`gpuheap::reference::MAX_BYTES`] (2^48 B).
+pub(crate) fn parse_capacity(s: &str) -> Result<u64, String> {
+    let (min, max) = (replay::MIN_CAPACITY, gpuheap::reference::MAX_BYTES);
+    match replay::parse_bytes(s)? {
+        c if (min..=max).contains(&c) => Ok(c),
+        c => Err(format!("capacity {c} B is outside [{min} B, 2^48 B], the range the strategies model")),
+    }
 }
 
 /// A power of two of bytes, 1 B to 1 GiB (as for `--capacity`).
@@ -154,26 +164,26 @@ pub(crate) fn progress_bar(events: usize, json: bool, label: &str) -> indicatif:
     pb
 }
 
-/// Validates the plot path before any work (extension; the folder must exist).
-pub(crate) fn check_plot_path(p: &Path) -> Result<PlotFormat, CliError> {
+/// Validates the plot path before any work: the extension, then [`super::html::check_output`].
+pub(crate) fn check_plot_path(p: &Path, trace: &Path) -> Result<PlotFormat, CliError> {
     let f = PlotFormat::of(p).map_err(CliError::Input)?;
-    let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if !dir.is_dir() {
-        return Err(CliError::Input(format!("{}: folder {} does not exist", p.display(), dir.display())));
-    }
-    if p.is_dir() {
-        return Err(CliError::Input(format!("{}: is a directory", p.display())));
-    }
+    super::html::check_output(p, trace)?;
     Ok(f)
+}
+
+/// The temporary file [`write_atomically`] writes before renaming it to `path`: in the same folder,
+/// keeping the extension (plotters picks the image format from it).
+pub(crate) fn temp_path(path: &Path) -> PathBuf {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("tmp");
+    dir.join(format!(".{name}.{}.partial.{ext}", std::process::id()))
 }
 
 /// Writes a file through a temporary file in the same folder, renamed into place at the end (removed on
 /// error). The temporary name keeps the extension (plotters picks the image format from it).
 pub(crate) fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> Result<(), String>) -> Result<(), CliError> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("tmp");
-    let tmp = dir.join(format!(".{name}.{}.partial.{ext}", std::process::id()));
+    let tmp = temp_path(path);
     let r = write(&tmp)
         .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| format!("{}: cannot write: {e}", path.display())));
     if r.is_err() {
@@ -251,8 +261,8 @@ pub(crate) fn run_one(
 /// # Errors
 /// [`CliError::Input`] for bad input (exit 2), [`CliError::Runtime`] otherwise (exit 1).
 pub fn run(a: &Args) -> Result<(), CliError> {
-    let plot_format = a.common.plot.as_deref().map(check_plot_path).transpose()?;
-    a.common.html.as_deref().map(super::html::check_path).transpose()?;
+    let plot_format = a.common.plot.as_deref().map(|p| check_plot_path(p, &a.trace)).transpose()?;
+    a.common.html.as_deref().map(|p| super::html::check_path(p, &a.trace)).transpose()?;
     let (trace, idx) = load(&a.trace, a.common.device)?;
     let dev = &trace.devices[idx];
     check_capacity(&trace, dev, &a.common)?;

@@ -25,7 +25,7 @@ pub struct TraceArgs {
     pub device: Option<i64>,
     /// The GPU's memory: bytes or with a unit (80GiB). Default: PyTorch's reserved bytes at a recorded
     /// OOM plus the driver's free bytes then; else PyTorch's peak reserved bytes.
-    #[arg(long, value_parser = parse_bytes_arg)]
+    #[arg(long, value_parser = super::replay::parse_capacity)]
     pub capacity: Option<u64>,
     /// Print a JSON report on stdout instead of the page.
     #[arg(long)]
@@ -41,10 +41,6 @@ pub struct Args {
     /// The trace, device, capacity and output options shared with `gpuheap explain`.
     #[command(flatten)]
     pub common: TraceArgs,
-}
-
-pub(crate) fn parse_bytes_arg(s: &str) -> Result<u64, String> {
-    gpuheap::replay::parse_bytes(s)
 }
 
 /// Reads a trace; any failure is bad input.
@@ -82,7 +78,7 @@ pub(crate) fn search(trace: &Trace, dev: &DeviceTrace, cap: &Capacity, json: boo
 
 pub fn run(a: &Args) -> Result<(), CliError> {
     let c = &a.common;
-    c.html.as_deref().map(super::html::check_path).transpose()?;
+    c.html.as_deref().map(|p| super::html::check_path(p, &c.trace)).transpose()?;
     let trace = load_trace(&c.trace)?;
     let pb = progress_bar(c.json);
     let page: Result<TunePage, _> = tune::tune_page(&trace, c.device, c.capacity, &|| pb.inc(1));

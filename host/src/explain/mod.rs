@@ -354,7 +354,8 @@ pub fn gpu_capacity_at_oom(trace: &Trace, dev: &DeviceTrace) -> Result<Option<Ca
 ///
 /// # Errors
 /// [`TraceError::Schema`] (bad input, exit code 2) naming the event or CSV line when a derived capacity
-/// cannot be represented or exceeds the largest device modelled ([`MAX_BYTES`]); with `given`, huge
+/// cannot be represented or exceeds the largest device modelled ([`MAX_BYTES`]), or when a file name's
+/// capacity lies outside [`crate::replay::MIN_CAPACITY`]..=[`MAX_BYTES`] ([`Location::FileName`]); with `given`, huge
 /// sizes are left to the replay, which refuses them as capacity failures.
 pub fn capacity_from_evidence(trace: &Trace, dev: &DeviceTrace, given: Option<u64>) -> Result<Capacity, TraceError> {
     if let Some(bytes) = given {
@@ -386,7 +387,17 @@ pub fn capacity_from_evidence(trace: &Trace, dev: &DeviceTrace, given: Option<u6
         return Ok(Capacity { bytes: (p.reserved as u64).max(min), source: CapacitySource::PeakReserved });
     }
     if let Some(bytes) = capacity_from_name(trace) {
-        return Ok(Capacity { bytes: bytes.max(min), source: CapacitySource::FileName });
+        if !(min..=MAX_BYTES).contains(&bytes) {
+            return Err(TraceError::schema(
+                &trace.source,
+                Location::FileName,
+                format!(
+                    "capacity {bytes} B (minimalloc NAME.CAPACITY.csv) is outside [{min} B, 2^48 B], the range the \
+                     strategies model; give --capacity"
+                ),
+            ));
+        }
+        return Ok(Capacity { bytes, source: CapacitySource::FileName });
     }
     let two_mib = 2u128 << 20;
     let twice = (p.allocated * 2).div_ceil(two_mib).max(1) * two_mib;

@@ -78,20 +78,24 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     // `1e9` has an `e` that is part of the number; a unit never starts with `e`.
     let (num, unit) = t.split_at(split);
     let unit = unit.trim().to_ascii_lowercase();
-    let mult: f64 = match unit.as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024f64.powi(2),
-        "g" | "gib" => 1024f64.powi(3),
-        "t" | "tib" => 1024f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
+    let mult: u64 = match unit.as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
         _ => return Err(format!("unknown unit `{}` in byte count `{s}`", unit)),
     };
+    // A whole number is exact (a float has 53 bits: 18446744073709551614 would round to 2^64).
+    if let Ok(n) = num.trim().parse::<u64>() {
+        return n.checked_mul(mult).ok_or_else(|| format!("byte count `{s}` is above 2^64 - 1"));
+    }
     let v: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a byte count (e.g. 80GiB, 1.5e9, 1048576)"))?;
-    let bytes = v * mult;
+    let bytes = v * mult as f64;
     if !bytes.is_finite() || !(0.0..18_446_744_073_709_551_615.0).contains(&bytes) {
         return Err(format!("byte count `{s}` is negative or out of range"));
     }

@@ -497,6 +497,8 @@ pub enum Location {
     },
     /// A top-level key of the snapshot.
     Key(&'static str),
+    /// The file's name (a minimalloc `NAME.CAPACITY.csv` capacity).
+    FileName,
 }
 
 impl fmt::Display for Location {
@@ -516,6 +518,7 @@ impl fmt::Display for Location {
                 field.map_or(Ok(()), |k| write!(f, ", field `{k}`"))
             }
             Location::Key(k) => write!(f, "key `{k}`"),
+            Location::FileName => write!(f, "file name"),
         }
     }
 }
@@ -567,8 +570,9 @@ pub enum TraceError {
         /// "global `os.system`" or "opcode REDUCE".
         what: String,
     },
-    /// The pickle ends before its `STOP` opcode.
-    #[error("{}: truncated pickle: the data ends at byte {offset} before the pickle is complete", .path.display())]
+    /// The pickle ends before its `STOP` opcode: an opcode, or the length it announces, runs past the
+    /// end of the data.
+    #[error("{}: truncated pickle: the opcode at byte {offset} needs more bytes than the data holds", .path.display())]
     PickleTruncated {
         /// The file.
         path: PathBuf,
