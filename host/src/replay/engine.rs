@@ -15,7 +15,9 @@
 
 use std::time::Instant;
 
-use super::capacity::{demand_peak, CapacityChoice};
+#[allow(unused_imports)] // Named in the docs.
+use super::capacity::demand_peak;
+use super::capacity::CapacityChoice;
 use super::device::DeviceHeapEnd;
 use super::report::{CachingEnd, CompactionRecord, FailedRequest, ReplayReport, Sample, TierStats};
 use super::seeding::pytorch_series;
@@ -157,6 +159,8 @@ pub(crate) struct Setup<'a> {
     /// Whether PyTorch's own reserved series is comparable with this replay (a snapshot replayed at full
     /// size): it is then reported and sampled into the timeline.
     pub pytorch_comparable: bool,
+    /// The event of the demand peak ([`demand_peak`]'s event, computed by the caller with the capacity).
+    pub demand_peak_event: Option<usize>,
 }
 
 /// Replays `setup.dev` through `target`. `progress` is called with the number of events done, every
@@ -185,7 +189,7 @@ pub(crate) fn run(
     target.sync(&mut l, None)?;
     let f = target.footprint();
     l.observe(None, f);
-    let (peak_event, _) = demand_peak(dev);
+    let peak_event = setup.demand_peak_event;
     let mut at_peak = None;
     if peak_event.is_none() {
         at_peak = Some(target.snapshot(&mut l, None)?);
@@ -199,6 +203,9 @@ pub(crate) fn run(
     let mut timeline: Vec<Sample> = Vec::with_capacity(dev.events.len().div_ceil(stride) + 1);
     let (mut allocs, mut frees, mut free_requests) = (0usize, 0usize, 0usize);
     let mut prev_kind = EventKind::Other;
+    // The next event closing a timeline bucket by the stride (`(i + 1) % stride == 0`, without a division
+    // per event).
+    let mut next_stride_sample = stride - 1;
     for (i, e) in dev.events.iter().enumerate() {
         match e.kind {
             EventKind::Alloc => {
@@ -226,7 +233,11 @@ pub(crate) fn run(
         }
         prev_kind = e.kind;
         let at_peak_event = Some(i) == peak_event;
-        let sample = (i + 1) % stride == 0 || i + 1 == dev.events.len();
+        let by_stride = i == next_stride_sample;
+        if by_stride {
+            next_stride_sample += stride;
+        }
+        let sample = by_stride || i + 1 == dev.events.len();
         if at_peak_event || sample {
             target.sync(&mut l, Some(i))?;
         }
