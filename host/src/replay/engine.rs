@@ -20,7 +20,7 @@ use super::capacity::demand_peak;
 use super::capacity::CapacityChoice;
 use super::device::DeviceHeapEnd;
 use super::report::{CachingEnd, CompactionRecord, FailedRequest, ReplayReport, Sample, TierStats};
-use super::seeding::pytorch_series;
+use super::seeding::SeriesTracker;
 use super::ReplayError;
 use crate::analysis::Fragmentation;
 use crate::analysis::PeakTracker;
@@ -198,7 +198,7 @@ pub(crate) fn run(
     l.bucket = Sample::default();
     let start = Instant::now();
 
-    let mut pt_reserved: u64 = dev.initial_segments.iter().map(|s| s.size).sum();
+    let mut pt = SeriesTracker::new(dev);
     let stride = dev.events.len().div_ceil(setup.timeline_points.max(1)).max(1);
     let mut timeline: Vec<Sample> = Vec::with_capacity(dev.events.len().div_ceil(stride) + 1);
     let (mut allocs, mut frees, mut free_requests) = (0usize, 0usize, 0usize);
@@ -207,6 +207,7 @@ pub(crate) fn run(
     // per event).
     let mut next_stride_sample = stride - 1;
     for (i, e) in dev.events.iter().enumerate() {
+        pt.event(i, e.kind, e.size);
         match e.kind {
             EventKind::Alloc => {
                 allocs += 1;
@@ -222,11 +223,6 @@ pub(crate) fn run(
             }
             EventKind::FreeRequested => free_requests += 1,
             EventKind::SegmentAlloc | EventKind::SegmentMap | EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                if matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentMap) {
-                    pt_reserved = pt_reserved.saturating_add(e.size);
-                } else {
-                    pt_reserved = pt_reserved.saturating_sub(e.size);
-                }
                 target.segment_event(&mut l, i, e, prev_kind)?;
             }
             EventKind::Oom | EventKind::Snapshot | EventKind::Other => {}
@@ -244,7 +240,7 @@ pub(crate) fn run(
         l.bucket.allocated = l.bucket.allocated.max(l.allocated);
         l.bucket.footprint = l.bucket.footprint.max(l.footprint);
         if has_segments {
-            l.bucket.pytorch_reserved = Some(l.bucket.pytorch_reserved.unwrap_or(0).max(pt_reserved));
+            l.bucket.pytorch_reserved = Some(l.bucket.pytorch_reserved.unwrap_or(0).max(pt.reserved));
         }
         if at_peak_event {
             let t = Instant::now();
@@ -296,7 +292,7 @@ pub(crate) fn run(
         compactions: l.compactions,
         replay_ns,
         events_per_s: dev.events.len() as f64 / (replay_ns as f64 * 1e-9),
-        pytorch: pytorch_snapshot.then(|| pytorch_series(dev)),
+        pytorch: pytorch_snapshot.then(|| pt.finish(dev)),
         caching_end: s.caching_end,
         device_heap: s.device_heap,
         tiers: s.tiers,
