@@ -10,6 +10,8 @@
 //! ```
 //! Instructions per event = the `Collected` total / (RUNS × events). Reading the trace and one warm-up run
 //! happen outside `measured_runs`. Without valgrind it prints the wall time per run (a rough cross-check).
+//! With RUNS = 0 it prints the strategy's report as JSON with the timing fields zeroed (to check that two
+//! builds report the same numbers). `REPLAY_ICOUNT_TRACE=PATH` replays another trace.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -48,9 +50,21 @@ fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let dir = std::env::var_os("GPUHEAP_TRACES_DIR").map_or_else(|| root.join("../shared/traces"), Into::into);
     let shared = Path::new(&dir).join("memory_ctx512_fullstep_.pickle");
-    let path = if shared.exists() { shared } else { root.join("data/K.1048576.csv") };
+    let path = match std::env::var_os("REPLAY_ICOUNT_TRACE") {
+        Some(p) => p.into(),
+        None if shared.exists() => shared,
+        None => root.join("data/K.1048576.csv"),
+    };
     let trace = read_trace(&path).expect("trace reads");
     let dev = &trace.devices[0];
+    if runs == 0 {
+        // The report as JSON, timing fields zeroed (to compare the reported numbers of two builds).
+        let kind: StrategyKind = name.parse().expect("a strategy name");
+        let mut r = replay(&trace, dev, &ReplayOptions::new(kind), None, &mut |_| {}).expect("replay");
+        (r.replay_ns, r.events_per_s) = (0, 0.0);
+        println!("{}", serde_json::to_string(&r).expect("report serialises"));
+        return;
+    }
     one(&trace, dev, &name);
     let t = Instant::now();
     let events = measured_runs(&trace, dev, &name, runs);
