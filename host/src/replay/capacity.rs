@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::report::fmt_bytes;
 use super::ReplayError;
+use crate::explain::Peaks;
 use crate::trace::{DeviceTrace, Trace};
 
 /// Smallest capacity accepted by the host strategies, bytes. (The device heap's own minimum is
@@ -37,8 +38,17 @@ pub struct CapacityChoice {
 /// [`ReplayError::Config`] (bad input) naming the event or CSV line when no capacity can be derived: a
 /// size beyond the largest device modelled (bug scenario BL-23, DESIGN.md §3.9); `--capacity` then replays the rest.
 pub fn default_capacity(trace: &Trace, dev: &DeviceTrace) -> Result<CapacityChoice, ReplayError> {
-    use crate::explain::{capacity_from_evidence, CapacitySource};
-    let c = capacity_from_evidence(trace, dev, None).map_err(|e| ReplayError::Config(e.to_string()))?;
+    default_capacity_with(trace, dev, &mut || crate::explain::peaks(dev))
+}
+
+/// [`default_capacity`] with the trace's peaks from `peaks` (called at most once).
+fn default_capacity_with(
+    trace: &Trace,
+    dev: &DeviceTrace,
+    peaks: &mut dyn FnMut() -> Peaks,
+) -> Result<CapacityChoice, ReplayError> {
+    use crate::explain::{capacity_from_peaks, CapacitySource};
+    let c = capacity_from_peaks(trace, dev, None, peaks).map_err(|e| ReplayError::Config(e.to_string()))?;
     let choice = match c.source {
         CapacitySource::PeakReserved => {
             let gib = 1u64 << 30;
@@ -57,10 +67,26 @@ pub fn default_capacity(trace: &Trace, dev: &DeviceTrace) -> Result<CapacityChoi
 /// # Errors
 /// As [`default_capacity`].
 pub fn choose_capacity(trace: &Trace, dev: &DeviceTrace, given: Option<u64>) -> Result<CapacityChoice, ReplayError> {
-    match given {
-        Some(c) => Ok(CapacityChoice { bytes: c, source: "given".into() }),
-        None => default_capacity(trace, dev),
-    }
+    choose_capacity_and_demand_peak(trace, dev, given).map(|(c, _)| c)
+}
+
+/// [`choose_capacity`] and the event of [`demand_peak`], from one pass of the trace's peaks (a replay
+/// needs both).
+///
+/// # Errors
+/// As [`default_capacity`].
+pub(crate) fn choose_capacity_and_demand_peak(
+    trace: &Trace,
+    dev: &DeviceTrace,
+    given: Option<u64>,
+) -> Result<(CapacityChoice, Option<usize>), ReplayError> {
+    let mut peaks: Option<Peaks> = None;
+    let capacity = match given {
+        Some(c) => CapacityChoice { bytes: c, source: "given".into() },
+        None => default_capacity_with(trace, dev, &mut || *peaks.get_or_insert_with(|| crate::explain::peaks(dev)))?,
+    };
+    let peaks = peaks.unwrap_or_else(|| crate::explain::peaks(dev));
+    Ok((capacity, peaks.allocated_event))
 }
 
 /// The event after which the trace's live requested bytes are highest (`None`: before the first

@@ -67,7 +67,7 @@ use gpuheap_kernels::fill::pattern;
 use gpuheap_kernels::heap::layout::{class_of, class_size, order_of, PAGE, UNIT};
 use serde::Serialize;
 
-use super::capacity::{choose_capacity, CapacityChoice};
+use super::capacity::{choose_capacity_and_demand_peak, CapacityChoice};
 use super::engine::{self, Ledger, ReplayTarget, Request, Setup, TargetSummary};
 use super::options::{choose_alignment, round_request, DEFAULT_TIMELINE_POINTS};
 use super::report::{fmt_bytes, FailedRequest, ReplayReport};
@@ -590,7 +590,7 @@ pub fn replay_device(
     opts: &DeviceReplayOptions,
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
-    let capacity = choose_capacity(trace, dev, opts.capacity)?;
+    let (capacity, demand_peak_event) = choose_capacity_and_demand_peak(trace, dev, opts.capacity)?;
     if capacity.bytes < MIN_HEAP_BYTES {
         return Err(ReplayError::Config(format!(
             "capacity {} B is below the device heap's minimum of {MIN_HEAP_BYTES} B",
@@ -627,6 +627,7 @@ pub fn replay_device(
         align_source: super::options::alignment_source(trace, opts.align),
         timeline_points: opts.timeline_points,
         pytorch_comparable: scale == 1,
+        demand_peak_event,
     };
     engine::run(&mut target, &setup, progress)
 }

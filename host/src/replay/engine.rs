@@ -15,10 +15,12 @@
 
 use std::time::Instant;
 
-use super::capacity::{demand_peak, CapacityChoice};
+#[allow(unused_imports)] // Named in the docs.
+use super::capacity::demand_peak;
+use super::capacity::CapacityChoice;
 use super::device::DeviceHeapEnd;
 use super::report::{CachingEnd, CompactionRecord, FailedRequest, ReplayReport, Sample, TierStats};
-use super::seeding::pytorch_series;
+use super::seeding::SeriesTracker;
 use super::ReplayError;
 use crate::analysis::Fragmentation;
 use crate::analysis::PeakTracker;
@@ -157,6 +159,8 @@ pub(crate) struct Setup<'a> {
     /// Whether PyTorch's own reserved series is comparable with this replay (a snapshot replayed at full
     /// size): it is then reported and sampled into the timeline.
     pub pytorch_comparable: bool,
+    /// The event of the demand peak ([`demand_peak`]'s event, computed by the caller with the capacity).
+    pub demand_peak_event: Option<usize>,
 }
 
 /// Replays `setup.dev` through `target`. `progress` is called with the number of events done, every
@@ -185,7 +189,7 @@ pub(crate) fn run(
     target.sync(&mut l, None)?;
     let f = target.footprint();
     l.observe(None, f);
-    let (peak_event, _) = demand_peak(dev);
+    let peak_event = setup.demand_peak_event;
     let mut at_peak = None;
     if peak_event.is_none() {
         at_peak = Some(target.snapshot(&mut l, None)?);
@@ -194,12 +198,16 @@ pub(crate) fn run(
     l.bucket = Sample::default();
     let start = Instant::now();
 
-    let mut pt_reserved: u64 = dev.initial_segments.iter().map(|s| s.size).sum();
+    let mut pt = SeriesTracker::new(dev);
     let stride = dev.events.len().div_ceil(setup.timeline_points.max(1)).max(1);
     let mut timeline: Vec<Sample> = Vec::with_capacity(dev.events.len().div_ceil(stride) + 1);
     let (mut allocs, mut frees, mut free_requests) = (0usize, 0usize, 0usize);
     let mut prev_kind = EventKind::Other;
+    // The next event closing a timeline bucket by the stride (`(i + 1) % stride == 0`, without a division
+    // per event).
+    let mut next_stride_sample = stride - 1;
     for (i, e) in dev.events.iter().enumerate() {
+        pt.event(i, e.kind, e.size);
         match e.kind {
             EventKind::Alloc => {
                 allocs += 1;
@@ -215,25 +223,24 @@ pub(crate) fn run(
             }
             EventKind::FreeRequested => free_requests += 1,
             EventKind::SegmentAlloc | EventKind::SegmentMap | EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                if matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentMap) {
-                    pt_reserved = pt_reserved.saturating_add(e.size);
-                } else {
-                    pt_reserved = pt_reserved.saturating_sub(e.size);
-                }
                 target.segment_event(&mut l, i, e, prev_kind)?;
             }
             EventKind::Oom | EventKind::Snapshot | EventKind::Other => {}
         }
         prev_kind = e.kind;
         let at_peak_event = Some(i) == peak_event;
-        let sample = (i + 1) % stride == 0 || i + 1 == dev.events.len();
+        let by_stride = i == next_stride_sample;
+        if by_stride {
+            next_stride_sample += stride;
+        }
+        let sample = by_stride || i + 1 == dev.events.len();
         if at_peak_event || sample {
             target.sync(&mut l, Some(i))?;
         }
         l.bucket.allocated = l.bucket.allocated.max(l.allocated);
         l.bucket.footprint = l.bucket.footprint.max(l.footprint);
         if has_segments {
-            l.bucket.pytorch_reserved = Some(l.bucket.pytorch_reserved.unwrap_or(0).max(pt_reserved));
+            l.bucket.pytorch_reserved = Some(l.bucket.pytorch_reserved.unwrap_or(0).max(pt.reserved));
         }
         if at_peak_event {
             let t = Instant::now();
@@ -285,7 +292,7 @@ pub(crate) fn run(
         compactions: l.compactions,
         replay_ns,
         events_per_s: dev.events.len() as f64 / (replay_ns as f64 * 1e-9),
-        pytorch: pytorch_snapshot.then(|| pytorch_series(dev)),
+        pytorch: pytorch_snapshot.then(|| pt.finish(dev)),
         caching_end: s.caching_end,
         device_heap: s.device_heap,
         tiers: s.tiers,

@@ -147,7 +147,7 @@ pub fn replay(
     backend: Option<&Backend>,
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
-    let capacity = choose_capacity(trace, dev, opts.capacity)?;
+    let (capacity, demand_peak_event) = capacity::choose_capacity_and_demand_peak(trace, dev, opts.capacity)?;
     let align = choose_alignment(trace, opts.align).map_err(ReplayError::Config)?;
     let pytorch_snapshot = matches!(trace.format, TraceFormat::PytorchSnapshot(_));
     let mut target = strategy::StrategyTarget::new(dev, opts, capacity, align, pytorch_snapshot, backend)?;
@@ -158,6 +158,7 @@ pub fn replay(
         align_source: options::alignment_source(trace, opts.align),
         timeline_points: opts.timeline_points,
         pytorch_comparable: true,
+        demand_peak_event,
     };
     engine::run(&mut target, &setup, progress)
 }

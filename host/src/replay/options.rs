@@ -191,5 +191,33 @@ pub fn alignment_source(trace: &Trace, given: Option<u64>) -> String {
 /// (saturating; a size no strategy holds is then refused by the strategy as too large).
 #[inline]
 pub fn round_request(requested: u64, align: u64) -> u64 {
-    requested.max(1).div_ceil(align).saturating_mul(align)
+    let r = requested.max(1);
+    if align.is_power_of_two() {
+        // The same value without a division (the smallest multiple of `align` at or above `r`; when
+        // `r + align − 1` overflows, that multiple is 2^64 or more: saturated as below).
+        r.checked_add(align - 1).map_or(u64::MAX, |x| x & !(align - 1))
+    } else {
+        r.div_ceil(align).saturating_mul(align)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_request;
+
+    /// The power-of-two path (a mask) gives the division's value, saturation at 2^64 − 1 included.
+    #[test]
+    fn round_request_mask_matches_the_division() {
+        let division = |r: u64, a: u64| r.max(1).div_ceil(a).saturating_mul(a);
+        let sizes = [0, 1, 2, 511, 512, 513, 4095, 4096, 255_983, 3_160_320, u64::MAX / 2, u64::MAX - 512, u64::MAX];
+        for shift in 0..64 {
+            let a = 1u64 << shift;
+            for &r in &sizes {
+                assert_eq!(round_request(r, a), division(r, a), "requested {r} align {a}");
+            }
+        }
+        assert_eq!(round_request(1000, 3), 1002);
+        assert_eq!(round_request(0, 512), 512);
+        assert_eq!(round_request(u64::MAX - 100, 1 << 20), u64::MAX);
+    }
 }

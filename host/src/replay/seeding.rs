@@ -33,39 +33,79 @@ pub struct PytorchReserved {
 
 /// PyTorch's reserved-bytes series summary of `dev`.
 pub fn pytorch_series(dev: &DeviceTrace) -> PytorchReserved {
-    let initial: u64 = dev.initial_segments.iter().map(|s| s.size).sum();
-    let mut r = initial;
-    let mut segs = dev.initial_segments.len() as u64;
-    let (mut peak, mut peak_event) = (r, None);
+    let mut t = SeriesTracker::new(dev);
     for (i, e) in dev.events.iter().enumerate() {
-        match e.kind {
-            EventKind::SegmentAlloc => {
-                r = r.saturating_add(e.size);
-                segs += 1;
-            }
-            EventKind::SegmentMap => r = r.saturating_add(e.size),
-            EventKind::SegmentFree => {
-                r = r.saturating_sub(e.size);
-                segs = segs.saturating_sub(1);
-            }
-            EventKind::SegmentUnmap => r = r.saturating_sub(e.size),
-            _ => continue,
-        }
-        if r > peak {
-            (peak, peak_event) = (r, Some(i));
+        t.event(i, e.kind, e.size);
+    }
+    t.finish(dev)
+}
+
+/// PyTorch's reserved bytes followed event by event: [`pytorch_series`], and the replay engine's own
+/// walk over the events (one pass for both).
+pub(crate) struct SeriesTracker {
+    initial: u64,
+    /// Reserved bytes after the last event seen.
+    pub reserved: u64,
+    segments: u64,
+    peak: u64,
+    peak_event: Option<usize>,
+    ooms: u64,
+}
+
+impl SeriesTracker {
+    /// Before the first event of `dev` (its initial segments).
+    pub fn new(dev: &DeviceTrace) -> Self {
+        let initial: u64 = dev.initial_segments.iter().map(|s| s.size).sum();
+        SeriesTracker {
+            initial,
+            reserved: initial,
+            segments: dev.initial_segments.len() as u64,
+            peak: initial,
+            peak_event: None,
+            ooms: 0,
         }
     }
-    let fin = dev.final_state.as_ref();
-    PytorchReserved {
-        initial,
-        peak,
-        peak_event,
-        end: r,
-        end_segments: segs,
-        snapshot_reserved: fin.map(|s| s.reserved_bytes()),
-        snapshot_segments: fin.map(|s| s.segment_count() as u64),
-        snapshot_allocated: fin.map(|s| s.allocated_bytes()),
-        ooms: dev.count(EventKind::Oom) as u64,
+
+    /// Event `i`, of `kind`, of `size` bytes.
+    #[inline]
+    pub fn event(&mut self, i: usize, kind: EventKind, size: u64) {
+        let r = &mut self.reserved;
+        match kind {
+            EventKind::SegmentAlloc => {
+                *r = r.saturating_add(size);
+                self.segments += 1;
+            }
+            EventKind::SegmentMap => *r = r.saturating_add(size),
+            EventKind::SegmentFree => {
+                *r = r.saturating_sub(size);
+                self.segments = self.segments.saturating_sub(1);
+            }
+            EventKind::SegmentUnmap => *r = r.saturating_sub(size),
+            EventKind::Oom => {
+                self.ooms += 1;
+                return;
+            }
+            _ => return,
+        }
+        if *r > self.peak {
+            (self.peak, self.peak_event) = (*r, Some(i));
+        }
+    }
+
+    /// The summary, after every event of `dev`.
+    pub fn finish(&self, dev: &DeviceTrace) -> PytorchReserved {
+        let fin = dev.final_state.as_ref();
+        PytorchReserved {
+            initial: self.initial,
+            peak: self.peak,
+            peak_event: self.peak_event,
+            end: self.reserved,
+            end_segments: self.segments,
+            snapshot_reserved: fin.map(|s| s.reserved_bytes()),
+            snapshot_segments: fin.map(|s| s.segment_count() as u64),
+            snapshot_allocated: fin.map(|s| s.allocated_bytes()),
+            ooms: self.ooms,
+        }
     }
 }
 

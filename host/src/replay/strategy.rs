@@ -294,9 +294,10 @@ impl<'a> StrategyTarget<'a> {
     /// Allocates block `id`; returns `Err(OutOfMemory...)` unchanged for the caller to handle.
     #[inline]
     fn try_alloc(&mut self, l: &mut Ledger, id: u32, requested: u64, stream: i64) -> Result<(), AllocError> {
-        let size = round_request(requested, self.align);
-        let a = match &mut self.model {
-            // The model rounds the request itself (roundup divisions, torch_npu's pad) on its stream.
+        // `size`: the rounded request (the tiers of the tiered strategy are chosen by it).
+        let (a, size, top) = match &mut self.model {
+            // The model rounds the request itself (roundup divisions, torch_npu's pad) on its stream; it
+            // places nothing top-down.
             Model::Caching(c) => {
                 if let Some(r) = self.recorded.as_mut() {
                     r.before_alloc(c);
@@ -305,12 +306,16 @@ impl<'a> StrategyTarget<'a> {
                 if let Some(r) = self.recorded.as_mut() {
                     r.after_alloc(c, a.as_ref().ok().map(|a| a.offset));
                 }
-                a?
+                (a?, requested, false)
             }
-            Model::Strategy(h) => h.alloc(size, self.align)?,
+            Model::Strategy(h) => {
+                let size = round_request(requested, self.align);
+                let a = h.alloc(size, self.align)?;
+                // Top-down placement as the strategy reports it (the tiered strategy's large tier).
+                let top = h.placed_top_down(&AllocatedBlock { offset: a.offset, size: a.size, requested });
+                (a, size, top)
+            }
         };
-        // Top-down placement as the strategy reports it (the tiered strategy's large tier).
-        let top = self.model.placed_top_down(&AllocatedBlock { offset: a.offset, size: a.size, requested });
         let mut s = Slot { alloc: a, requested, state: LIVE, top, tier: 0 };
         if let Some(t) = self.tiers.as_mut() {
             let k = t.of(size);
