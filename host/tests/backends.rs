@@ -166,7 +166,7 @@ gpuheap_kernels::kernel_entry! {
 /// # Safety
 /// None (touches no memory).
 unsafe fn ballot_names_exited_lanes(_: &Probe) {
-    if lane_id() % 2 == 0 {
+    if lane_id().is_multiple_of(2) {
         return;
     }
     // SAFETY: deliberately NOT upheld (the mask names the even lanes, which
@@ -230,9 +230,9 @@ fn active_mask_takes_every_shape_and_ballots_meet_exactly_their_mask() {
                 assert!(m & (1 << l) != 0, "seed {seed}: lane {l} not in its own mask {m:#x}");
                 assert_eq!(votes, m, "seed {seed}: the ballot over the mask met other lanes");
                 // Every lane of a group saw the same group.
-                for o in 0..32 {
+                for (o, &other) in lanes.iter().enumerate() {
                     if m & (1 << o) != 0 {
-                        assert_eq!(lanes[o] as u32, m, "seed {seed}: lanes {l} and {o} disagree on their group");
+                        assert_eq!(other as u32, m, "seed {seed}: lanes {l} and {o} disagree on their group");
                     }
                 }
                 match m.count_ones() {

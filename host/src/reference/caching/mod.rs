@@ -258,8 +258,8 @@ impl FreeSet {
         }
     }
 
-    /// The blocks of `stream` of at least `size` bytes as `(size, offset, record)`, in order.
-    fn from_size(&self, stream: u32, size: u64) -> impl Iterator<Item = (u64, u64, u32)> + '_ {
+    /// The free blocks of `stream` of at least `size` bytes as `(size, offset, record)`, in `(size, offset)` order.
+    fn at_least(&self, stream: u32, size: u64) -> impl Iterator<Item = (u64, u64, u32)> + '_ {
         let sb = self.streams.get(stream as usize);
         let (fl, sl) = class_of(size);
         let first = sb.and_then(|sb| first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl));
@@ -1053,7 +1053,7 @@ impl CachingAllocator {
         if self.config.gc_active() {
             self.gc_calls[pool as usize] += 1;
         }
-        let mut it = self.free_sets[pool as usize].from_size(stream, size);
+        let mut it = self.free_sets[pool as usize].at_least(stream, size);
         let (_, _, mut cur) = it.next()?;
         if self.config.expandable_segments && self.seg(self.blocks[cur as usize].seg).expandable {
             let room = |n: u32| {
@@ -1256,7 +1256,7 @@ impl CachingAllocator {
             return false;
         }
         let key = size.max(max_split);
-        let first = self.free_sets[pool as usize].from_size(stream, key).next();
+        let first = self.free_sets[pool as usize].at_least(stream, key).next();
         if let Some((_, _, n)) = first {
             if self.releasable(n) {
                 self.release_block(n);
@@ -1361,7 +1361,7 @@ impl CachingAllocator {
         self.uncache(n);
         let b = self.blocks[n as usize];
         let align = self.config.base_addr_align;
-        if align != 0 && rounded >= ROUND_LARGE && self.config.expandable_segments && b.off % align != 0 {
+        if align != 0 && rounded >= ROUND_LARGE && self.config.expandable_segments && !b.off.is_multiple_of(align) {
             // torch_npu: start large blocks on an `align` boundary; the bytes before stay cached.
             let front = align - b.off % align;
             if front + rounded <= b.size {
