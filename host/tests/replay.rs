@@ -299,4 +299,8 @@ fn tiered_per_tier_statistics_add_up_to_the_trace() {
     assert!(run(&t, &ReplayOptions::new(StrategyKind::BestFit), None).tiers.is_none());
     let bad = ReplayOptions { tiers: Some((small_max, large_min)), ..ReplayOptions::new(StrategyKind::BestFit) };
     assert!(replay::replay(&t, d, &bad, None, &mut |_| {}).unwrap_err().is_input());
+    // A large tier above the capacity (1 MiB here) is refused, not reported as a tier at 8 EiB.
+    let beyond = ReplayOptions { tiers: Some((small_max, 1 << 63)), ..ReplayOptions::new(StrategyKind::Tiered) };
+    let e = replay::replay(&t, d, &beyond, None, &mut |_| {}).unwrap_err();
+    assert!(e.is_input() && e.to_string().contains("above the capacity"), "{e}");
 }

@@ -201,6 +201,15 @@ fn make_model(
         StrategyKind::Tiered => {
             let mut cfg = TieredConfig::for_capacity(capacity);
             if let Some((small_max, large_min)) = tiers {
+                // A threshold above the capacity names a tier no request can reach: refused, as the README
+                // says the tiers are capped by the capacity (`--tiers 1,1e19` was accepted and reported a
+                // large tier starting at 8 EiB).
+                if large_min > capacity {
+                    return Err(ReplayError::Config(format!(
+                        "tiers {small_max} B, {large_min} B: LARGE_MIN is above the capacity of {capacity} B, \
+                         so no request could reach the large tier; give LARGE_MIN of at most the capacity"
+                    )));
+                }
                 cfg.small_max = small_max;
                 cfg.large_min = large_min;
                 cfg.page_size = cfg.page_size.max(small_max.checked_next_power_of_two().unwrap_or(u64::MAX));
