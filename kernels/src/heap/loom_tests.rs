@@ -243,9 +243,9 @@ fn slab_acquire_during_page_format_never_fails_spuriously() {
         let (p0, n0) = mine.expect("first reservation: one page of 16 slots is free");
         let (p1, n1) = theirs.expect("second reservation: 15 slots left (no spurious null)");
         assert_eq!((p0, p1, n0, n1), (0, 0, 1, 1));
-        let hdr = h.word(Region::Hdr, 0).load(Ordering::Relaxed);
+        let hdr = h.word(MetaSection::Hdr, 0).load(Ordering::Relaxed);
         assert_eq!((slab::hdr_class(hdr), slab::hdr_used(hdr)), (Some(class), 2));
-        assert_eq!(h.word(Region::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Relaxed) as u32, 0, "no transit left open");
+        assert_eq!(h.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Relaxed) as u32, 0, "no transit left open");
         check_all_summaries(&h);
     });
 }
@@ -264,18 +264,18 @@ fn slab_acquire_during_retire_never_fails_spuriously() {
         let (page, _) = slab::acquire(&*h, class, 0, 1, 0).get().unwrap();
         let mut cur = 0;
         let (w0, b0) = slab::claim_bits(&*h, page, class, &mut cur, 1);
-        h.word32(Region32::Current, (class * CURRENT_SLOTS) as u64).store(0, Ordering::Relaxed);
+        h.word32(MetaSection32::Current, (class * CURRENT_SLOTS) as u64).store(0, Ordering::Relaxed);
         let off = (w0 as u64 * 64 + b0.trailing_zeros() as u64) * class_size(class);
         let h1 = h.clone();
         let t = thread::spawn(move || {
-            let hdr = h1.word(Region::Hdr, page).load(Ordering::Acquire);
+            let hdr = h1.word(MetaSection::Hdr, page).load(Ordering::Acquire);
             assert_eq!(slab::free_slot(&*h1, page, hdr, off), slab::SlotFree::Freed);
         });
         let got = slab::acquire(&*h, class, 1, 1, 0).get();
         t.join().unwrap();
         assert_eq!(got, Some((page, 1)), "a slot was free at every moment");
-        let hdr = h.word(Region::Hdr, page).load(Ordering::Relaxed);
+        let hdr = h.word(MetaSection::Hdr, page).load(Ordering::Relaxed);
         assert_eq!((slab::hdr_class(hdr), slab::hdr_used(hdr)), (Some(class), 1));
-        assert_eq!(h.word(Region::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Relaxed) as u32, 0, "no transit left open");
+        assert_eq!(h.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Relaxed) as u32, 0, "no transit left open");
     });
 }
