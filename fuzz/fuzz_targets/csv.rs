@@ -13,7 +13,7 @@ fn check(r: Result<Trace, TraceError>) {
     match r {
         Ok(trace) => {
             for d in &trace.devices {
-                validate(d).expect("an accepted trace validates");
+                validate(d, trace.addresses).expect("an accepted trace validates");
             }
         }
         Err(e) => assert!(!e.to_string().contains('\n'), "multi-line error: {e}"),

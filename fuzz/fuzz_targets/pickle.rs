@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     match pytorch::parse(Path::new("fuzz.pickle"), data) {
         Ok(trace) => {
             for d in &trace.devices {
-                validate(d).expect("an accepted trace validates");
+                validate(d, trace.addresses).expect("an accepted trace validates");
             }
         }
         Err(e) => assert!(!e.to_string().contains('\n'), "multi-line error: {e}"),

@@ -204,6 +204,26 @@ fn negative_or_overflowing_size_in_csv() {
     read_err("wrap.rmm.csv", log, &["line 2", "overflows 64 bits"]);
 }
 
+/// A lifetime CSV has no addresses (an event's `addr` is its row number), so its largest size is a
+/// request like any other, on any row: it reads, and a replay reports it as rejected by the strategy. It
+/// was refused as "address 0x1 + size ... overflows 64 bits" on the second row only, naming an address the
+/// file does not contain.
+#[test]
+fn largest_size_in_a_lifetime_csv_is_a_request_on_every_row() {
+    use gpuheap::reference::StrategyKind;
+    use gpuheap::replay::{self, FailureClass, ReplayOptions};
+    for rows in ["0,0,10,18446744073709551615\n1,0,10,100\n", "0,0,10,100\n1,0,10,18446744073709551615\n"] {
+        let path = temp_file("huge_row.csv", format!("id,lower,upper,size\n{rows}").as_bytes());
+        let t = read_trace(&path).unwrap_or_else(|e| panic!("{rows:?}: {e}"));
+        let opts = ReplayOptions { capacity: Some(1 << 20), ..ReplayOptions::new(StrategyKind::BestFit) };
+        let r = replay::replay(&t, &t.devices[0], &opts, None, &mut |_| {}).unwrap();
+        let huge: Vec<_> = r.failed.iter().filter(|f| f.size == u64::MAX).collect();
+        assert_eq!(huge.len(), 1, "{rows:?}: {:?}", r.failed);
+        // Refused by the strategy (a size over its limit), never called fragmentation.
+        assert_eq!(huge[0].class, FailureClass::Rejected, "{rows:?}");
+    }
+}
+
 #[test]
 fn other_csv_problems() {
     read_err("ragged.csv", b"id,lower,upper,size\n0,0,10\n", &["line 2", "expected 4 fields, found 3"]);

@@ -113,7 +113,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
             time_us: Some(t as i64),
         })
         .collect();
-    assign_ids(&mut dt).map_err(|e| {
+    assign_ids(&mut dt, AddressKind::Handle).map_err(|e| {
         let line = lines.get(dt.events[e.index].addr as usize).copied().unwrap_or(0);
         TraceError::Event { path: path.to_path_buf(), at: Location::Line(line), source: e }
     })?;

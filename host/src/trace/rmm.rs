@@ -119,7 +119,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
     }
     let mut dt = DeviceTrace::new(device_from_name(path));
     dt.events = events;
-    assign_ids(&mut dt).map_err(|e| TraceError::Event {
+    assign_ids(&mut dt, AddressKind::Device).map_err(|e| TraceError::Event {
         path: path.to_path_buf(),
         at: Location::Line(lines.get(e.index).copied().unwrap_or(0)),
         source: e,

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use super::{BlockSeed, BlockStatus, DeviceTrace, Event, EventKind, Pool, SegmentSeed, NO_ID};
+use super::{AddressKind, BlockSeed, BlockStatus, DeviceTrace, Event, EventKind, Pool, SegmentSeed, NO_ID};
 
 /// An inconsistency in an event stream, at event `index`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,8 +115,11 @@ fn err(index: usize, kind: ValidationErrorKind) -> ValidationError {
     ValidationError { index, kind }
 }
 
-fn check_range(i: usize, e: &Event) -> Result<(), ValidationError> {
-    if e.addr.checked_add(e.size).is_none() {
+/// `addr + size` fits in 64 bits. Only for real addresses ([`AddressKind::Device`]): a
+/// [`AddressKind::Handle`] (a lifetime CSV's row number) is no address, so a huge size there is a request
+/// the replay reports as failing, not a range that overflows.
+fn check_range(kind: AddressKind, i: usize, e: &Event) -> Result<(), ValidationError> {
+    if kind == AddressKind::Device && e.addr.checked_add(e.size).is_none() {
         return Err(err(i, ValidationErrorKind::AddressOverflow { addr: e.addr, size: e.size }));
     }
     Ok(())
@@ -132,7 +135,7 @@ struct Live {
 /// Runs the alloc/free matching over `trace` starting from its initial blocks and segments
 /// (seed `n` has id `n`). With `assign`, returns the id of every event; otherwise checks that the
 /// ids the seeds and events carry are the ones the matching gives, and returns `None`.
-fn walk(trace: &DeviceTrace, assign: bool) -> Result<Option<Vec<u32>>, ValidationError> {
+fn walk(trace: &DeviceTrace, addresses: AddressKind, assign: bool) -> Result<Option<Vec<u32>>, ValidationError> {
     let mut blocks: HashMap<u64, Live> = HashMap::with_capacity(trace.initial_blocks.len() + 1024);
     let mut freed: HashMap<u64, usize> = HashMap::new();
     let mut segs: HashMap<u64, Live> = HashMap::with_capacity(trace.initial_segments.len() + 64);
@@ -161,7 +164,7 @@ fn walk(trace: &DeviceTrace, assign: bool) -> Result<Option<Vec<u32>>, Validatio
     for (i, e) in trace.events.iter().enumerate() {
         let expected = match e.kind {
             EventKind::Alloc | EventKind::SegmentAlloc => {
-                check_range(i, e)?;
+                check_range(addresses, i, e)?;
                 let (live, gone, next, what) = if e.kind == EventKind::Alloc {
                     (&mut blocks, &mut freed, &mut next_block, "block")
                 } else {
@@ -206,7 +209,7 @@ fn walk(trace: &DeviceTrace, assign: bool) -> Result<Option<Vec<u32>>, Validatio
                 id
             }
             EventKind::SegmentMap | EventKind::SegmentUnmap => {
-                check_range(i, e)?;
+                check_range(addresses, i, e)?;
                 NO_ID
             }
             EventKind::Oom | EventKind::Snapshot | EventKind::Other => NO_ID,
@@ -222,17 +225,18 @@ fn walk(trace: &DeviceTrace, assign: bool) -> Result<Option<Vec<u32>>, Validatio
 
 /// Checks `trace`'s event stream, starting from its initial blocks and segments: no alloc at a
 /// live address, no free of an unknown address, no double free (a second `free_requested`
-/// without an alloc in between counts as one), no `addr + size` past 2^64, and event ids equal
+/// without an alloc in between counts as one), no `addr + size` past 2^64 when `addresses` are
+/// [`AddressKind::Device`] (the trace's [`Trace::addresses`](super::Trace::addresses)), and event ids equal
 /// to the ones alloc/free matching gives (seed `n` has id `n`). Returns the first problem, with
 /// its event index (for a problem with a seed, the seed's index in its list).
-pub fn validate(trace: &DeviceTrace) -> Result<(), ValidationError> {
-    walk(trace, false).map(|_| ())
+pub fn validate(trace: &DeviceTrace, addresses: AddressKind) -> Result<(), ValidationError> {
+    walk(trace, addresses, false).map(|_| ())
 }
 
 /// Assigns block and segment ids (seed `n` gets `n`, then one per alloc) and validates; used by
 /// the readers.
-pub(crate) fn assign_ids(trace: &mut DeviceTrace) -> Result<(), ValidationError> {
-    let ids = walk(trace, true)?.unwrap_or_default();
+pub(crate) fn assign_ids(trace: &mut DeviceTrace, addresses: AddressKind) -> Result<(), ValidationError> {
+    let ids = walk(trace, addresses, true)?.unwrap_or_default();
     for (e, id) in trace.events.iter_mut().zip(ids) {
         e.id = id;
     }
@@ -269,7 +273,7 @@ pub(crate) fn seed_and_link(trace: &mut DeviceTrace) -> Result<(), ValidationErr
     for (i, e) in trace.events.iter().enumerate() {
         match e.kind {
             EventKind::SegmentAlloc => {
-                check_range(i, e)?;
+                check_range(AddressKind::Device, i, e)?;
                 if let Some(&since) = live.get(&e.addr) {
                     let kind =
                         ValidationErrorKind::AllocOfLiveAddress { what: "segment", addr: e.addr, since: Some(since) };
@@ -279,7 +283,7 @@ pub(crate) fn seed_and_link(trace: &mut DeviceTrace) -> Result<(), ValidationErr
                 gone.remove(&e.addr);
             }
             EventKind::SegmentFree => {
-                check_range(i, e)?;
+                check_range(AddressKind::Device, i, e)?;
                 if live.remove(&e.addr).is_none() {
                     if let Some(&freed_at) = gone.get(&e.addr) {
                         return Err(err(i, ValidationErrorKind::DoubleFree { event: e.kind, addr: e.addr, freed_at }));
@@ -339,7 +343,7 @@ pub(crate) fn seed_and_link(trace: &mut DeviceTrace) -> Result<(), ValidationErr
                 ranges.remove(&e.addr);
             }
             EventKind::Alloc => {
-                check_range(i, e)?;
+                check_range(AddressKind::Device, i, e)?;
                 if let Some(&(since, _)) = live.get(&e.addr) {
                     let kind =
                         ValidationErrorKind::AllocOfLiveAddress { what: "block", addr: e.addr, since: Some(since) };
@@ -349,7 +353,7 @@ pub(crate) fn seed_and_link(trace: &mut DeviceTrace) -> Result<(), ValidationErr
                 gone.remove(&e.addr);
             }
             EventKind::FreeRequested | EventKind::Free => {
-                check_range(i, e)?;
+                check_range(AddressKind::Device, i, e)?;
                 let requested = e.kind == EventKind::FreeRequested;
                 match live.get_mut(&e.addr) {
                     Some((since, pending)) => {
@@ -419,5 +423,5 @@ pub(crate) fn seed_and_link(trace: &mut DeviceTrace) -> Result<(), ValidationErr
     }
     trace.initial_segments = seg_seeds;
     trace.initial_blocks = block_seeds;
-    assign_ids(trace)
+    assign_ids(trace, AddressKind::Device)
 }

@@ -245,7 +245,11 @@ fn slab_acquire_during_page_format_never_fails_spuriously() {
         assert_eq!((p0, p1, n0, n1), (0, 0, 1, 1));
         let hdr = h.word(MetaSection::Hdr, 0).load(Ordering::Relaxed);
         assert_eq!((slab::hdr_class(hdr), slab::hdr_used(hdr)), (Some(class), 2));
-        assert_eq!(h.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Relaxed) as u32, 0, "no transit left open");
+        assert_eq!(
+            h.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Relaxed) as u32,
+            0,
+            "no transit left open"
+        );
         check_all_summaries(&h);
     });
 }
@@ -276,6 +280,10 @@ fn slab_acquire_during_retire_never_fails_spuriously() {
         assert_eq!(got, Some((page, 1)), "a slot was free at every moment");
         let hdr = h.word(MetaSection::Hdr, page).load(Ordering::Relaxed);
         assert_eq!((slab::hdr_class(hdr), slab::hdr_used(hdr)), (Some(class), 1));
-        assert_eq!(h.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Relaxed) as u32, 0, "no transit left open");
+        assert_eq!(
+            h.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Relaxed) as u32,
+            0,
+            "no transit left open"
+        );
     });
 }
