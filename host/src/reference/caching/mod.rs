@@ -258,6 +258,29 @@ impl FreeSet {
         }
     }
 
+    /// The first of [`FreeSet::at_least`] (best fit), without building the iterator: one lookup in the
+    /// request's class, else the first block of the next non-empty class.
+    #[inline]
+    fn first_at_least(&self, stream: u32, size: u64) -> Option<(u64, u64, u32)> {
+        let sb = self.streams.get(stream as usize)?;
+        let (fl, sl) = class_of(size);
+        let (cfl, csl) = first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl)?;
+        let bin = &sb.bins[cfl * SL_COUNT + csl];
+        let hit = if (cfl, csl) == (fl, sl) {
+            // The request's own class may hold only smaller blocks.
+            match bin.range(bin_key(size, 0)..).next() {
+                Some(e) => Some(e),
+                None => {
+                    let (nfl, nsl) = first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl + 1)?;
+                    sb.bins[nfl * SL_COUNT + nsl].first_key_value()
+                }
+            }
+        } else {
+            bin.first_key_value()
+        };
+        hit.map(|(&k, &n)| ((k >> 64) as u64, k as u64, n))
+    }
+
     /// The free blocks of `stream` of at least `size` bytes as `(size, offset, record)`, in `(size, offset)` order.
     fn at_least(&self, stream: u32, size: u64) -> impl Iterator<Item = (u64, u64, u32)> + '_ {
         let sb = self.streams.get(stream as usize);
@@ -825,9 +848,10 @@ impl CachingAllocator {
     fn drop_block(&mut self, n: u32) {
         let b = &mut self.blocks[n as usize];
         b.state = SPARE;
-        let off = b.off;
-        if self.at.get(&off) == Some(&n) {
-            self.at.remove(&off);
+        if let std::collections::hash_map::Entry::Occupied(e) = self.at.entry(b.off) {
+            if *e.get() == n {
+                e.remove();
+            }
         }
         self.spare.push(n);
     }
@@ -1053,9 +1077,9 @@ impl CachingAllocator {
         if self.config.gc_active() {
             self.gc_calls[pool as usize] += 1;
         }
-        let mut it = self.free_sets[pool as usize].at_least(stream, size);
-        let (_, _, mut cur) = it.next()?;
+        let (_, _, mut cur) = self.free_sets[pool as usize].first_at_least(stream, size)?;
         if self.config.expandable_segments && self.seg(self.blocks[cur as usize].seg).expandable {
+            let it = self.free_sets[pool as usize].at_least(stream, size).skip(1);
             let room = |n: u32| {
                 let b = &self.blocks[n as usize];
                 let next = self.blocks.get(b.next as usize).filter(|x| x.state == UNMAPPED);
@@ -1256,7 +1280,7 @@ impl CachingAllocator {
             return false;
         }
         let key = size.max(max_split);
-        let first = self.free_sets[pool as usize].at_least(stream, key).next();
+        let first = self.free_sets[pool as usize].first_at_least(stream, key);
         if let Some((_, _, n)) = first {
             if self.releasable(n) {
                 self.release_block(n);
