@@ -196,6 +196,17 @@ fn slab_claim_free_and_retire() {
     });
 }
 
+/// Takes a page of `class` from the buddy, claims one slot of it and clears
+/// the class's current-page slot, so the next free of that slot retires the
+/// page. Returns the page and the slot's byte offset in it.
+fn one_slot_in_a_non_current_page(h: &VecHeap, class: u32) -> (u64, u64) {
+    let (page, _) = slab::acquire(h, class, 0, 1, 0).get().unwrap();
+    let mut cur = 0;
+    let (w0, b0) = slab::claim_bits(h, page, class, &mut cur, 1);
+    h.word32(MetaSection32::Current, (class * CURRENT_SLOTS) as u64).store(0, Ordering::Relaxed);
+    (page, (w0 as u64 * 64 + b0.trailing_zeros() as u64) * class_size(class))
+}
+
 /// Recycle race (BL-10, kokkos#452): the last free of a page races with a
 /// new reservation. Either the reservation wins (the page stays formatted and
 /// holds exactly that slot) or the retire wins (the reservation gets 0 and
@@ -205,11 +216,7 @@ fn slab_reservation_vs_retire_is_exclusive() {
     loom::model(|| {
         let h = new_heap(PAGE);
         let class = CLASSES - 1;
-        let (page, _) = slab::acquire(&*h, class, 0, 1, 0).get().unwrap();
-        let mut cur = 0;
-        let (w0, b0) = slab::claim_bits(&*h, page, class, &mut cur, 1);
-        h.word32(MetaSection32::Current, (class * CURRENT_SLOTS) as u64).store(0, Ordering::Relaxed);
-        let off = (w0 as u64 * 64 + b0.trailing_zeros() as u64) * class_size(class);
+        let (page, off) = one_slot_in_a_non_current_page(&h, class);
         let h1 = h.clone();
         let t = thread::spawn(move || slab::reserve(&*h1, page, class, 1));
         let hdr = h.word(MetaSection::Hdr, page).load(Ordering::Acquire);
@@ -265,11 +272,7 @@ fn slab_acquire_during_retire_never_fails_spuriously() {
     loom::model(|| {
         let h = new_heap(PAGE);
         let class = CLASSES - 1;
-        let (page, _) = slab::acquire(&*h, class, 0, 1, 0).get().unwrap();
-        let mut cur = 0;
-        let (w0, b0) = slab::claim_bits(&*h, page, class, &mut cur, 1);
-        h.word32(MetaSection32::Current, (class * CURRENT_SLOTS) as u64).store(0, Ordering::Relaxed);
-        let off = (w0 as u64 * 64 + b0.trailing_zeros() as u64) * class_size(class);
+        let (page, off) = one_slot_in_a_non_current_page(&h, class);
         let h1 = h.clone();
         let t = thread::spawn(move || {
             let hdr = h1.word(MetaSection::Hdr, page).load(Ordering::Acquire);
