@@ -21,7 +21,7 @@ use serde::Serialize;
 use gpuheap::backend::{Backend, BackendChoice};
 use gpuheap::reference::StrategyKind;
 use gpuheap::replay::compare::{compare, CompareOptions};
-use gpuheap::replay::{self, CompactPolicy, DeviceReplayOptions, ReplayError, ReplayOptions, ReplayReport};
+use gpuheap::replay::{self, CompactPolicy, ReplayError, ReplayOptions, ReplayReport};
 use gpuheap::trace::{self, DeviceTrace, Trace};
 
 mod explain;
@@ -302,10 +302,7 @@ fn compare_json(
                 &owned
             }
         };
-        let opts = CompareOptions {
-            host: common.options(StrategyKind::BestFit),
-            device: DeviceReplayOptions { capacity: common.capacity, heap_limit, ..DeviceReplayOptions::default() },
-        };
+        let opts = CompareOptions::new(common.options(StrategyKind::BestFit), heap_limit);
         let cmp =
             compare(&trace, dev, |c| c.replay(&trace, dev, &opts, backend.as_ref(), device_backend, &mut |_| {}))?;
         to_json(&cmp)

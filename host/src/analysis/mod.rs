@@ -259,22 +259,19 @@ impl Fragmentation {
     }
 }
 
-/// The footprint of an allocator in bytes: the one definition every report uses (analysis, replay,
-/// compaction; DESIGN.md §3.3).
-///
-/// A strategy that obtains its memory as separate segments (the PyTorch caching model) has the sum of
-/// its segments as footprint (`segments = Some(reserved)`, PyTorch's `reserved_bytes`). A strategy that
-/// carves one range of `capacity` bytes has the part of the range its live memory reaches from the
-/// end(s) it grows from: `bottom_end`, the end of the highest unit placed bottom-up, plus
+/// The footprint in bytes of a strategy that carves one range of `capacity` bytes: the one definition every
+/// report uses (analysis, replay, compaction; DESIGN.md §3.3). It is the part of the range its live memory
+/// reaches from the end(s) it grows from: `bottom_end`, the end of the highest unit placed bottom-up, plus
 /// `capacity − top_start`, where `top_start` is the start of the lowest unit placed top-down (the tiered
-/// strategy's large tier; `capacity` when there is none), at most `capacity`. A unit is a live block,
-/// or for the device heap a slab page or large block. With nothing live the footprint is 0.
+/// strategy's large tier; `capacity` when there is none), at most `capacity`. A unit is a live block, or for
+/// the device heap a slab page or large block. With nothing live the footprint is 0.
+///
+/// A strategy that obtains its memory as separate segments (the PyTorch caching model,
+/// [`SubAllocator::segment_bytes`]) has the sum of its segments as footprint instead (PyTorch's
+/// `reserved_bytes`).
 #[inline]
-pub fn footprint(segments: Option<u64>, bottom_end: u64, top_start: u64, capacity: u64) -> u64 {
-    match segments {
-        Some(reserved) => reserved,
-        None => bottom_end.saturating_add(capacity.saturating_sub(top_start)).min(capacity),
-    }
+pub fn footprint(bottom_end: u64, top_start: u64, capacity: u64) -> u64 {
+    bottom_end.saturating_add(capacity.saturating_sub(top_start)).min(capacity)
 }
 
 /// [`footprint`] of `alloc` now: its [`SubAllocator::segment_bytes`] when it obtains memory as segments
@@ -283,7 +280,7 @@ pub fn footprint(segments: Option<u64>, bottom_end: u64, top_start: u64, capacit
 pub fn allocator_footprint(alloc: &dyn SubAllocator) -> u64 {
     let capacity = alloc.capacity();
     if let Some(segments) = alloc.segment_bytes() {
-        return footprint(Some(segments), 0, capacity, capacity);
+        return segments;
     }
     let (mut bottom_end, mut top_start) = (0, capacity);
     for b in alloc.live_blocks() {
@@ -293,7 +290,7 @@ pub fn allocator_footprint(alloc: &dyn SubAllocator) -> u64 {
             bottom_end = bottom_end.max(b.offset + b.size);
         }
     }
-    footprint(None, bottom_end, top_start, capacity)
+    footprint(bottom_end, top_start, capacity)
 }
 
 /// Analyses the current state of `alloc`. O(n log n) in the number of blocks.
@@ -483,10 +480,8 @@ mod tests {
         assert_eq!(large.offset + large.size, cap, "the large block sits at the top");
         let want = (medium.offset + medium.size) + (cap - large.offset);
         assert_eq!(allocator_footprint(&t), want);
-        assert_eq!(footprint(None, medium.offset + medium.size, large.offset, cap), want);
-        // A segment strategy's footprint is its segments, whatever the layout.
-        assert_eq!(footprint(Some(7), 100, 0, 200), 7);
-        assert_eq!(footprint(None, 150, 100, 200), 200, "interleaved ends span the range");
+        assert_eq!(footprint(medium.offset + medium.size, large.offset, cap), want);
+        assert_eq!(footprint(150, 100, 200), 200, "interleaved ends span the range");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use gpuheap::reference::StrategyKind;
 use gpuheap::replay::compare::{compare, contenders, CompareOptions, Contender, NotRun};
-use gpuheap::replay::{self, fmt_bytes, DeviceReplayOptions, MeasureOutcome, ReplayReport};
+use gpuheap::replay::{self, fmt_bytes, MeasureOutcome, ReplayReport};
 
 use super::replay::{self as cli_replay, Common};
 use super::CliError;
@@ -43,7 +43,7 @@ fn parse_limit(s: &str) -> Result<u64, String> {
 /// [`CliError::Input`] for bad input (exit 2), [`CliError::Runtime`] otherwise (exit 1).
 pub fn run(a: &Args) -> Result<(), CliError> {
     let plot_format = a.common.plot.as_deref().map(|p| cli_replay::check_plot_path(p, &a.trace)).transpose()?;
-    a.common.html.as_deref().map(|p| super::html::check_path(p, &a.trace)).transpose()?;
+    a.common.html.as_deref().map(|p| super::replay::check_output(p, &a.trace)).transpose()?;
     let (trace, idx) = cli_replay::load(&a.trace, a.common.device)?;
     let dev = &trace.devices[idx];
     cli_replay::check_capacity(&trace, dev, &a.common)?;
@@ -57,16 +57,8 @@ pub fn run(a: &Args) -> Result<(), CliError> {
             &owned
         }
     };
-    let opts = CompareOptions {
-        // Built for tiered so that `--tiers` is kept; each row sets its own strategy.
-        host: cli_replay::replay_options(&a.common, StrategyKind::Tiered),
-        device: DeviceReplayOptions {
-            capacity: a.common.capacity,
-            align: a.common.align,
-            heap_limit: a.device_heap_limit,
-            ..DeviceReplayOptions::default()
-        },
-    };
+    // Built for tiered so that `--tiers` is kept; each row sets its own strategy.
+    let opts = CompareOptions::new(cli_replay::replay_options(&a.common, StrategyKind::Tiered), a.device_heap_limit);
     let pb = cli_replay::progress_bar(dev.events.len() * contenders().len(), a.common.json, "compare");
     let cmp = compare(&trace, dev, |c| {
         pb.set_message(c.name());

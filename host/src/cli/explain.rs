@@ -28,7 +28,7 @@ pub struct Args {
 
 pub fn run(a: &Args) -> Result<(), CliError> {
     let c = &a.common;
-    c.html.as_deref().map(|p| super::html::check_path(p, &c.trace)).transpose()?;
+    c.html.as_deref().map(|p| super::replay::check_output(p, &c.trace)).transpose()?;
     let trace = load_trace(&c.trace)?;
     let mut page = explain::explain(&trace, c.device, c.capacity).map_err(cli_tune::explain_error)?;
     if !a.no_tune {

@@ -164,11 +164,58 @@ pub(crate) fn progress_bar(events: usize, json: bool, label: &str) -> indicatif:
     pb
 }
 
-/// Validates the plot path before any work: the extension, then [`super::html::check_output`].
+/// Validates the plot path before any work: the extension, then [`check_output`].
 pub(crate) fn check_plot_path(p: &Path, trace: &Path) -> Result<PlotFormat, CliError> {
     let f = PlotFormat::of(p).map_err(CliError::Input)?;
-    super::html::check_output(p, trace)?;
+    check_output(p, trace)?;
     Ok(f)
+}
+
+/// Checks an output path (`--html`, `--plot`) before any work: its folder exists and takes a new file,
+/// it is not a folder nor another non-regular file (a device such as /dev/null, a pipe), and it is not
+/// the trace being read (writing there would replace the input).
+///
+/// The folder is probed by creating and removing the temporary file that
+/// [`write_atomically`] writes, so an unwritable folder is reported here, with exit
+/// code 2, rather than after the work.
+///
+/// # Errors
+/// [`CliError::Input`] (exit 2) naming the path.
+pub(crate) fn check_output(p: &Path, trace: &Path) -> Result<(), CliError> {
+    let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(CliError::Input(format!("{}: folder {} does not exist", p.display(), dir.display())));
+    }
+    if p.is_dir() {
+        return Err(CliError::Input(format!("{}: is a directory", p.display())));
+    }
+    // The write renames a temporary file onto `p`: onto /dev/null or /dev/stdout (as root) that would
+    // replace the device node or link, so only a regular file (or a new path) is taken.
+    if let Ok(m) = std::fs::metadata(p) {
+        if !m.is_file() {
+            return Err(CliError::Input(format!(
+                "{}: is not a regular file (a device, pipe or socket): the report is written to a temporary \
+                 file renamed into place, which would replace it; give a file path",
+                p.display()
+            )));
+        }
+    }
+    if let (Ok(out), Ok(input)) = (p.canonicalize(), trace.canonicalize()) {
+        if out == input {
+            return Err(CliError::Input(format!(
+                "{}: is the trace being read; writing the report there would replace it (choose another file)",
+                p.display()
+            )));
+        }
+    }
+    let tmp = temp_path(p);
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&tmp);
+            Ok(())
+        }
+        Err(e) => Err(CliError::Input(format!("{}: cannot write in folder {}: {e}", p.display(), dir.display()))),
+    }
 }
 
 /// The temporary file [`write_atomically`] writes before renaming it to `path`: in the same folder,
@@ -262,7 +309,7 @@ pub(crate) fn run_one(
 /// [`CliError::Input`] for bad input (exit 2), [`CliError::Runtime`] otherwise (exit 1).
 pub fn run(a: &Args) -> Result<(), CliError> {
     let plot_format = a.common.plot.as_deref().map(|p| check_plot_path(p, &a.trace)).transpose()?;
-    a.common.html.as_deref().map(|p| super::html::check_path(p, &a.trace)).transpose()?;
+    a.common.html.as_deref().map(|p| check_output(p, &a.trace)).transpose()?;
     let (trace, idx) = load(&a.trace, a.common.device)?;
     let dev = &trace.devices[idx];
     check_capacity(&trace, dev, &a.common)?;

@@ -78,7 +78,7 @@ pub(crate) fn search(trace: &Trace, dev: &DeviceTrace, cap: &Capacity, json: boo
 
 pub fn run(a: &Args) -> Result<(), CliError> {
     let c = &a.common;
-    c.html.as_deref().map(|p| super::html::check_path(p, &c.trace)).transpose()?;
+    c.html.as_deref().map(|p| super::replay::check_output(p, &c.trace)).transpose()?;
     let trace = load_trace(&c.trace)?;
     let pb = progress_bar(c.json);
     let page: Result<TunePage, _> = tune::tune_page(&trace, c.device, c.capacity, &|| pb.inc(1));

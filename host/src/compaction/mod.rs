@@ -141,7 +141,7 @@ pub fn region_fragmentation(
     let free: Vec<(u64, u64)> = free.into_iter().collect();
     let f = Fragmentation::of_free(free.iter().map(|r| r.1));
     let free_top = free.last().filter(|r| r.0.saturating_add(r.1) == capacity).map_or(0, |r| r.1);
-    let footprint = crate::analysis::footprint(None, capacity - free_top, capacity, capacity);
+    let footprint = crate::analysis::footprint(capacity - free_top, capacity, capacity);
     let in_use = capacity.saturating_sub(f.free);
     f.with_live(allocated, in_use, footprint)
 }

@@ -60,7 +60,6 @@ pub struct DeviceSummary {
 
 /// The demand and reserved peaks of `dev` (bytes, 128-bit sums), with the events after which they are
 /// first reached (`None`: before the first event).
-#[derive(Clone, Copy)]
 pub(crate) struct Peaks {
     pub(crate) allocated: u128,
     pub(crate) allocated_event: Option<usize>,
@@ -359,28 +358,22 @@ pub fn gpu_capacity_at_oom(trace: &Trace, dev: &DeviceTrace) -> Result<Option<Ca
 /// capacity lies outside [`crate::replay::MIN_CAPACITY`]..=[`MAX_BYTES`] ([`Location::FileName`]); with `given`, huge
 /// sizes are left to the replay, which refuses them as capacity failures.
 pub fn capacity_from_evidence(trace: &Trace, dev: &DeviceTrace, given: Option<u64>) -> Result<Capacity, TraceError> {
-    capacity_from_peaks(trace, dev, given, &mut || peaks(dev))
+    match given {
+        Some(bytes) => Ok(Capacity { bytes, source: CapacitySource::Given }),
+        None => capacity_from_peaks(trace, dev, &peaks(dev)),
+    }
 }
 
-/// [`capacity_from_evidence`] with the trace's [`peaks`] from `p` (called at most once; a replay that
-/// needs the demand peak as well computes them once).
+/// [`capacity_from_evidence`] without a given capacity, with the trace's [`peaks`] already computed as
+/// `p` (a replay needs them for the demand peak as well).
 ///
 /// # Errors
 /// As [`capacity_from_evidence`].
-pub(crate) fn capacity_from_peaks(
-    trace: &Trace,
-    dev: &DeviceTrace,
-    given: Option<u64>,
-    p: &mut dyn FnMut() -> Peaks,
-) -> Result<Capacity, TraceError> {
-    if let Some(bytes) = given {
-        return Ok(Capacity { bytes, source: CapacitySource::Given });
-    }
+pub(crate) fn capacity_from_peaks(trace: &Trace, dev: &DeviceTrace, p: &Peaks) -> Result<Capacity, TraceError> {
     if let Some(c) = gpu_capacity_at_oom(trace, dev)? {
         return Ok(c);
     }
     let min = crate::replay::MIN_CAPACITY;
-    let p = p();
     let too_big = |event: Option<usize>, what: &str, v: u128| {
         let at = match event {
             Some(i) => event_location(trace, dev, i),

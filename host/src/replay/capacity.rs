@@ -38,17 +38,13 @@ pub struct CapacityChoice {
 /// [`ReplayError::Config`] (bad input) naming the event or CSV line when no capacity can be derived: a
 /// size beyond the largest device modelled (bug scenario BL-23, DESIGN.md §3.9); `--capacity` then replays the rest.
 pub fn default_capacity(trace: &Trace, dev: &DeviceTrace) -> Result<CapacityChoice, ReplayError> {
-    default_capacity_with(trace, dev, &mut || crate::explain::peaks(dev))
+    default_capacity_from(trace, dev, &crate::explain::peaks(dev))
 }
 
-/// [`default_capacity`] with the trace's peaks from `peaks` (called at most once).
-fn default_capacity_with(
-    trace: &Trace,
-    dev: &DeviceTrace,
-    peaks: &mut dyn FnMut() -> Peaks,
-) -> Result<CapacityChoice, ReplayError> {
+/// [`default_capacity`] with the trace's peaks `p` already computed.
+fn default_capacity_from(trace: &Trace, dev: &DeviceTrace, p: &Peaks) -> Result<CapacityChoice, ReplayError> {
     use crate::explain::{capacity_from_peaks, CapacitySource};
-    let c = capacity_from_peaks(trace, dev, None, peaks).map_err(|e| ReplayError::Config(e.to_string()))?;
+    let c = capacity_from_peaks(trace, dev, p).map_err(|e| ReplayError::Config(e.to_string()))?;
     let choice = match c.source {
         CapacitySource::PeakReserved => {
             let gib = 1u64 << 30;
@@ -80,12 +76,11 @@ pub(crate) fn choose_capacity_and_demand_peak(
     dev: &DeviceTrace,
     given: Option<u64>,
 ) -> Result<(CapacityChoice, Option<usize>), ReplayError> {
-    let mut peaks: Option<Peaks> = None;
+    let peaks = crate::explain::peaks(dev);
     let capacity = match given {
         Some(c) => CapacityChoice { bytes: c, source: "given".into() },
-        None => default_capacity_with(trace, dev, &mut || *peaks.get_or_insert_with(|| crate::explain::peaks(dev)))?,
+        None => default_capacity_from(trace, dev, &peaks)?,
     };
-    let peaks = peaks.unwrap_or_else(|| crate::explain::peaks(dev));
     Ok((capacity, peaks.allocated_event))
 }
 

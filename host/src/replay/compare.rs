@@ -76,6 +76,20 @@ pub struct CompareOptions {
     pub device: DeviceReplayOptions,
 }
 
+impl CompareOptions {
+    /// The options of a comparison with `host` for the host rows; the device row takes the same capacity and
+    /// alignment, and `heap_limit` ([`DeviceReplayOptions::heap_limit`]).
+    pub fn new(host: ReplayOptions, heap_limit: Option<u64>) -> Self {
+        let device = DeviceReplayOptions {
+            capacity: host.capacity,
+            align: host.align,
+            heap_limit,
+            ..DeviceReplayOptions::default()
+        };
+        CompareOptions { host, device }
+    }
+}
+
 /// A contender that could not run with the given options.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct NotRun {

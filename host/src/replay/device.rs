@@ -424,7 +424,7 @@ impl ReplayTarget for DeviceTarget<'_> {
     /// [`analysis::footprint`] with slab pages and large blocks as units, all placed bottom-up.
     fn footprint(&mut self) -> u64 {
         let cap = self.heap.capacity();
-        analysis::footprint(None, self.ends.last_key_value().map_or(0, |(&e, _)| e), cap, cap)
+        analysis::footprint(self.ends.last_key_value().map_or(0, |(&e, _)| e), cap, cap)
     }
 
     /// External fragmentation of the buddy levels now (a metadata read-back, excluded from the time).

@@ -15,8 +15,6 @@
 
 use std::time::Instant;
 
-#[allow(unused_imports)] // Named in the docs.
-use super::capacity::demand_peak;
 use super::capacity::CapacityChoice;
 use super::device::DeviceHeapEnd;
 use super::report::{CachingEnd, CompactionRecord, FailedRequest, ReplayReport, Sample, TierStats};
@@ -159,7 +157,7 @@ pub(crate) struct Setup<'a> {
     /// Whether PyTorch's own reserved series is comparable with this replay (a snapshot replayed at full
     /// size): it is then reported and sampled into the timeline.
     pub pytorch_comparable: bool,
-    /// The event of the demand peak ([`demand_peak`]'s event, computed by the caller with the capacity).
+    /// The event of the demand peak ([`demand_peak`](super::demand_peak)'s event, computed by the caller with the capacity).
     pub demand_peak_event: Option<usize>,
 }
 

@@ -102,7 +102,7 @@ impl HighWater {
         let bottom_end = self.ends.peek().map_or(0, |x| x.0);
         let top_start = self.starts.peek().map_or(self.capacity, |x| x.0 .0);
         // Interleaved ends (a large block placed low) span the whole range.
-        analysis::footprint(None, bottom_end, top_start, self.capacity)
+        analysis::footprint(bottom_end, top_start, self.capacity)
     }
     fn rebuild(&mut self, slots: &[Slot]) {
         self.ends.clear();
@@ -522,7 +522,7 @@ impl ReplayTarget for StrategyTarget<'_> {
     #[inline]
     fn footprint(&mut self) -> u64 {
         match &self.model {
-            Model::Caching(c) => analysis::footprint(Some(c.reserved_bytes()), 0, 0, 0),
+            Model::Caching(c) => c.reserved_bytes(),
             Model::Strategy(_) => self.high_water.current(&self.slots),
         }
     }
