@@ -135,7 +135,9 @@ fn free_of_unknown_address() {
     // RMM logs start with the adaptor, so any unknown free is an error; reported by line.
     let log = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000001,allocate,0x1000,64,0x0\n\
                 1,10:00:00.000002,free,0x2000,64,0x0\n";
-    read_err("unknown_free.rmm.csv", log, &["line 3", "free_completed of unknown address 0x2000"]);
+    // Named as RMM names it (`free`), not with PyTorch's `free_completed`.
+    let err = read_err("unknown_free.rmm.csv", log, &["line 3", "free of unknown address 0x2000"]);
+    assert!(!err.to_string().contains("free_completed"), "{err}");
 }
 
 #[test]
@@ -162,10 +164,36 @@ fn double_free() {
     // RMM.
     let log = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.1,allocate,0x1000,64,0\n\
                 1,10:00:00.2,free,0x1000,64,0\n1,10:00:00.3,free,0x1000,64,0\n";
-    read_err("double.rmm.csv", log, &["line 4", "double free", "already freed by event 1"]);
+    read_err("double.rmm.csv", log, &["line 4", "double free: free of 0x1000", "already freed by event 1"]);
     // Alloc of a live address.
     let p = snapshot(vec![ev("alloc", 0x100000, V::Int(512)), ev("alloc", 0x100000, V::Int(64))]);
     read_err("alloc_live.pickle", &p, &["device 0, event 1", "alloc at live address 0x100000 (allocated by event 0"]);
+}
+
+/// RMM's `deallocate` must be passed the size its `allocate` was: a log whose free names another size
+/// records a caller bug, and replaying either size would model something that did not happen.
+#[test]
+fn rmm_free_with_another_size_than_its_allocation() {
+    let log = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.1,allocate,0x1000,64,0\n\
+                1,10:00:00.2,allocate,0x2000,256,0\n1,10:00:00.3,free,0x2000,128,0\n";
+    let err = read_err(
+        "size_mismatch.rmm.csv",
+        log,
+        &["line 4", "free of 0x2000 names 128 bytes", "allocated with 256 bytes by event 1"],
+    );
+    let TraceError::Event { source, .. } = &err else { panic!("{err:?}") };
+    assert_eq!(
+        source.kind,
+        ValidationErrorKind::FreeSizeMismatch { addr: 0x2000, allocated: 256, freed: 128, alloc_at: Some(1) }
+    );
+    // The same address reused with a new size: each free is checked against its own allocation.
+    let log = b"Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.1,allocate,0x1000,64,0\n\
+                1,10:00:00.2,free,0x1000,64,0\n1,10:00:00.3,allocate,0x1000,32,0\n1,10:00:00.4,free,0x1000,32,0\n";
+    let path = temp_file("reuse.rmm.csv", log);
+    let read = read_trace(&path);
+    std::fs::remove_file(&path).ok();
+    let trace = read.expect("a reused address with a new size reads");
+    assert_eq!(trace.devices[0].events.iter().map(|e| e.size).collect::<Vec<_>>(), [64, 64, 32, 32]);
 }
 
 #[test]

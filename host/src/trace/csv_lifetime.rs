@@ -115,7 +115,12 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
         .collect();
     assign_ids(&mut dt, AddressKind::Handle).map_err(|e| {
         let line = lines.get(dt.events[e.index].addr as usize).copied().unwrap_or(0);
-        TraceError::Event { path: path.to_path_buf(), at: Location::Line(line), source: e }
+        TraceError::Event {
+            path: path.to_path_buf(),
+            format: TraceFormat::LifetimeCsv,
+            at: Location::Line(line),
+            source: Box::new(e),
+        }
     })?;
     Ok(Trace {
         source: path.to_path_buf(),

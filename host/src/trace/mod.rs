@@ -137,6 +137,18 @@ impl EventKind {
             EventKind::Other => "other",
         }
     }
+
+    /// The name files of `format` give this kind: PyTorch's ([`pytorch_name`](Self::pytorch_name)), RMM's
+    /// `Action` as `logging_resource_adaptor` writes it (`allocate`, `free`, `allocate failure`), or a lifetime CSV's `alloc`/`free` (its
+    /// rows' `lower`/`upper` ends). Kinds a format cannot produce keep PyTorch's name.
+    pub fn name_in(self, format: TraceFormat) -> &'static str {
+        match (format, self) {
+            (TraceFormat::RmmLog, EventKind::Alloc) => "allocate",
+            (TraceFormat::RmmLog | TraceFormat::LifetimeCsv, EventKind::Free) => "free",
+            (TraceFormat::RmmLog, EventKind::Oom) => "allocate failure",
+            _ => self.pytorch_name(),
+        }
+    }
 }
 
 /// One trace event (48 bytes, `Copy`; stack frames are not kept).
@@ -601,15 +613,18 @@ pub enum TraceError {
         message: String,
     },
     /// The event stream is inconsistent (alloc of a live address, free of an unknown address,
-    /// double free, a block that overflows the address space).
-    #[error("{}: {at}: {}", .path.display(), .source.kind)]
+    /// double free, an RMM free naming another size than its allocation, a block that overflows the address
+    /// space).
+    #[error("{}: {at}: {}", .path.display(), .source.kind.display_in(*.format))]
     Event {
         /// The file.
         path: PathBuf,
+        /// The file's format, whose names the message uses for events.
+        format: TraceFormat,
         /// Where: an event (PyTorch) or a line (CSV).
         at: Location,
-        /// What is wrong.
-        source: ValidationError,
+        /// What is wrong (boxed: it is the largest variant, and `TraceError` travels in every `Result`).
+        source: Box<ValidationError>,
     },
 }
 

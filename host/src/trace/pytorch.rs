@@ -202,8 +202,13 @@ impl<'p, 'a> Reader<'p, 'a> {
                 ),
                 _ => TraceError::Event {
                     path: self.path.to_path_buf(),
+                    format: TraceFormat::PytorchSnapshot(if legacy {
+                        SnapshotLayout::Legacy2_0
+                    } else {
+                        SnapshotLayout::Recent
+                    }),
                     at: Location::Event { device, index: e.index, field: None },
-                    source: e,
+                    source: Box::new(e),
                 },
             })?;
             out.push(dt);

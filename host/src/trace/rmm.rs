@@ -13,13 +13,18 @@
 //!
 //! The device is taken from a `.dev<N>` part of the file name (`rmm.enable_logging` names files
 //! so), else 0. Rows are kept in file order; the thread id is not kept. RMM logs every allocation
-//! made through the adaptor, so a free of an address never allocated is an error.
+//! made through the adaptor, so a free of an address never allocated is an error, and so is a free
+//! whose `Size` differs from its allocation's (RMM's `deallocate` contract: the size passed to
+//! `allocate`).
 
 use std::path::Path;
 
 use super::csv_lifetime::{csv_error, parse_uint};
-use super::validate::assign_ids;
-use super::{AddressKind, DeviceTrace, Event, EventKind, Location, TimeUnit, Trace, TraceError, TraceFormat, NO_ID};
+use super::validate::{assign_ids, check_free_sizes};
+use super::{
+    AddressKind, DeviceTrace, Event, EventKind, Location, TimeUnit, Trace, TraceError, TraceFormat, ValidationError,
+    NO_ID,
+};
 
 const DAY_US: i64 = 86_400_000_000;
 
@@ -119,11 +124,14 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
     }
     let mut dt = DeviceTrace::new(device_from_name(path));
     dt.events = events;
-    assign_ids(&mut dt, AddressKind::Device).map_err(|e| TraceError::Event {
+    let event_error = |e: ValidationError| TraceError::Event {
         path: path.to_path_buf(),
+        format: TraceFormat::RmmLog,
         at: Location::Line(lines.get(e.index).copied().unwrap_or(0)),
-        source: e,
-    })?;
+        source: Box::new(e),
+    };
+    assign_ids(&mut dt, AddressKind::Device).map_err(event_error)?;
+    check_free_sizes(&dt).map_err(event_error)?;
     dt.ooms = dt
         .events
         .iter()

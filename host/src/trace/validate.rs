@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use super::{AddressKind, BlockSeed, BlockStatus, DeviceTrace, Event, EventKind, Pool, SegmentSeed, NO_ID};
+use super::{
+    AddressKind, BlockSeed, BlockStatus, DeviceTrace, Event, EventKind, Pool, SegmentSeed, TraceFormat, NO_ID,
+};
 
 /// An inconsistency in an event stream, at event `index`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +64,19 @@ pub enum ValidationErrorKind {
         /// The address.
         addr: u64,
     },
+    /// A free names a size other than its block's: an RMM `deallocate` must pass the size its `allocate`
+    /// returned (`rmm::mr::device_memory_resource::deallocate`), so a different size is a caller bug, and a
+    /// replay that used either size would model something that did not happen.
+    FreeSizeMismatch {
+        /// The block's address.
+        addr: u64,
+        /// The size its alloc requested, bytes.
+        allocated: u64,
+        /// The size the free names, bytes.
+        freed: u64,
+        /// Index of the alloc; `None` if the block was live before the trace began.
+        alloc_at: Option<usize>,
+    },
     /// The snapshot's final state lists the block (or segment) at `addr` as allocated, but event
     /// `index` freed it and no later event allocates it again.
     FinalStateConflict {
@@ -72,9 +87,23 @@ pub enum ValidationErrorKind {
     },
 }
 
-impl fmt::Display for ValidationErrorKind {
+impl ValidationErrorKind {
+    /// The message, naming events as files of `format` name them (PyTorch's
+    /// `free_completed` is RMM's `free`); the plain [`Display`](fmt::Display) uses PyTorch's names.
+    pub fn display_in(&self, format: TraceFormat) -> impl fmt::Display + '_ {
+        DisplayIn { kind: self, format }
+    }
+}
+
+struct DisplayIn<'a> {
+    kind: &'a ValidationErrorKind,
+    format: TraceFormat,
+}
+
+impl fmt::Display for DisplayIn<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
+        let name = |e: EventKind| e.name_in(self.format);
+        match *self.kind {
             ValidationErrorKind::AllocOfLiveAddress { what, addr, since: Some(i) } => {
                 write!(f, "{what} alloc at live address {addr:#x} (allocated by event {i} and not freed since)")
             }
@@ -82,10 +111,10 @@ impl fmt::Display for ValidationErrorKind {
                 write!(f, "{what} alloc at live address {addr:#x} (allocated before the trace began)")
             }
             ValidationErrorKind::UnknownAddress { event, addr } => {
-                write!(f, "{} of unknown address {addr:#x} (never allocated, not in any known segment)", event.pytorch_name())
+                write!(f, "{} of unknown address {addr:#x} (never allocated, not in any known segment)", name(event))
             }
             ValidationErrorKind::DoubleFree { event, addr, freed_at } => {
-                write!(f, "double free: {} of {addr:#x}, already freed by event {freed_at}", event.pytorch_name())
+                write!(f, "double free: {} of {addr:#x}, already freed by event {freed_at}", name(event))
             }
             ValidationErrorKind::AddressOverflow { addr, size } => {
                 write!(f, "address {addr:#x} + size {size} overflows 64 bits")
@@ -94,12 +123,25 @@ impl fmt::Display for ValidationErrorKind {
                 write!(f, "event carries id {found}, but alloc/free matching gives {expected}")
             }
             ValidationErrorKind::DuplicateSeed { addr } => write!(f, "two initial blocks at address {addr:#x}"),
+            ValidationErrorKind::FreeSizeMismatch { addr, allocated, freed, alloc_at } => {
+                write!(f, "{} of {addr:#x} names {freed} bytes, but the block ", name(EventKind::Free))?;
+                match alloc_at {
+                    Some(i) => write!(f, "was allocated with {allocated} bytes by event {i}"),
+                    None => write!(f, "has {allocated} bytes (allocated before the trace began)"),
+                }
+            }
             ValidationErrorKind::FinalStateConflict { what, addr } => write!(
                 f,
                 "the snapshot's final state has the {what} at {addr:#x} allocated, but this event freed it and no later \
                  event allocates it"
             ),
         }
+    }
+}
+
+impl fmt::Display for ValidationErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.display_in(TraceFormat::PytorchSnapshot(super::SnapshotLayout::Recent)).fmt(f)
     }
 }
 
@@ -248,6 +290,31 @@ pub(crate) fn assign_ids(trace: &mut DeviceTrace, addresses: AddressKind) -> Res
     }
     trace.segment_ids = (trace.initial_segments.len() + trace.count(EventKind::SegmentAlloc)) as u32;
     trace.block_ids = (trace.initial_blocks.len() + trace.count(EventKind::Alloc)) as u32;
+    Ok(())
+}
+
+/// Checks that every [`EventKind::Free`] of `trace` names its block's size (ids assigned, as
+/// [`assign_ids`] leaves them): for formats whose frees must repeat the allocated size (RMM). Returns
+/// the first mismatch, at the free's index.
+pub(crate) fn check_free_sizes(trace: &DeviceTrace) -> Result<(), ValidationError> {
+    let mut sizes: Vec<(u64, Option<usize>)> = vec![(0, None); trace.block_ids as usize];
+    for (b, slot) in trace.initial_blocks.iter().zip(sizes.iter_mut()) {
+        *slot = (b.size, None);
+    }
+    for (i, e) in trace.events.iter().enumerate() {
+        let Some(slot) = sizes.get_mut(e.id as usize) else { continue };
+        match e.kind {
+            EventKind::Alloc => *slot = (e.size, Some(i)),
+            EventKind::Free if e.size != slot.0 => {
+                let (allocated, alloc_at) = *slot;
+                return Err(err(
+                    i,
+                    ValidationErrorKind::FreeSizeMismatch { addr: e.addr, allocated, freed: e.size, alloc_at },
+                ));
+            }
+            _ => {}
+        }
+    }
     Ok(())
 }
 
