@@ -160,6 +160,8 @@ fn parse_bytes(s: &str) -> PyResult<u64> {
 /// The options that `replay` and `compare` share with the CLI's `Common` arguments, parsed.
 struct Common {
     capacity: Option<u64>,
+    align: Option<u64>,
+    tiers: Option<(u64, u64)>,
     policy: CompactPolicy,
     backend: BackendChoice,
     device: Option<i64>,
@@ -167,13 +169,17 @@ struct Common {
 }
 
 impl Common {
+    #[allow(clippy::too_many_arguments, reason = "the CLI's shared options, one argument each")]
     fn parse(
         capacity: Option<&str>,
+        align: Option<&str>,
+        tiers: Option<&str>,
         compact: &str,
         backend: Option<&str>,
         device: Option<i64>,
         materialize_limit: Option<&str>,
     ) -> Result<Common, Failure> {
+        let config = |what: &'static str| move |e: String| Failure::Config(format!("{what}: {e}"));
         let bytes = |what: &str, s: Option<&str>| {
             s.map(|s| replay::parse_bytes(s).map_err(|e| Failure::Config(format!("{what}: {e}")))).transpose()
         };
@@ -184,6 +190,8 @@ impl Common {
         .map_err(|e| Failure::Config(e.to_string()))?;
         Ok(Common {
             capacity: bytes("capacity", capacity)?,
+            align: align.map(replay::parse_align).transpose().map_err(config("align"))?,
+            tiers: tiers.map(replay::parse_tiers).transpose().map_err(config("tiers"))?,
             policy: compact.parse().map_err(Failure::Config)?,
             backend,
             device,
@@ -234,6 +242,8 @@ impl Common {
     fn options(&self, strategy: StrategyKind) -> ReplayOptions {
         ReplayOptions {
             capacity: self.capacity,
+            align: self.align,
+            tiers: self.tiers,
             policy: self.policy,
             materialize_limit: self.materialize_limit,
             ..ReplayOptions::new(strategy)
@@ -247,13 +257,15 @@ fn to_json(v: &impl Serialize) -> Result<String, Failure> {
 
 /// `gpuheap replay --json`: one strategy over one device of the trace; the report as JSON text.
 #[pyfunction]
-#[pyo3(signature = (snapshot, strategy, capacity, compact, backend, device, materialize_limit))]
+#[pyo3(signature = (snapshot, strategy, capacity, align, tiers, compact, backend, device, materialize_limit))]
 #[allow(clippy::too_many_arguments, reason = "the CLI's options, one argument each")]
 fn replay_json(
     py: Python<'_>,
     snapshot: &Snapshot,
     strategy: &str,
     capacity: Option<&str>,
+    align: Option<&str>,
+    tiers: Option<&str>,
     compact: &str,
     backend: Option<&str>,
     device: Option<i64>,
@@ -262,7 +274,7 @@ fn replay_json(
     let trace = Arc::clone(&snapshot.trace);
     let strategy: StrategyKind =
         strategy.parse().map_err(|e: gpuheap::reference::UnknownStrategy| ConfigError::new_err(e.to_string()))?;
-    let common = Common::parse(capacity, compact, backend, device, materialize_limit)?;
+    let common = Common::parse(capacity, align, tiers, compact, backend, device, materialize_limit)?;
     detached(py, move || {
         let dev = common.device(&trace)?;
         let backend = common.measuring_backend()?;
@@ -273,12 +285,14 @@ fn replay_json(
 /// `gpuheap compare --json`: every host strategy, then the device allocator, over the same device of
 /// the trace; a contender that cannot take the options is listed under `not_run` with the reason.
 #[pyfunction]
-#[pyo3(signature = (snapshot, capacity, compact, backend, device, materialize_limit, device_heap_limit))]
+#[pyo3(signature = (snapshot, capacity, align, tiers, compact, backend, device, materialize_limit, device_heap_limit))]
 #[allow(clippy::too_many_arguments, reason = "the CLI's options, one argument each")]
 fn compare_json(
     py: Python<'_>,
     snapshot: &Snapshot,
     capacity: Option<&str>,
+    align: Option<&str>,
+    tiers: Option<&str>,
     compact: &str,
     backend: Option<&str>,
     device: Option<i64>,
@@ -286,7 +300,7 @@ fn compare_json(
     device_heap_limit: Option<&str>,
 ) -> PyResult<String> {
     let trace = Arc::clone(&snapshot.trace);
-    let common = Common::parse(capacity, compact, backend, device, materialize_limit)?;
+    let common = Common::parse(capacity, align, tiers, compact, backend, device, materialize_limit)?;
     let heap_limit = device_heap_limit
         .map(|s| replay::parse_bytes(s).map_err(|e| ConfigError::new_err(format!("device_heap_limit: {e}"))))
         .transpose()?;

@@ -51,10 +51,21 @@ def test_replay_options_match_cli(run_cli) -> None:
         ("best-fit", {"compact": "on-oom"}, ["--compact", "on-oom"]),
         ("tlsf", {"capacity": "2MiB", "compact": "threshold=0.5"}, ["--capacity", "2MiB", "--compact", "threshold=0.5"]),
         ("first-fit", {"capacity": 1048576}, ["--capacity", "1048576"]),
+        ("best-fit", {"align": "4KiB"}, ["--align", "4KiB"]),
+        ("tiered", {"tiers": ("1KiB", 65536)}, ["--tiers", "1KiB,65536"]),
+        ("tiered", {"tiers": "2KiB,128KiB", "align": 256}, ["--tiers", "2KiB,128KiB", "--align", "256"]),
     ]:
         py = gpuheap.replay(k, strategy, backend="cpu", **opts)
         cli = run_cli("replay", k.source, "--strategy", strategy, "--backend", "cpu", *args)
         assert strip_timing(py.to_dict()) == strip_timing(cli), (strategy, opts)
+    # The options reached the replay: the report states them.
+    assert gpuheap.replay(k, "best-fit", align="4KiB", backend="cpu").to_dict()["align"] == 4096
+    tiered = gpuheap.replay(k, "tiered", tiers=("1KiB", 65536), backend="cpu").to_dict()
+    assert tiered["tiers"] != gpuheap.replay(k, "tiered", backend="cpu").to_dict()["tiers"]
+    # The tiers reach compare's tiered row only; the other rows are those of a plain compare.
+    cmp = gpuheap.compare(k, tiers="1KiB,64KiB", backend="cpu").to_dict()
+    cli = run_cli("compare", k.source, "--tiers", "1KiB,64KiB", "--backend", "cpu")
+    _same_comparison(cmp, cli)
     # On-OOM compaction really ran (the K trace fails for fragmentation without it).
     assert len(gpuheap.replay(k, "best-fit", compact="on-oom", backend="cpu").compactions) > 0
 

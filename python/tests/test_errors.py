@@ -150,6 +150,18 @@ def test_bad_options() -> None:
         gpuheap.replay(snap, "caching", capacity="1MiB")
     with pytest.raises(gpuheap.ConfigError, match="device_heap_limit"):
         gpuheap.compare(snap, device_heap_limit="lots")
+    with pytest.raises(gpuheap.ConfigError, match="align: alignment 3000 B is not a power of two"):
+        gpuheap.replay(snap, "best-fit", align=3000)
+    with pytest.raises(gpuheap.ConfigError, match="tiers: .* is not SMALL_MAX,LARGE_MIN"):
+        gpuheap.replay(snap, "tiered", tiers="1KiB")
+    with pytest.raises(gpuheap.ConfigError, match="SMALL_MAX must be a power of two and below LARGE_MIN"):
+        gpuheap.replay(snap, "tiered", tiers=(3000, 65536))
+    with pytest.raises(gpuheap.ConfigError, match=r"tiers: expected \(SMALL_MAX, LARGE_MIN\)"):
+        gpuheap.replay(snap, "tiered", tiers=(1024,))  # type: ignore[arg-type]
+    with pytest.raises(gpuheap.ConfigError, match="tiers apply to the tiered strategy only"):
+        gpuheap.replay(snap, "best-fit", tiers="1KiB,1MiB")
+    with pytest.raises(gpuheap.ConfigError, match="LARGE_MIN is above the capacity"):
+        gpuheap.replay(snap, "tiered", tiers="1KiB,1TiB")
 
 
 def test_gpu_backend_without_gpu_is_backend_error() -> None:

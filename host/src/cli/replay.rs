@@ -46,12 +46,12 @@ pub struct Common {
     /// Alignment of every request, bytes (a power of two). Default: the format's own: 512 B for PyTorch
     /// snapshots (PyTorch's kMinBlockSize), 1 B for minimalloc CSV (defined at byte granularity), 256 B
     /// for RMM logs (cudaMalloc's alignment). The output states which was used.
-    #[arg(long, value_parser = parse_align)]
+    #[arg(long, value_parser = replay::parse_align)]
     pub align: Option<u64>,
     /// Tier thresholds of the tiered strategy, SMALL_MAX,LARGE_MIN (bytes or with units, e.g. 1KiB,1MiB):
     /// requests up to SMALL_MAX go to the slab tier, from LARGE_MIN to the top-down large tier.
     /// Default: 64 KiB and min(10 MiB, capacity/16).
-    #[arg(long, value_parser = parse_tiers)]
+    #[arg(long, value_parser = replay::parse_tiers)]
     pub tiers: Option<(u64, u64)>,
     /// Compaction policy: never, on-oom (compact and retry a request that fails for fragmentation) or
     /// threshold=F (compact when a free leaves external fragmentation above F in [0, 1]).
@@ -93,24 +93,6 @@ pub(crate) fn parse_capacity(s: &str) -> Result<u64, String> {
         c if (min..=max).contains(&c) => Ok(c),
         c => Err(format!("capacity {c} B is outside [{min} B, 2^48 B], the range the strategies model")),
     }
-}
-
-/// A power of two of bytes, 1 B to 1 GiB (as for `--capacity`).
-fn parse_align(s: &str) -> Result<u64, String> {
-    match replay::parse_bytes(s)? {
-        a if a.is_power_of_two() && a <= 1 << 30 => Ok(a),
-        a => Err(format!("alignment {a} B is not a power of two between 1 B and 1 GiB")),
-    }
-}
-
-/// `SMALL_MAX,LARGE_MIN` in bytes (each as for `--capacity`), `SMALL_MAX` a power of two below `LARGE_MIN`.
-fn parse_tiers(s: &str) -> Result<(u64, u64), String> {
-    let (a, b) = s.split_once(',').ok_or_else(|| format!("`{s}` is not SMALL_MAX,LARGE_MIN (e.g. 1KiB,1MiB)"))?;
-    let (small, large) = (replay::parse_bytes(a)?, replay::parse_bytes(b)?);
-    if !small.is_power_of_two() || large <= small {
-        return Err(format!("tiers `{s}`: SMALL_MAX must be a power of two and below LARGE_MIN"));
-    }
-    Ok((small, large))
 }
 
 fn parse_policy(s: &str) -> Result<CompactPolicy, String> {

@@ -82,8 +82,9 @@ pub use capacity::{choose_capacity, default_capacity, demand_peak, CapacityChoic
 pub use device::{replay_device, DeviceHeapEnd, DeviceReplayOptions};
 pub use materialize::{MeasureOutcome, Measured};
 pub use options::{
-    alignment_for, alignment_source, choose_alignment, default_strategy, parse_bytes, round_request, CompactPolicy,
-    ReplayOptions, CSV_ALIGN, DEFAULT_ALIGN, DEFAULT_MATERIALIZE_LIMIT_CPU, DEFAULT_TIMELINE_POINTS, PYTORCH_ALIGN,
+    alignment_for, alignment_source, choose_alignment, default_strategy, parse_align, parse_bytes, parse_tiers,
+    round_request, CompactPolicy, ReplayOptions, CSV_ALIGN, DEFAULT_ALIGN, DEFAULT_MATERIALIZE_LIMIT_CPU,
+    DEFAULT_TIMELINE_POINTS, PYTORCH_ALIGN,
 };
 pub use report::{
     fmt_bytes, fmt_ns, CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel,

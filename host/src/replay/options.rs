@@ -102,6 +102,33 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// Parses a request alignment ([`ReplayOptions::align`]): a byte count as for [`parse_bytes`] that is a
+/// power of two from 1 B to 1 GiB.
+///
+/// # Errors
+/// A one-line message naming the value.
+pub fn parse_align(s: &str) -> Result<u64, String> {
+    match parse_bytes(s)? {
+        a if a.is_power_of_two() && a <= 1 << 30 => Ok(a),
+        a => Err(format!("alignment {a} B is not a power of two between 1 B and 1 GiB")),
+    }
+}
+
+/// Parses the tiered strategy's thresholds ([`ReplayOptions::tiers`]): `SMALL_MAX,LARGE_MIN`, each a byte
+/// count as for [`parse_bytes`], `SMALL_MAX` a power of two below `LARGE_MIN`. (A `LARGE_MIN` above the
+/// capacity is refused by the replay, which knows the capacity.)
+///
+/// # Errors
+/// A one-line message naming the value.
+pub fn parse_tiers(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s.split_once(',').ok_or_else(|| format!("`{s}` is not SMALL_MAX,LARGE_MIN (e.g. 1KiB,1MiB)"))?;
+    let (small, large) = (parse_bytes(a)?, parse_bytes(b)?);
+    if !small.is_power_of_two() || large <= small {
+        return Err(format!("tiers `{s}`: SMALL_MAX must be a power of two and below LARGE_MIN"));
+    }
+    Ok((small, large))
+}
+
 /// Options of [`super::replay`] (a host strategy or the caching model).
 #[derive(Clone, Debug)]
 pub struct ReplayOptions {

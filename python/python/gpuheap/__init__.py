@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, Tuple, Union
 
 from . import _gpuheap
 from ._convert import snapshot_dict_to_pickle
@@ -94,6 +94,16 @@ def _bytes_arg(name: str, v: Optional[Bytes]) -> Optional[str]:
     return str(v)
 
 
+def _tiers_arg(v: object) -> Optional[str]:
+    """``(SMALL_MAX, LARGE_MIN)`` (each as for ``capacity``) or the CLI's ``"SMALL_MAX,LARGE_MIN"``."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        small, large = (_bytes_arg("tiers", x) for x in v)
+        return f"{small},{large}"
+    raise ConfigError(f"tiers: expected (SMALL_MAX, LARGE_MIN) or 'SMALL_MAX,LARGE_MIN', not {v!r}")
+
+
 def _str_arg(name: str, v: object) -> str:
     if not isinstance(v, str):
         raise ConfigError(f"{name}: expected a str, not {type(v).__qualname__}")
@@ -119,6 +129,8 @@ def replay(
     strategy: str = "caching",
     *,
     capacity: Optional[Bytes] = None,
+    align: Optional[Bytes] = None,
+    tiers: Optional[Union[str, Tuple[Bytes, Bytes]]] = None,
     compact: str = "never",
     backend: Optional[str] = None,
     device: Optional[int] = None,
@@ -132,6 +144,12 @@ def replay(
         capacity: managed capacity in bytes, or a string with a unit (``"80GiB"``, ``"1.5e9"``).
             ``None``: PyTorch's peak reserved rounded up to a GiB (snapshots), the capacity in a
             minimalloc file name, else twice the peak of live bytes (``--capacity``).
+        align: alignment of the requests in bytes, a power of two from 1 B to 1 GiB; ``None``: the
+            format's own (512 B for PyTorch snapshots, 256 B for RMM logs, 1 B for lifetime CSVs) (``--align``).
+        tiers: the tiered strategy's thresholds ``(SMALL_MAX, LARGE_MIN)`` in bytes, or the CLI's
+            ``"1KiB,1MiB"``: requests up to SMALL_MAX (a power of two) go to the slab tier, from
+            LARGE_MIN to the top-down large tier; ``None``: derived from the capacity. Only with
+            ``strategy="tiered"`` (``--tiers``).
         compact: ``"never"``, ``"on-oom"`` (compact and retry a request that fails for
             fragmentation) or ``"threshold=F"`` with F in [0, 1] (``--compact``).
         backend: where compaction kernels run: ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None``: the
@@ -154,6 +172,8 @@ def replay(
         snap,
         _str_arg("strategy", strategy),
         _bytes_arg("capacity", capacity),
+        _bytes_arg("align", align),
+        _tiers_arg(tiers),
         _str_arg("compact", compact),
         None if backend is None else _str_arg("backend", backend),
         _device_arg(device),
@@ -166,6 +186,8 @@ def compare(
     snapshot: Source,
     *,
     capacity: Optional[Bytes] = None,
+    align: Optional[Bytes] = None,
+    tiers: Optional[Union[str, Tuple[Bytes, Bytes]]] = None,
     compact: str = "never",
     backend: Optional[str] = None,
     device: Optional[int] = None,
@@ -174,7 +196,7 @@ def compare(
 ) -> Comparison:
     """Replays a trace through every strategy and the device allocator: ``gpuheap compare TRACE --json``.
 
-    Arguments as for :func:`replay`, plus ``device_heap_limit``: the largest device heap in bytes
+    Arguments as for :func:`replay` (``tiers`` applies to the tiered row), plus ``device_heap_limit``: the largest device heap in bytes
     the device allocator's row creates before it replays a scaled trace (``--device-heap-limit``;
     default 8 GiB on the CPU backend, 75 % of free memory on a GPU). The device allocator's row
     always runs its kernels, on the CPU backend when there is no GPU.
@@ -191,6 +213,8 @@ def compare(
     out = _gpuheap.compare_json(
         snap,
         _bytes_arg("capacity", capacity),
+        _bytes_arg("align", align),
+        _tiers_arg(tiers),
         _str_arg("compact", compact),
         None if backend is None else _str_arg("backend", backend),
         _device_arg(device),

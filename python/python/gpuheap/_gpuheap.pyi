@@ -33,6 +33,8 @@ def replay_json(
     snapshot: Snapshot,
     strategy: str,
     capacity: Optional[str],
+    align: Optional[str],
+    tiers: Optional[str],
     compact: str,
     backend: Optional[str],
     device: Optional[int],
@@ -43,6 +45,8 @@ def replay_json(
 def compare_json(
     snapshot: Snapshot,
     capacity: Optional[str],
+    align: Optional[str],
+    tiers: Optional[str],
     compact: str,
     backend: Optional[str],
     device: Optional[int],
