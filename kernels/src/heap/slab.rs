@@ -196,12 +196,11 @@ pub(crate) fn reserve<M: HeapMem>(m: &M, page: u64, class: u32, need: u32) -> u3
 /// a transit: a searcher that ran while the bit was wrongly clear retries.
 #[inline(never)]
 fn drop_if_full<M: HeapMem>(m: &M, page: u64, class: u32) {
-    let av = avail(m, class);
     buddy::transit_begin(m);
-    av.clear(m, page);
+    avail(m, class).clear(m, page);
     let h = m.word(MetaSection::Hdr, page).load(Ordering::Acquire);
     if hdr_class(h) == Some(class) && hdr_used(h) < class_slots(class) {
-        av.set(m, page);
+        avail(m, class).set(m, page);
     }
     buddy::transit_end(m);
 }
@@ -290,10 +289,12 @@ fn fresh_page<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) ->
 /// Looks for a page of `class` with free slots in the available bitmap.
 #[inline(never)]
 fn from_avail<M: HeapMem>(m: &M, class: u32, need: u32, hint: u64) -> Grant {
-    let av = avail(m, class);
     let mut t = 0;
     while t < AVAIL_PROBES {
-        let Some(page) = av.find(m, hint.wrapping_add(t as u64 * 0x9E37_79B9)) else { return Grant::NONE };
+        // The bitmap's geometry is re-read for each probe (loads after the
+        // previous probe's atomics), not kept live across the loop: fewer
+        // registers (DESIGN.md §4.1).
+        let Some(page) = avail(m, class).find(m, hint.wrapping_add(t as u64 * 0x9E37_79B9)) else { return Grant::NONE };
         let got = reserve(m, page, class, need);
         if got > 0 {
             return Grant::new(page, got);
