@@ -178,13 +178,15 @@ impl Hb {
         }
     }
 
-    /// Descends from the top to a leaf word with a set bit. At each level the
-    /// bit is chosen cyclically from `hint`'s 6-bit digit for that level (so
-    /// a hint of 0 walks lowest-first; hashes spread concurrent searchers).
+    /// Descends from the top to a leaf word with a set bit. At each level `l`
+    /// the bit is chosen cyclically from the low 6 bits of `hint` rotated
+    /// right by `6 * l` (so a hint of 0 walks lowest-first; hashes spread
+    /// concurrent searchers). The hint is 32 bits: it is only a spread, and a
+    /// 64-bit one held two registers through every restart loop.
     /// Returns the leaf word index and the value read, or `None` after a
     /// concurrent change or a stale summary bit (cleaned before returning).
     #[inline(always)]
-    fn descend<M: HeapMem>(&self, m: &M, hint: u64) -> Option<(u64, u64)> {
+    fn descend<M: HeapMem>(&self, m: &M, hint: u32) -> Option<(u64, u64)> {
         let depth = self.depth();
         let mut l = depth - 1;
         let mut loff = self.level_off(l);
@@ -200,7 +202,7 @@ impl Hb {
             if l == 0 {
                 return Some((w, v));
             }
-            let b = pick(v, (hint >> (6 * l)) as u32);
+            let b = pick(v, hint.rotate_right(6 * l));
             w = w * 64 + b as u64;
             l -= 1;
             loff = self.level_off(l);
@@ -208,13 +210,14 @@ impl Hb {
     }
 
     /// A set bit (not claimed), or `None` when none was found within
-    /// [`MAX_RESTARTS`] descents.
+    /// [`MAX_RESTARTS`] descents. Only the low 32 bits of `hint` are used.
     #[inline(always)]
     pub(crate) fn find<M: HeapMem>(&self, m: &M, hint: u64) -> Option<u64> {
+        let hint = hint as u32;
         let mut r = 0;
         while r < MAX_RESTARTS {
-            if let Some((w, v)) = self.descend(m, hint.wrapping_add(r as u64)) {
-                return Some(w * 64 + pick(v, hint as u32) as u64);
+            if let Some((w, v)) = self.descend(m, hint.wrapping_add(r)) {
+                return Some(w * 64 + pick(v, hint) as u64);
             }
             if self.is_empty(m) {
                 return None;
@@ -226,14 +229,16 @@ impl Hb {
 
     /// Finds a set bit and clears it atomically: the caller owns that bit.
     /// `None` when the bitmap is (or stays, over [`MAX_RESTARTS`] tries) empty.
+    /// Only the low 32 bits of `hint` are used.
     #[inline(always)]
     pub(crate) fn claim<M: HeapMem>(&self, m: &M, hint: u64) -> Option<u64> {
+        let hint = hint as u32;
         let mut r = 0;
         while r < MAX_RESTARTS {
-            if let Some((w, mut v)) = self.descend(m, hint.wrapping_add(r as u64)) {
+            if let Some((w, mut v)) = self.descend(m, hint.wrapping_add(r)) {
                 let word = self.at(m, self.off, w);
                 while v != 0 {
-                    let bit = 1u64 << pick(v, hint as u32);
+                    let bit = 1u64 << pick(v, hint);
                     let old = word.fetch_and(!bit, Ordering::AcqRel);
                     if old & bit != 0 {
                         if old == bit {

@@ -122,19 +122,22 @@ pub(crate) fn alloc_in_transit<M: HeapMem>(m: &M, k: u32, hint: u64, own: u32) -
     if k > max || k > MAX_ORDER_LIMIT {
         return None;
     }
-    let transit = m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64);
-    let mut t0 = transit.load(Ordering::Acquire);
+    let mut t0 = transit_now(m);
     let hint = hint & 63;
     let mut attempt = 0;
     while attempt < ALLOC_ATTEMPTS {
-        if let Some(b) = level(m, k).claim(m, hint) {
-            return Some(b << k);
-        }
-        let mut j = k + 1;
-        while j <= max {
+        // Level `k` first (no bracket: a claim there hides nothing), then
+        // the lowest non-empty level above it, split down: one claim site.
+        // `max_order`, the transit counter's address and each level's
+        // geometry are re-read where used, not kept live across the loops
+        // (fewer registers, DESIGN.md §4.1).
+        let mut j = k;
+        while j <= m.geom().max_order as u32 {
             let lv = level(m, j);
-            if !lv.is_empty(m) {
-                transit.fetch_add(TRANSIT_BEGIN, Ordering::Relaxed);
+            if j == k || !lv.is_empty(m) {
+                if j > k {
+                    transit_begin(m);
+                }
                 if let Some(b) = lv.claim(m, hint) {
                     // Split: keep the leftmost order-k piece, free the right halves.
                     let mut b = b;
@@ -144,15 +147,19 @@ pub(crate) fn alloc_in_transit<M: HeapMem>(m: &M, k: u32, hint: u64, own: u32) -
                         b <<= 1;
                         level(m, i).set(m, b | 1);
                     }
-                    transit.fetch_add(TRANSIT_END, Ordering::AcqRel);
+                    if j > k {
+                        transit_end(m);
+                    }
                     return Some(b << k);
                 }
-                // Nothing hidden: undo the in-flight mark only.
-                transit.fetch_sub(TRANSIT_BEGIN, Ordering::Relaxed);
+                if j > k {
+                    // Nothing hidden: undo the in-flight mark only.
+                    transit_cancel(m);
+                }
             }
             j += 1;
         }
-        let t1 = transit.load(Ordering::Acquire);
+        let t1 = transit_now(m);
         if transit_quiet(t0, t1, own) {
             return None;
         }

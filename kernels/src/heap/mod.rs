@@ -156,7 +156,7 @@ fn count_bad_free<M: HeapMem>(m: &M, word: usize) {
 }
 
 /// Allocates a large block (> 4 KiB) of order `k` for this lane alone.
-#[inline(always)]
+#[inline(never)]
 fn alloc_large<M: HeapMem>(m: &M, k: u32, hint: u64) -> u64 {
     let g = m.geom();
     let unit = match buddy::alloc(m, k, hint) {
@@ -174,6 +174,38 @@ fn alloc_large<M: HeapMem>(m: &M, k: u32, hint: u64) -> u64 {
             0
         }
     }
+}
+
+/// One step of a slab group's leader: reserve slots if it holds none
+/// (`slab::acquire`), then claim up to `need` of them in one bitmap word.
+/// `st` is the leader's state between steps, one `u64` so that little is
+/// live in the warp loop: `page << 32 | cursor << 16 | left` (`cursor`: the
+/// page's bitmap word to scan first, after a claim the word claimed;
+/// `left`: slots reserved and not yet claimed). Returns the new state and
+/// the claimed bits (0: the group gets no more slots, counted as failed).
+/// Out of line: the warp loop keeps only its own few values across it.
+#[inline(never)]
+fn leader_step<M: HeapMem>(m: &M, c: u32, need: u32, mut st: u64) -> (u64, u64) {
+    if st & 0xFFFF == 0 {
+        let hint = hash(global_warp_id());
+        match slab::acquire(m, c, sm_id() % CURRENT_SLOTS, need, hint).get() {
+            Some((page, got)) => st = page << 32 | ((hint >> 32) & 63) << 16 | got as u64,
+            None => {
+                count_failed(m, need);
+                return (0, 0);
+            }
+        }
+    }
+    let page = st >> 32;
+    let left = (st & 0xFFFF) as u32;
+    let mut cursor = ((st >> 16) & 0xFF) as u32;
+    let (w, bits) = slab::claim_bits(m, page, c, &mut cursor, left.min(need));
+    if bits == 0 {
+        slab::unreserve(m, page, left);
+        count_failed(m, need);
+        return (0, 0);
+    }
+    (page << 32 | (w as u64) << 16 | (left - bits.count_ones()) as u64, bits)
 }
 
 /// `malloc` over any [`HeapMem`] (the device handle, or the model checkers'
@@ -195,61 +227,35 @@ pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
     // together, this one among them; nothing between branches or returns.
     let peers = unsafe { match_any(mask, key) };
     let leader = peers.trailing_zeros();
-    let rank = (peers & lanemask_lt()).count_ones();
     let n = peers.count_ones();
-    let warp = global_warp_id();
-    let hint = hash(warp);
 
     let mut result = 0u64;
     if large {
         if order as u64 > g.max_order {
             count_failed(m, 1);
         } else {
-            result = alloc_large(m, order, hint.wrapping_add(lane as u64));
+            result = alloc_large(m, order, hash(global_warp_id()).wrapping_add(lane as u64));
         }
     }
 
     let c = class.unwrap_or(0);
     let size_shift = MIN_CLASS_SHIFT + c;
-    let slot = sm_id() % CURRENT_SLOTS;
     let mut pending = class.is_some();
     let mut assigned = 0u32;
-    // Leader state: the page reserved on, slots left, word cursor.
-    let mut page = 0u64;
-    let mut left = 0u32;
-    let mut cursor = (hint >> 32) as u32;
+    // The group leader's state (see `leader_step`), the same on every lane of
+    // the group after each step's shuffle.
+    let mut st = 0u64;
     // SAFETY: the loop condition is a ballot over `mask`, the same on every
     // lane of it, so every lane of `mask` evaluates it on each iteration
     // (the code before it does not return; `alloc_large` has no collective).
     while unsafe { ballot(mask, pending) } != 0 {
-        let mut cbase = 0u64;
         let mut cbits = 0u64;
         if pending && lane == leader {
-            let need = n - assigned;
-            if left == 0 {
-                if let Some((p, got)) = slab::acquire(m, c, slot, need, hint).get() {
-                    page = p;
-                    left = got;
-                }
-            }
-            if left > 0 {
-                let (w, bits) = slab::claim_bits(m, page, c, &mut cursor, left.min(need));
-                if bits == 0 {
-                    slab::unreserve(m, page, left);
-                    left = 0;
-                } else {
-                    left -= bits.count_ones();
-                    cbits = bits;
-                    cbase = g.base + (page << PAGE_SHIFT) + ((w as u64 * 64) << size_shift);
-                }
-            }
-            if cbits == 0 {
-                count_failed(m, need);
-            }
+            (st, cbits) = leader_step(m, c, n - assigned, st);
         }
         // SAFETY: (both) unconditional inside the warp-uniform loop (see its
         // condition); the leader-only block above has no collective.
-        let cbase = unsafe { shfl_u64(mask, cbase, leader) };
+        st = unsafe { shfl_u64(mask, st, leader) };
         // SAFETY: as above.
         let cbits = unsafe { shfl_u64(mask, cbits, leader) };
         if pending {
@@ -257,6 +263,7 @@ pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
                 pending = false;
             } else {
                 let k = cbits.count_ones();
+                let rank = (peers & lanemask_lt()).count_ones();
                 if rank >= assigned && rank < assigned + k {
                     let mut b = cbits;
                     let mut j = rank - assigned;
@@ -264,7 +271,10 @@ pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
                         b &= b - 1;
                         j -= 1;
                     }
-                    result = cbase + ((b.trailing_zeros() as u64) << size_shift);
+                    // The claimed word is the state's cursor.
+                    let word = (st >> 16) & 0xFF;
+                    result =
+                        g.base + ((st >> 32) << PAGE_SHIFT) + ((word * 64 + b.trailing_zeros() as u64) << size_shift);
                 }
                 assigned += k;
                 if assigned >= n {
@@ -283,8 +293,8 @@ pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
     }
     // A leftover reservation (cannot happen: a group takes what it reserves)
     // is returned so the page can still empty.
-    if left > 0 {
-        slab::unreserve(m, page, left);
+    if lane == leader && st & 0xFFFF != 0 {
+        slab::unreserve(m, st >> 32, (st & 0xFFFF) as u32);
     }
     result
 }

@@ -147,15 +147,6 @@ impl Grant {
             Some((self.page(), self.count()))
         }
     }
-
-    #[inline(always)]
-    fn or_else(self, f: impl FnOnce() -> Grant) -> Grant {
-        if self.0 == 0 {
-            f()
-        } else {
-            self
-        }
-    }
 }
 
 /// The class's available-page bitmap.
@@ -203,21 +194,20 @@ pub(crate) fn reserve<M: HeapMem>(m: &M, page: u64, class: u32, need: u32) -> u3
 /// after its header RMW, we read the header after our bitmap RMW, and the
 /// two bitmap RMWs are ordered, so one of us sees the other). Bracketed as
 /// a transit: a searcher that ran while the bit was wrongly clear retries.
-#[inline(always)]
+#[inline(never)]
 fn drop_if_full<M: HeapMem>(m: &M, page: u64, class: u32) {
-    let av = avail(m, class);
     buddy::transit_begin(m);
-    av.clear(m, page);
+    avail(m, class).clear(m, page);
     let h = m.word(MetaSection::Hdr, page).load(Ordering::Acquire);
     if hdr_class(h) == Some(class) && hdr_used(h) < class_slots(class) {
-        av.set(m, page);
+        avail(m, class).set(m, page);
     }
     buddy::transit_end(m);
 }
 
 /// Bookkeeping after `n` was subtracted from a header whose previous value
 /// was `old`: the available bit on leaving "full", retirement on reaching 0.
-#[inline(always)]
+#[inline(never)]
 pub(crate) fn after_release<M: HeapMem>(m: &M, page: u64, old: u64, n: u32) {
     let Some(class) = hdr_class(old) else { return };
     let slots = class_slots(class);
@@ -277,6 +267,7 @@ pub(crate) fn format<M: HeapMem>(m: &M, page: u64, class: u32, slot: u32, reserv
 /// retrying once if the buddy is exhausted) and formats it. The page is in
 /// transit from the buddy's claim to the available bit that `format` sets,
 /// so a searcher of this class that failed meanwhile retries.
+#[inline(never)]
 fn fresh_page<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
     buddy::transit_begin(m);
     let unit = match buddy::alloc_in_transit(m, PAGE_ORDER, hint, 1) {
@@ -296,11 +287,14 @@ fn fresh_page<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) ->
 }
 
 /// Looks for a page of `class` with free slots in the available bitmap.
+#[inline(never)]
 fn from_avail<M: HeapMem>(m: &M, class: u32, need: u32, hint: u64) -> Grant {
-    let av = avail(m, class);
     let mut t = 0;
     while t < AVAIL_PROBES {
-        let Some(page) = av.find(m, hint.wrapping_add(t as u64 * 0x9E37_79B9)) else { return Grant::NONE };
+        // The bitmap's geometry is re-read for each probe (loads after the
+        // previous probe's atomics), not kept live across the loop: fewer
+        // registers (DESIGN.md §4.1).
+        let Some(page) = avail(m, class).find(m, hint.wrapping_add(t as u64 * 0x9E37_79B9)) else { return Grant::NONE };
         let got = reserve(m, page, class, need);
         if got > 0 {
             return Grant::new(page, got);
@@ -317,6 +311,7 @@ fn from_avail<M: HeapMem>(m: &M, class: u32, need: u32, hint: u64) -> Grant {
 /// since the last scan (`CTRL_KEPT`), so a heap that is really full fails
 /// fast: the swap reads from the increment of every keep it resets, whose
 /// header RMW therefore happens-before the scan's loads.
+#[inline(never)]
 pub(crate) fn scavenge<M: HeapMem>(m: &M) -> bool {
     // From the swap until the scan has retired the kept pages, they are
     // neither findable by their count nor back in the buddy: a transit.
@@ -357,36 +352,18 @@ pub(crate) fn scavenge<M: HeapMem>(m: &M) -> bool {
 /// between its retirement and the buddy ([`retire`], [`scavenge`]), and a
 /// page whose available bit is cleared and re-checked (`drop_if_full`).
 pub(crate) fn acquire<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
+    // One frame, one search site: the current-page attempts, then searches
+    // (the refill's or the fallback's, then the final scans) each followed
+    // by the same check. No nested calls keep this frame's values live
+    // under another frame's (DESIGN.md §4.1: registers add up along a call
+    // chain in `ptxas`).
     let mut t0 = buddy::transit_now(m);
-    let r = acquire_fast(m, class, slot, need, hint);
-    if r != Grant::NONE {
-        return r;
-    }
-    let mut scan = 0;
-    loop {
-        let t1 = buddy::transit_now(m);
-        if buddy::transit_quiet(t0, t1, 0) || scan == FINAL_SCANS {
-            return Grant::NONE;
-        }
-        crate::arch::time::backoff(scan.min(6));
-        t0 = t1;
-        let r = from_avail(m, class, need, hint).or_else(|| fresh_page(m, class, slot, need, hint));
-        if r != Grant::NONE {
-            return r;
-        }
-        scan += 1;
-    }
-}
-
-/// Final scans of a failing `acquire` that ran while free memory was in
-/// transit (each one follows a completed or in-flight transit).
-pub const FINAL_SCANS: u32 = 64;
-
-/// [`acquire`] without the final-scan check.
-fn acquire_fast<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
-    let cur = current(m, class, slot);
+    // `old + 1` of the slot's entry we replaced with `REFILLING` (0: we are
+    // not refilling; `old` is never `REFILLING`, so this does not wrap).
+    let mut refill = 0u32;
     let mut attempt = 0;
     while attempt < ACQUIRE_ATTEMPTS {
+        let cur = current(m, class, slot);
         let v = cur.load(Ordering::Acquire);
         if v == REFILLING {
             // Another warp is refilling this slot: use any page with room,
@@ -404,19 +381,46 @@ fn acquire_fast<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) 
                 }
             }
             if cur.compare_exchange(v, REFILLING, Ordering::AcqRel).is_ok() {
-                return refill(m, class, slot, need, hint, v);
+                refill = v + 1;
+                break;
             }
         }
         attempt += 1;
     }
-    // The refiller is slow: do not wait longer, use a page of our own.
-    from_avail(m, class, need, hint).or_else(|| fresh_page(m, class, slot, need, hint))
+    // Here we refill the slot, or the refiller is slow and we do not wait
+    // longer: either way, search for a page of our own.
+    let mut scan = 0;
+    loop {
+        let mut r = from_avail(m, class, need, hint);
+        if r == Grant::NONE {
+            r = fresh_page(m, class, slot, need, hint);
+        }
+        if refill != 0 {
+            install(m, class, slot, r, refill - 1);
+            refill = 0;
+        }
+        if r != Grant::NONE {
+            return r;
+        }
+        let t1 = buddy::transit_now(m);
+        if buddy::transit_quiet(t0, t1, 0) || scan == FINAL_SCANS {
+            return Grant::NONE;
+        }
+        crate::arch::time::backoff(scan.min(6));
+        t0 = t1;
+        scan += 1;
+    }
 }
 
-/// The refill duty of a slot (`current` holds [`REFILLING`], set by us;
-/// `old` was the entry before).
-fn refill<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64, old: u32) -> Grant {
-    let r = from_avail(m, class, need, hint).or_else(|| fresh_page(m, class, slot, need, hint));
+/// Final scans of a failing `acquire` that ran while free memory was in
+/// transit (each one follows a completed or in-flight transit).
+pub const FINAL_SCANS: u32 = 64;
+
+/// The end of a slot's refill (`current` holds [`REFILLING`], set by the
+/// caller; `old` was the entry before): installs the page of `r` (none: 0)
+/// and retires the page un-installed if it emptied while it was current.
+#[inline(never)]
+fn install<M: HeapMem>(m: &M, class: u32, slot: u32, r: Grant, old: u32) {
     let new = match r.get() {
         Some((page, _)) => page as u32 + 1,
         None => 0,
@@ -430,7 +434,6 @@ fn refill<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64, old: u
             retire(m, page, h);
         }
     }
-    r
 }
 
 /// Claims up to `want` reserved slots on `page` (class `class`), scanning
@@ -505,6 +508,7 @@ pub(crate) fn free_slot<M: HeapMem>(m: &M, page: u64, h: u64, off_in_page: u64) 
 
 /// Gives back `n` reserved but unclaimed slots (never happens when the
 /// reservation invariant holds; kept so that every path is balanced).
+#[inline(never)]
 pub(crate) fn unreserve<M: HeapMem>(m: &M, page: u64, n: u32) {
     if n > 0 {
         let old = m.word(MetaSection::Hdr, page).fetch_sub(n as u64, Ordering::AcqRel);
