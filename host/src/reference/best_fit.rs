@@ -1,25 +1,37 @@
 //! Best-fit: the smallest free block that fits, ties broken by the lowest address, O(log n).
 //!
 //! Free blocks are segregated into the TLSF size classes (32 per power of two, see
-//! [`tlsf`](super::tlsf)), and *within* a class ordered exactly by `(size, offset)` in a `BTreeSet` of
-//! packed 128-bit keys. A two-level bitmap finds the next non-empty class in O(1), so the search is one
-//! ordered-set lookup in the request's class (first key at or above `(size, 0)`) and, if that class has
-//! nothing large enough, the minimum of the next non-empty class: exact best fit, with sets that stay small
-//! because each class holds only the blocks of one narrow size band.
+//! [`tlsf`](super::tlsf)), and *within* a class ordered exactly by `(size, offset)` as packed 128-bit keys.
+//! A class keeps its keys in sorted chunks of at most `CHUNK` (32) keys behind a directory of the chunks'
+//! first keys (a `Bin`; no tree nodes): a lookup binary-searches the directory, then the chunk's 512
+//! bytes, and an update is a memmove inside one chunk. A full chunk splits in halves; a remove that leaves
+//! two neighbouring chunks with at most `CHUNK / 2` keys together merges them. A two-level bitmap finds the
+//! next non-empty class in O(1), so the search is one ordered lookup in the request's class (first key at
+//! or above `(size, 0)`; when that is the class's first key, as in every class of a single size, no binary
+//! search at all) and, if that class has nothing large enough, the first key of the next non-empty class:
+//! exact best fit.
 //!
-//! Blocks live in the shared block list (`block_list.rs`): free blocks are out-of-band nodes found by their
-//! start and end offsets in one tagged hash table, so merging with free neighbours on free is O(1) expected
-//! and immediate, and a split or merge that keeps a free block's address order updates the index in place.
+//! Blocks live in the shared block list (`block_list.rs`): out-of-band nodes linked to their physical
+//! neighbours, so merging with free neighbours on free is O(1) and immediate; a split or merge re-files the
+//! changed free block under its new key (remove + insert, possibly in another class).
 //!
 //! # Invariants
-//! - Free block `n` is in `bins[class(n.size)]` under key `(n.size, n.offset)`; bitmaps mirror bin emptiness.
+//! - Free block `n` is in `bins[class(n.size)]` under key `(n.size, n.offset, n)`, once; bitmaps mirror bin
+//!   emptiness.
+//! - In a bin, every chunk holds 1 to `CHUNK` keys in ascending order, every key of a chunk is below every
+//!   key of the next chunk, the directory entry of a chunk is its first key, and any two neighbouring
+//!   chunks hold more than `CHUNK / 2` keys together (so a bin of k keys has at most `4k / CHUNK + 1`
+//!   chunks).
 //! - No two physically adjacent blocks are free.
 //!
 //! # Time complexity
-//! - `alloc`: O(log k) for a bin of k blocks, plus O(1) to find the next class (k ≤ n). With an alignment
-//!   above the granule, candidates that do not fit only because of alignment are skipped one by one.
-//! - `free`: O(1) expected hash lookup + O(log k) map updates for the merged neighbours.
-//! - `stats`: O(log k) (`largest_free` is the last key of the highest non-empty bin).
+//! - `alloc`: O(log k) compares for a bin of k blocks (directory and chunk binary searches) plus a memmove
+//!   of at most `CHUNK` keys, and O(1) to find the next class (k ≤ n). A chunk split or merge moves
+//!   O(k / `CHUNK`) directory entries (rare: only a full chunk splits, only two neighbours with at most
+//!   `CHUNK / 2` keys together merge). With an alignment above the granule, candidates that do not fit
+//!   only because of alignment are skipped one by one.
+//! - `free`: O(1) through the handle, plus the same bin updates for the merged neighbours.
+//! - `stats`: O(1) (`largest_free` is the last key of the highest non-empty bin).
 
 use super::block_list::{
     block_list_strategy, first_class_at_or_above, size_class, BlockList, FreeIndex, Node, Placement, FL_COUNT, SL_COUNT,
