@@ -40,7 +40,7 @@ use super::{
 pub(crate) const NIL: u32 = u32::MAX;
 
 /// Value of `a` in a live node (never a node index: the block list holds fewer than `u32::MAX - 1` nodes).
-const LIVE: u32 = u32::MAX - 1;
+pub(crate) const LIVE: u32 = u32::MAX - 1;
 
 /// A block: 32 bytes. While free, `a` and `b` belong to the free index (free-list links for TLSF, the
 /// chunk id for first-fit's address index); while live, `a == LIVE` and `b` packs log2 of the requested
