@@ -1893,7 +1893,7 @@ mod tests {
         for step in 0..20_000u32 {
             // Few sizes (so classes hold hundreds of blocks), two streams.
             let (stream, size) = ((rng.next_u64() % 2) as u32, 512 * (1 + rng.next_u64() % 40));
-            if rng.next_u64() % 3 != 0 || reference.is_empty() {
+            if !rng.next_u64().is_multiple_of(3) || reference.is_empty() {
                 let off = 512 * (rng.next_u64() % 1_000_000);
                 if reference.insert((stream, size, off)) {
                     fs.insert(stream, size, off, step);
