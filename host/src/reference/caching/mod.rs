@@ -63,10 +63,11 @@
 //!
 //! # Data structures
 //! Blocks are records in a slab, each linked to the adjacent blocks of its segment (PyTorch's `Block::prev`
-//! and `next`), so merging with free neighbours reads no index; a record fills one 64-byte cache line. A
-//! hash table finds a block by its start offset (`free_at`), and an [`Allocation`]'s handle is its record
-//! index (`free` checks that the record still holds the live block at the allocation's offset, else looks
-//! the offset up). The free set of each pool is, per stream, TLSF size classes with a two-level bitmap,
+//! and `next`), so splitting and merging with free neighbours read and write no index; a record fills one
+//! 64-byte cache line. An [`Allocation`]'s handle is its record index: `free` checks that the record still
+//! holds the live block at the allocation's offset, else looks the offset up. There is no index by block
+//! offset: a segment (by start, `seg_index`) knows its first block's record (`seg_first`), and `free_at`
+//! and the cold paths walk that segment's chain; unmapped blocks are indexed with their records. The free set of each pool is, per stream, TLSF size classes with a two-level bitmap,
 //! each class an exact `(size, address)`-ordered set kept as sorted chunks of at most 32 keys (a flat
 //! array of each chunk's last key above them): best fit in `BlockComparatorSize` order with one binary
 //! search over a class's chunks and one within a chunk, and no tree node per block. The search returns the
@@ -74,9 +75,10 @@
 //!
 //! # Invariants
 //! - Blocks tile each segment's virtual range; each segment's blocks form one chain by address (`prev`,
-//!   `next`); `at` maps every block's start to its record; `seg_index` maps every segment's start to its id;
-//!   a block is in `free_sets[pool]` under `(stream, size, offset)` iff it is free and mapped, in
-//!   `unmapped[pool]` under `(stream, offset)` iff it is unmapped; no two adjacent blocks of one segment are
+//!   `next`); `seg_index` maps every segment's start to its id, `seg_first[id]` is the record of the block
+//!   at the segment's start (splits and merges keep the front block's record); a block is in
+//!   `free_sets[pool]` under `(stream, size, offset)` iff it is free and mapped, in `unmapped[pool]` under
+//!   `(stream, offset)` (with its record) iff it is unmapped; no two adjacent blocks of one segment are
 //!   both free or both unmapped.
 //! - A class's chunks are non-empty, each sorted, every key of a chunk below every key of the next, and the
 //!   class's `lasts[i]` is chunk `i`'s last key; a class has chunks iff its bitmap bit is set.
@@ -86,17 +88,17 @@
 //! `alloc`/`free`: O(log k) comparisons for a size class of k cached blocks, plus moving at most 32 keys
 //! within one chunk and, when a chunk splits or empties, shifting the class's chunk list (two words per
 //! chunk; a chunk splits only when full, after at least 16 insertions since it was made, but chunks are
-//! not merged, so a class of k blocks may hold up to k chunks); O(1) expected hash and neighbour work; plus
-//! O(segments) on the release-and-retry path. Cold paths that look a block up by an inner offset
-//! (`seed_block`, `seed_mapped`, `unmap_range`, `segment_at`) walk the chain of the segment concerned.
+//! not merged, so a class of k blocks may hold up to k chunks); O(1) neighbour work and no hashing; plus
+//! O(segments) on the release-and-retry path. `free_at` and the cold paths that look a block up by offset
+//! (`release_segment` excepted: O(log segments)) walk the chain of the segment concerned: O(log segments
+//! + blocks of that segment).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::block_list::{first_class_at_or_above, size_class, FL_COUNT, SL_COUNT};
 use super::compact::{check_plan_matches, CompactBlock, CompactionLayout, CompactionPlan, Region};
 use super::{
-    align_down, align_up, check_request, offset_map, oom, AllocError, AllocatedBlock, Allocation, Handle, OffsetMap,
-    Stats, SubAllocator,
+    align_down, align_up, check_request, oom, AllocError, AllocatedBlock, Allocation, Handle, Stats, SubAllocator,
 };
 
 pub mod config;
@@ -519,13 +521,14 @@ pub struct CachingAllocator {
     /// Block records (a slab: `spare` lists the unused slots); a block's record index is its handle.
     blocks: Vec<Block>,
     spare: Vec<u32>,
-    /// Start offset -> record of every block.
-    at: OffsetMap<u32>,
+    /// Record of the first block of each segment (by segment id; stale for ids not in use).
+    seg_first: Vec<u32>,
     /// Start -> id of every segment (non-expandable segments and expandable reservations).
     seg_index: BTreeMap<u64, u32>,
     /// Cached (free, mapped) blocks per pool.
     free_sets: [FreeSet; 2],
-    unmapped: [BTreeSet<(u32, u64)>; 2],
+    /// Unmapped blocks per pool: `(stream, offset) -> record`.
+    unmapped: [BTreeMap<(u32, u64), u32>; 2],
     segments: Vec<Option<Segment>>,
     /// Every segment id below this one is in use (`new_segment` takes the lowest free id from here on,
     /// without rescanning the ids in use: seeding 820 segments was quadratic).
@@ -647,10 +650,10 @@ impl CachingAllocator {
             va_holes: BTreeMap::from([(0, ADDRESS_RANGE)]),
             blocks: Vec::new(),
             spare: Vec::new(),
-            at: offset_map(),
+            seg_first: Vec::new(),
             seg_index: BTreeMap::new(),
             free_sets: [FreeSet::default(), FreeSet::default()],
-            unmapped: [BTreeSet::new(), BTreeSet::new()],
+            unmapped: [BTreeMap::new(), BTreeMap::new()],
             segments: Vec::new(),
             segment_hint: 0,
             streams: vec![0],
@@ -731,7 +734,8 @@ impl CachingAllocator {
     /// # Errors
     /// [`AllocError::InvalidFree`] when no wholly free non-expandable segment starts there.
     pub fn release_segment(&mut self, start: u64) -> Result<u64, AllocError> {
-        let n = self.at.get(&start).copied().ok_or(AllocError::InvalidFree { offset: start })?;
+        let id = self.seg_index.get(&start).copied().ok_or(AllocError::InvalidFree { offset: start })?;
+        let n = self.seg_first[id as usize];
         let b = self.blocks[n as usize];
         if b.state != FREE || !self.releasable(n) {
             return Err(AllocError::InvalidFree { offset: start });
@@ -772,7 +776,7 @@ impl CachingAllocator {
             unmapped += self.unmap_block(mid);
             // Pieces that stayed mapped merge back with their free neighbours.
             for p in [lo, hi] {
-                if let Some(k) = self.at.get(&p).copied().filter(|&k| self.blocks[k as usize].state == FREE) {
+                if let Some(k) = self.block_at(p).filter(|&k| self.blocks[k as usize].state == FREE) {
                     self.uncache(k);
                     self.merge_free(k);
                 }
@@ -785,8 +789,8 @@ impl CachingAllocator {
     /// segments that overlap the range: O(blocks of those segments), for the cold paths.
     fn find_block(&self, a: u64, e: u64, pred: impl Fn(&Block) -> bool) -> Option<u32> {
         let first = self.seg_index.range(..=a).next_back().map_or(a, |(&s, _)| s);
-        for (&start, _) in self.seg_index.range(first..e) {
-            let mut n = self.at.get(&start).copied().unwrap_or(NIL);
+        for (_, &id) in self.seg_index.range(first..e) {
+            let mut n = self.seg_first[id as usize];
             while n != NIL {
                 let b = &self.blocks[n as usize];
                 if b.off >= e {
@@ -801,12 +805,24 @@ impl CachingAllocator {
         None
     }
 
-    /// The block that holds `offset`, if any.
+    /// The block that holds `offset`, if any. O(blocks of its segment).
     fn block_containing(&self, offset: u64) -> Option<u32> {
-        if let Some(&n) = self.at.get(&offset) {
-            return Some(n);
-        }
         self.find_block(offset, offset.checked_add(1)?, |_| true)
+    }
+
+    /// The block that starts at `offset`, if any: a walk of its segment's chain, O(blocks of the segment),
+    /// for `free_at` and the cold paths (`alloc`/`free` never look a block up by offset).
+    fn block_at(&self, offset: u64) -> Option<u32> {
+        let (_, &id) = self.seg_index.range(..=offset).next_back()?;
+        let mut n = self.seg_first[id as usize];
+        while n != NIL {
+            let b = &self.blocks[n as usize];
+            if b.off >= offset {
+                return (b.off == offset).then_some(n);
+            }
+            n = b.next;
+        }
+        None
     }
 
     /// The dense index of stream handle `stream`.
@@ -942,7 +958,7 @@ impl CachingAllocator {
 
     /// The blocks of `[a, e)` in address order; `a` must be a block's start.
     fn chain(&self, a: u64, e: u64) -> impl Iterator<Item = &Block> + '_ {
-        let mut n = self.at.get(&a).copied().unwrap_or(NIL);
+        let mut n = self.block_at(a).unwrap_or(NIL);
         std::iter::from_fn(move || {
             let b = self.blocks.get(n as usize).filter(|b| b.off < e)?;
             n = b.next;
@@ -1011,9 +1027,9 @@ impl CachingAllocator {
         self.counters.peak_reserved = self.counters.peak_reserved.max(self.reserved);
     }
 
-    /// A new record for `b`, indexed by its start. Links are the caller's.
+    /// A new record for `b` (a spare slot if any). Links are the caller's.
     fn new_block(&mut self, b: Block) -> u32 {
-        let n = match self.spare.pop() {
+        match self.spare.pop() {
             Some(n) => {
                 self.blocks[n as usize] = b;
                 n
@@ -1022,27 +1038,20 @@ impl CachingAllocator {
                 self.blocks.push(b);
                 (self.blocks.len() - 1) as u32
             }
-        };
-        self.at.insert(b.off, n);
-        n
+        }
     }
 
     /// Frees the record `n` (its block is in no set; the caller has unlinked it or drops its whole chain).
     fn drop_block(&mut self, n: u32) {
-        let b = &mut self.blocks[n as usize];
-        b.state = SPARE;
-        if let std::collections::hash_map::Entry::Occupied(e) = self.at.entry(b.off) {
-            if *e.get() == n {
-                e.remove();
-            }
-        }
+        self.blocks[n as usize].state = SPARE;
         self.spare.push(n);
     }
 
-    /// The single block that covers segment `id` (a new segment or reservation), in no set yet.
+    /// The single block that covers segment `id` (a new segment or reservation), in no set yet; it is the
+    /// segment's first block.
     fn segment_block(&mut self, id: u32) -> u32 {
         let s = self.seg(id);
-        self.new_block(Block {
+        let n = self.new_block(Block {
             off: s.start,
             size: s.size,
             requested: 0,
@@ -1053,7 +1062,12 @@ impl CachingAllocator {
             next: NIL,
             state: FREE,
             pool: s.pool as u8,
-        })
+        });
+        if self.seg_first.len() <= id as usize {
+            self.seg_first.resize(id as usize + 1, NIL);
+        }
+        self.seg_first[id as usize] = n;
+        n
     }
 
     /// Splits block `n` (in no set) `k` bytes after its start: `n` keeps `[off, off + k)`, a new block of the
@@ -1134,7 +1148,7 @@ impl CachingAllocator {
         b.state = UNMAPPED;
         b.requested = 0;
         b.gc_base = 0;
-        self.unmapped[b.pool as usize].insert((b.stream, b.off));
+        self.unmapped[b.pool as usize].insert((b.stream, b.off), n);
     }
 
     /// Takes the unmapped block `n` out of its unmapped set.
@@ -1345,12 +1359,11 @@ impl CachingAllocator {
     fn find_expandable_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<u32> {
         let p = pool as usize;
         let mut key = (stream, 0u64);
-        while let Some(&(st, off)) = self.unmapped[p].range(key..).next() {
+        while let Some((&(st, off), &n)) = self.unmapped[p].range(key..).next() {
             if st != stream {
                 break;
             }
             key = (stream, off + 1);
-            let n = self.at[&off];
             let prev = self.blocks[n as usize].prev;
             let c = if prev != NIL && self.blocks[prev as usize].state == FREE { prev } else { n };
             let (mut bytes, mut at) = (0u64, c);
@@ -1368,7 +1381,7 @@ impl CachingAllocator {
         }
         let len = self.reservation_size(pool);
         let id = self.new_reservation(pool, stream, len)?;
-        Some(self.at[&self.seg(id).start])
+        Some(self.seg_first[id as usize])
     }
 
     /// `map_block`: maps the pages covering the first `size` bytes of the unmapped block `n` if the device
@@ -1673,9 +1686,10 @@ impl SubAllocator for CachingAllocator {
         self.free_at(a.offset)
     }
 
+    /// Walks the chain of the segment holding `offset` (O(blocks of the segment); `free` is O(1)).
     fn free_at(&mut self, offset: u64) -> Result<(), AllocError> {
-        match self.at.get(&offset) {
-            Some(&n) if self.blocks[n as usize].state == LIVE => {
+        match self.block_at(offset) {
+            Some(n) if self.blocks[n as usize].state == LIVE => {
                 self.free_block(n);
                 Ok(())
             }
@@ -1785,7 +1799,7 @@ impl SubAllocator for CachingAllocator {
         // Each region: its blocks are dropped, then it is laid out again, trimmed.
         for ((a, e, id), v) in regions.into_iter().zip(per_region) {
             let seg = self.seg(id);
-            let first = self.at[&a];
+            let first = self.block_at(a).expect("a region starts with a block");
             let before = self.blocks[first as usize].prev;
             let (mut n, mut after) = (first, NIL);
             while n != NIL {
@@ -1840,6 +1854,9 @@ impl SubAllocator for CachingAllocator {
                 prev = k;
                 nodes.push(k);
             }
+            if let (true, Some(&k)) = (a == seg.start, nodes.first()) {
+                self.seg_first[id as usize] = k;
+            }
             if prev != NIL {
                 self.blocks[prev as usize].next = after;
             }
@@ -1882,6 +1899,7 @@ impl SubAllocator for CachingAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     /// The chunked classes against one ordered set: random insertions and removals (chunks split, empty
     /// and leave their class), every best-fit answer and the full order compared after each step.
