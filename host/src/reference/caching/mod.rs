@@ -523,6 +523,9 @@ pub struct CachingAllocator {
     spare: Vec<u32>,
     /// Record of the first block of each segment (by segment id; stale for ids not in use).
     seg_first: Vec<u32>,
+    /// A block record to start `block_containing`'s walk from (the block `seed_block` placed last), or
+    /// [`NIL`]: seeding a segment's blocks in address order then walks one step per block, not the chain.
+    walk_hint: u32,
     /// Start -> id of every segment (non-expandable segments and expandable reservations).
     seg_index: BTreeMap<u64, u32>,
     /// Cached (free, mapped) blocks per pool.
@@ -651,6 +654,7 @@ impl CachingAllocator {
             blocks: Vec::new(),
             spare: Vec::new(),
             seg_first: Vec::new(),
+            walk_hint: NIL,
             seg_index: BTreeMap::new(),
             free_sets: [FreeSet::default(), FreeSet::default()],
             unmapped: [BTreeMap::new(), BTreeMap::new()],
@@ -805,8 +809,21 @@ impl CachingAllocator {
         None
     }
 
-    /// The block that holds `offset`, if any. O(blocks of its segment).
+    /// The block that holds `offset`, if any: a walk from `walk_hint` when that block lies at or before
+    /// `offset` in the same segment, else from the segment's first block. O(blocks of its segment).
     fn block_containing(&self, offset: u64) -> Option<u32> {
+        // Any block record in use is a valid start: blocks tile their segment, so the first block from it
+        // that ends after `offset` holds it; the chain's end (NIL) means another segment.
+        let mut n = self.walk_hint;
+        if self.blocks.get(n as usize).is_some_and(|b| b.state != SPARE && b.off <= offset) {
+            while n != NIL {
+                let b = &self.blocks[n as usize];
+                if offset - b.off < b.size {
+                    return Some(n);
+                }
+                n = b.next;
+            }
+        }
         self.find_block(offset, offset.checked_add(1)?, |_| true)
     }
 
@@ -953,6 +970,7 @@ impl CachingAllocator {
             self.cache(tail);
         }
         self.make_live(mid, requested.min(size));
+        self.walk_hint = mid;
         Ok(Allocation { offset, size, handle: Handle::new(mid, 0) })
     }
 
