@@ -63,32 +63,42 @@
 //!
 //! # Data structures
 //! Blocks are records in a slab, each linked to the adjacent blocks of its segment (PyTorch's `Block::prev`
-//! and `next`), so merging with free neighbours reads no index; a hash table finds a block by its start
-//! offset (`free_at`), and an [`Allocation`]'s handle is its record index (`free` checks that the record
-//! still holds the live block at the allocation's offset, else looks the offset up). The free set of each
-//! pool is, per stream, TLSF size classes with a two-level bitmap, each class an exact `(size, address)`
-//! ordered map: best fit in `BlockComparatorSize` order with one small-map lookup.
+//! and `next`), so splitting and merging with free neighbours read and write no index; a record fills one
+//! 64-byte cache line. An [`Allocation`]'s handle is its record index: `free` checks that the record still
+//! holds the live block at the allocation's offset, else looks the offset up. There is no index by block
+//! offset: a segment (by start, `seg_index`) knows its first block's record (`seg_first`), and `free_at`
+//! and the cold paths walk that segment's chain; unmapped blocks are indexed with their records. The free set of each pool is, per stream, TLSF size classes with a two-level bitmap,
+//! each class an exact `(size, address)`-ordered set kept as sorted chunks of at most 32 keys (a flat
+//! array of each chunk's last key above them): best fit in `BlockComparatorSize` order with one binary
+//! search over a class's chunks and one within a chunk, and no tree node per block. The search returns the
+//! position of the block it found, and `alloc` takes the block out at that position (no second search).
 //!
 //! # Invariants
 //! - Blocks tile each segment's virtual range; each segment's blocks form one chain by address (`prev`,
-//!   `next`); `at` maps every block's start to its record; `seg_index` maps every segment's start to its id;
-//!   a block is in `free_sets[pool]` under `(stream, size, offset)` iff it is free and mapped, in
-//!   `unmapped[pool]` under `(stream, offset)` iff it is unmapped; no two adjacent blocks of one segment are
+//!   `next`); `seg_index` maps every segment's start to its id, `seg_first[id]` is the record of the block
+//!   at the segment's start (splits and merges keep the front block's record); a block is in
+//!   `free_sets[pool]` under `(stream, size, offset)` iff it is free and mapped, in `unmapped[pool]` under
+//!   `(stream, offset)` (with its record) iff it is unmapped; no two adjacent blocks of one segment are
 //!   both free or both unmapped.
+//! - A class's chunks are non-empty, each sorted, every key of a chunk below every key of the next, and the
+//!   class's `lasts[i]` is chunk `i`'s last key; a class has chunks iff its bitmap bit is set.
 //! - `reserved` = sizes of non-expandable segments + mapped bytes of expandable ones ≤ capacity.
 //!
 //! # Time complexity
-//! `alloc`/`free`: O(log k) for a size class of k cached blocks, O(1) expected hash and neighbour work; plus
-//! O(segments) on the release-and-retry path. Cold paths that look a block up by an inner offset
-//! (`seed_block`, `seed_mapped`, `unmap_range`, `segment_at`) walk the chain of the segment concerned.
+//! `alloc`/`free`: O(log k) comparisons for a size class of k cached blocks, plus moving at most 32 keys
+//! within one chunk and, when a chunk splits or empties, shifting the class's chunk list (two words per
+//! chunk; a chunk splits only when full, after at least 16 insertions since it was made, but chunks are
+//! not merged, so a class of k blocks may hold up to k chunks); O(1) neighbour work and no hashing; plus
+//! O(segments) on the release-and-retry path. `free_at` and the cold paths that look a block up by offset
+//! (`release_segment` excepted: O(log segments)) walk the chain of the segment concerned: O(log segments
+//! + blocks of that segment).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::block_list::{first_class_at_or_above, size_class, FL_COUNT, SL_COUNT};
 use super::compact::{check_plan_matches, CompactBlock, CompactionLayout, CompactionPlan, Region};
 use super::{
-    align_down, align_up, check_request, offset_map, oom, AllocError, AllocatedBlock, Allocation, Handle, OffsetMap,
-    Stats, SubAllocator,
+    align_down, align_up, check_request, oom, AllocError, AllocatedBlock, Allocation, Handle, Stats, SubAllocator,
 };
 
 pub mod config;
@@ -184,7 +194,9 @@ const NIL: u32 = u32::MAX;
 
 /// A block, a node of its segment's chain of blocks in address order (PyTorch's `Block::prev`/`next`):
 /// `prev` and `next` are the adjacent blocks of the same segment, [`NIL`] at the segment's ends.
+/// Aligned to a 64-byte cache line: the record is 50 bytes, so unaligned, 7 records in 8 straddle two lines.
 #[derive(Clone, Copy, Debug)]
+#[repr(align(64))]
 struct Block {
     off: u64,
     size: u64,
@@ -202,20 +214,64 @@ struct Block {
 
 /// The cached blocks of one pool in `BlockComparatorSize` order (stream, size, address). Per stream, the
 /// blocks are segregated into TLSF size classes (32 per power of two, [`size_class`]) with a two-level
-/// bitmap of the non-empty classes; each class is an exact `(size, address)`-ordered map to the block's
-/// record. A search is one lookup in the request's class and, when nothing there is large enough, the
-/// first entry of the next non-empty class: the same best fit as one ordered set of all blocks, on maps
-/// that stay small (one narrow size band each).
+/// bitmap of the non-empty classes; each class is an exact `(size, address)`-ordered [`ClassSet`]. A search
+/// is one lookup in the request's class and, when nothing there is large enough, the first entry of the
+/// next non-empty class: the same best fit as one ordered set of all blocks, on sets that stay small (one
+/// narrow size band each).
 #[derive(Debug, Default)]
 struct FreeSet {
     streams: Vec<StreamBins>,
+    /// The chunks of every class of this pool (a slab: `spare` lists the unused ones).
+    chunks: Vec<Chunk>,
+    spare: Vec<u32>,
 }
 
 #[derive(Debug)]
 struct StreamBins {
     fl_bitmap: u64,
     sl_bitmap: [u32; FL_COUNT],
-    bins: Vec<BTreeMap<u128, u32>>,
+    bins: Vec<ClassSet>,
+}
+
+/// Entries of one chunk: a chunk holds 1 to `CHUNK` entries of one class, sorted by key.
+const CHUNK: usize = 32;
+
+/// A run of at most [`CHUNK`] consecutive entries of a class, keys and records in two arrays (a search
+/// reads consecutive cache lines of keys only).
+#[derive(Clone, Debug)]
+#[repr(align(64))]
+struct Chunk {
+    keys: [u128; CHUNK],
+    recs: [u32; CHUNK],
+    len: u32,
+}
+
+impl Chunk {
+    fn keys(&self) -> &[u128] {
+        &self.keys[..self.len as usize]
+    }
+}
+
+/// One size class: an exact `(size, address)`-ordered set of `(key, record)` as a sorted list of chunks
+/// (none empty), with each chunk's last key in a flat array. Lookup: a binary search over the chunks'
+/// last keys, then within one chunk; insertion and removal shift at most one chunk (a full chunk splits
+/// in two, an emptied one leaves the list). No node per entry and no pointer chase below the class: a
+/// class of k blocks is searched in O(log k) over ⌈k / 32⌉ + 1 cache lines of keys.
+#[derive(Debug, Default)]
+struct ClassSet {
+    /// Last key of each chunk, ascending.
+    lasts: Vec<u128>,
+    /// Chunk ids (indices into [`FreeSet::chunks`]), in key order.
+    ids: Vec<u32>,
+}
+
+/// Where an entry lies in its stream's classes: class `ci` (`fl * SL_COUNT + sl`), chunk `i` of the class,
+/// entry `p` of the chunk.
+#[derive(Clone, Copy, Debug)]
+struct Pos {
+    ci: usize,
+    i: usize,
+    p: usize,
 }
 
 /// A class's key: size, then address.
@@ -228,57 +284,188 @@ fn class_of(size: u64) -> (usize, usize) {
     size_class(size.max(1))
 }
 
+/// `(size, offset, record)` of a key and its record.
+fn entry(k: u128, n: u32) -> (u64, u64, u32) {
+    ((k >> 64) as u64, k as u64, n)
+}
+
 impl FreeSet {
+    /// An empty chunk (a spare one is reused as it is: only its length is reset, not its 700 bytes).
+    fn new_chunk(&mut self) -> u32 {
+        match self.spare.pop() {
+            Some(id) => {
+                self.chunks[id as usize].len = 0;
+                id
+            }
+            None => {
+                self.chunks.push(Chunk { keys: [0; CHUNK], recs: [0; CHUNK], len: 0 });
+                (self.chunks.len() - 1) as u32
+            }
+        }
+    }
+
     fn insert(&mut self, stream: u32, size: u64, off: u64, n: u32) {
         let s = stream as usize;
         while self.streams.len() <= s {
             self.streams.push(StreamBins {
                 fl_bitmap: 0,
                 sl_bitmap: [0; FL_COUNT],
-                bins: (0..FL_COUNT * SL_COUNT).map(|_| BTreeMap::new()).collect(),
+                bins: (0..FL_COUNT * SL_COUNT).map(|_| ClassSet::default()).collect(),
             });
         }
-        let sb = &mut self.streams[s];
         let (fl, sl) = class_of(size);
-        sb.bins[fl * SL_COUNT + sl].insert(bin_key(size, off), n);
+        let key = bin_key(size, off);
+        let ci = fl * SL_COUNT + sl;
+        let bin = &self.streams[s].bins[ci];
+        // The first chunk whose last key is above `key`, else the last chunk.
+        let mut i = bin.lasts.partition_point(|&l| l < key);
+        if bin.ids.is_empty() {
+            let id = self.new_chunk();
+            let bin = &mut self.streams[s].bins[ci];
+            bin.ids.push(id);
+            bin.lasts.push(key);
+            i = 0;
+        } else if i == bin.ids.len() {
+            i -= 1;
+        }
+        let mut id = self.streams[s].bins[ci].ids[i];
+        if self.chunks[id as usize].len as usize == CHUNK {
+            // Split the full chunk: its upper half moves to a new chunk right after it.
+            let new = self.new_chunk();
+            let half = CHUNK / 2;
+            let (lo, hi) = if new > id {
+                let (a, b) = self.chunks.split_at_mut(new as usize);
+                (&mut a[id as usize], &mut b[0])
+            } else {
+                let (a, b) = self.chunks.split_at_mut(id as usize);
+                (&mut b[0], &mut a[new as usize])
+            };
+            hi.keys[..CHUNK - half].copy_from_slice(&lo.keys[half..]);
+            hi.recs[..CHUNK - half].copy_from_slice(&lo.recs[half..]);
+            hi.len = (CHUNK - half) as u32;
+            lo.len = half as u32;
+            let lo_last = lo.keys[half - 1];
+            let bin = &mut self.streams[s].bins[ci];
+            bin.ids.insert(i + 1, new);
+            bin.lasts.insert(i, lo_last);
+            if key > lo_last {
+                i += 1;
+                id = new;
+            }
+        }
+        let c = &mut self.chunks[id as usize];
+        let len = c.len as usize;
+        let p = c.keys[..len].partition_point(|&k| k < key);
+        c.keys.copy_within(p..len, p + 1);
+        c.recs.copy_within(p..len, p + 1);
+        c.keys[p] = key;
+        c.recs[p] = n;
+        c.len += 1;
+        if p == len {
+            self.streams[s].bins[ci].lasts[i] = key;
+        }
+        let sb = &mut self.streams[s];
         sb.sl_bitmap[fl] |= 1 << sl;
         sb.fl_bitmap |= 1 << fl;
     }
 
     fn remove(&mut self, stream: u32, size: u64, off: u64) {
-        let sb = &mut self.streams[stream as usize];
         let (fl, sl) = class_of(size);
-        let bin = &mut sb.bins[fl * SL_COUNT + sl];
-        bin.remove(&bin_key(size, off));
-        if bin.is_empty() {
-            sb.sl_bitmap[fl] &= !(1 << sl);
-            if sb.sl_bitmap[fl] == 0 {
-                sb.fl_bitmap &= !(1 << fl);
-            }
+        let key = bin_key(size, off);
+        let ci = fl * SL_COUNT + sl;
+        let Some(sb) = self.streams.get(stream as usize) else {
+            return;
+        };
+        let bin = &sb.bins[ci];
+        let i = bin.lasts.partition_point(|&l| l < key);
+        let Some(&id) = bin.ids.get(i) else {
+            return;
+        };
+        let c = &self.chunks[id as usize];
+        let p = c.keys().partition_point(|&k| k < key);
+        if p < c.len as usize && c.keys[p] == key {
+            self.remove_at(stream, Pos { ci, i, p });
         }
     }
 
-    /// The first of [`FreeSet::at_least`] (best fit), without building the iterator: one lookup in the
-    /// request's class, else the first block of the next non-empty class.
+    /// Removes the entry at `at` of `stream`'s classes (a position [`FreeSet::first_at_least`] or
+    /// [`FreeSet::remove`] found, with no change to the set since).
+    fn remove_at(&mut self, stream: u32, at: Pos) {
+        let Pos { ci, i, p } = at;
+        let sb = &mut self.streams[stream as usize];
+        let bin = &mut sb.bins[ci];
+        let id = bin.ids[i];
+        let c = &mut self.chunks[id as usize];
+        let len = c.len as usize;
+        c.keys.copy_within(p + 1..len, p);
+        c.recs.copy_within(p + 1..len, p);
+        c.len -= 1;
+        if c.len == 0 {
+            bin.ids.remove(i);
+            bin.lasts.remove(i);
+            self.spare.push(id);
+            if bin.ids.is_empty() {
+                let (fl, sl) = (ci / SL_COUNT, ci % SL_COUNT);
+                sb.sl_bitmap[fl] &= !(1 << sl);
+                if sb.sl_bitmap[fl] == 0 {
+                    sb.fl_bitmap &= !(1 << fl);
+                }
+            }
+        } else if p == len - 1 {
+            bin.lasts[i] = c.keys[p - 1];
+        }
+    }
+
+    /// The first entry of class `ci` of `sb` at or above `key`, and its position.
     #[inline]
-    fn first_at_least(&self, stream: u32, size: u64) -> Option<(u64, u64, u32)> {
+    fn class_at_least(&self, sb: &StreamBins, ci: usize, key: u128) -> Option<((u64, u64, u32), Pos)> {
+        let bin = &sb.bins[ci];
+        let i = bin.lasts.partition_point(|&l| l < key);
+        let c = &self.chunks[*bin.ids.get(i)? as usize];
+        let p = c.keys().partition_point(|&k| k < key);
+        Some((entry(c.keys[p], c.recs[p]), Pos { ci, i, p }))
+    }
+
+    /// The first entry of the non-empty class `ci` of `sb`, and its position.
+    #[inline]
+    fn class_first(&self, sb: &StreamBins, ci: usize) -> Option<((u64, u64, u32), Pos)> {
+        let c = &self.chunks[*sb.bins[ci].ids.first()? as usize];
+        Some((entry(c.keys[0], c.recs[0]), Pos { ci, i: 0, p: 0 }))
+    }
+
+    /// The first of [`FreeSet::at_least`] (best fit) and its position, without building the iterator: one
+    /// lookup in the request's class, else the first block of the next non-empty class.
+    #[inline]
+    fn first_at_least(&self, stream: u32, size: u64) -> Option<((u64, u64, u32), Pos)> {
         let sb = self.streams.get(stream as usize)?;
         let (fl, sl) = class_of(size);
         let (cfl, csl) = first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl)?;
-        let bin = &sb.bins[cfl * SL_COUNT + csl];
-        let hit = if (cfl, csl) == (fl, sl) {
+        if (cfl, csl) == (fl, sl) {
             // The request's own class may hold only smaller blocks.
-            match bin.range(bin_key(size, 0)..).next() {
-                Some(e) => Some(e),
-                None => {
-                    let (nfl, nsl) = first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl + 1)?;
-                    sb.bins[nfl * SL_COUNT + nsl].first_key_value()
-                }
+            if let Some(e) = self.class_at_least(sb, fl * SL_COUNT + sl, bin_key(size, 0)) {
+                return Some(e);
             }
+            let (nfl, nsl) = first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl + 1)?;
+            self.class_first(sb, nfl * SL_COUNT + nsl)
         } else {
-            bin.first_key_value()
-        };
-        hit.map(|(&k, &n)| ((k >> 64) as u64, k as u64, n))
+            self.class_first(sb, cfl * SL_COUNT + csl)
+        }
+    }
+
+    /// The entries of class `ci` of `sb` at or above `key`, in order.
+    fn class_from<'a>(
+        &'a self,
+        sb: &'a StreamBins,
+        ci: usize,
+        key: u128,
+    ) -> impl Iterator<Item = (u64, u64, u32)> + 'a {
+        let bin = &sb.bins[ci];
+        let i = bin.lasts.partition_point(|&l| l < key);
+        bin.ids[i..].iter().flat_map(move |&id| {
+            let c = &self.chunks[id as usize];
+            let p = c.keys().partition_point(|&k| k < key);
+            (p..c.len as usize).map(move |j| entry(c.keys[j], c.recs[j]))
+        })
     }
 
     /// The free blocks of `stream` of at least `size` bytes as `(size, offset, record)`, in `(size, offset)` order.
@@ -290,16 +477,14 @@ impl FreeSet {
             sb.and_then(|sb| first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl + 1))
         });
         classes.flat_map(move |(fl, sl)| {
-            sb.into_iter().flat_map(move |sb| {
-                sb.bins[fl * SL_COUNT + sl].range(bin_key(size, 0)..).map(|(&k, &n)| ((k >> 64) as u64, k as u64, n))
-            })
+            sb.into_iter().flat_map(move |sb| self.class_from(sb, fl * SL_COUNT + sl, bin_key(size, 0)))
         })
     }
 
     /// Every block as `(stream, size, offset, record)`, in order.
     fn iter(&self) -> impl Iterator<Item = (u32, u64, u64, u32)> + '_ {
-        self.streams.iter().enumerate().flat_map(|(s, sb)| {
-            sb.bins.iter().flat_map(move |b| b.iter().map(move |(&k, &n)| (s as u32, (k >> 64) as u64, k as u64, n)))
+        self.streams.iter().enumerate().flat_map(move |(s, sb)| {
+            (0..sb.bins.len()).flat_map(move |ci| self.class_from(sb, ci, 0).map(move |(z, o, n)| (s as u32, z, o, n)))
         })
     }
 
@@ -311,7 +496,7 @@ impl FreeSet {
             .map(|sb| {
                 let fl = 63 - sb.fl_bitmap.leading_zeros() as usize;
                 let sl = 31 - sb.sl_bitmap[fl].leading_zeros() as usize;
-                sb.bins[fl * SL_COUNT + sl].last_key_value().map_or(0, |(&k, _)| (k >> 64) as u64)
+                sb.bins[fl * SL_COUNT + sl].lasts.last().map_or(0, |&k| (k >> 64) as u64)
             })
             .max()
             .unwrap_or(0)
@@ -336,13 +521,17 @@ pub struct CachingAllocator {
     /// Block records (a slab: `spare` lists the unused slots); a block's record index is its handle.
     blocks: Vec<Block>,
     spare: Vec<u32>,
-    /// Start offset -> record of every block.
-    at: OffsetMap<u32>,
+    /// Record of the first block of each segment (by segment id; stale for ids not in use).
+    seg_first: Vec<u32>,
+    /// A block record to start `block_containing`'s walk from (the block `seed_block` placed last), or
+    /// [`NIL`]: seeding a segment's blocks in address order then walks one step per block, not the chain.
+    walk_hint: u32,
     /// Start -> id of every segment (non-expandable segments and expandable reservations).
     seg_index: BTreeMap<u64, u32>,
     /// Cached (free, mapped) blocks per pool.
     free_sets: [FreeSet; 2],
-    unmapped: [BTreeSet<(u32, u64)>; 2],
+    /// Unmapped blocks per pool: `(stream, offset) -> record`.
+    unmapped: [BTreeMap<(u32, u64), u32>; 2],
     segments: Vec<Option<Segment>>,
     /// Every segment id below this one is in use (`new_segment` takes the lowest free id from here on,
     /// without rescanning the ids in use: seeding 820 segments was quadratic).
@@ -464,10 +653,11 @@ impl CachingAllocator {
             va_holes: BTreeMap::from([(0, ADDRESS_RANGE)]),
             blocks: Vec::new(),
             spare: Vec::new(),
-            at: offset_map(),
+            seg_first: Vec::new(),
+            walk_hint: NIL,
             seg_index: BTreeMap::new(),
             free_sets: [FreeSet::default(), FreeSet::default()],
-            unmapped: [BTreeSet::new(), BTreeSet::new()],
+            unmapped: [BTreeMap::new(), BTreeMap::new()],
             segments: Vec::new(),
             segment_hint: 0,
             streams: vec![0],
@@ -548,7 +738,8 @@ impl CachingAllocator {
     /// # Errors
     /// [`AllocError::InvalidFree`] when no wholly free non-expandable segment starts there.
     pub fn release_segment(&mut self, start: u64) -> Result<u64, AllocError> {
-        let n = self.at.get(&start).copied().ok_or(AllocError::InvalidFree { offset: start })?;
+        let id = self.seg_index.get(&start).copied().ok_or(AllocError::InvalidFree { offset: start })?;
+        let n = self.seg_first[id as usize];
         let b = self.blocks[n as usize];
         if b.state != FREE || !self.releasable(n) {
             return Err(AllocError::InvalidFree { offset: start });
@@ -589,7 +780,7 @@ impl CachingAllocator {
             unmapped += self.unmap_block(mid);
             // Pieces that stayed mapped merge back with their free neighbours.
             for p in [lo, hi] {
-                if let Some(k) = self.at.get(&p).copied().filter(|&k| self.blocks[k as usize].state == FREE) {
+                if let Some(k) = self.block_at(p).filter(|&k| self.blocks[k as usize].state == FREE) {
                     self.uncache(k);
                     self.merge_free(k);
                 }
@@ -602,8 +793,8 @@ impl CachingAllocator {
     /// segments that overlap the range: O(blocks of those segments), for the cold paths.
     fn find_block(&self, a: u64, e: u64, pred: impl Fn(&Block) -> bool) -> Option<u32> {
         let first = self.seg_index.range(..=a).next_back().map_or(a, |(&s, _)| s);
-        for (&start, _) in self.seg_index.range(first..e) {
-            let mut n = self.at.get(&start).copied().unwrap_or(NIL);
+        for (_, &id) in self.seg_index.range(first..e) {
+            let mut n = self.seg_first[id as usize];
             while n != NIL {
                 let b = &self.blocks[n as usize];
                 if b.off >= e {
@@ -618,12 +809,37 @@ impl CachingAllocator {
         None
     }
 
-    /// The block that holds `offset`, if any.
+    /// The block that holds `offset`, if any: a walk from `walk_hint` when that block lies at or before
+    /// `offset` in the same segment, else from the segment's first block. O(blocks of its segment).
     fn block_containing(&self, offset: u64) -> Option<u32> {
-        if let Some(&n) = self.at.get(&offset) {
-            return Some(n);
+        // Any block record in use is a valid start: blocks tile their segment, so the first block from it
+        // that ends after `offset` holds it; the chain's end (NIL) means another segment.
+        let mut n = self.walk_hint;
+        if self.blocks.get(n as usize).is_some_and(|b| b.state != SPARE && b.off <= offset) {
+            while n != NIL {
+                let b = &self.blocks[n as usize];
+                if offset - b.off < b.size {
+                    return Some(n);
+                }
+                n = b.next;
+            }
         }
         self.find_block(offset, offset.checked_add(1)?, |_| true)
+    }
+
+    /// The block that starts at `offset`, if any: a walk of its segment's chain, O(blocks of the segment),
+    /// for `free_at` and the cold paths (`alloc`/`free` never look a block up by offset).
+    fn block_at(&self, offset: u64) -> Option<u32> {
+        let (_, &id) = self.seg_index.range(..=offset).next_back()?;
+        let mut n = self.seg_first[id as usize];
+        while n != NIL {
+            let b = &self.blocks[n as usize];
+            if b.off >= offset {
+                return (b.off == offset).then_some(n);
+            }
+            n = b.next;
+        }
+        None
     }
 
     /// The dense index of stream handle `stream`.
@@ -754,12 +970,13 @@ impl CachingAllocator {
             self.cache(tail);
         }
         self.make_live(mid, requested.min(size));
+        self.walk_hint = mid;
         Ok(Allocation { offset, size, handle: Handle::new(mid, 0) })
     }
 
     /// The blocks of `[a, e)` in address order; `a` must be a block's start.
     fn chain(&self, a: u64, e: u64) -> impl Iterator<Item = &Block> + '_ {
-        let mut n = self.at.get(&a).copied().unwrap_or(NIL);
+        let mut n = self.block_at(a).unwrap_or(NIL);
         std::iter::from_fn(move || {
             let b = self.blocks.get(n as usize).filter(|b| b.off < e)?;
             n = b.next;
@@ -828,9 +1045,9 @@ impl CachingAllocator {
         self.counters.peak_reserved = self.counters.peak_reserved.max(self.reserved);
     }
 
-    /// A new record for `b`, indexed by its start. Links are the caller's.
+    /// A new record for `b` (a spare slot if any). Links are the caller's.
     fn new_block(&mut self, b: Block) -> u32 {
-        let n = match self.spare.pop() {
+        match self.spare.pop() {
             Some(n) => {
                 self.blocks[n as usize] = b;
                 n
@@ -839,27 +1056,20 @@ impl CachingAllocator {
                 self.blocks.push(b);
                 (self.blocks.len() - 1) as u32
             }
-        };
-        self.at.insert(b.off, n);
-        n
+        }
     }
 
     /// Frees the record `n` (its block is in no set; the caller has unlinked it or drops its whole chain).
     fn drop_block(&mut self, n: u32) {
-        let b = &mut self.blocks[n as usize];
-        b.state = SPARE;
-        if let std::collections::hash_map::Entry::Occupied(e) = self.at.entry(b.off) {
-            if *e.get() == n {
-                e.remove();
-            }
-        }
+        self.blocks[n as usize].state = SPARE;
         self.spare.push(n);
     }
 
-    /// The single block that covers segment `id` (a new segment or reservation), in no set yet.
+    /// The single block that covers segment `id` (a new segment or reservation), in no set yet; it is the
+    /// segment's first block.
     fn segment_block(&mut self, id: u32) -> u32 {
         let s = self.seg(id);
-        self.new_block(Block {
+        let n = self.new_block(Block {
             off: s.start,
             size: s.size,
             requested: 0,
@@ -870,7 +1080,12 @@ impl CachingAllocator {
             next: NIL,
             state: FREE,
             pool: s.pool as u8,
-        })
+        });
+        if self.seg_first.len() <= id as usize {
+            self.seg_first.resize(id as usize + 1, NIL);
+        }
+        self.seg_first[id as usize] = n;
+        n
     }
 
     /// Splits block `n` (in no set) `k` bytes after its start: `n` keeps `[off, off + k)`, a new block of the
@@ -936,13 +1151,22 @@ impl CachingAllocator {
         self.cached_free_count -= 1;
     }
 
+    /// [`CachingAllocator::uncache`] of the free block `n` found at `at` in its free set.
+    fn uncache_at(&mut self, n: u32, at: Pos) {
+        let b = &self.blocks[n as usize];
+        debug_assert_eq!(b.state, FREE);
+        self.free_sets[b.pool as usize].remove_at(b.stream, at);
+        self.cached_free -= b.size;
+        self.cached_free_count -= 1;
+    }
+
     /// Block `n` becomes unmapped, in its pool's unmapped set.
     fn park(&mut self, n: u32) {
         let b = &mut self.blocks[n as usize];
         b.state = UNMAPPED;
         b.requested = 0;
         b.gc_base = 0;
-        self.unmapped[b.pool as usize].insert((b.stream, b.off));
+        self.unmapped[b.pool as usize].insert((b.stream, b.off), n);
     }
 
     /// Takes the unmapped block `n` out of its unmapped set.
@@ -1072,12 +1296,14 @@ impl CachingAllocator {
         Some(id)
     }
 
-    /// `get_free_block`: the cached block to use for a rounded request, still in the free set.
-    fn get_free_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<u32> {
+    /// `get_free_block`: the cached block to use for a rounded request, still in the free set, with its
+    /// position there when the search found it directly (not through the expandable-segment rule).
+    fn get_free_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<(u32, Option<Pos>)> {
         if self.config.gc_active() {
             self.gc_calls[pool as usize] += 1;
         }
-        let (_, _, mut cur) = self.free_sets[pool as usize].first_at_least(stream, size)?;
+        let ((_, _, mut cur), at) = self.free_sets[pool as usize].first_at_least(stream, size)?;
+        let mut at = Some(at);
         if self.config.expandable_segments && self.seg(self.blocks[cur as usize].seg).expandable {
             let it = self.free_sets[pool as usize].at_least(stream, size).skip(1);
             let room = |n: u32| {
@@ -1090,6 +1316,7 @@ impl CachingAllocator {
                     break;
                 }
                 cur = next;
+                at = None;
                 if !self.seg(self.blocks[cur as usize].seg).expandable {
                     break;
                 }
@@ -1103,7 +1330,7 @@ impl CachingAllocator {
         if size >= max_split && cur_size >= size.saturating_add(self.config.max_non_split_rounding) {
             return None;
         }
-        Some(cur)
+        Some((cur, at))
     }
 
     /// `alloc_block`: a new segment (or expandable mapping) for a rounded request; returns a cached block
@@ -1150,12 +1377,11 @@ impl CachingAllocator {
     fn find_expandable_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<u32> {
         let p = pool as usize;
         let mut key = (stream, 0u64);
-        while let Some(&(st, off)) = self.unmapped[p].range(key..).next() {
+        while let Some((&(st, off), &n)) = self.unmapped[p].range(key..).next() {
             if st != stream {
                 break;
             }
             key = (stream, off + 1);
-            let n = self.at[&off];
             let prev = self.blocks[n as usize].prev;
             let c = if prev != NIL && self.blocks[prev as usize].state == FREE { prev } else { n };
             let (mut bytes, mut at) = (0u64, c);
@@ -1173,7 +1399,7 @@ impl CachingAllocator {
         }
         let len = self.reservation_size(pool);
         let id = self.new_reservation(pool, stream, len)?;
-        Some(self.at[&self.seg(id).start])
+        Some(self.seg_first[id as usize])
     }
 
     /// `map_block`: maps the pages covering the first `size` bytes of the unmapped block `n` if the device
@@ -1281,7 +1507,7 @@ impl CachingAllocator {
         }
         let key = size.max(max_split);
         let first = self.free_sets[pool as usize].first_at_least(stream, key);
-        if let Some((_, _, n)) = first {
+        if let Some(((_, _, n), _)) = first {
             if self.releasable(n) {
                 self.release_block(n);
                 return true;
@@ -1366,23 +1592,28 @@ impl CachingAllocator {
             if self.config.gc_active() {
                 self.garbage_collect();
             }
-            found = self.alloc_block(pool, st, rounded, alloc_size);
-            if found.is_none() && self.release_available_cached_blocks(pool, st, rounded) {
-                found = self.alloc_block(pool, st, rounded, alloc_size);
+            let mut new = self.alloc_block(pool, st, rounded, alloc_size);
+            if new.is_none() && self.release_available_cached_blocks(pool, st, rounded) {
+                new = self.alloc_block(pool, st, rounded, alloc_size);
             }
-            if found.is_none() {
+            if new.is_none() {
                 self.counters.alloc_retries += 1;
                 self.empty_cache();
-                found = self.alloc_block(pool, st, rounded, alloc_size);
+                new = self.alloc_block(pool, st, rounded, alloc_size);
             }
+            found = new.map(|n| (n, None));
         }
-        let Some(mut n) = found else {
+        let Some((mut n, at)) = found else {
             self.va_hint = None;
             self.counters.ooms += 1;
             let dev = self.config.device_capacity - self.reserved;
             return Err(oom(size, dev + self.cached_free, dev.max(self.largest_cached())));
         };
-        self.uncache(n);
+        match at {
+            // The search's own position: no second lookup.
+            Some(at) => self.uncache_at(n, at),
+            None => self.uncache(n),
+        }
         let b = self.blocks[n as usize];
         let align = self.config.base_addr_align;
         if align != 0 && rounded >= ROUND_LARGE && self.config.expandable_segments && !b.off.is_multiple_of(align) {
@@ -1473,9 +1704,10 @@ impl SubAllocator for CachingAllocator {
         self.free_at(a.offset)
     }
 
+    /// Walks the chain of the segment holding `offset` (O(blocks of the segment); `free` is O(1)).
     fn free_at(&mut self, offset: u64) -> Result<(), AllocError> {
-        match self.at.get(&offset) {
-            Some(&n) if self.blocks[n as usize].state == LIVE => {
+        match self.block_at(offset) {
+            Some(n) if self.blocks[n as usize].state == LIVE => {
                 self.free_block(n);
                 Ok(())
             }
@@ -1585,7 +1817,7 @@ impl SubAllocator for CachingAllocator {
         // Each region: its blocks are dropped, then it is laid out again, trimmed.
         for ((a, e, id), v) in regions.into_iter().zip(per_region) {
             let seg = self.seg(id);
-            let first = self.at[&a];
+            let first = self.block_at(a).expect("a region starts with a block");
             let before = self.blocks[first as usize].prev;
             let (mut n, mut after) = (first, NIL);
             while n != NIL {
@@ -1640,6 +1872,9 @@ impl SubAllocator for CachingAllocator {
                 prev = k;
                 nodes.push(k);
             }
+            if let (true, Some(&k)) = (a == seg.start, nodes.first()) {
+                self.seg_first[id as usize] = k;
+            }
             if prev != NIL {
                 self.blocks[prev as usize].next = after;
             }
@@ -1682,6 +1917,42 @@ impl SubAllocator for CachingAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+
+    /// The chunked classes against one ordered set: random insertions and removals (chunks split, empty
+    /// and leave their class), every best-fit answer and the full order compared after each step.
+    #[test]
+    fn free_set_chunks_keep_the_exact_order() {
+        let mut rng = crate::bench::SplitMix64::new(11);
+        let mut fs = FreeSet::default();
+        let mut reference = BTreeSet::new();
+        for step in 0..20_000u32 {
+            // Few sizes (so classes hold hundreds of blocks), two streams.
+            let (stream, size) = ((rng.next_u64() % 2) as u32, 512 * (1 + rng.next_u64() % 40));
+            if !rng.next_u64().is_multiple_of(3) || reference.is_empty() {
+                let off = 512 * (rng.next_u64() % 1_000_000);
+                if reference.insert((stream, size, off)) {
+                    fs.insert(stream, size, off, step);
+                }
+            } else {
+                let &(st, z, o) = reference.range((stream, size, 0)..).next().unwrap_or(reference.first().unwrap());
+                reference.remove(&(st, z, o));
+                if step % 2 == 0 {
+                    fs.remove(st, z, o);
+                } else {
+                    let ((fz, fo, _), at) = fs.first_at_least(st, z).unwrap();
+                    assert_eq!((fz, fo), (z, o));
+                    fs.remove_at(st, at);
+                }
+            }
+            let want = reference.range((stream, size, 0)..).next().filter(|x| x.0 == stream).map(|x| (x.1, x.2));
+            assert_eq!(fs.first_at_least(stream, size).map(|((z, o, _), _)| (z, o)), want, "step {step}");
+        }
+        let got: Vec<_> = fs.iter().map(|(st, z, o, _)| (st, z, o)).collect();
+        assert_eq!(got, reference.iter().copied().collect::<Vec<_>>());
+        let largest = reference.iter().map(|x| x.1).max().unwrap_or(0);
+        assert_eq!(fs.largest(), largest);
+    }
 
     const MIB: u64 = 1 << 20;
 

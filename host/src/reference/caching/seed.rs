@@ -340,14 +340,15 @@ pub fn fidelity_until(
     let seeded = seed_from_trace(dev, config)?;
     let mut rec = RecordedSegments::new(dev, &seeded);
     let mut m = seeded.model;
-    let mut offset = vec![u64::MAX; dev.block_ids as usize];
+    // The live allocation of each block id (freed through its handle: no offset lookup).
+    let mut live: Vec<Option<Allocation>> = vec![None; dev.block_ids as usize];
     for (id, a) in &seeded.blocks {
-        offset[*id as usize] = a.offset;
+        live[*id as usize] = Some(*a);
     }
     for &i in &seeded.unplaced {
         let b = &dev.initial_blocks[i];
         if let Ok(a) = m.alloc_on(b.size.max(1), b.stream) {
-            offset[b.id as usize] = a.offset;
+            live[b.id as usize] = Some(a);
         }
     }
     let mut pt: u64 = dev.initial_segments.iter().map(|s| s.size).sum();
@@ -364,13 +365,13 @@ pub fn fidelity_until(
     for (i, e) in dev.events.iter().enumerate().take(events) {
         match e.kind {
             EventKind::Alloc => {
-                if let Some(slot) = offset.get_mut(e.id as usize) {
+                if let Some(slot) = live.get_mut(e.id as usize) {
                     rec.before_alloc(&m);
                     let r = m.alloc_on(e.size.max(1), e.stream);
                     rec.after_alloc(&mut m, r.as_ref().ok().map(|a| a.offset));
                     match r {
                         Ok(a) => {
-                            *slot = a.offset;
+                            *slot = Some(a);
                             if a.offset != e.addr {
                                 f.placement_mismatches += 1;
                                 f.first_placement_mismatch.get_or_insert(i);
@@ -382,10 +383,8 @@ pub fn fidelity_until(
                 }
             }
             EventKind::Free => {
-                if let Some(slot) = offset.get_mut(e.id as usize) {
-                    if *slot != u64::MAX {
-                        m.free_at(std::mem::replace(slot, u64::MAX))?;
-                    }
+                if let Some(a) = live.get_mut(e.id as usize).and_then(Option::take) {
+                    m.free(a)?;
                 }
             }
             EventKind::SegmentAlloc | EventKind::SegmentMap => {
@@ -399,7 +398,7 @@ pub fn fidelity_until(
             EventKind::Oom => {
                 f.recorded_ooms.push(i);
                 match m.alloc_on(e.size.max(1), e.stream) {
-                    Ok(a) => m.free_at(a.offset)?,
+                    Ok(a) => m.free(a)?,
                     Err(_) => f.reproduced_ooms += 1,
                 }
             }
