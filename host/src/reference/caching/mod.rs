@@ -516,8 +516,9 @@ struct Segment {
 #[derive(Debug)]
 pub struct CachingAllocator {
     config: CachingConfig,
-    /// Unused virtual ranges `start -> len`, merged.
-    va_holes: BTreeMap<u64, u64>,
+    /// Unused virtual ranges `(start, len)`, sorted by start, merged (no two touch). A flat array: a
+    /// lookup is one binary search, and seeding segments in address order splits the last range.
+    va_holes: Vec<(u64, u64)>,
     /// Block records (a slab: `spare` lists the unused slots); a block's record index is its handle.
     blocks: Vec<Block>,
     spare: Vec<u32>,
@@ -650,7 +651,7 @@ impl CachingAllocator {
         }
         Ok(CachingAllocator {
             config,
-            va_holes: BTreeMap::from([(0, ADDRESS_RANGE)]),
+            va_holes: vec![(0, ADDRESS_RANGE)],
             blocks: Vec::new(),
             spare: Vec::new(),
             seg_first: Vec::new(),
@@ -1243,40 +1244,53 @@ impl CachingAllocator {
     /// The unused virtual range of `size` bytes at the hint if possible, else the lowest one.
     fn va_alloc(&mut self, size: u64) -> Option<u64> {
         if let Some(a) = self.va_hint.take() {
-            if let Some((&hs, &hl)) = self.va_holes.range(..=a).next_back() {
+            // The last range starting at or before `a`.
+            if let Some(k) = self.va_holes.partition_point(|h| h.0 <= a).checked_sub(1) {
+                let (hs, hl) = self.va_holes[k];
                 if a.checked_add(size).is_some_and(|e| e <= hs + hl) && a.is_multiple_of(MIN_BLOCK) {
-                    self.va_holes.remove(&hs);
-                    if a > hs {
-                        self.va_holes.insert(hs, a - hs);
-                    }
-                    if hs + hl > a + size {
-                        self.va_holes.insert(a + size, hs + hl - a - size);
-                    }
+                    self.va_take(k, a, size);
                     return Some(a);
                 }
             }
         }
-        let (&start, &len) = self.va_holes.iter().find(|(_, &l)| l >= size)?;
-        self.va_holes.remove(&start);
-        if len > size {
-            self.va_holes.insert(start + size, len - size);
-        }
+        let k = self.va_holes.iter().position(|h| h.1 >= size)?;
+        let start = self.va_holes[k].0;
+        self.va_take(k, start, size);
         Some(start)
     }
 
-    fn va_free(&mut self, mut start: u64, mut len: u64) {
-        if let Some(&n) = self.va_holes.get(&(start + len)) {
-            self.va_holes.remove(&(start + len));
-            len += n;
-        }
-        if let Some((&ps, &pl)) = self.va_holes.range(..start).next_back() {
-            if ps + pl == start {
-                self.va_holes.remove(&ps);
-                start = ps;
-                len += pl;
+    /// Takes `[a, a + size)` out of the unused range `va_holes[k]`, which holds it.
+    fn va_take(&mut self, k: usize, a: u64, size: u64) {
+        let (hs, hl) = self.va_holes[k];
+        let (front, back) = (a - hs, hs + hl - (a + size));
+        match (front > 0, back > 0) {
+            (true, true) => {
+                self.va_holes[k].1 = front;
+                self.va_holes.insert(k + 1, (a + size, back));
+            }
+            (true, false) => self.va_holes[k].1 = front,
+            (false, true) => self.va_holes[k] = (a + size, back),
+            (false, false) => {
+                self.va_holes.remove(k);
             }
         }
-        self.va_holes.insert(start, len);
+    }
+
+    /// Returns `[start, start + len)` to the unused ranges, merged with the ranges it touches.
+    fn va_free(&mut self, start: u64, len: u64) {
+        // The first range starting at or after `start`, and the one before it.
+        let i = self.va_holes.partition_point(|h| h.0 < start);
+        let next = self.va_holes.get(i).is_some_and(|h| h.0 == start + len);
+        let prev = i.checked_sub(1).is_some_and(|p| self.va_holes[p].0 + self.va_holes[p].1 == start);
+        match (prev, next) {
+            (true, true) => {
+                let n = self.va_holes.remove(i).1;
+                self.va_holes[i - 1].1 += len + n;
+            }
+            (true, false) => self.va_holes[i - 1].1 += len,
+            (false, true) => self.va_holes[i] = (start, self.va_holes[i].1 + len),
+            (false, false) => self.va_holes.insert(i, (start, len)),
+        }
     }
 
     /// Virtual bytes of an expandable reservation: `totalGlobalMem + totalGlobalMem / 8` in whole pages
@@ -1644,7 +1658,7 @@ impl CachingAllocator {
     /// Device free bytes listed as the lowest unused virtual ranges, `capacity − reserved` bytes in all.
     fn device_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let mut left = self.config.device_capacity - self.reserved;
-        self.va_holes.iter().map_while(move |(&o, &l)| {
+        self.va_holes.iter().map_while(move |&(o, l)| {
             let take = l.min(left);
             left -= take;
             (take > 0).then_some((o, take))
