@@ -93,7 +93,7 @@
 //! (`release_segment` excepted: O(log segments)) walk the chain of the segment concerned: O(log segments
 //! + blocks of that segment).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::block_list::{first_class_at_or_above, size_class, FL_COUNT, SL_COUNT};
 use super::compact::{check_plan_matches, CompactBlock, CompactionLayout, CompactionPlan, Region};
@@ -516,9 +516,10 @@ struct Segment {
 #[derive(Debug)]
 pub struct CachingAllocator {
     config: CachingConfig,
-    /// Unused virtual ranges `(start, len)`, sorted by start, merged (no two touch). A flat array: a
-    /// lookup is one binary search, and seeding segments in address order splits the last range.
-    va_holes: Vec<(u64, u64)>,
+    /// Unused virtual ranges `(start, len)`, sorted by start, merged (no two touch). A flat ring buffer: a
+    /// lookup is one binary search, and an insertion or removal moves the shorter side (seeding segments in
+    /// address order splits the last range; a replay releases mostly low segments, near the front).
+    va_holes: VecDeque<(u64, u64)>,
     /// Block records (a slab: `spare` lists the unused slots); a block's record index is its handle.
     blocks: Vec<Block>,
     spare: Vec<u32>,
@@ -651,7 +652,7 @@ impl CachingAllocator {
         }
         Ok(CachingAllocator {
             config,
-            va_holes: vec![(0, ADDRESS_RANGE)],
+            va_holes: VecDeque::from([(0, ADDRESS_RANGE)]),
             blocks: Vec::new(),
             spare: Vec::new(),
             seg_first: Vec::new(),
@@ -1284,7 +1285,7 @@ impl CachingAllocator {
         let prev = i.checked_sub(1).is_some_and(|p| self.va_holes[p].0 + self.va_holes[p].1 == start);
         match (prev, next) {
             (true, true) => {
-                let n = self.va_holes.remove(i).1;
+                let n = self.va_holes.remove(i).map_or(0, |h| h.1);
                 self.va_holes[i - 1].1 += len + n;
             }
             (true, false) => self.va_holes[i - 1].1 += len,
