@@ -103,6 +103,9 @@ use super::{
 
 pub mod config;
 pub mod seed;
+mod seg_index;
+
+use seg_index::SegIndex;
 
 pub use config::{CachingConfig, ConfigError, ConfigWarning, ROUNDUP_INTERVALS};
 pub use seed::{
@@ -529,7 +532,7 @@ pub struct CachingAllocator {
     /// [`NIL`]: seeding a segment's blocks in address order then walks one step per block, not the chain.
     walk_hint: u32,
     /// Start -> id of every segment (non-expandable segments and expandable reservations).
-    seg_index: BTreeMap<u64, u32>,
+    seg_index: SegIndex,
     /// Cached (free, mapped) blocks per pool.
     free_sets: [FreeSet; 2],
     /// Unmapped blocks per pool: `(stream, offset) -> record`.
@@ -657,7 +660,7 @@ impl CachingAllocator {
             spare: Vec::new(),
             seg_first: Vec::new(),
             walk_hint: NIL,
-            seg_index: BTreeMap::new(),
+            seg_index: SegIndex::default(),
             free_sets: [FreeSet::default(), FreeSet::default()],
             unmapped: [BTreeMap::new(), BTreeMap::new()],
             segments: Vec::new(),
@@ -723,7 +726,7 @@ impl CachingAllocator {
     /// The segment holding `offset` as `(start, size, expandable)` (an expandable segment's whole virtual
     /// reservation), if any.
     pub fn segment_at(&self, offset: u64) -> Option<(u64, u64, bool)> {
-        let (_, &id) = self.seg_index.range(..=offset).next_back()?;
+        let (_, id) = self.seg_index.at_or_before(offset)?;
         let s = self.seg(id);
         (offset < s.start + s.size).then_some((s.start, s.size, s.expandable))
     }
@@ -740,7 +743,7 @@ impl CachingAllocator {
     /// # Errors
     /// [`AllocError::InvalidFree`] when no wholly free non-expandable segment starts there.
     pub fn release_segment(&mut self, start: u64) -> Result<u64, AllocError> {
-        let id = self.seg_index.get(&start).copied().ok_or(AllocError::InvalidFree { offset: start })?;
+        let id = self.seg_index.get(start).ok_or(AllocError::InvalidFree { offset: start })?;
         let n = self.seg_first[id as usize];
         let b = self.blocks[n as usize];
         if b.state != FREE || !self.releasable(n) {
@@ -794,8 +797,8 @@ impl CachingAllocator {
     /// The first block (ascending) that overlaps `[a, e)` and satisfies `pred`. Walks the chains of the
     /// segments that overlap the range: O(blocks of those segments), for the cold paths.
     fn find_block(&self, a: u64, e: u64, pred: impl Fn(&Block) -> bool) -> Option<u32> {
-        let first = self.seg_index.range(..=a).next_back().map_or(a, |(&s, _)| s);
-        for (_, &id) in self.seg_index.range(first..e) {
+        let first = self.seg_index.at_or_before(a).map_or(a, |(s, _)| s);
+        for (_, id) in self.seg_index.starting_in(first, e) {
             let mut n = self.seg_first[id as usize];
             while n != NIL {
                 let b = &self.blocks[n as usize];
@@ -832,7 +835,7 @@ impl CachingAllocator {
     /// The block that starts at `offset`, if any: a walk of its segment's chain, O(blocks of the segment),
     /// for `free_at` and the cold paths (`alloc`/`free` never look a block up by offset).
     fn block_at(&self, offset: u64) -> Option<u32> {
-        let (_, &id) = self.seg_index.range(..=offset).next_back()?;
+        let (_, id) = self.seg_index.at_or_before(offset)?;
         let mut n = self.seg_first[id as usize];
         while n != NIL {
             let b = &self.blocks[n as usize];
@@ -1020,7 +1023,7 @@ impl CachingAllocator {
     /// Contiguous mapped ranges of expandable segments as `(start, end, segment id)`, ascending.
     fn mapped_runs(&self) -> Vec<(u64, u64, u32)> {
         let mut runs: Vec<(u64, u64, u32)> = Vec::new();
-        for (&start, &id) in &self.seg_index {
+        for (start, id) in self.seg_index.iter() {
             let s = self.seg(id);
             if !s.expandable {
                 continue;
@@ -1229,7 +1232,7 @@ impl CachingAllocator {
 
     fn drop_segment(&mut self, id: u32) {
         let s = self.seg(id);
-        self.seg_index.remove(&s.start);
+        self.seg_index.remove(s.start);
         self.segments[id as usize] = None;
         self.segment_hint = self.segment_hint.min(id as usize);
     }
