@@ -291,13 +291,16 @@ impl SnapshotState {
     /// none is the reverse (torch_npu's `AddPadSize`), else 0 (PyTorch).
     pub fn request_pad(&self) -> u64 {
         let r = |x: u64| x.max(1).div_ceil(512).saturating_mul(512);
-        let (mut padded, mut plain) = (false, false);
+        let mut padded = false;
         for b in self.blocks().filter(|b| b.state != BlockStatus::Inactive && b.requested_size > 0) {
             let (p, n) = (b.size == r(b.requested_size + 32), b.size == r(b.requested_size));
+            if n && !p {
+                // A block that only the plain rounding explains: no pad (no need to look further).
+                return 0;
+            }
             padded |= p && !n;
-            plain |= n && !p;
         }
-        if padded && !plain {
+        if padded {
             32
         } else {
             0

@@ -92,6 +92,10 @@
 //! O(segments) on the release-and-retry path. `free_at` and the cold paths that look a block up by offset
 //! (`release_segment` excepted: O(log segments)) walk the chain of the segment concerned: O(log segments
 //! + blocks of that segment).
+//!
+//! A new or released segment updates the unused virtual ranges (`va_holes`) and the segments by start
+//! (`SegIndex`), both sorted flat ring buffers: O(log segments) to find the place plus moving the shorter
+//! side, O(segments) words at worst (seeding in address order appends).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -1248,8 +1252,14 @@ impl CachingAllocator {
     /// The unused virtual range of `size` bytes at the hint if possible, else the lowest one.
     fn va_alloc(&mut self, size: u64) -> Option<u64> {
         if let Some(a) = self.va_hint.take() {
-            // The last range starting at or before `a`.
-            if let Some(k) = self.va_holes.partition_point(|h| h.0 <= a).checked_sub(1) {
+            // The last range starting at or before `a` (when seeding in address order: the last range).
+            let n = self.va_holes.len();
+            let k = if self.va_holes.back().is_some_and(|h| h.0 <= a) {
+                n.checked_sub(1)
+            } else {
+                self.va_holes.partition_point(|h| h.0 <= a).checked_sub(1)
+            };
+            if let Some(k) = k {
                 let (hs, hl) = self.va_holes[k];
                 if a.checked_add(size).is_some_and(|e| e <= hs + hl) && a.is_multiple_of(MIN_BLOCK) {
                     self.va_take(k, a, size);

@@ -15,6 +15,11 @@ pub(super) struct SegIndex {
 impl SegIndex {
     /// Records segment `id` at `start` (replacing the id of a segment already recorded there).
     pub(super) fn insert(&mut self, start: u64, id: u32) {
+        // Seeding in address order appends.
+        if self.entries.back().is_none_or(|e| e.0 < start) {
+            self.entries.push_back((start, id));
+            return;
+        }
         let i = self.entries.partition_point(|e| e.0 < start);
         match self.entries.get_mut(i) {
             Some(e) if e.0 == start => e.1 = id,
