@@ -2,7 +2,7 @@
 //!
 //! Free blocks are segregated into the TLSF size classes (32 per power of two, see
 //! [`tlsf`](super::tlsf)), and *within* a class ordered exactly by `(size, offset)` as packed 128-bit keys
-//! `(size, offset, node)`: a [`ClassIndex`] (`class_index.rs`, shared with the caching model: per class,
+//! `(size, offset, node)`: a `ClassIndex` (`class_index.rs`, shared with the caching model: per class,
 //! sorted chunks of at most 32 keys behind a directory of their first keys, and a two-level bitmap over the
 //! non-empty classes). The search is one ordered lookup in the request's class (first key at or above
 //! `(size, 0)`; when that is the class's first key, as in every class of a single size, no binary search
@@ -16,12 +16,12 @@
 //!
 //! # Invariants
 //! - Free block `n` is in the index under key `(n.size, n.offset, n)` in the class of `n.size` in
-//!   granules, once (the index's own invariants: see [`class_index`](super::class_index)).
+//!   granules, once (the index's own invariants: see `class_index.rs`).
 //! - No two physically adjacent blocks are free.
 //!
 //! # Time complexity
 //! - `alloc`: O(log k) compares for a class of k blocks plus a memmove of at most 32 keys, and O(1) to
-//!   find the next class (k ≤ n; see [`class_index`](super::class_index)). With an alignment above the
+//!   find the next class (k ≤ n; see `class_index.rs`). With an alignment above the
 //!   granule, candidates that do not fit only because of alignment are skipped one by one.
 //! - `free`: O(1) through the handle, plus the same class updates for the merged neighbours.
 //! - `stats`: O(1) (`largest_free` is the last key of the highest non-empty class).

@@ -396,7 +396,8 @@ mod tests {
         let mut most_chunks = 0;
         for step in 0..20_000u32 {
             // Few sizes in few classes (so classes hold hundreds of keys), some of them exact single-size classes.
-            let size = if rng.next_u64() % 4 == 0 { 1 + rng.next_u64() % 8 } else { 990 + rng.next_u64() % 50 };
+            let size =
+                if rng.next_u64().is_multiple_of(4) { 1 + rng.next_u64() % 8 } else { 990 + rng.next_u64() % 50 };
             if !rng.next_u64().is_multiple_of(3) || reference.is_empty() {
                 let off = rng.next_u64() % 100_000;
                 if reference.insert((size, off)) {

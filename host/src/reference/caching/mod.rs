@@ -67,11 +67,13 @@
 //! 64-byte cache line. An [`Allocation`]'s handle is its record index: `free` checks that the record still
 //! holds the live block at the allocation's offset, else looks the offset up. There is no index by block
 //! offset: a segment (by start, `seg_index`) knows its first block's record (`seg_first`), and `free_at`
-//! and the cold paths walk that segment's chain; unmapped blocks are indexed with their records. The free set of each pool is, per stream, TLSF size classes with a two-level bitmap,
-//! each class an exact `(size, address)`-ordered set kept as sorted chunks of at most 32 keys (a flat
-//! array of each chunk's last key above them): best fit in `BlockComparatorSize` order with one binary
-//! search over a class's chunks and one within a chunk, and no tree node per block. The search returns the
-//! position of the block it found, and `alloc` takes the block out at that position (no second search).
+//! and the cold paths walk that segment's chain; unmapped blocks are indexed with their records. The
+//! free set of each pool is, per stream, a `ClassIndex` (`class_index.rs`, shared with best-fit): TLSF
+//! size classes with a two-level bitmap,
+//! each class an exact `(size, address)`-ordered set kept as sorted chunks of at most 32 keys behind a
+//! directory of their first keys: best fit in `BlockComparatorSize` order with one binary search over a
+//! class's directory and one within a chunk, and no tree node per block. The search returns the position
+//! of the block it found, and `alloc` takes the block out at that position (no second search).
 //!
 //! # Invariants
 //! - Blocks tile each segment's virtual range; each segment's blocks form one chain by address (`prev`,
@@ -80,15 +82,14 @@
 //!   `free_sets[pool]` under `(stream, size, offset)` iff it is free and mapped, in `unmapped[pool]` under
 //!   `(stream, offset)` (with its record) iff it is unmapped; no two adjacent blocks of one segment are
 //!   both free or both unmapped.
-//! - A class's chunks are non-empty, each sorted, every key of a chunk below every key of the next, and the
-//!   class's `lasts[i]` is chunk `i`'s last key; a class has chunks iff its bitmap bit is set.
+//! - Each stream's `ClassIndex` keeps its own invariants (chunks, directory, bitmaps: see
+//!   `class_index.rs`).
 //! - `reserved` = sizes of non-expandable segments + mapped bytes of expandable ones ≤ capacity.
 //!
 //! # Time complexity
 //! `alloc`/`free`: O(log k) comparisons for a size class of k cached blocks, plus moving at most 32 keys
-//! within one chunk and, when a chunk splits or empties, shifting the class's chunk list (two words per
-//! chunk; a chunk splits only when full, after at least 16 insertions since it was made, but chunks are
-//! not merged, so a class of k blocks may hold up to k chunks); O(1) neighbour work and no hashing; plus
+//! within one chunk and, rarely, shifting the class's directory (a full chunk splits, two light neighbours
+//! merge: a class of k blocks has at most 4k / 32 + 1 chunks); O(1) neighbour work and no hashing; plus
 //! O(segments) on the release-and-retry path. `free_at` and the cold paths that look a block up by offset
 //! (`release_segment` excepted: O(log segments)) walk the chain of the segment concerned: O(log segments
 //! + blocks of that segment).
@@ -1712,41 +1713,52 @@ impl SubAllocator for CachingAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
 
-    /// The chunked classes against one ordered set: random insertions and removals (chunks split, empty
-    /// and leave their class), every best-fit answer and the full order compared after each step.
+    /// The free set against one ordered set of `(stream, size, offset)` (`BlockComparatorSize`): random
+    /// insertions and removals (by key and at a found position) on two streams; after each step the best
+    /// fit of one stream, and at the end every stream's `at_least` walk across its classes, the full order
+    /// and the largest. (The chunked classes themselves are checked against a `BTreeSet` in
+    /// `class_index.rs`.)
     #[test]
-    fn free_set_chunks_keep_the_exact_order() {
+    fn free_set_keeps_block_comparator_order_per_stream() {
         let mut rng = crate::bench::SplitMix64::new(11);
         let mut fs = FreeSet::default();
-        let mut reference = BTreeSet::new();
-        for step in 0..20_000u32 {
-            // Few sizes (so classes hold hundreds of blocks), two streams.
+        let mut reference = BTreeMap::new();
+        for step in 0..5_000u32 {
+            // Few sizes (so classes hold many blocks), two streams.
             let (stream, size) = ((rng.next_u64() % 2) as u32, 512 * (1 + rng.next_u64() % 40));
             if !rng.next_u64().is_multiple_of(3) || reference.is_empty() {
                 let off = 512 * (rng.next_u64() % 1_000_000);
-                if reference.insert((stream, size, off)) {
+                if reference.insert((stream, size, off), step).is_none() {
                     fs.insert(stream, size, off, step);
                 }
             } else {
-                let &(st, z, o) = reference.range((stream, size, 0)..).next().unwrap_or(reference.first().unwrap());
+                let (&(st, z, o), &n) =
+                    reference.range((stream, size, 0)..).next().unwrap_or(reference.first_key_value().unwrap());
                 reference.remove(&(st, z, o));
                 if step % 2 == 0 {
-                    fs.remove(st, z, o, fs.first_at_least(st, z).unwrap().0 .2);
+                    fs.remove(st, z, o, n);
                 } else {
-                    let ((fz, fo, _), at) = fs.first_at_least(st, z).unwrap();
-                    assert_eq!((fz, fo), (z, o));
+                    let (found, at) = fs.first_at_least(st, z).unwrap();
+                    assert_eq!(found, (z, o, n));
                     fs.remove_at(st, at);
                 }
             }
-            let want = reference.range((stream, size, 0)..).next().filter(|x| x.0 == stream).map(|x| (x.1, x.2));
-            assert_eq!(fs.first_at_least(stream, size).map(|((z, o, _), _)| (z, o)), want, "step {step}");
+            let want =
+                reference.range((stream, size, 0)..).next().filter(|x| x.0 .0 == stream).map(|(x, &n)| (x.1, x.2, n));
+            assert_eq!(fs.first_at_least(stream, size).map(|(e, _)| e), want, "step {step}");
         }
-        let got: Vec<_> = fs.iter().map(|(st, z, o, _)| (st, z, o)).collect();
-        assert_eq!(got, reference.iter().copied().collect::<Vec<_>>());
-        let largest = reference.iter().map(|x| x.1).max().unwrap_or(0);
+        for stream in 0..3 {
+            let got: Vec<_> = fs.at_least(stream, 4096).collect();
+            let want: Vec<_> =
+                reference.range((stream, 4096, 0)..(stream + 1, 0, 0)).map(|(x, &n)| (x.1, x.2, n)).collect();
+            assert_eq!(got, want, "stream {stream}");
+        }
+        let got: Vec<_> = fs.iter().collect();
+        assert_eq!(got, reference.iter().map(|(x, &n)| (x.0, x.1, x.2, n)).collect::<Vec<_>>());
+        let largest = reference.keys().map(|x| x.1).max().unwrap_or(0);
         assert_eq!(fs.largest(), largest);
+        assert_eq!(fs.first_at_least(0, ADDRESS_RANGE + 1), None);
     }
 
     const MIB: u64 = 1 << 20;
