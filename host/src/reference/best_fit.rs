@@ -91,7 +91,7 @@ impl FreeIndex for BestFitIndex {
             return Some((key_record(k), Placement::Front));
         }
         // Candidates that do not fit only because of alignment are skipped one by one.
-        let fits = |&k: &u128| {
+        let fits = |k: u128| {
             let node = &nodes[key_record(k) as usize];
             fit_front(node.offset, node.size, size, align).is_some()
         };
@@ -99,7 +99,7 @@ impl FreeIndex for BestFitIndex {
         let mut at = Some(class);
         let mut from = key(size, 0, 0);
         while let Some((fl, sl)) = at {
-            if let Some(k) = self.index.class_from((fl, sl), from).find(fits) {
+            if let Some(k) = self.index.class_first_where((fl, sl), from, fits) {
                 return Some((key_record(k), Placement::Front));
             }
             from = 0;

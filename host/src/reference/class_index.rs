@@ -23,8 +23,11 @@
 //! 1122.1 / 19.74; a directory of first keys beside each chunk beat a separate first-key array, 1194.6 /
 //! 18.30), see `bench/results/2026-12-01-cpu-2core-no-gpu-best-fit-session5.md`; the caching model
 //! 1472.3 → 1205.9 instructions with its chunked classes (then 1172.8 without its start-offset hash), see
-//! `bench/results/2026-12-01-cpu-2core-no-gpu-caching-session5.md`. The two designs were merged into this
-//! module afterwards; the merged figures are in the commit that made it.
+//! `bench/results/2026-12-01-cpu-2core-no-gpu-caching-session5.md` (there: a slab of fixed chunks with
+//! keys and record ids in two arrays, a flat array of chunk maxima, no merging). The two designs were
+//! merged here on best-fit's chunks with the caching model's positions ([`Pos`]); against main 2b82db6,
+//! same recipe, same day: best-fit 1077.9 → 1023.2 instructions and 17.40 → 17.39 D1 misses per pair,
+//! caching 1178.1 → 964.6 and 18.89 → 15.02 (DESIGN.md §4.4, "One size-class index").
 //!
 //! # Invariants
 //! - A key is in the class the caller filed it under, once; `sl_bitmap[fl]` bit `sl` is set iff class
@@ -41,7 +44,8 @@
 //!   chunk splits, only two neighbours with at most `CHUNK / 2` keys together merge). `remove_at`: the
 //!   same without the searches.
 //! - `first_at_least`: one class lookup, O(log k), and O(1) to find the next non-empty class.
-//! - `last` (the largest key): O(1). `class_from`, `keys`: O(1) per key (plus O(classes) for `keys`).
+//! - `last` (the largest key): O(1). `class_from`, `class_first_where`, `keys`: O(1) per key visited
+//!   (plus O(classes) for `keys`).
 
 #[cfg(doc)]
 use super::block_list::size_class;
@@ -205,6 +209,17 @@ impl ClassSet {
         head.iter().chain(rest.iter().flat_map(|ch| &ch.keys)).copied()
     }
 
+    /// The first key at or above `from` that passes `pred`.
+    #[inline]
+    fn first_where(&self, from: u128, mut pred: impl FnMut(u128) -> bool) -> Option<u128> {
+        let (c, i) = self.start(from);
+        // The first chunk as a plain slice: in most searches its first candidate passes.
+        if let Some(&k) = self.chunks.get(c)?.keys[i..].iter().find(|&&k| pred(k)) {
+            return Some(k);
+        }
+        self.chunks[c + 1..].iter().flat_map(|ch| &ch.keys).copied().find(|&k| pred(k))
+    }
+
     fn clear(&mut self, spare: &mut Vec<Vec<u128>>) {
         for mut ch in self.chunks.drain(..) {
             ch.keys.clear();
@@ -305,6 +320,18 @@ impl ClassIndex {
     #[inline]
     pub(crate) fn class_from(&self, (fl, sl): (usize, usize), from: u128) -> impl Iterator<Item = u128> + '_ {
         self.classes[fl * SL_COUNT + sl].from(from)
+    }
+
+    /// The first key of class `(fl, sl)` at or above `from` that passes `pred` (a search that skips
+    /// candidates for a reason the order does not capture, such as alignment).
+    #[inline]
+    pub(crate) fn class_first_where(
+        &self,
+        (fl, sl): (usize, usize),
+        from: u128,
+        pred: impl FnMut(u128) -> bool,
+    ) -> Option<u128> {
+        self.classes[fl * SL_COUNT + sl].first_where(from, pred)
     }
 
     /// Every key, class by class in `(fl, sl)` order, each class in key order.
@@ -435,6 +462,9 @@ mod tests {
         let want: Vec<_> =
             reference.range((z, o)..).copied().filter(|&(s, _)| size_class(s) == size_class(z)).collect();
         assert_eq!(from, want);
+        let odd = |k: u128| key_offset(k) % 2 == 1;
+        let got = index.class_first_where(size_class(z), key(z, o, 0), odd).map(|k| (key_size(k), key_offset(k)));
+        assert_eq!(got, want.iter().copied().find(|&(_, o)| o % 2 == 1));
         // Drain: every class empties, and the chunks go back to the spare list.
         for (z, o) in std::mem::take(&mut reference) {
             let (k, at) = index.first_at_least(size_class(z), key(z, o, 0)).unwrap();
