@@ -219,7 +219,7 @@ struct Block {
 /// exact-ordered set of sorted chunks, with a two-level bitmap over the non-empty classes). A search is one
 /// lookup in the request's class and, when nothing there is large enough, the first entry of the next
 /// non-empty class: the same best fit as one ordered set of all blocks, on sets that stay small (one narrow
-/// size band each).
+/// size band each). Keys fit: blocks lie in the virtual range `[0, ADDRESS_RANGE)`, 2^48 bytes.
 #[derive(Debug, Default)]
 struct FreeSet {
     streams: Vec<ClassIndex>,
