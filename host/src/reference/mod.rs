@@ -40,6 +40,7 @@ pub mod best_fit;
 pub(crate) mod block_list;
 pub mod buddy;
 pub mod caching;
+pub(crate) mod class_index;
 pub mod compact;
 pub mod first_fit;
 pub(crate) mod live_slots;

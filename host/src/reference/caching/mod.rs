@@ -67,11 +67,13 @@
 //! 64-byte cache line. An [`Allocation`]'s handle is its record index: `free` checks that the record still
 //! holds the live block at the allocation's offset, else looks the offset up. There is no index by block
 //! offset: a segment (by start, `seg_index`) knows its first block's record (`seg_first`), and `free_at`
-//! and the cold paths walk that segment's chain; unmapped blocks are indexed with their records. The free set of each pool is, per stream, TLSF size classes with a two-level bitmap,
-//! each class an exact `(size, address)`-ordered set kept as sorted chunks of at most 32 keys (a flat
-//! array of each chunk's last key above them): best fit in `BlockComparatorSize` order with one binary
-//! search over a class's chunks and one within a chunk, and no tree node per block. The search returns the
-//! position of the block it found, and `alloc` takes the block out at that position (no second search).
+//! and the cold paths walk that segment's chain; unmapped blocks are indexed with their records. The
+//! free set of each pool is, per stream, a `ClassIndex` (`class_index.rs`, shared with best-fit): TLSF
+//! size classes with a two-level bitmap,
+//! each class an exact `(size, address)`-ordered set kept as sorted chunks of at most 32 keys behind a
+//! directory of their first keys: best fit in `BlockComparatorSize` order with one binary search over a
+//! class's directory and one within a chunk, and no tree node per block. The search returns the position
+//! of the block it found, and `alloc` takes the block out at that position (no second search).
 //!
 //! # Invariants
 //! - Blocks tile each segment's virtual range; each segment's blocks form one chain by address (`prev`,
@@ -80,15 +82,14 @@
 //!   `free_sets[pool]` under `(stream, size, offset)` iff it is free and mapped, in `unmapped[pool]` under
 //!   `(stream, offset)` (with its record) iff it is unmapped; no two adjacent blocks of one segment are
 //!   both free or both unmapped.
-//! - A class's chunks are non-empty, each sorted, every key of a chunk below every key of the next, and the
-//!   class's `lasts[i]` is chunk `i`'s last key; a class has chunks iff its bitmap bit is set.
+//! - Each stream's `ClassIndex` keeps its own invariants (chunks, directory, bitmaps: see
+//!   `class_index.rs`).
 //! - `reserved` = sizes of non-expandable segments + mapped bytes of expandable ones ≤ capacity.
 //!
 //! # Time complexity
 //! `alloc`/`free`: O(log k) comparisons for a size class of k cached blocks, plus moving at most 32 keys
-//! within one chunk and, when a chunk splits or empties, shifting the class's chunk list (two words per
-//! chunk; a chunk splits only when full, after at least 16 insertions since it was made, but chunks are
-//! not merged, so a class of k blocks may hold up to k chunks); O(1) neighbour work and no hashing; plus
+//! within one chunk and, rarely, shifting the class's directory (a full chunk splits, two light neighbours
+//! merge: a class of k blocks has at most 4k / 32 + 1 chunks); O(1) neighbour work and no hashing; plus
 //! O(segments) on the release-and-retry path. `free_at` and the cold paths that look a block up by offset
 //! (`release_segment` excepted: O(log segments)) walk the chain of the segment concerned: O(log segments
 //! + blocks of that segment).
@@ -99,7 +100,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::block_list::{first_class_at_or_above, size_class, FL_COUNT, SL_COUNT};
+use super::block_list::size_class;
+use super::class_index::{key, key_offset, key_record, key_size, ClassIndex, Pos};
 use super::compact::{check_plan_matches, CompactBlock, CompactionLayout, CompactionPlan, Region};
 use super::{
     align_down, align_up, check_request, oom, AllocError, AllocatedBlock, Allocation, Handle, Stats, SubAllocator,
@@ -219,71 +221,15 @@ struct Block {
     pool: u8,
 }
 
-/// The cached blocks of one pool in `BlockComparatorSize` order (stream, size, address). Per stream, the
-/// blocks are segregated into TLSF size classes (32 per power of two, [`size_class`]) with a two-level
-/// bitmap of the non-empty classes; each class is an exact `(size, address)`-ordered [`ClassSet`]. A search
-/// is one lookup in the request's class and, when nothing there is large enough, the first entry of the
-/// next non-empty class: the same best fit as one ordered set of all blocks, on sets that stay small (one
-/// narrow size band each).
+/// The cached blocks of one pool in `BlockComparatorSize` order (stream, size, address): per stream, a
+/// [`ClassIndex`] of keys `(size, address, record)` (TLSF size classes of the block sizes in bytes, each an
+/// exact-ordered set of sorted chunks, with a two-level bitmap over the non-empty classes). A search is one
+/// lookup in the request's class and, when nothing there is large enough, the first entry of the next
+/// non-empty class: the same best fit as one ordered set of all blocks, on sets that stay small (one narrow
+/// size band each). Keys fit: blocks lie in the virtual range `[0, ADDRESS_RANGE)`, 2^48 bytes.
 #[derive(Debug, Default)]
 struct FreeSet {
-    streams: Vec<StreamBins>,
-    /// The chunks of every class of this pool (a slab: `spare` lists the unused ones).
-    chunks: Vec<Chunk>,
-    spare: Vec<u32>,
-}
-
-#[derive(Debug)]
-struct StreamBins {
-    fl_bitmap: u64,
-    sl_bitmap: [u32; FL_COUNT],
-    bins: Vec<ClassSet>,
-}
-
-/// Entries of one chunk: a chunk holds 1 to `CHUNK` entries of one class, sorted by key.
-const CHUNK: usize = 32;
-
-/// A run of at most [`CHUNK`] consecutive entries of a class, keys and records in two arrays (a search
-/// reads consecutive cache lines of keys only).
-#[derive(Clone, Debug)]
-#[repr(align(64))]
-struct Chunk {
-    keys: [u128; CHUNK],
-    recs: [u32; CHUNK],
-    len: u32,
-}
-
-impl Chunk {
-    fn keys(&self) -> &[u128] {
-        &self.keys[..self.len as usize]
-    }
-}
-
-/// One size class: an exact `(size, address)`-ordered set of `(key, record)` as a sorted list of chunks
-/// (none empty), with each chunk's last key in a flat array. Lookup: a binary search over the chunks'
-/// last keys, then within one chunk; insertion and removal shift at most one chunk (a full chunk splits
-/// in two, an emptied one leaves the list). No node per entry and no pointer chase below the class: a
-/// class of k blocks is searched in O(log k) over ⌈k / 32⌉ + 1 cache lines of keys.
-#[derive(Debug, Default)]
-struct ClassSet {
-    /// Last key of each chunk, ascending.
-    lasts: Vec<u128>,
-    /// Chunk ids (indices into [`FreeSet::chunks`]), in key order.
-    ids: Vec<u32>,
-}
-
-/// Where an entry lies in its stream's classes: class `ci` (`fl * SL_COUNT + sl`), chunk `i` of the class,
-/// entry `p` of the chunk.
-#[derive(Clone, Copy, Debug)]
-struct Pos {
-    ci: usize,
-    i: usize,
-    p: usize,
-}
-
-/// A class's key: size, then address.
-fn bin_key(size: u64, off: u64) -> u128 {
-    (size as u128) << 64 | off as u128
+    streams: Vec<ClassIndex>,
 }
 
 /// The size class of a block of `size` bytes.
@@ -291,222 +237,72 @@ fn class_of(size: u64) -> (usize, usize) {
     size_class(size.max(1))
 }
 
-/// `(size, offset, record)` of a key and its record.
-fn entry(k: u128, n: u32) -> (u64, u64, u32) {
-    ((k >> 64) as u64, k as u64, n)
+/// The search key of a request of `size` bytes: below every key of a block of `size` bytes or more (None
+/// above [`ADDRESS_RANGE`], where no block is).
+fn search_key(size: u64) -> Option<u128> {
+    (size <= ADDRESS_RANGE).then(|| key(size.max(1), 0, 0))
+}
+
+/// `(size, offset, record)` of a key.
+fn entry(k: u128) -> (u64, u64, u32) {
+    (key_size(k), key_offset(k), key_record(k))
 }
 
 impl FreeSet {
-    /// An empty chunk (a spare one is reused as it is: only its length is reset, not its 700 bytes).
-    fn new_chunk(&mut self) -> u32 {
-        match self.spare.pop() {
-            Some(id) => {
-                self.chunks[id as usize].len = 0;
-                id
-            }
-            None => {
-                self.chunks.push(Chunk { keys: [0; CHUNK], recs: [0; CHUNK], len: 0 });
-                (self.chunks.len() - 1) as u32
-            }
-        }
-    }
-
     fn insert(&mut self, stream: u32, size: u64, off: u64, n: u32) {
         let s = stream as usize;
-        while self.streams.len() <= s {
-            self.streams.push(StreamBins {
-                fl_bitmap: 0,
-                sl_bitmap: [0; FL_COUNT],
-                bins: (0..FL_COUNT * SL_COUNT).map(|_| ClassSet::default()).collect(),
-            });
+        if self.streams.len() <= s {
+            self.streams.resize_with(s + 1, ClassIndex::default);
         }
-        let (fl, sl) = class_of(size);
-        let key = bin_key(size, off);
-        let ci = fl * SL_COUNT + sl;
-        let bin = &self.streams[s].bins[ci];
-        // The first chunk whose last key is above `key`, else the last chunk.
-        let mut i = bin.lasts.partition_point(|&l| l < key);
-        if bin.ids.is_empty() {
-            let id = self.new_chunk();
-            let bin = &mut self.streams[s].bins[ci];
-            bin.ids.push(id);
-            bin.lasts.push(key);
-            i = 0;
-        } else if i == bin.ids.len() {
-            i -= 1;
-        }
-        let mut id = self.streams[s].bins[ci].ids[i];
-        if self.chunks[id as usize].len as usize == CHUNK {
-            // Split the full chunk: its upper half moves to a new chunk right after it.
-            let new = self.new_chunk();
-            let half = CHUNK / 2;
-            let (lo, hi) = if new > id {
-                let (a, b) = self.chunks.split_at_mut(new as usize);
-                (&mut a[id as usize], &mut b[0])
-            } else {
-                let (a, b) = self.chunks.split_at_mut(id as usize);
-                (&mut b[0], &mut a[new as usize])
-            };
-            hi.keys[..CHUNK - half].copy_from_slice(&lo.keys[half..]);
-            hi.recs[..CHUNK - half].copy_from_slice(&lo.recs[half..]);
-            hi.len = (CHUNK - half) as u32;
-            lo.len = half as u32;
-            let lo_last = lo.keys[half - 1];
-            let bin = &mut self.streams[s].bins[ci];
-            bin.ids.insert(i + 1, new);
-            bin.lasts.insert(i, lo_last);
-            if key > lo_last {
-                i += 1;
-                id = new;
-            }
-        }
-        let c = &mut self.chunks[id as usize];
-        let len = c.len as usize;
-        let p = c.keys[..len].partition_point(|&k| k < key);
-        c.keys.copy_within(p..len, p + 1);
-        c.recs.copy_within(p..len, p + 1);
-        c.keys[p] = key;
-        c.recs[p] = n;
-        c.len += 1;
-        if p == len {
-            self.streams[s].bins[ci].lasts[i] = key;
-        }
-        let sb = &mut self.streams[s];
-        sb.sl_bitmap[fl] |= 1 << sl;
-        sb.fl_bitmap |= 1 << fl;
+        self.streams[s].insert(class_of(size), key(size, off, n));
     }
 
-    fn remove(&mut self, stream: u32, size: u64, off: u64) {
-        let (fl, sl) = class_of(size);
-        let key = bin_key(size, off);
-        let ci = fl * SL_COUNT + sl;
-        let Some(sb) = self.streams.get(stream as usize) else {
-            return;
-        };
-        let bin = &sb.bins[ci];
-        let i = bin.lasts.partition_point(|&l| l < key);
-        let Some(&id) = bin.ids.get(i) else {
-            return;
-        };
-        let c = &self.chunks[id as usize];
-        let p = c.keys().partition_point(|&k| k < key);
-        if p < c.len as usize && c.keys[p] == key {
-            self.remove_at(stream, Pos { ci, i, p });
+    /// Removes block `n`, cached as `(size, off)` on `stream` (no change if it is not there).
+    fn remove(&mut self, stream: u32, size: u64, off: u64, n: u32) {
+        if let Some(index) = self.streams.get_mut(stream as usize) {
+            index.remove(class_of(size), key(size, off, n));
         }
     }
 
-    /// Removes the entry at `at` of `stream`'s classes (a position [`FreeSet::first_at_least`] or
-    /// [`FreeSet::remove`] found, with no change to the set since).
+    /// Removes the entry at `at` of `stream`'s classes (a position [`FreeSet::first_at_least`] found, with
+    /// no change to the set since).
     fn remove_at(&mut self, stream: u32, at: Pos) {
-        let Pos { ci, i, p } = at;
-        let sb = &mut self.streams[stream as usize];
-        let bin = &mut sb.bins[ci];
-        let id = bin.ids[i];
-        let c = &mut self.chunks[id as usize];
-        let len = c.len as usize;
-        c.keys.copy_within(p + 1..len, p);
-        c.recs.copy_within(p + 1..len, p);
-        c.len -= 1;
-        if c.len == 0 {
-            bin.ids.remove(i);
-            bin.lasts.remove(i);
-            self.spare.push(id);
-            if bin.ids.is_empty() {
-                let (fl, sl) = (ci / SL_COUNT, ci % SL_COUNT);
-                sb.sl_bitmap[fl] &= !(1 << sl);
-                if sb.sl_bitmap[fl] == 0 {
-                    sb.fl_bitmap &= !(1 << fl);
-                }
-            }
-        } else if p == len - 1 {
-            bin.lasts[i] = c.keys[p - 1];
-        }
-    }
-
-    /// The first entry of class `ci` of `sb` at or above `key`, and its position.
-    #[inline]
-    fn class_at_least(&self, sb: &StreamBins, ci: usize, key: u128) -> Option<((u64, u64, u32), Pos)> {
-        let bin = &sb.bins[ci];
-        let i = bin.lasts.partition_point(|&l| l < key);
-        let c = &self.chunks[*bin.ids.get(i)? as usize];
-        let p = c.keys().partition_point(|&k| k < key);
-        Some((entry(c.keys[p], c.recs[p]), Pos { ci, i, p }))
-    }
-
-    /// The first entry of the non-empty class `ci` of `sb`, and its position.
-    #[inline]
-    fn class_first(&self, sb: &StreamBins, ci: usize) -> Option<((u64, u64, u32), Pos)> {
-        let c = &self.chunks[*sb.bins[ci].ids.first()? as usize];
-        Some((entry(c.keys[0], c.recs[0]), Pos { ci, i: 0, p: 0 }))
+        self.streams[stream as usize].remove_at(at);
     }
 
     /// The first of [`FreeSet::at_least`] (best fit) and its position, without building the iterator: one
     /// lookup in the request's class, else the first block of the next non-empty class.
     #[inline]
     fn first_at_least(&self, stream: u32, size: u64) -> Option<((u64, u64, u32), Pos)> {
-        let sb = self.streams.get(stream as usize)?;
-        let (fl, sl) = class_of(size);
-        let (cfl, csl) = first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl)?;
-        if (cfl, csl) == (fl, sl) {
-            // The request's own class may hold only smaller blocks.
-            if let Some(e) = self.class_at_least(sb, fl * SL_COUNT + sl, bin_key(size, 0)) {
-                return Some(e);
-            }
-            let (nfl, nsl) = first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl + 1)?;
-            self.class_first(sb, nfl * SL_COUNT + nsl)
-        } else {
-            self.class_first(sb, cfl * SL_COUNT + csl)
-        }
-    }
-
-    /// The entries of class `ci` of `sb` at or above `key`, in order.
-    fn class_from<'a>(
-        &'a self,
-        sb: &'a StreamBins,
-        ci: usize,
-        key: u128,
-    ) -> impl Iterator<Item = (u64, u64, u32)> + 'a {
-        let bin = &sb.bins[ci];
-        let i = bin.lasts.partition_point(|&l| l < key);
-        bin.ids[i..].iter().flat_map(move |&id| {
-            let c = &self.chunks[id as usize];
-            let p = c.keys().partition_point(|&k| k < key);
-            (p..c.len as usize).map(move |j| entry(c.keys[j], c.recs[j]))
-        })
+        let (k, at) = self.streams.get(stream as usize)?.first_at_least(class_of(size), search_key(size)?)?;
+        Some((entry(k), at))
     }
 
     /// The free blocks of `stream` of at least `size` bytes as `(size, offset, record)`, in `(size, offset)` order.
     fn at_least(&self, stream: u32, size: u64) -> impl Iterator<Item = (u64, u64, u32)> + '_ {
-        let sb = self.streams.get(stream as usize);
+        let from = search_key(size);
+        let index = self.streams.get(stream as usize).filter(|_| from.is_some());
         let (fl, sl) = class_of(size);
-        let first = sb.and_then(|sb| first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl));
-        let classes = std::iter::successors(first, move |&(fl, sl)| {
-            sb.and_then(|sb| first_class_at_or_above(sb.fl_bitmap, &sb.sl_bitmap, fl, sl + 1))
-        });
-        classes.flat_map(move |(fl, sl)| {
-            sb.into_iter().flat_map(move |sb| self.class_from(sb, fl * SL_COUNT + sl, bin_key(size, 0)))
+        let first = index.and_then(|index| index.class_at_or_above(fl, sl));
+        let classes = std::iter::successors(first, move |&(fl, sl)| index?.class_at_or_above(fl, sl + 1));
+        classes.flat_map(move |class| {
+            index.into_iter().flat_map(move |index| index.class_from(class, from.unwrap_or(0)).map(entry))
         })
     }
 
     /// Every block as `(stream, size, offset, record)`, in order.
     fn iter(&self) -> impl Iterator<Item = (u32, u64, u64, u32)> + '_ {
-        self.streams.iter().enumerate().flat_map(move |(s, sb)| {
-            (0..sb.bins.len()).flat_map(move |ci| self.class_from(sb, ci, 0).map(move |(z, o, n)| (s as u32, z, o, n)))
+        self.streams.iter().enumerate().flat_map(move |(s, index)| {
+            index.keys().map(move |k| {
+                let (z, o, n) = entry(k);
+                (s as u32, z, o, n)
+            })
         })
     }
 
     /// The largest block's size (0 without blocks).
     fn largest(&self) -> u64 {
-        self.streams
-            .iter()
-            .filter(|sb| sb.fl_bitmap != 0)
-            .map(|sb| {
-                let fl = 63 - sb.fl_bitmap.leading_zeros() as usize;
-                let sl = 31 - sb.sl_bitmap[fl].leading_zeros() as usize;
-                sb.bins[fl * SL_COUNT + sl].lasts.last().map_or(0, |&k| (k >> 64) as u64)
-            })
-            .max()
-            .unwrap_or(0)
+        self.streams.iter().filter_map(ClassIndex::last).map(key_size).max().unwrap_or(0)
     }
 }
 
@@ -1155,7 +951,7 @@ impl CachingAllocator {
     fn uncache(&mut self, n: u32) {
         let b = &self.blocks[n as usize];
         debug_assert_eq!(b.state, FREE);
-        self.free_sets[b.pool as usize].remove(b.stream, b.size, b.off);
+        self.free_sets[b.pool as usize].remove(b.stream, b.size, b.off, n);
         self.cached_free -= b.size;
         self.cached_free_count -= 1;
     }
@@ -1945,41 +1741,52 @@ impl SubAllocator for CachingAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
 
-    /// The chunked classes against one ordered set: random insertions and removals (chunks split, empty
-    /// and leave their class), every best-fit answer and the full order compared after each step.
+    /// The free set against one ordered set of `(stream, size, offset)` (`BlockComparatorSize`): random
+    /// insertions and removals (by key and at a found position) on two streams; after each step the best
+    /// fit of one stream, and at the end every stream's `at_least` walk across its classes, the full order
+    /// and the largest. (The chunked classes themselves are checked against a `BTreeSet` in
+    /// `class_index.rs`.)
     #[test]
-    fn free_set_chunks_keep_the_exact_order() {
+    fn free_set_keeps_block_comparator_order_per_stream() {
         let mut rng = crate::bench::SplitMix64::new(11);
         let mut fs = FreeSet::default();
-        let mut reference = BTreeSet::new();
-        for step in 0..20_000u32 {
-            // Few sizes (so classes hold hundreds of blocks), two streams.
+        let mut reference = BTreeMap::new();
+        for step in 0..5_000u32 {
+            // Few sizes (so classes hold many blocks), two streams.
             let (stream, size) = ((rng.next_u64() % 2) as u32, 512 * (1 + rng.next_u64() % 40));
             if !rng.next_u64().is_multiple_of(3) || reference.is_empty() {
                 let off = 512 * (rng.next_u64() % 1_000_000);
-                if reference.insert((stream, size, off)) {
+                if reference.insert((stream, size, off), step).is_none() {
                     fs.insert(stream, size, off, step);
                 }
             } else {
-                let &(st, z, o) = reference.range((stream, size, 0)..).next().unwrap_or(reference.first().unwrap());
+                let (&(st, z, o), &n) =
+                    reference.range((stream, size, 0)..).next().unwrap_or(reference.first_key_value().unwrap());
                 reference.remove(&(st, z, o));
                 if step % 2 == 0 {
-                    fs.remove(st, z, o);
+                    fs.remove(st, z, o, n);
                 } else {
-                    let ((fz, fo, _), at) = fs.first_at_least(st, z).unwrap();
-                    assert_eq!((fz, fo), (z, o));
+                    let (found, at) = fs.first_at_least(st, z).unwrap();
+                    assert_eq!(found, (z, o, n));
                     fs.remove_at(st, at);
                 }
             }
-            let want = reference.range((stream, size, 0)..).next().filter(|x| x.0 == stream).map(|x| (x.1, x.2));
-            assert_eq!(fs.first_at_least(stream, size).map(|((z, o, _), _)| (z, o)), want, "step {step}");
+            let want =
+                reference.range((stream, size, 0)..).next().filter(|x| x.0 .0 == stream).map(|(x, &n)| (x.1, x.2, n));
+            assert_eq!(fs.first_at_least(stream, size).map(|(e, _)| e), want, "step {step}");
         }
-        let got: Vec<_> = fs.iter().map(|(st, z, o, _)| (st, z, o)).collect();
-        assert_eq!(got, reference.iter().copied().collect::<Vec<_>>());
-        let largest = reference.iter().map(|x| x.1).max().unwrap_or(0);
+        for stream in 0..3 {
+            let got: Vec<_> = fs.at_least(stream, 4096).collect();
+            let want: Vec<_> =
+                reference.range((stream, 4096, 0)..(stream + 1, 0, 0)).map(|(x, &n)| (x.1, x.2, n)).collect();
+            assert_eq!(got, want, "stream {stream}");
+        }
+        let got: Vec<_> = fs.iter().collect();
+        assert_eq!(got, reference.iter().map(|(x, &n)| (x.0, x.1, x.2, n)).collect::<Vec<_>>());
+        let largest = reference.keys().map(|x| x.1).max().unwrap_or(0);
         assert_eq!(fs.largest(), largest);
+        assert_eq!(fs.first_at_least(0, ADDRESS_RANGE + 1), None);
     }
 
     const MIB: u64 = 1 << 20;
