@@ -58,6 +58,11 @@ struct Spec {
     max_align: u64,
     /// Free layout of the fresh allocator: `None` means one block of the whole capacity.
     fresh_layout: Option<Vec<(u64, u64)>>,
+    /// After everything is freed and the cache released, the free bytes are the fresh layout's sizes but
+    /// may lie at other offsets: the caching model with expandable segments keeps a reservation whose first
+    /// mapping failed (PyTorch's `release_blocks` releases only expandable segments that hold a cached
+    /// block, c10/cuda/CUDACachingAllocator.cpp), and lists the device's free bytes after it.
+    layout_may_move: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -191,10 +196,17 @@ fn run(spec: &Spec, ops: &[Op]) -> Result<(), TestCaseError> {
     model.clear();
     a.release_cached();
     check_state(&*a, &model)?;
-    prop_assert_eq!(a.free_blocks().collect::<Vec<_>>(), fresh.clone());
     let largest = fresh.iter().max_by_key(|b| b.1).copied().unwrap();
-    let x = a.alloc(largest.1, 1).map_err(|e| TestCaseError::fail(format!("whole block: {e}")))?;
-    prop_assert_eq!((x.offset, x.size), largest);
+    if spec.layout_may_move {
+        let sizes = |v: &[(u64, u64)]| v.iter().map(|b| b.1).collect::<Vec<_>>();
+        prop_assert_eq!(sizes(&a.free_blocks().collect::<Vec<_>>()), sizes(&fresh));
+        let x = a.alloc(largest.1, 1).map_err(|e| TestCaseError::fail(format!("whole block: {e}")))?;
+        prop_assert_eq!(x.size, largest.1);
+    } else {
+        prop_assert_eq!(a.free_blocks().collect::<Vec<_>>(), fresh.clone());
+        let x = a.alloc(largest.1, 1).map_err(|e| TestCaseError::fail(format!("whole block: {e}")))?;
+        prop_assert_eq!((x.offset, x.size), largest);
+    }
     Ok(())
 }
 
@@ -221,25 +233,25 @@ proptest! {
     #[test]
     fn first_fit_matches_model(ops in ops(14, 8, 160)) {
         run(&Spec { make: || Box::new(FirstFit::with_granule(BLOCK_LIST_CAP, 16).unwrap()), exact_oom: Some(block_list_need(16)),
-                    max_align: u64::MAX, fresh_layout: None }, &ops)?;
+                    max_align: u64::MAX, fresh_layout: None, layout_may_move: false }, &ops)?;
     }
 
     #[test]
     fn best_fit_matches_model(ops in ops(14, 8, 160)) {
         run(&Spec { make: || Box::new(BestFit::with_granule(BLOCK_LIST_CAP, 16).unwrap()), exact_oom: Some(block_list_need(16)),
-                    max_align: u64::MAX, fresh_layout: None }, &ops)?;
+                    max_align: u64::MAX, fresh_layout: None, layout_may_move: false }, &ops)?;
     }
 
     #[test]
     fn tlsf_matches_model(ops in ops(14, 8, 160)) {
         run(&Spec { make: || Box::new(Tlsf::with_granule(BLOCK_LIST_CAP, 16).unwrap()), exact_oom: Some(block_list_need(16)),
-                    max_align: u64::MAX, fresh_layout: None }, &ops)?;
+                    max_align: u64::MAX, fresh_layout: None, layout_may_move: false }, &ops)?;
     }
 
     #[test]
     fn buddy_matches_model(ops in ops(14, 8, 160)) {
         run(&Spec { make: || Box::new(Buddy::with_min_block(128 * KIB, 16).unwrap()), exact_oom: Some(buddy_need),
-                    max_align: u64::MAX, fresh_layout: None }, &ops)?;
+                    max_align: u64::MAX, fresh_layout: None, layout_may_move: false }, &ops)?;
     }
 
     #[test]
@@ -247,7 +259,7 @@ proptest! {
         // 1 MiB + 256 KiB + 48 B: top blocks of 1 MiB and 256 KiB, a 48-byte stranded tail (below 64 B).
         run(&Spec { make: || Box::new(Buddy::with_min_block(MIB + 256 * KIB + 48, 64).unwrap()),
                     exact_oom: Some(|s, a| s.max(a).max(64).next_power_of_two()), max_align: u64::MAX,
-                    fresh_layout: Some(vec![(0, MIB), (MIB, 256 * KIB)]) }, &ops)?;
+                    fresh_layout: Some(vec![(0, MIB), (MIB, 256 * KIB)]), layout_may_move: false }, &ops)?;
     }
 
     #[test]
@@ -256,7 +268,7 @@ proptest! {
             let cfg = SlabConfig { page_size: 4 * KIB, min_class: 16, max_class: KIB };
             Box::new(Slab::new(Box::new(BestFit::with_granule(BLOCK_LIST_CAP, 16).unwrap()), cfg).unwrap())
         };
-        run(&Spec { make, exact_oom: None, max_align: u64::MAX, fresh_layout: None }, &ops)?;
+        run(&Spec { make, exact_oom: None, max_align: u64::MAX, fresh_layout: None, layout_may_move: false }, &ops)?;
     }
 
     #[test]
@@ -265,25 +277,25 @@ proptest! {
             let cfg = TieredConfig { small_max: KIB, large_min: 8 * KIB, page_size: 4 * KIB, granule: 16 };
             Box::new(Tiered::with_config(MIB, cfg).unwrap())
         };
-        run(&Spec { make, exact_oom: None, max_align: u64::MAX, fresh_layout: None }, &ops)?;
+        run(&Spec { make, exact_oom: None, max_align: u64::MAX, fresh_layout: None, layout_may_move: false }, &ops)?;
     }
 
     #[test]
     fn caching_matches_model(ops in ops(24, 10, 120)) {
         run(&Spec { make: || Box::new(CachingAllocator::new(CachingConfig::new(64 * MIB)).unwrap()),
-                    exact_oom: None, max_align: 512, fresh_layout: Some(vec![(0, 64 * MIB)]) }, &ops)?;
+                    exact_oom: None, max_align: 512, fresh_layout: Some(vec![(0, 64 * MIB)]), layout_may_move: false }, &ops)?;
     }
 
     #[test]
     fn caching_max_split_matches_model(ops in ops(24, 9, 120)) {
         run(&Spec { make: || Box::new(CachingAllocator::new(CachingConfig::new(64 * MIB).max_split(4 * MIB)).unwrap()),
-                    exact_oom: None, max_align: 512, fresh_layout: Some(vec![(0, 64 * MIB)]) }, &ops)?;
+                    exact_oom: None, max_align: 512, fresh_layout: Some(vec![(0, 64 * MIB)]), layout_may_move: false }, &ops)?;
     }
 
     #[test]
     fn caching_expandable_matches_model(ops in ops(24, 9, 120)) {
         run(&Spec { make: || Box::new(CachingAllocator::new(CachingConfig::new(60 * MIB).expandable(true)).unwrap()),
-                    exact_oom: None, max_align: 512, fresh_layout: Some(vec![(0, 60 * MIB)]) }, &ops)?;
+                    exact_oom: None, max_align: 512, fresh_layout: Some(vec![(0, 60 * MIB)]), layout_may_move: true }, &ops)?;
     }
 
     /// Sizes up to 2^46 on a 2^48-byte range: no overflow, no panic.
@@ -295,7 +307,7 @@ proptest! {
             2 => || Box::new(Tlsf::new(1 << 48).unwrap()),
             _ => || Box::new(Buddy::new(1 << 48).unwrap()),
         };
-        run(&Spec { make, exact_oom: None, max_align: u64::MAX, fresh_layout: None }, &ops)?;
+        run(&Spec { make, exact_oom: None, max_align: u64::MAX, fresh_layout: None, layout_may_move: false }, &ops)?;
     }
 }
 

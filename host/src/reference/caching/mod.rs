@@ -1875,6 +1875,35 @@ mod tests {
     }
 
     #[test]
+    fn expandable_reservation_whose_first_mapping_failed_stays_reserved() {
+        // `try_allocate_expandable_block` creates the `ExpandableSegment` before it maps; when the map fails
+        // the segment stays, and `release_blocks` releases only expandable segments that hold a cached block
+        // (c10/cuda/CUDACachingAllocator.cpp), so `empty_cache` keeps the empty reservation. Found by the
+        // property test `caching_expandable_matches_model`.
+        let mut c = CachingAllocator::new(CachingConfig::new(60 * MIB).expandable(true)).unwrap();
+        let small = c.alloc(1, 1).unwrap();
+        let small_res = c.segment_at(small.offset).unwrap();
+        let big: Vec<Allocation> = (0..2).map(|_| c.alloc(16 * MIB, 1).unwrap()).collect();
+        c.free(small).unwrap();
+        // A third 16 MiB maps a third 20 MiB page: 62 MiB with the small page, so the cached small page is
+        // unmapped and its reservation released (it held a cached block).
+        let third = c.alloc(16 * MIB, 1).unwrap();
+        assert_eq!(c.reserved_bytes(), 60 * MIB);
+        assert_eq!(c.segment_at(small_res.0), None);
+        // A small request: a new small reservation, whose 2 MiB page does not fit.
+        assert!(matches!(c.alloc(20_379, 1), Err(AllocError::OutOfMemory { .. })));
+        let empty = c.segment_at(small_res.0).expect("the new reservation at the lowest unused range");
+        for a in big.into_iter().chain([third]) {
+            c.free(a).unwrap();
+        }
+        c.empty_cache();
+        assert_eq!(c.reserved_bytes(), 0);
+        assert_eq!(c.segment_at(empty.0), Some(empty), "never mapped: kept");
+        // The device's 60 MiB are all free, listed after the kept reservation.
+        assert_eq!(c.free_blocks().collect::<Vec<_>>(), vec![(empty.0 + empty.1, 60 * MIB)]);
+    }
+
+    #[test]
     fn roundup_power2_divisions_list_and_single_forms() {
         // `round_size` / `roundup_power2_next_division`; `[256:1,512:2,>:4]` gives 1 division up to 512 MiB
         // and 4 from 512 MiB on (`>` fills from the last named interval inclusive).
