@@ -23,7 +23,8 @@
 //! - Every offset and size is a multiple of `granule`. A node is in the free index iff it is free.
 //! - A live node's slack is `reserved - requested` when below [`BIG_SLACK`], else the requested size is in
 //!   `big_slack` under the node index.
-//! - Counters (`free_bytes`, `free_count`, `reserved_in_use`, `allocated`, `live_count`) match the blocks.
+//! - Counters (`free_bytes`, `free_count`, `allocated`, `live_count`) match the blocks; the reserved bytes in
+//!   use are `capacity - free_bytes` (live and free blocks tile the range).
 //!
 //! Complexity: alloc is the index's search plus O(1); free by handle is O(1) plus the index's updates.
 //! `free_blocks`, `live_blocks` and the compaction layout sort, O(n log n); the error path of `free`
@@ -121,7 +122,6 @@ pub(crate) struct BlockList<I: FreeIndex> {
     big_slack: OffsetMap<u64>,
     pub(crate) index: I,
     allocated: u64,
-    reserved_in_use: u64,
     free_bytes: u64,
     free_count: usize,
 }
@@ -150,7 +150,6 @@ impl<I: FreeIndex> BlockList<I> {
             big_slack: offset_map(),
             index,
             allocated: 0,
-            reserved_in_use: 0,
             free_bytes: 0,
             free_count: 0,
         };
@@ -174,7 +173,6 @@ impl<I: FreeIndex> BlockList<I> {
         self.big_slack.clear();
         self.index.clear();
         self.allocated = 0;
-        self.reserved_in_use = 0;
         self.free_bytes = self.capacity;
         self.free_count = 1;
         let n = self.new_node(0, self.capacity, NIL, NIL);
@@ -252,7 +250,7 @@ impl<I: FreeIndex> BlockList<I> {
     }
 
     /// Marks node `n` (offset and size set, linked) live with the given request.
-    #[inline]
+    #[inline(always)]
     fn make_live(&mut self, n: u32, size: u64, requested: u64, align_log2: u8) {
         let slack = size - requested;
         if slack >= BIG_SLACK {
@@ -263,7 +261,6 @@ impl<I: FreeIndex> BlockList<I> {
         node.b = (align_log2 as u32 & 63) | (slack.min(BIG_SLACK) as u32) << 6;
         self.by_offset.insert(node.offset, n);
         self.live_count += 1;
-        self.reserved_in_use += size;
         self.allocated += requested;
     }
 
@@ -333,7 +330,6 @@ impl<I: FreeIndex> BlockList<I> {
         self.by_offset.remove(offset);
         self.live_count -= 1;
         self.allocated -= requested;
-        self.reserved_in_use -= size;
         self.free_bytes += size;
         let p_free = p != NIL && !self.nodes[p as usize].is_live();
         let q_free = q != NIL && !self.nodes[q as usize].is_live();
@@ -398,8 +394,8 @@ impl<I: FreeIndex> BlockList<I> {
         Stats {
             capacity: self.capacity,
             allocated: self.allocated,
-            reserved_in_use: self.reserved_in_use,
-            reserved: self.reserved_in_use,
+            reserved_in_use: self.capacity - self.free_bytes,
+            reserved: self.capacity - self.free_bytes,
             free: self.free_bytes,
             largest_free: self.index.largest(&self.nodes),
             stranded: 0,
@@ -506,7 +502,7 @@ impl<I: FreeIndex> BlockList<I> {
         self.by_offset.clear();
         self.big_slack.clear();
         self.index.clear();
-        (self.live_count, self.allocated, self.reserved_in_use, self.free_bytes, self.free_count) = (0, 0, 0, 0, 0);
+        (self.live_count, self.allocated, self.free_bytes, self.free_count) = (0, 0, 0, 0);
         let (mut cursor, mut prev) = (0u64, NIL);
         for &(b, align_log2, keep) in live {
             if b.offset > cursor {
@@ -586,7 +582,7 @@ impl<I: FreeIndex> BlockList<I> {
         }
         assert_eq!(seen + self.spare.len(), self.nodes.len(), "a node is neither in the list nor spare");
         assert_eq!((free, count), (self.free_bytes, self.free_count));
-        assert_eq!((reserved, allocated, live), (self.reserved_in_use, self.allocated, self.live_count));
+        assert_eq!((reserved, allocated, live), (self.capacity - self.free_bytes, self.allocated, self.live_count));
         if self.by_offset.is_built() {
             for (i, x) in self.nodes.iter().enumerate().filter(|x| x.1.is_live()) {
                 assert_eq!(self.by_offset.get(x.offset), Some(i as u32));
@@ -712,6 +708,12 @@ pub(crate) fn size_class(g: u64) -> (usize, usize) {
     }
 }
 
+/// Is `g` granules the lower bound of its size class (so that `round_to_class(g) == Some(g)`)?
+#[inline]
+pub(crate) fn is_class_lower_bound(g: u64) -> bool {
+    g < SL_COUNT as u64 || g & ((1u64 << (63 - g.leading_zeros() - SL_LOG2)) - 1) == 0
+}
+
 /// Smallest `g' >= g` that is the lower bound of a size class, or `None` on overflow.
 #[inline]
 pub(crate) fn round_to_class(g: u64) -> Option<u64> {
@@ -737,11 +739,30 @@ mod tests {
             assert!(c.1 < SL_COUNT && c.0 < FL_COUNT);
             last = c;
             let r = round_to_class(g).unwrap();
+            assert_eq!(is_class_lower_bound(g), r == g, "lower bound test of {g}");
             assert!(r >= g && size_class(r) >= size_class(g));
             // every size in class(r) is >= r
             assert!(r == g || size_class(r - 1) < size_class(r));
         }
         assert!(size_class(u64::MAX).0 < FL_COUNT);
+    }
+
+    #[test]
+    fn good_fit_class_from_own_class() {
+        // TLSF's search derives the class of `round_to_class(g)` from `size_class(g)`: the same class for a
+        // lower bound, else the next one (sl == SL_COUNT meaning the first class of the next level).
+        let mut gs: Vec<u64> = (1..5000).collect();
+        for m in 5..62 {
+            for d in [0u64, 1, 2, 31, 32, 33] {
+                gs.extend([(1u64 << m).saturating_sub(d).max(1), (1u64 << m) + d, (3u64 << (m - 1)) + d]);
+            }
+        }
+        for g in gs {
+            let (fl, sl) = size_class(g);
+            let fast = if is_class_lower_bound(g) { (fl, sl) } else { (fl, sl + 1) };
+            let fast = if fast.1 == SL_COUNT { (fast.0 + 1, 0) } else { fast };
+            assert_eq!(Some(fast), round_to_class(g).map(size_class), "g = {g}");
+        }
     }
 }
 

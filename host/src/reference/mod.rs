@@ -98,6 +98,7 @@ impl Handle {
 
     /// The generation (0 in release builds).
     #[inline]
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     pub(crate) fn generation(self) -> u32 {
         (self.0 >> 32) as u32
     }

@@ -10,9 +10,9 @@
 //!            v  doubly linked free list through the block-list nodes (a = prev, b = next)
 //! ```
 //!
-//! Blocks live in the shared block list (`block_list.rs`): free blocks are out-of-band nodes found by their
-//! start and end offsets in one tagged hash table, so merging with free neighbours on free is O(1) expected
-//! and immediate, and a split or merge that keeps a free block's address order updates the index in place.
+//! Blocks live in the shared block list (`block_list.rs`): every block is an out-of-band node linked to its
+//! physical neighbours, and an allocation's handle names its node, so `free` merges with free neighbours in
+//! O(1) through those links, and a split or merge that keeps a free block's class leaves its list untouched.
 //! Sizes are counted in granules (default 256 B) and classed with 5 second-level bits, so a class spans at
 //! most 1/32 of its size.
 //!
@@ -29,15 +29,16 @@
 //!   `trailing_zeros` find the first non-empty class that is guaranteed to fit. Only if that fails is the
 //!   rest of the own class list scanned for an exact fit, O(k) in that list's length (this keeps "the whole
 //!   free block is allocatable").
-//! - `free`: O(1) (hash lookup of the offset, neighbour merge, list insert).
+//! - `free`: O(1) (the handle's node, neighbour merge through the physical links, list insert); `free_at`
+//!   adds one lookup in the block list's offset index.
 //! - `stats`: O(k) for `largest_free` (scan of the highest non-empty class).
 //!
 //! Alignment above the granule is served by searching for `size + align - granule` and leaving the front
 //! padding as a free block.
 
 use super::block_list::{
-    block_list_strategy, first_class_at_or_above, round_to_class, size_class, BlockList, FreeIndex, Node, Placement,
-    FL_COUNT, NIL, SL_COUNT,
+    block_list_strategy, first_class_at_or_above, is_class_lower_bound, round_to_class, size_class, BlockList,
+    FreeIndex, Node, Placement, FL_COUNT, NIL, SL_COUNT,
 };
 use super::fit_front;
 
@@ -80,7 +81,7 @@ impl TlsfIndex {
     }
 
     /// Unlinks `n`, which is filed under the class of `size` bytes.
-    #[inline]
+    #[inline(always)]
     fn unlink(&mut self, nodes: &mut [Node], n: u32, size: u64) {
         let Node { a: prev, b: next, .. } = nodes[n as usize];
         if prev != NIL {
@@ -108,7 +109,7 @@ impl TlsfIndex {
 }
 
 impl FreeIndex for TlsfIndex {
-    #[inline]
+    #[inline(always)]
     fn insert(&mut self, nodes: &mut [Node], n: u32) {
         let (fl, sl) = size_class(nodes[n as usize].size >> self.granule_log2);
         let head = self.heads[fl][sl];
@@ -128,7 +129,7 @@ impl FreeIndex for TlsfIndex {
         self.unlink(nodes, n, size);
     }
 
-    #[inline]
+    #[inline(always)]
     fn update(&mut self, nodes: &mut [Node], n: u32, _old_offset: u64, old_size: u64) {
         let new_size = nodes[n as usize].size;
         // Lists are unordered: only a change of class moves the node.
@@ -138,25 +139,31 @@ impl FreeIndex for TlsfIndex {
         }
     }
 
+    #[inline]
     fn find(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
         // 1. The request's own class first (tlsf-bsd#4, BL-25): a hole of exactly the request's size sits
         //    there, below the rounded-up class, and is the best fit the lists can offer. Only the first
         //    `OWN_CLASS_PROBES` blocks are looked at (a freed hole goes to the head of its list), so this
         //    stays O(1).
-        let own = size_class((size >> self.granule_log2).max(1));
+        let g = (size >> self.granule_log2).max(1);
+        let own = size_class(g);
         let start = if self.sl_bitmap[own.0] & (1 << own.1) != 0 { self.heads[own.0][own.1] } else { NIL };
         let (hit, rest) = scan_fit(nodes, start, size, align, OWN_CLASS_PROBES);
         if hit.is_some() {
             return hit.map(|n| (n, Placement::Front));
         }
-        // 2. Good fit: the first non-empty class above the request rounded up to a class boundary; any of
-        //    its blocks fits.
-        let need = size.checked_add(align - granule.min(align))?;
-        if let Some(r) = round_to_class(need >> self.granule_log2) {
-            let (fl, sl) = size_class(r);
-            if let Some((fl, sl)) = self.first_at_or_above(fl, sl) {
-                return Some((self.heads[fl][sl], Placement::Front));
-            }
+        // 2. Good fit: the first non-empty class at or above the request rounded up to a class boundary;
+        //    any of its blocks fits. Without alignment padding that class follows from the own class: the
+        //    same class when `g` is its lower bound, else the next one (`sl == SL_COUNT` carries into the
+        //    next first level in `first_class_at_or_above`).
+        let good = if align <= granule {
+            Some(if is_class_lower_bound(g) { own } else { (own.0, own.1 + 1) })
+        } else {
+            let need = size.checked_add(align - granule)?;
+            round_to_class(need >> self.granule_log2).map(size_class)
+        };
+        if let Some((fl, sl)) = good.and_then(|(fl, sl)| self.first_at_or_above(fl, sl)) {
+            return Some((self.heads[fl][sl], Placement::Front));
         }
         // 3. Slow path: the rest of the request's own class list, for an exact fit ("the whole free block is
         //    allocatable").
