@@ -376,6 +376,11 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32) -> Gr
     let mut refill = 0u32;
     let mut attempt = 0;
     while attempt < ACQUIRE_ATTEMPTS {
+        // Through an optimisation barrier, so that what is derived from them
+        // (the slot count, the reservation's 64-bit addend, the `current`
+        // row) is computed in the iteration that uses it rather than once
+        // before the loop and kept live across its calls (DESIGN.md §4.1).
+        let (class, need) = (crate::arch::opaque_u32(class), crate::arch::opaque_u32(need));
         let cur = current(m, class, slot);
         let v = cur.load(Ordering::Acquire);
         if v == REFILLING {
