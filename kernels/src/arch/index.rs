@@ -111,6 +111,31 @@ pub fn sm_id() -> u32 {
 pub fn global_thread_id() -> u64 {
     block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64
 }
+/// [`global_thread_id`] read again from the special registers: the compiler
+/// does not merge it with an earlier read, so a caller can recompute the
+/// index after a call instead of keeping it (and what it derived from it)
+/// live across the call (DESIGN.md §4.1).
+#[inline(always)]
+pub fn global_thread_id_reread() -> u64 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let (t, b, d): (u32, u32, u32);
+        // SAFETY: reads special registers; no memory is touched. Not `pure`,
+        // so that it is not merged with an earlier read.
+        unsafe {
+            core::arch::asm!(
+                "mov.u32 {t}, %tid.x; mov.u32 {b}, %ctaid.x; mov.u32 {d}, %ntid.x;",
+                t = out(reg32) t,
+                b = out(reg32) b,
+                d = out(reg32) d,
+                options(nomem, nostack)
+            )
+        };
+        b as u64 * d as u64 + t as u64
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    global_thread_id()
+}
 /// Threads in the whole grid.
 #[inline(always)]
 pub fn grid_threads() -> u64 {

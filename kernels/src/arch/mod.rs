@@ -26,3 +26,22 @@ pub mod warp;
 
 /// Threads per warp on every NVIDIA GPU to date (and in the CPU emulator).
 pub const WARP_SIZE: u32 = 32;
+
+/// Returns `x`, through an optimisation barrier: the compiler cannot see
+/// that the result equals `x`, so what is derived from it is computed after
+/// this point, where it is used, instead of once before a loop and kept in
+/// registers across the calls inside it (DESIGN.md §4.1: `ptxas` charges a
+/// call every register live across it). One `mov` on the GPU; the identity
+/// on the host.
+#[inline(always)]
+pub fn opaque_u32(x: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let mut x = x;
+        // SAFETY: a register move; no memory is touched.
+        unsafe { core::arch::asm!("mov.b32 {x}, {x};", x = inout(reg32) x, options(nomem, nostack)) };
+        x
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    x
+}

@@ -8,7 +8,7 @@
 
 use super::Heap;
 use crate::arch::atomic::{AtomicU64, Ordering};
-use crate::arch::index::global_thread_id;
+use crate::arch::index::{global_thread_id, global_thread_id_reread};
 use crate::fill::pattern;
 
 /// Parameters of [`HEAP_MALLOC`] (and of the CUDA-malloc baseline kernels).
@@ -170,6 +170,11 @@ pub unsafe fn malloc_kernel(p: &MallocParams) {
     };
     // SAFETY: the caller guarantees a live heap.
     let ptr = unsafe { super::malloc(&p.heap, size) };
+    // The output address is recomputed rather than kept live across
+    // `malloc` (a register pair less under its whole call chain, DESIGN.md
+    // §4.1); the index is the same.
+    let i = global_thread_id_reread();
+    let out = (p.out as *mut u64).wrapping_add(i as usize);
     // SAFETY: `i < threads`, inside `out`.
     unsafe { out.write(ptr as u64) };
 }

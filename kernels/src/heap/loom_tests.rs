@@ -162,7 +162,7 @@ fn slab_claim_free_and_retire() {
         let class = CLASSES - 1; // 4 KiB slots, 16 per page, one bitmap word
                                  // Carve a page (slot 0 of `current`, then un-install it so that
                                  // emptying retires it).
-        let (page, got) = slab::acquire(&*h, class, 0, 1, 0).get().unwrap();
+        let (page, got) = slab::acquire(&*h, class, 0, 1).get().unwrap();
         assert_eq!(got, 1);
         let mut cur = 0;
         let (w0, b0) = slab::claim_bits(&*h, page, class, &mut cur, 1);
@@ -200,7 +200,7 @@ fn slab_claim_free_and_retire() {
 /// the class's current-page slot, so the next free of that slot retires the
 /// page. Returns the page and the slot's byte offset in it.
 fn one_slot_in_a_non_current_page(h: &VecHeap, class: u32) -> (u64, u64) {
-    let (page, _) = slab::acquire(h, class, 0, 1, 0).get().unwrap();
+    let (page, _) = slab::acquire(h, class, 0, 1).get().unwrap();
     let mut cur = 0;
     let (w0, b0) = slab::claim_bits(h, page, class, &mut cur, 1);
     h.word32(MetaSection32::Current, (class * CURRENT_SLOTS) as u64).store(0, Ordering::Relaxed);
@@ -244,8 +244,8 @@ fn slab_acquire_during_page_format_never_fails_spuriously() {
         let h = new_heap(PAGE);
         let class = CLASSES - 1; // 16 slots of 4 KiB
         let h1 = h.clone();
-        let t = thread::spawn(move || slab::acquire(&*h1, class, 1, 1, 0).get());
-        let mine = slab::acquire(&*h, class, 0, 1, 0).get();
+        let t = thread::spawn(move || slab::acquire(&*h1, class, 1, 1).get());
+        let mine = slab::acquire(&*h, class, 0, 1).get();
         let theirs = t.join().unwrap();
         let (p0, n0) = mine.expect("first reservation: one page of 16 slots is free");
         let (p1, n1) = theirs.expect("second reservation: 15 slots left (no spurious null)");
@@ -278,7 +278,7 @@ fn slab_acquire_during_retire_never_fails_spuriously() {
             let hdr = h1.word(MetaSection::Hdr, page).load(Ordering::Acquire);
             assert_eq!(slab::free_slot(&*h1, page, hdr, off), slab::SlotFree::Freed);
         });
-        let got = slab::acquire(&*h, class, 1, 1, 0).get();
+        let got = slab::acquire(&*h, class, 1, 1).get();
         t.join().unwrap();
         assert_eq!(got, Some((page, 1)), "a slot was free at every moment");
         let hdr = h.word(MetaSection::Hdr, page).load(Ordering::Relaxed);

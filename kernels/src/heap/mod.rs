@@ -130,6 +130,7 @@ use slab::SlotFree;
 
 use crate::arch::atomic::Ordering;
 use crate::arch::index::{global_warp_id, lane_id, sm_id};
+use crate::arch::opaque_u32;
 use crate::arch::warp::{active_mask, ballot, lanemask_lt, match_any, shfl_u64};
 
 #[inline(always)]
@@ -187,9 +188,8 @@ fn alloc_large<M: HeapMem>(m: &M, k: u32, hint: u64) -> u64 {
 #[inline(never)]
 fn leader_step<M: HeapMem>(m: &M, c: u32, need: u32, mut st: u64) -> (u64, u64) {
     if st & 0xFFFF == 0 {
-        let hint = hash(global_warp_id());
-        match slab::acquire(m, c, sm_id() % CURRENT_SLOTS, need, hint).get() {
-            Some((page, got)) => st = page << 32 | ((hint >> 32) & 63) << 16 | got as u64,
+        match slab::acquire(m, c, sm_id() % CURRENT_SLOTS, need).get() {
+            Some((page, got)) => st = page << 32 | ((slab::warp_hint() >> 32) & 63) << 16 | got as u64,
             None => {
                 count_failed(m, need);
                 return (0, 0);
@@ -238,8 +238,10 @@ pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
         }
     }
 
-    let c = class.unwrap_or(0);
-    let size_shift = MIN_CLASS_SHIFT + c;
+    // `CLASSES` for lanes without a slab request. The slot size is derived
+    // from it where used, after an optimisation barrier: LLVM would compute
+    // it once before the loop and keep it live across the leader's step.
+    let c = class.unwrap_or(CLASSES);
     let mut pending = class.is_some();
     let mut assigned = 0u32;
     // The group leader's state (see `leader_step`), the same on every lane of
@@ -273,6 +275,7 @@ pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
                     }
                     // The claimed word is the state's cursor.
                     let word = (st >> 16) & 0xFF;
+                    let size_shift = MIN_CLASS_SHIFT + opaque_u32(c);
                     result =
                         g.base + ((st >> 32) << PAGE_SHIFT) + ((word * 64 + b.trailing_zeros() as u64) << size_shift);
                 }
@@ -283,7 +286,9 @@ pub(crate) fn malloc_in<M: HeapMem>(m: &M, size: u64) -> u64 {
             }
         }
     }
-    if class.is_some() && result != 0 {
+    let c = opaque_u32(c);
+    let size_shift = MIN_CLASS_SHIFT + c;
+    if c < CLASSES && result != 0 {
         // Acquire the slot's history ourselves (see slab: memory ordering of
         // the payload): the leader's claim RMW is in the release sequence of
         // the previous owner's free.

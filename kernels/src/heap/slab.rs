@@ -149,6 +149,18 @@ impl Grant {
     }
 }
 
+/// The warp's search hint (a spread only: any value is correct), computed
+/// where it is used rather than passed down the call chain, where every
+/// frame would keep it live (DESIGN.md §4.1). 0 in the model checkers,
+/// which run outside a launch.
+#[inline(always)]
+pub(crate) fn warp_hint() -> u64 {
+    #[cfg(not(any(loom, shuttle)))]
+    return super::hash(crate::arch::index::global_warp_id());
+    #[cfg(any(loom, shuttle))]
+    return 0;
+}
+
 /// The class's available-page bitmap.
 #[inline(always)]
 pub(crate) fn avail<M: HeapMem>(m: &M, class: u32) -> Hb {
@@ -268,7 +280,8 @@ pub(crate) fn format<M: HeapMem>(m: &M, page: u64, class: u32, slot: u32, reserv
 /// transit from the buddy's claim to the available bit that `format` sets,
 /// so a searcher of this class that failed meanwhile retries.
 #[inline(never)]
-fn fresh_page<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
+fn fresh_page<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32) -> Grant {
+    let hint = warp_hint();
     buddy::transit_begin(m);
     let unit = match buddy::alloc_in_transit(m, PAGE_ORDER, hint, 1) {
         Some(u) => Some(u),
@@ -288,7 +301,8 @@ fn fresh_page<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) ->
 
 /// Looks for a page of `class` with free slots in the available bitmap.
 #[inline(never)]
-fn from_avail<M: HeapMem>(m: &M, class: u32, need: u32, hint: u64) -> Grant {
+fn from_avail<M: HeapMem>(m: &M, class: u32, need: u32) -> Grant {
+    let hint = warp_hint();
     let mut t = 0;
     while t < AVAIL_PROBES {
         // The bitmap's geometry is re-read for each probe (loads after the
@@ -351,24 +365,28 @@ pub(crate) fn scavenge<M: HeapMem>(m: &M) -> bool {
 /// merge, a page between the buddy and its format ([`fresh_page`]), a page
 /// between its retirement and the buddy ([`retire`], [`scavenge`]), and a
 /// page whose available bit is cleared and re-checked (`drop_if_full`).
-pub(crate) fn acquire<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint: u64) -> Grant {
+pub(crate) fn acquire<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32) -> Grant {
     // One frame, one search site: the current-page attempts, then searches
     // (the refill's or the fallback's, then the final scans) each followed
     // by the same check. No nested calls keep this frame's values live
     // under another frame's (DESIGN.md §4.1: registers add up along a call
     // chain in `ptxas`).
-    let mut t0 = buddy::transit_now(m);
     // `old + 1` of the slot's entry we replaced with `REFILLING` (0: we are
     // not refilling; `old` is never `REFILLING`, so this does not wrap).
     let mut refill = 0u32;
     let mut attempt = 0;
     while attempt < ACQUIRE_ATTEMPTS {
+        // Through an optimisation barrier, so that what is derived from them
+        // (the slot count, the reservation's 64-bit addend, the `current`
+        // row) is computed in the iteration that uses it rather than once
+        // before the loop and kept live across its calls (DESIGN.md §4.1).
+        let (class, need) = (crate::arch::opaque_u32(class), crate::arch::opaque_u32(need));
         let cur = current(m, class, slot);
         let v = cur.load(Ordering::Acquire);
         if v == REFILLING {
             // Another warp is refilling this slot: use any page with room,
             // else wait a little.
-            let r = from_avail(m, class, need, hint);
+            let r = from_avail(m, class, need);
             if r != Grant::NONE {
                 return r;
             }
@@ -388,12 +406,16 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, class: u32, slot: u32, need: u32, hint:
         attempt += 1;
     }
     // Here we refill the slot, or the refiller is slow and we do not wait
-    // longer: either way, search for a page of our own.
+    // longer: either way, search for a page of our own. The transit
+    // snapshot is taken here, right before the first scan (the window a
+    // final scan is checked over is the scan itself), not before the
+    // current-page attempts: nothing is live across them (DESIGN.md §4.1).
     let mut scan = 0;
+    let mut t0 = buddy::transit_now(m);
     loop {
-        let mut r = from_avail(m, class, need, hint);
+        let mut r = from_avail(m, class, need);
         if r == Grant::NONE {
-            r = fresh_page(m, class, slot, need, hint);
+            r = fresh_page(m, class, slot, need);
         }
         if refill != 0 {
             install(m, class, slot, r, refill - 1);
