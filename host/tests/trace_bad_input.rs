@@ -290,6 +290,21 @@ fn directory_given_as_the_path() {
     std::fs::remove_dir(&dir).ok();
 }
 
+/// `/dev/zero` never ends: reading it whole grew memory without bound until the process was killed.
+#[cfg(unix)]
+#[test]
+fn device_given_as_the_path() {
+    for dev in ["/dev/zero", "/dev/null"] {
+        let p = Path::new(dev);
+        if !p.exists() {
+            continue;
+        }
+        let err = read_trace(p).unwrap_err();
+        check_message(&err, p, &["is a device, not a trace file"]);
+        assert!(matches!(err, TraceError::IsDevice { .. }));
+    }
+}
+
 #[test]
 fn missing_file() {
     let p = std::env::temp_dir().join("gpuheap-no-such-trace.pickle");
@@ -308,4 +323,59 @@ fn length_past_the_end_names_the_opcode() {
         &["truncated pickle: the opcode at byte 2 needs more bytes than the data holds"],
     );
     assert!(matches!(err, TraceError::PickleTruncated { offset: 2, .. }), "{err:?}");
+}
+
+/// A snapshot whose `segments` hold the given segments (device 0 unless a segment says otherwise).
+fn segments_snapshot(segments: Vec<V>) -> Vec<u8> {
+    pickle(&V::Dict(vec![("segments", V::List(segments)), ("device_traces", V::List(vec![]))]))
+}
+
+fn segment<'a>(addr: i128, size: i128, blocks: Vec<V<'a>>) -> V<'a> {
+    V::Dict(vec![("address", V::Int(addr)), ("total_size", V::Int(size)), ("blocks", V::List(blocks))])
+}
+
+fn block<'a>(addr: i128, size: i128, requested: i128, state: &'a str) -> V<'a> {
+    V::Dict(vec![
+        ("address", V::Int(addr)),
+        ("size", V::Int(size)),
+        ("requested_size", V::Int(requested)),
+        ("state", V::Str(state)),
+    ])
+}
+
+#[test]
+fn final_state_layout_that_cannot_exist() {
+    const M: i128 = 1 << 20;
+    const A: i128 = 0x7f00_0000_0000;
+    // A live block whose requested_size passes its size (2^64 - 1 panicked in `request_pad` with
+    // overflow checks on). An inactive block may keep a larger stale request, as real snapshots do.
+    let p = segments_snapshot(vec![segment(A, 2 * M, vec![block(A, 2 * M, (1 << 64) - 1, "active_allocated")])]);
+    read_err("live_request.pickle", &p, &["segment 0, block 0", "requested_size", "more than its size"]);
+    let p = segments_snapshot(vec![segment(A, 2 * M, vec![block(A, 2 * M, 1 << 40, "inactive")])]);
+    let path = temp_file("stale_request.pickle", &p);
+    read_trace(&path).expect("an inactive block with a stale larger request reads");
+    // A block outside its segment, one past its end, and two overlapping blocks.
+    let p = segments_snapshot(vec![segment(A, 2 * M, vec![block(0x1000, M, M, "active_allocated")])]);
+    read_err("outside.pickle", &p, &["segment 0, block 0", "starts before"]);
+    let p = segments_snapshot(vec![segment(A, 2 * M, vec![block(A, 3 * M, M, "active_allocated")])]);
+    read_err("past_end.pickle", &p, &["segment 0, block 0", "ends past its segment's end"]);
+    let p = segments_snapshot(vec![segment(
+        A,
+        2 * M,
+        vec![block(A, M, M, "active_allocated"), block(A + 1, M, M, "active_allocated")],
+    )]);
+    read_err("overlap.pickle", &p, &["segment 0, block 1", "starts before the end of the previous block"]);
+    // Two segments of one device sharing bytes (their sizes would be counted twice: three such
+    // segments of 2^63 B made the reserved sum pass 2^64).
+    let half = 1i128 << 63;
+    let p = segments_snapshot(vec![segment(0, half, vec![]), segment(1, half, vec![]), segment(2, half, vec![])]);
+    read_err("segments_overlap.pickle", &p, &["segment 1", "overlap"]);
+    // Segments of distinct devices may share addresses.
+    let mut other = segment(A, 2 * M, vec![]);
+    if let V::Dict(d) = &mut other {
+        d.push(("device", V::Int(1)));
+    }
+    let p = segments_snapshot(vec![segment(A, 2 * M, vec![]), other]);
+    let path = temp_file("two_devices.pickle", &p);
+    assert_eq!(read_trace(&path).expect("two devices read").devices.len(), 2);
 }

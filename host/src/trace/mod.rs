@@ -557,6 +557,13 @@ pub enum TraceError {
         /// The path.
         path: PathBuf,
     },
+    /// The path names a character or block device (such as `/dev/zero`, which would be read without end),
+    /// not a file.
+    #[error("{}: is a device, not a trace file", .path.display())]
+    IsDevice {
+        /// The path.
+        path: PathBuf,
+    },
     /// The file is empty.
     #[error("{}: empty file", .path.display())]
     Empty {
@@ -645,6 +652,7 @@ impl TraceError {
         match self {
             TraceError::Io { path, .. }
             | TraceError::IsDirectory { path }
+            | TraceError::IsDevice { path }
             | TraceError::Empty { path }
             | TraceError::UnknownFormat { path, .. }
             | TraceError::PickleRunsCode { path, .. }
@@ -679,6 +687,13 @@ pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
     let meta = std::fs::metadata(path).map_err(io)?;
     if meta.is_dir() {
         return Err(TraceError::IsDirectory { path: path.to_path_buf() });
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if meta.file_type().is_char_device() || meta.file_type().is_block_device() {
+            return Err(TraceError::IsDevice { path: path.to_path_buf() });
+        }
     }
     let bytes = std::fs::read(path).map_err(io)?;
     parse_trace(path, &bytes)
