@@ -379,3 +379,22 @@ fn final_state_layout_that_cannot_exist() {
     let path = temp_file("two_devices.pickle", &p);
     assert_eq!(read_trace(&path).expect("two devices read").devices.len(), 2);
 }
+
+/// A CSV whose lines end in a lone `\r` (classic Mac OS, some spreadsheet exports) was "unknown trace
+/// format": the format was detected on the text before the first `\n`, that is the whole file.
+#[test]
+fn csv_with_cr_line_endings_reads() {
+    for (name, text) in [
+        ("cr.csv", "id,lower,upper,size\r0,0,10,16\r1,2,4,5\r"),
+        ("crlf.csv", "id,lower,upper,size\r\n0,0,10,16\r\n1,2,4,5\r\n"),
+        ("bom_cr.csv", "\u{feff}id,lower,upper,size\r0,0,10,16\r1,2,4,5\r"),
+    ] {
+        let path = temp_file(name, text.as_bytes());
+        let t = read_trace(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(t.devices[0].events.iter().map(|e| e.size).collect::<Vec<_>>(), [16, 5, 5, 16], "{name}");
+    }
+    let path = temp_file("cr.rmm.csv", b"Thread,Time,Action,Pointer,Size,Stream\r1,10:00:00.1,allocate,0x1000,64,0\r");
+    assert_eq!(read_trace(&path).expect("an RMM log with CR line ends").devices[0].events.len(), 1);
+    // The error for a bad row still names its line.
+    read_err("cr_bad.csv", b"id,lower,upper,size\r0,0,10,16\r1,2,4,x\r", &["line 3", "column `size`"]);
+}

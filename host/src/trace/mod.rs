@@ -704,9 +704,20 @@ pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
 pub fn parse_trace(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
     match detect(path, bytes)? {
         TraceFormat::PytorchSnapshot(_) => pytorch::parse(path, bytes),
-        TraceFormat::LifetimeCsv => csv_lifetime::parse(path, bytes),
-        TraceFormat::RmmLog => rmm::parse(path, bytes),
+        TraceFormat::LifetimeCsv => csv_lifetime::parse(path, &lone_cr_to_lf(bytes)),
+        TraceFormat::RmmLog => rmm::parse(path, &lone_cr_to_lf(bytes)),
     }
+}
+
+/// `bytes` with every `\r` that does not start a `\r\n` turned into `\n`: the CSV reader takes a lone
+/// `\r` as a line end but counts lines by `\n`, so without this every error in a file with classic Mac
+/// line ends would name line 1.
+fn lone_cr_to_lf(bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let lone = |i: usize| bytes[i] == b'\r' && bytes.get(i + 1) != Some(&b'\n');
+    if !(0..bytes.len()).any(lone) {
+        return std::borrow::Cow::Borrowed(bytes);
+    }
+    std::borrow::Cow::Owned((0..bytes.len()).map(|i| if lone(i) { b'\n' } else { bytes[i] }).collect())
 }
 
 /// Detects the format of `bytes` (PyTorch layout is refined by the reader).
@@ -718,7 +729,8 @@ pub fn detect(path: &Path, bytes: &[u8]) -> Result<TraceFormat, TraceError> {
         return Ok(TraceFormat::PytorchSnapshot(SnapshotLayout::Recent));
     }
     let text = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
-    let first = text.split(|&b| b == b'\n').next().unwrap_or(b"");
+    // Lines end in `\n`, `\r\n` or a lone `\r` (the CSV reader takes all three).
+    let first = text.split(|&b| b == b'\n' || b == b'\r').next().unwrap_or(b"");
     let header: Vec<String> =
         String::from_utf8_lossy(first).split(',').map(|c| c.trim().to_ascii_lowercase()).collect();
     if header.len() >= 4 && header[..4] == ["id", "lower", "upper", "size"] {
