@@ -618,3 +618,26 @@ fn impossible_recorded_settings_and_oom_capacity_exit_2_naming_them() {
         }
     }
 }
+
+/// `gpuheap explain /dev/stdin < FILE` (or `<(...)`): explain read the file a second time for the stack
+/// frames, got nothing from the spent pipe and exited 2 with "corrupt pickle". The file is read once.
+#[cfg(unix)]
+#[test]
+fn explain_reads_a_piped_snapshot_once() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let bytes = oom_snapshot(8 * MIB, 6 * MIB);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuheap"))
+        .args(["explain", "/dev/stdin", "--no-tune", "--json"])
+        .env("GPUHEAP_BACKEND", "cpu")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    child.stdin.take().unwrap().write_all(&bytes).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let v = json(&out);
+    let frames = &v["largest_tensors"][0]["frames"];
+    assert_eq!(frames[0]["filename"], "train.py", "the frames come from the piped bytes: {frames}");
+}

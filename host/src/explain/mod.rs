@@ -787,6 +787,21 @@ fn trace_error(trace: &Trace, dev: &DeviceTrace, e: StateError) -> TraceError {
 /// [`ExplainError::Input`] for a device the file lacks or a file with no allocation at all;
 /// [`ExplainError::Trace`] for sums that cannot be represented or a snapshot that cannot be read again.
 pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Result<Explanation, ExplainError> {
+    explain_with_bytes(trace, None, device, capacity)
+}
+
+/// [`explain`] with the content of the trace file already read (`bytes`, from
+/// [`crate::trace::read_trace_and_bytes`]): the stack frames are read from it instead of the file
+/// [`Trace::source`] names, which is read again when `bytes` is `None`.
+///
+/// # Errors
+/// As [`explain`].
+pub fn explain_with_bytes(
+    trace: &Trace,
+    bytes: Option<&[u8]>,
+    device: Option<i64>,
+    capacity: Option<u64>,
+) -> Result<Explanation, ExplainError> {
     let devices = summarize(trace);
     let choice = choose_device(trace, &devices, device).map_err(ExplainError::Input)?;
     let dev = &trace.devices[choice.index];
@@ -838,7 +853,7 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
     let mut largest: Vec<Tensor> =
         st.live.iter().take(TOP_ITEMS).map(|b| Tensor { block: b.clone(), frames: Vec::new() }).collect();
     if matches!(trace.format, TraceFormat::PytorchSnapshot(_)) && !largest.is_empty() {
-        attach_frames(&trace.source, dev, &mut largest)?;
+        attach_frames(&trace.source, bytes, dev, &mut largest)?;
     }
     let mut with_holes: Vec<SegmentView> = st.segments.iter().filter(|s| s.hole_bytes() > 0).cloned().collect();
     with_holes.sort_by(|a, b| b.hole_bytes().cmp(&a.hole_bytes()).then(a.addr.cmp(&b.addr)));
@@ -885,11 +900,23 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
 
 /// Fills the frames of `tensors` from the snapshot file: the frames of each block's `alloc` event,
 /// else those its final-state block records.
-fn attach_frames(path: &Path, dev: &DeviceTrace, tensors: &mut [Tensor]) -> Result<(), TraceError> {
-    let bytes = std::fs::read(path).map_err(|source| TraceError::Io { path: path.to_path_buf(), source })?;
+fn attach_frames(
+    path: &Path,
+    bytes: Option<&[u8]>,
+    dev: &DeviceTrace,
+    tensors: &mut [Tensor],
+) -> Result<(), TraceError> {
+    let again;
+    let bytes = match bytes {
+        Some(b) => b,
+        None => {
+            again = std::fs::read(path).map_err(|source| TraceError::Io { path: path.to_path_buf(), source })?;
+            &again[..]
+        }
+    };
     let events: Vec<usize> = tensors.iter().filter_map(|t| t.block.alloc_event).collect();
     let blocks: Vec<u64> = tensors.iter().map(|t| t.block.addr).collect();
-    let f = pytorch::read_frames(path, &bytes, dev.device, &events, &blocks)?;
+    let f = pytorch::read_frames(path, bytes, dev.device, &events, &blocks)?;
     for t in tensors {
         let from_event = t.block.alloc_event.and_then(|i| f.events.iter().find(|e| e.0 == i)).map(|e| &e.1);
         // A final-state block at the same address is the same tensor only if no later alloc reused it;

@@ -682,6 +682,13 @@ pub(crate) fn one_line(s: String) -> String {
 /// PyTorch pickles are recognised by their protocol header (or a `.pickle`/`.pkl` extension for
 /// protocol 0/1), the CSV formats by their header line.
 pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
+    read_trace_and_bytes(path).map(|(t, _)| t)
+}
+
+/// [`read_trace`], also returning the bytes read: the file is read once, so a caller that needs its
+/// content again (the stack frames `explain` shows) need not read it a second time, which a pipe
+/// (`/dev/stdin`, `<(...)`) does not allow and a file rewritten in between would answer wrongly.
+pub fn read_trace_and_bytes(path: impl AsRef<Path>) -> Result<(Trace, Vec<u8>), TraceError> {
     let path = path.as_ref();
     let io = |source| TraceError::Io { path: path.to_path_buf(), source };
     let meta = std::fs::metadata(path).map_err(io)?;
@@ -696,7 +703,7 @@ pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
         }
     }
     let bytes = std::fs::read(path).map_err(io)?;
-    parse_trace(path, &bytes)
+    Ok((parse_trace(path, &bytes)?, bytes))
 }
 
 /// Parses trace `bytes` (the content of the file `path`, which is only used in messages and in

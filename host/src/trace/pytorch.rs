@@ -552,7 +552,9 @@ pub fn read_frames(
     let p = pickle::decode(bytes).map_err(|e| TraceError::PickleCorrupt {
         path: path.to_path_buf(),
         offset: e.offset,
-        message: "cannot decode the pickle again to read stack frames".into(),
+        message: "cannot decode the pickle again to read stack frames (was the file changed since it was read, or is \
+                  it a pipe, which can be read once?)"
+            .into(),
     })?;
     let frames_of = |d: &[(NodeId, NodeId)]| -> Vec<Frame> {
         let Some(Node::List(list) | Node::Tuple(list)) = p.get(d, "frames").map(|f| p.node(f)) else {
