@@ -90,3 +90,14 @@ def test_explain_bad_options() -> None:
         gpuheap.explain(snap, capacity="a lot")
     with pytest.raises(gpuheap.TraceError):
         gpuheap.explain({"device_traces": []})
+
+
+def test_frames_come_from_the_bytes_loaded(tmp_path: Path) -> None:
+    # explain read the file again for the stack frames: a file rewritten after load gave the frames of
+    # another snapshot (here none: the file is gone), and a pipe could not be read twice.
+    path = tmp_path / "oom.pickle"
+    path.write_bytes(pickle.dumps(oom_snapshot(8 * MIB, 0), protocol=4))
+    snap = gpuheap.load(path)
+    path.unlink()
+    e = gpuheap.explain(snap, tune=False)
+    assert e.largest_tensors[0]["frames"][0]["filename"] == "data/loader.py"
