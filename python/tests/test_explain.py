@@ -101,3 +101,12 @@ def test_frames_come_from_the_bytes_loaded(tmp_path: Path) -> None:
     path.unlink()
     e = gpuheap.explain(snap, tune=False)
     assert e.largest_tensors[0]["frames"][0]["filename"] == "data/loader.py"
+
+
+def test_many_ooms_first_32_explained_rest_counted() -> None:
+    snap = oom_snapshot(12 * MIB, 1 * MIB)
+    oom = snap["device_traces"][0][-1]
+    snap["device_traces"][0].extend(dict(oom) for _ in range(39))
+    e = gpuheap.explain(snap, tune=False)
+    assert len(e.ooms) == 32 and e.ooms_not_explained == 8
+    assert "8 more recorded OOM events are not explained one by one" in str(e)
