@@ -398,3 +398,31 @@ fn csv_with_cr_line_endings_reads() {
     // The error for a bad row still names its line.
     read_err("cr_bad.csv", b"id,lower,upper,size\r0,0,10,16\r1,2,4,x\r", &["line 3", "column `size`"]);
 }
+
+/// A value of megabytes quoted in a message (a CSV cell, a block state, a global's name) made a message
+/// of megabytes; the message quotes its first 40 characters and gives its length.
+#[test]
+fn huge_values_are_quoted_in_short() {
+    let long = "7".repeat(1 << 20);
+    let err = read_err(
+        "long_cell.csv",
+        format!("id,lower,upper,size\n0,0,10,{long}\n").as_bytes(),
+        &["line 2", "column `size`", "does not fit in 64 bits", "(1048576 bytes)"],
+    );
+    assert!(err.to_string().len() < 400, "{} bytes", err.to_string().len());
+    let junk = "x".repeat(1 << 20);
+    let log = format!("Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.1,{junk},0x1000,64,0\n");
+    let err = read_err("long_action.rmm.csv", log.as_bytes(), &["line 2", "unknown action \"xxxx", "(1048576 bytes)"]);
+    assert!(err.to_string().len() < 400);
+    let p = pickle(&V::Dict(vec![(
+        "segments",
+        V::List(vec![segment(0x100000, 1 << 20, vec![block(0x100000, 1 << 20, 0, &junk)])]),
+    )]));
+    let err = read_err("long_state.pickle", &p, &["segment 0, block 0, field `state`", "(1048576 bytes)"]);
+    assert!(err.to_string().len() < 400);
+    let mut code = b"c".to_vec();
+    code.extend_from_slice(junk.as_bytes());
+    code.extend_from_slice(b"\nsystem\n.");
+    let err = read_err("long_global.pickle", &code, &["asks to run code", "(1048583 bytes)"]);
+    assert!(err.to_string().len() < 400);
+}

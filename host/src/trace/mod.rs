@@ -668,6 +668,27 @@ impl TraceError {
     }
 }
 
+/// A value quoted from the file for a message: `"text"` (escaped as `{:?}` does), at most
+/// [`EXCERPT_CHARS`] characters of it, then `…` and the value's length, so that a cell or string of
+/// megabytes does not make a message of megabytes.
+pub(crate) fn excerpt(s: &str) -> String {
+    match s.char_indices().nth(EXCERPT_CHARS) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &s[..cut], s.len()),
+    }
+}
+
+/// How many characters of a value [`excerpt`] quotes.
+pub(crate) const EXCERPT_CHARS: usize = 40;
+
+/// [`excerpt`] unquoted (a number too large to read, a global's name).
+pub(crate) fn excerpt_plain(s: &str) -> String {
+    match s.char_indices().nth(EXCERPT_CHARS) {
+        None => s.to_string(),
+        Some((cut, _)) => format!("{}… ({} bytes)", &s[..cut], s.len()),
+    }
+}
+
 /// Replaces control characters (newlines...) so that a message stays on one line.
 pub(crate) fn one_line(s: String) -> String {
     if s.chars().any(char::is_control) {

@@ -316,7 +316,7 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
                         {
                             Node::BigInt
                         }
-                        Err(_) => return Err(r.malformed(format!("bad integer literal {text:?}"))),
+                        Err(_) => return Err(r.malformed(format!("bad integer literal {}", super::excerpt(text)))),
                     },
                 };
                 push!(node);

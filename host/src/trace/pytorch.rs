@@ -36,7 +36,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
             path: path.to_path_buf(),
             offset: e.offset,
             what: match global {
-                Some(g) => super::one_line(format!("global `{g}`")),
+                Some(g) => super::one_line(format!("global `{}`", super::excerpt_plain(&g))),
                 None => format!("opcode {opcode}"),
             },
         },
@@ -306,7 +306,10 @@ impl<'p, 'a> Reader<'p, 'a> {
                                 b"inactive" => BlockStatus::Inactive,
                                 other => {
                                     let s = String::from_utf8_lossy(other);
-                                    return Err(self.bad(at(Some("state")), format!("unknown block state {s:?}")));
+                                    return Err(self.bad(
+                                        at(Some("state")),
+                                        format!("unknown block state {}", super::excerpt(&s)),
+                                    ));
                                 }
                             })
                         }
