@@ -537,3 +537,107 @@ fn bl31_settings_warnings_are_shown() {
         assert!(err.contains("warning: allocator option `backend` = cudaMallocAsync"), "{cmd}: {err}");
     }
 }
+
+/// A retry loop that records thousands of OOMs: each one explained cost a replay of the trace up to
+/// it (time quadratic in the file: 20,000 OOMs after 40,000 events ran for minutes). The first
+/// `MAX_EXPLAINED_OOMS` are explained, the rest counted, and the text says so.
+#[test]
+fn many_recorded_ooms_explained_in_bounded_time() {
+    const N: usize = 5000;
+    let mut events = Vec::new();
+    for k in 0..N as u64 {
+        let a = S1 + (k % 16) * 2 * MIB;
+        if k < 16 {
+            events.push(event("segment_alloc", a, 2 * MIB, vec![]));
+        }
+        events.push(event("alloc", a, 2 * MIB, vec![]));
+        events.push(oom(64 * MIB, MIB));
+        events.push(event("free_requested", a, 2 * MIB, vec![]));
+        events.push(event("free_completed", a, 2 * MIB, vec![]));
+    }
+    let bytes =
+        pickle(&V::Dict(vec![("segments", V::List(vec![])), ("device_traces", V::List(vec![V::List(events)]))]));
+    let t = read_trace(write_temp("many_ooms.pickle", &bytes)).expect("reads");
+    assert_eq!(t.devices[0].ooms.len(), N);
+    let start = std::time::Instant::now();
+    let x = explain::explain(&t, None, None).expect("explains");
+    println!("explain of {N} OOMs: {:?}", start.elapsed());
+    assert_eq!(x.ooms.len(), explain::MAX_EXPLAINED_OOMS);
+    assert_eq!(x.ooms_not_explained, N - explain::MAX_EXPLAINED_OOMS);
+    assert_eq!(x.ooms[0].event, 2, "the first OOM follows a segment alloc and an alloc");
+    assert!(x.ooms.iter().all(|o| o.verdict == Verdict::Capacity && o.request == 64 * MIB));
+    let text = x.to_string();
+    assert!(text.contains(&format!("{} more recorded OOM events are not explained", N - 32)), "{text}");
+}
+
+/// Recorded allocator settings PyTorch never writes (it refuses or raises them when they are set) and an
+/// OOM whose reserved + `device_free` is no GPU: rejected as bad input naming the file and the key or
+/// event, by every command. They used to reach the caching model, whose "invalid configuration" named
+/// neither the file nor the setting (`garbage_collection_threshold` NaN was even taken as 0 silently).
+#[test]
+fn impossible_recorded_settings_and_oom_capacity_exit_2_naming_them() {
+    let settings = |k: &'static str, v: V<'static>| oom_snapshot_with(8 * MIB, 6 * MIB, Some(V::Dict(vec![(k, v)])));
+    let cases: Vec<(&str, Vec<u8>, &[&str])> = vec![
+        ("split0.pickle", settings("max_split_size", V::Int(0)), &["key `allocator_settings`", "max_split_size 0 B"]),
+        (
+            "gc_nan.pickle",
+            settings("garbage_collection_threshold", V::Float(f64::NAN)),
+            &["key `allocator_settings`", "garbage_collection_threshold NaN is outside [0, 1)"],
+        ),
+        (
+            "gc_two.pickle",
+            settings("garbage_collection_threshold", V::Float(2.0)),
+            &["garbage_collection_threshold 2 is outside [0, 1)"],
+        ),
+        (
+            "div3.pickle",
+            settings("roundup_power2_divisions", V::Dict(vec![("1", V::Int(3))])),
+            &["roundup_power2_divisions: 3 divisions", "not 0 or a power of two"],
+        ),
+        // 40 MiB reserved at the OOM + 1 MiB free is a GPU; 0 reserved + 1 MiB free (an OOM first) is not.
+        (
+            "tiny_gpu.pickle",
+            pickle(&V::Dict(vec![("device_traces", V::List(vec![V::List(vec![oom(8 * MIB, MIB)])]))])),
+            &["device 0, event 0, field `device_free`", "= 1048576 B, is outside [2 MiB, 2^48 B]"],
+        ),
+        ("huge_gpu.pickle", oom_snapshot(8 * MIB, 1 << 60), &["device 0, event 9, field `device_free`", "2^48 B"]),
+    ];
+    for (name, bytes, needles) in cases {
+        let path = write_temp(name, &bytes);
+        for cmd in ["explain", "replay", "compare", "tune"] {
+            let out = gpuheap(&[cmd, path.to_str().unwrap()]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd} {name}: {err}");
+            let line = err.lines().last().unwrap_or("");
+            assert!(line.contains(path.to_str().unwrap()), "{cmd} {name} names the file: {err}");
+            if cmd == "explain" || name.ends_with("gc_nan.pickle") {
+                for n in needles {
+                    assert!(line.contains(n), "{cmd} {name}: {line:?} should contain {n:?}");
+                }
+            }
+        }
+    }
+}
+
+/// `gpuheap explain /dev/stdin < FILE` (or `<(...)`): explain read the file a second time for the stack
+/// frames, got nothing from the spent pipe and exited 2 with "corrupt pickle". The file is read once.
+#[cfg(unix)]
+#[test]
+fn explain_reads_a_piped_snapshot_once() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let bytes = oom_snapshot(8 * MIB, 6 * MIB);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuheap"))
+        .args(["explain", "/dev/stdin", "--no-tune", "--json"])
+        .env("GPUHEAP_BACKEND", "cpu")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    child.stdin.take().unwrap().write_all(&bytes).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let v = json(&out);
+    let frames = &v["largest_tensors"][0]["frames"];
+    assert_eq!(frames[0]["filename"], "train.py", "the frames come from the piped bytes: {frames}");
+}

@@ -304,3 +304,26 @@ fn tiered_per_tier_statistics_add_up_to_the_trace() {
     let e = replay::replay(&t, d, &beyond, None, &mut |_| {}).unwrap_err();
     assert!(e.is_input() && e.to_string().contains("above the capacity"), "{e}");
 }
+
+/// A trace that makes a new stream for every request (an RMM log of 3,000 streams, 512 B each) at a
+/// capacity that holds 1,024 of the caching model's 2 MiB small segments: every later request fails, and
+/// each failure releases cached blocks by walking the free blocks of every stream. That walk visited
+/// every size class of every stream (2,048 per stream and pool): 11 s for this replay, minutes for
+/// `tune`, which replays it dozens of times. It now visits the non-empty classes only.
+#[test]
+fn caching_replay_with_thousands_of_streams_is_not_quadratic_in_classes() {
+    const N: u64 = 3000;
+    let mut log = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    for i in 0..N {
+        log +=
+            &format!("1,{}.{:06},allocate,{:#x},512,{}\n", i / 1_000_000, i % 1_000_000, 0x1000_0000 + i * 512, i + 1);
+    }
+    let t = gpuheap::trace::parse_trace(Path::new("streams.rmm.csv"), log.as_bytes()).expect("parses");
+    let opts = ReplayOptions { capacity: Some(2 << 30), ..ReplayOptions::new(StrategyKind::Caching) };
+    let start = std::time::Instant::now();
+    let r = run(&t, &opts, None);
+    let took = start.elapsed();
+    println!("{N} streams: {took:?}");
+    assert_eq!(r.failed.len() as u64, N - 1024, "1,024 small segments of 2 MiB fit in 2 GiB");
+    assert!(took < std::time::Duration::from_secs(3), "{N} streams took {took:?}");
+}

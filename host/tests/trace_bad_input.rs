@@ -290,6 +290,21 @@ fn directory_given_as_the_path() {
     std::fs::remove_dir(&dir).ok();
 }
 
+/// `/dev/zero` never ends: reading it whole grew memory without bound until the process was killed.
+#[cfg(unix)]
+#[test]
+fn device_given_as_the_path() {
+    for dev in ["/dev/zero", "/dev/null"] {
+        let p = Path::new(dev);
+        if !p.exists() {
+            continue;
+        }
+        let err = read_trace(p).unwrap_err();
+        check_message(&err, p, &["is a device, not a trace file"]);
+        assert!(matches!(err, TraceError::IsDevice { .. }));
+    }
+}
+
 #[test]
 fn missing_file() {
     let p = std::env::temp_dir().join("gpuheap-no-such-trace.pickle");
@@ -308,4 +323,106 @@ fn length_past_the_end_names_the_opcode() {
         &["truncated pickle: the opcode at byte 2 needs more bytes than the data holds"],
     );
     assert!(matches!(err, TraceError::PickleTruncated { offset: 2, .. }), "{err:?}");
+}
+
+/// A snapshot whose `segments` hold the given segments (device 0 unless a segment says otherwise).
+fn segments_snapshot(segments: Vec<V>) -> Vec<u8> {
+    pickle(&V::Dict(vec![("segments", V::List(segments)), ("device_traces", V::List(vec![]))]))
+}
+
+fn segment<'a>(addr: i128, size: i128, blocks: Vec<V<'a>>) -> V<'a> {
+    V::Dict(vec![("address", V::Int(addr)), ("total_size", V::Int(size)), ("blocks", V::List(blocks))])
+}
+
+fn block<'a>(addr: i128, size: i128, requested: i128, state: &'a str) -> V<'a> {
+    V::Dict(vec![
+        ("address", V::Int(addr)),
+        ("size", V::Int(size)),
+        ("requested_size", V::Int(requested)),
+        ("state", V::Str(state)),
+    ])
+}
+
+#[test]
+fn final_state_layout_that_cannot_exist() {
+    const M: i128 = 1 << 20;
+    const A: i128 = 0x7f00_0000_0000;
+    // A live block whose requested_size passes its size (2^64 - 1 panicked in `request_pad` with
+    // overflow checks on). An inactive block may keep a larger stale request, as real snapshots do.
+    let p = segments_snapshot(vec![segment(A, 2 * M, vec![block(A, 2 * M, (1 << 64) - 1, "active_allocated")])]);
+    read_err("live_request.pickle", &p, &["segment 0, block 0", "requested_size", "more than its size"]);
+    let p = segments_snapshot(vec![segment(A, 2 * M, vec![block(A, 2 * M, 1 << 40, "inactive")])]);
+    let path = temp_file("stale_request.pickle", &p);
+    read_trace(&path).expect("an inactive block with a stale larger request reads");
+    // A block outside its segment, one past its end, and two overlapping blocks.
+    let p = segments_snapshot(vec![segment(A, 2 * M, vec![block(0x1000, M, M, "active_allocated")])]);
+    read_err("outside.pickle", &p, &["segment 0, block 0", "starts before"]);
+    let p = segments_snapshot(vec![segment(A, 2 * M, vec![block(A, 3 * M, M, "active_allocated")])]);
+    read_err("past_end.pickle", &p, &["segment 0, block 0", "ends past its segment's end"]);
+    let p = segments_snapshot(vec![segment(
+        A,
+        2 * M,
+        vec![block(A, M, M, "active_allocated"), block(A + 1, M, M, "active_allocated")],
+    )]);
+    read_err("overlap.pickle", &p, &["segment 0, block 1", "starts before the end of the previous block"]);
+    // Two segments of one device sharing bytes (their sizes would be counted twice: three such
+    // segments of 2^63 B made the reserved sum pass 2^64).
+    let half = 1i128 << 63;
+    let p = segments_snapshot(vec![segment(0, half, vec![]), segment(1, half, vec![]), segment(2, half, vec![])]);
+    read_err("segments_overlap.pickle", &p, &["segment 1", "overlap"]);
+    // Segments of distinct devices may share addresses.
+    let mut other = segment(A, 2 * M, vec![]);
+    if let V::Dict(d) = &mut other {
+        d.push(("device", V::Int(1)));
+    }
+    let p = segments_snapshot(vec![segment(A, 2 * M, vec![]), other]);
+    let path = temp_file("two_devices.pickle", &p);
+    assert_eq!(read_trace(&path).expect("two devices read").devices.len(), 2);
+}
+
+/// A CSV whose lines end in a lone `\r` (classic Mac OS, some spreadsheet exports) was "unknown trace
+/// format": the format was detected on the text before the first `\n`, that is the whole file.
+#[test]
+fn csv_with_cr_line_endings_reads() {
+    for (name, text) in [
+        ("cr.csv", "id,lower,upper,size\r0,0,10,16\r1,2,4,5\r"),
+        ("crlf.csv", "id,lower,upper,size\r\n0,0,10,16\r\n1,2,4,5\r\n"),
+        ("bom_cr.csv", "\u{feff}id,lower,upper,size\r0,0,10,16\r1,2,4,5\r"),
+    ] {
+        let path = temp_file(name, text.as_bytes());
+        let t = read_trace(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(t.devices[0].events.iter().map(|e| e.size).collect::<Vec<_>>(), [16, 5, 5, 16], "{name}");
+    }
+    let path = temp_file("cr.rmm.csv", b"Thread,Time,Action,Pointer,Size,Stream\r1,10:00:00.1,allocate,0x1000,64,0\r");
+    assert_eq!(read_trace(&path).expect("an RMM log with CR line ends").devices[0].events.len(), 1);
+    // The error for a bad row still names its line.
+    read_err("cr_bad.csv", b"id,lower,upper,size\r0,0,10,16\r1,2,4,x\r", &["line 3", "column `size`"]);
+}
+
+/// A value of megabytes quoted in a message (a CSV cell, a block state, a global's name) made a message
+/// of megabytes; the message quotes its first 40 characters and gives its length.
+#[test]
+fn huge_values_are_quoted_in_short() {
+    let long = "7".repeat(1 << 20);
+    let err = read_err(
+        "long_cell.csv",
+        format!("id,lower,upper,size\n0,0,10,{long}\n").as_bytes(),
+        &["line 2", "column `size`", "does not fit in 64 bits", "(1048576 bytes)"],
+    );
+    assert!(err.to_string().len() < 400, "{} bytes", err.to_string().len());
+    let junk = "x".repeat(1 << 20);
+    let log = format!("Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.1,{junk},0x1000,64,0\n");
+    let err = read_err("long_action.rmm.csv", log.as_bytes(), &["line 2", "unknown action \"xxxx", "(1048576 bytes)"]);
+    assert!(err.to_string().len() < 400);
+    let p = pickle(&V::Dict(vec![(
+        "segments",
+        V::List(vec![segment(0x100000, 1 << 20, vec![block(0x100000, 1 << 20, 0, &junk)])]),
+    )]));
+    let err = read_err("long_state.pickle", &p, &["segment 0, block 0, field `state`", "(1048576 bytes)"]);
+    assert!(err.to_string().len() < 400);
+    let mut code = b"c".to_vec();
+    code.extend_from_slice(junk.as_bytes());
+    code.extend_from_slice(b"\nsystem\n.");
+    let err = read_err("long_global.pickle", &code, &["asks to run code", "(1048583 bytes)"]);
+    assert!(err.to_string().len() < 400);
 }

@@ -3,7 +3,6 @@
 //! ([`gpuheap::explain::Explanation::render_text`], [`gpuheap::explain::tune::TunePage::render_text`]),
 //! the same page the command line prints.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
@@ -35,46 +34,6 @@ fn opt_bytes(what: &str, s: Option<&str>) -> PyResult<Option<u64>> {
     s.map(|s| replay::parse_bytes(s).map_err(|e| ConfigError::new_err(format!("{what}: {e}")))).transpose()
 }
 
-/// A snapshot loaded from memory, written to a temporary file for the length of a call (removed on
-/// drop): `explain` reads the snapshot file again for the stack frames of the largest tensors.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn write(bytes: &[u8]) -> Result<TempFile, Failure> {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("gpuheap-{}-{n}.pickle", std::process::id()));
-        std::fs::write(&p, bytes)
-            .map_err(|e| Failure::Backend(format!("cannot write the snapshot to {}: {e}", p.display())))?;
-        Ok(TempFile(p))
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// Runs `f` on `trace` with a `source` that names a readable file: the trace itself when it was read
-/// from one, else a copy whose source is a temporary file holding `bytes`. Messages name the original
-/// source (`<dict>`, `<bytes>`), not the temporary file.
-fn with_source_file<T>(
-    trace: &Trace,
-    bytes: Option<&[u8]>,
-    f: impl FnOnce(&Trace) -> Result<T, Failure>,
-) -> Result<T, Failure> {
-    let Some(bytes) = bytes else { return f(trace) };
-    let tmp = TempFile::write(bytes)?;
-    let copy = Trace { source: tmp.0.clone(), ..trace.clone() };
-    let (tmp_name, name) = (tmp.0.display().to_string(), trace.source.display().to_string());
-    f(&copy).map_err(|e| match e {
-        Failure::Trace(m) => Failure::Trace(m.replace(&tmp_name, &name)),
-        Failure::Config(m) => Failure::Config(m.replace(&tmp_name, &name)),
-        Failure::Backend(m) => Failure::Backend(m.replace(&tmp_name, &name)),
-    })
-}
-
 /// `gpuheap explain --json` (with `tune`: the settings search too, as the CLI without `--no-tune`):
 /// `(json, text, tune_text, html)`: the report, its page, the settings table alone (`None` without the
 /// search), and the self-contained HTML page of `gpuheap explain --html` ([`gpuheap::html::pages`]).
@@ -90,8 +49,12 @@ pub(crate) fn explain_json(
     let (trace, bytes) = (Arc::clone(&snapshot.trace), snapshot.bytes.clone());
     let capacity = opt_bytes("capacity", capacity)?;
     detached(py, move || {
-        with_source_file(&trace, bytes.as_deref(), |t| {
-            let mut page = explain::explain(t, device, capacity).map_err(explain_failure)?;
+        // The stack frames come from the bytes the snapshot was parsed from (no second read of its file,
+        // which may have changed since or be a pipe).
+        let t: &Trace = &trace;
+        {
+            let mut page =
+                explain::explain_with_bytes(t, bytes.as_deref(), device, capacity).map_err(explain_failure)?;
             if tune {
                 let dev = &t.devices[page.device.index];
                 page.tune = Some(explain::tune::tune(t, dev, &page.capacity, &|| {}).map_err(explain_failure)?);
@@ -100,7 +63,7 @@ pub(crate) fn explain_json(
             let tune_text = page.tune.as_ref().map(|r| r.render_table(!page.ooms.is_empty()));
             let html = gpuheap::html::pages::explain_page(&format!("{} — explain", file_name(&trace)), t, &page)?;
             Ok((to_json(&page)?, page.render_text(), tune_text, render_html(&html)?))
-        })
+        }
     })
 }
 

@@ -85,8 +85,8 @@ fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Se
 #[pyclass(frozen, module = "gpuheap", name = "Snapshot")]
 struct Snapshot {
     trace: Arc<Trace>,
-    /// The bytes it was parsed from, when it was not read from a file (`explain` reads a snapshot
-    /// again for its stack frames).
+    /// The bytes a snapshot pickle was parsed from (`explain` reads the stack frames from them; a
+    /// file is not read twice). `None` for the CSV formats, which record no frames.
     bytes: Option<Arc<[u8]>>,
 }
 
@@ -137,7 +137,9 @@ impl Snapshot {
 #[pyfunction]
 fn load_path(py: Python<'_>, path: PathBuf) -> PyResult<Snapshot> {
     detached(py, move || {
-        trace::read_trace(&path).map(|t| Snapshot::new(t, None)).map_err(|e| Failure::Trace(e.to_string()))
+        let (t, bytes) = trace::read_trace_and_bytes(&path).map_err(|e| Failure::Trace(e.to_string()))?;
+        let keep = matches!(t.format, trace::TraceFormat::PytorchSnapshot(_));
+        Ok(Snapshot::new(t, keep.then(|| Arc::from(bytes))))
     })
 }
 

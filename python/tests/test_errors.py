@@ -183,3 +183,13 @@ def test_panic_is_caught_as_internal_error() -> None:
         gpuheap._gpuheap._panic_for_test()
     # The interpreter and the module still work afterwards.
     assert gpuheap.replay(SNAPSHOT, "best-fit").peak_allocated > 0
+
+
+def test_device_outside_int64_is_config_error() -> None:
+    # Used to escape as OverflowError ("Python int too large to convert to C long"), naming no option.
+    snap = gpuheap.load(SNAPSHOT)
+    for d in (2**63, -(2**63) - 1, 2**64):
+        with pytest.raises(gpuheap.ConfigError, match=rf"device: {d} does not fit in a signed 64-bit integer"):
+            gpuheap.replay(snap, "best-fit", device=d)
+        with pytest.raises(gpuheap.ConfigError, match="device"):
+            gpuheap.explain(snap, device=d)

@@ -90,3 +90,23 @@ def test_explain_bad_options() -> None:
         gpuheap.explain(snap, capacity="a lot")
     with pytest.raises(gpuheap.TraceError):
         gpuheap.explain({"device_traces": []})
+
+
+def test_frames_come_from_the_bytes_loaded(tmp_path: Path) -> None:
+    # explain read the file again for the stack frames: a file rewritten after load gave the frames of
+    # another snapshot (here none: the file is gone), and a pipe could not be read twice.
+    path = tmp_path / "oom.pickle"
+    path.write_bytes(pickle.dumps(oom_snapshot(8 * MIB, 0), protocol=4))
+    snap = gpuheap.load(path)
+    path.unlink()
+    e = gpuheap.explain(snap, tune=False)
+    assert e.largest_tensors[0]["frames"][0]["filename"] == "data/loader.py"
+
+
+def test_many_ooms_first_32_explained_rest_counted() -> None:
+    snap = oom_snapshot(12 * MIB, 1 * MIB)
+    oom = snap["device_traces"][0][-1]
+    snap["device_traces"][0].extend(dict(oom) for _ in range(39))
+    e = gpuheap.explain(snap, tune=False)
+    assert len(e.ooms) == 32 and e.ooms_not_explained == 8
+    assert "8 more recorded OOM events are not explained one by one" in str(e)

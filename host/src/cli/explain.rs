@@ -12,7 +12,9 @@ use gpuheap::explain;
 /// The device lines, rendered by the library (`gpuheap replay` prints them too).
 pub(crate) use gpuheap::explain::devices_text;
 
-use super::tune::{self as cli_tune, load_trace, TraceArgs};
+use gpuheap::trace::read_trace_and_bytes;
+
+use super::tune::{self as cli_tune, TraceArgs};
 use super::CliError;
 
 /// Arguments of `gpuheap explain`.
@@ -29,8 +31,11 @@ pub struct Args {
 pub fn run(a: &Args) -> Result<(), CliError> {
     let c = &a.common;
     c.html.as_deref().map(|p| super::replay::check_output(p, &c.trace)).transpose()?;
-    let trace = load_trace(&c.trace)?;
-    let mut page = explain::explain(&trace, c.device, c.capacity).map_err(cli_tune::explain_error)?;
+    // Read once: the stack frames come from the same bytes (a pipe cannot be read twice).
+    let (trace, bytes) = read_trace_and_bytes(&c.trace).map_err(|e| CliError::Input(e.to_string()))?;
+    let mut page =
+        explain::explain_with_bytes(&trace, Some(&bytes), c.device, c.capacity).map_err(cli_tune::explain_error)?;
+    drop(bytes);
     if !a.no_tune {
         let dev = &trace.devices[page.device.index];
         page.tune = Some(cli_tune::search(&trace, dev, &page.capacity, c.json)?);

@@ -341,10 +341,39 @@ pub fn gpu_capacity_at_oom(trace: &Trace, dev: &DeviceTrace) -> Result<Option<Ca
         message: m,
     };
     let st = state_after(dev, Some(event)).map_err(|e| bad(e.to_string()))?;
-    let bytes = st.reserved.checked_add(device_free).ok_or_else(|| {
-        bad(format!("reserved {} B + device_free {device_free} B exceeds 2^64 - 1 bytes", st.reserved))
-    })?;
+    let bytes = oom_capacity(trace, dev, event, st.reserved, device_free)?;
     Ok(Some(Capacity { bytes, source: CapacitySource::RecordedOom { event, reserved: st.reserved, device_free } }))
+}
+
+/// The GPU's memory at the `oom` event `event` of `dev`: PyTorch's `reserved` bytes then plus the event's
+/// `device_free`.
+///
+/// # Errors
+/// [`TraceError::Schema`] naming the event's `device_free` when the sum exceeds 2^64 − 1 or lies outside
+/// [2 MiB, 2^48 B] (no GPU is smaller than the caching model's least device, [`caching::SMALL_BUFFER`],
+/// and none larger than the largest device modelled, [`MAX_BYTES`]): a replay at that capacity would fail.
+pub fn oom_capacity(
+    trace: &Trace,
+    dev: &DeviceTrace,
+    event: usize,
+    reserved: u64,
+    device_free: u64,
+) -> Result<u64, TraceError> {
+    let bad = |m: String| TraceError::Schema {
+        path: trace.source.clone(),
+        at: Location::Event { device: dev.device, index: event, field: Some("device_free") },
+        message: m,
+    };
+    let bytes = reserved
+        .checked_add(device_free)
+        .ok_or_else(|| bad(format!("reserved {reserved} B + device_free {device_free} B exceeds 2^64 - 1 bytes")))?;
+    if !(caching::SMALL_BUFFER..=MAX_BYTES).contains(&bytes) {
+        return Err(bad(format!(
+            "the GPU's memory at this OOM, reserved {reserved} B + device_free {device_free} B = {bytes} B, is \
+             outside [2 MiB, 2^48 B], the devices modelled; give --capacity"
+        )));
+    }
+    Ok(bytes)
 }
 
 /// The capacity a replay of `dev` uses: `given` when the user gives one; else the GPU's memory at a
@@ -626,6 +655,9 @@ pub struct RequestBounds {
 
 /// How many largest live tensors and segments with holes an [`Explanation`] lists.
 pub const TOP_ITEMS: usize = 8;
+/// How many recorded `oom` events an [`Explanation`] explains one by one (each replays the trace up to
+/// it, so explaining all of a file with thousands of OOMs would take time quadratic in its length).
+pub const MAX_EXPLAINED_OOMS: usize = 32;
 /// How many user frames a [`Tensor`] keeps.
 pub const TOP_FRAMES: usize = 3;
 
@@ -650,8 +682,11 @@ pub struct Explanation {
     /// recorded (a `garbage_collection_threshold` without a memory fraction), each with the reason
     /// ([`caching::config_for_trace`]): the replays run without them (bug scenario BL-31, DESIGN.md §3.9).
     pub warnings: Vec<caching::ConfigWarning>,
-    /// Every recorded `oom` event, explained.
+    /// The first [`MAX_EXPLAINED_OOMS`] recorded `oom` events, explained.
     pub ooms: Vec<OomExplanation>,
+    /// Recorded `oom` events after those (not explained one by one: each costs a replay of the trace,
+    /// and a retry loop can record thousands).
+    pub ooms_not_explained: usize,
     /// What the detail below describes.
     pub moment: Moment,
     /// Event of the moment (`None`: the dumped state).
@@ -752,13 +787,28 @@ fn trace_error(trace: &Trace, dev: &DeviceTrace, e: StateError) -> TraceError {
 /// [`ExplainError::Input`] for a device the file lacks or a file with no allocation at all;
 /// [`ExplainError::Trace`] for sums that cannot be represented or a snapshot that cannot be read again.
 pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Result<Explanation, ExplainError> {
+    explain_with_bytes(trace, None, device, capacity)
+}
+
+/// [`explain`] with the content of the trace file already read (`bytes`, from
+/// [`crate::trace::read_trace_and_bytes`]): the stack frames are read from it instead of the file
+/// [`Trace::source`] names, which is read again when `bytes` is `None`.
+///
+/// # Errors
+/// As [`explain`].
+pub fn explain_with_bytes(
+    trace: &Trace,
+    bytes: Option<&[u8]>,
+    device: Option<i64>,
+    capacity: Option<u64>,
+) -> Result<Explanation, ExplainError> {
     let devices = summarize(trace);
     let choice = choose_device(trace, &devices, device).map_err(ExplainError::Input)?;
     let dev = &trace.devices[choice.index];
     let cap = capacity_from_evidence(trace, dev, capacity)?;
     let gpu = gpu_capacity_at_oom(trace, dev)?.map(|c| c.bytes);
-    let mut ooms = Vec::with_capacity(dev.ooms.len());
-    for o in &dev.ooms {
+    let mut ooms = Vec::with_capacity(dev.ooms.len().min(MAX_EXPLAINED_OOMS));
+    for o in dev.ooms.iter().take(MAX_EXPLAINED_OOMS) {
         // With a capacity of the user's, the driver's free bytes are what that capacity leaves.
         let free = match (capacity, o.device_free) {
             (Some(c), _) => {
@@ -768,7 +818,17 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
             (None, f) => f,
         };
         let mut x = explain_oom(dev, o.event, free).map_err(|e| trace_error(trace, dev, e))?;
-        if let Some(c) = x.capacity {
+        let replay_capacity = match (capacity, x.device_free) {
+            (Some(given), _) if given < caching::SMALL_BUFFER => {
+                return Err(ExplainError::Input(format!(
+                    "capacity {given} B is below 2 MiB, the least device the caching model replays"
+                )));
+            }
+            (Some(_), _) => x.capacity,
+            (None, Some(f)) => Some(oom_capacity(trace, dev, o.event, x.reserved, f)?),
+            (None, None) => None,
+        };
+        if let Some(c) = replay_capacity {
             x.replay = Some(reproduce(trace, dev, o.event, c)?);
         }
         ooms.push(x);
@@ -793,7 +853,7 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
     let mut largest: Vec<Tensor> =
         st.live.iter().take(TOP_ITEMS).map(|b| Tensor { block: b.clone(), frames: Vec::new() }).collect();
     if matches!(trace.format, TraceFormat::PytorchSnapshot(_)) && !largest.is_empty() {
-        attach_frames(&trace.source, dev, &mut largest)?;
+        attach_frames(&trace.source, bytes, dev, &mut largest)?;
     }
     let mut with_holes: Vec<SegmentView> = st.segments.iter().filter(|s| s.hole_bytes() > 0).cloned().collect();
     with_holes.sort_by(|a, b| b.hole_bytes().cmp(&a.hole_bytes()).then(a.addr.cmp(&b.addr)));
@@ -832,6 +892,7 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
         largest_tensors: largest,
         segments_with_holes: with_holes,
         request_bounds,
+        ooms_not_explained: dev.ooms.len() - ooms.len(),
         ooms,
         tune: None,
     })
@@ -839,11 +900,23 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
 
 /// Fills the frames of `tensors` from the snapshot file: the frames of each block's `alloc` event,
 /// else those its final-state block records.
-fn attach_frames(path: &Path, dev: &DeviceTrace, tensors: &mut [Tensor]) -> Result<(), TraceError> {
-    let bytes = std::fs::read(path).map_err(|source| TraceError::Io { path: path.to_path_buf(), source })?;
+fn attach_frames(
+    path: &Path,
+    bytes: Option<&[u8]>,
+    dev: &DeviceTrace,
+    tensors: &mut [Tensor],
+) -> Result<(), TraceError> {
+    let again;
+    let bytes = match bytes {
+        Some(b) => b,
+        None => {
+            again = std::fs::read(path).map_err(|source| TraceError::Io { path: path.to_path_buf(), source })?;
+            &again[..]
+        }
+    };
     let events: Vec<usize> = tensors.iter().filter_map(|t| t.block.alloc_event).collect();
     let blocks: Vec<u64> = tensors.iter().map(|t| t.block.addr).collect();
-    let f = pytorch::read_frames(path, &bytes, dev.device, &events, &blocks)?;
+    let f = pytorch::read_frames(path, bytes, dev.device, &events, &blocks)?;
     for t in tensors {
         let from_event = t.block.alloc_event.and_then(|i| f.events.iter().find(|e| e.0 == i)).map(|e| &e.1);
         // A final-state block at the same address is the same tensor only if no later alloc reused it;

@@ -193,6 +193,14 @@ fn render(p: &Explanation) -> String {
     for o in &p.ooms {
         s += &oom_text(o);
     }
+    if p.ooms_not_explained > 0 {
+        let _ = writeln!(
+            s,
+            "{} more recorded OOM events are not explained one by one (the first {} are).\n",
+            p.ooms_not_explained,
+            p.ooms.len()
+        );
+    }
     let d = p.device.device;
     let moment = match p.moment {
         Moment::RecordedOom => format!("At the OOM (event {}):", p.event.unwrap_or(0)),

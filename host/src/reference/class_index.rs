@@ -335,8 +335,13 @@ impl ClassIndex {
     }
 
     /// Every key, class by class in `(fl, sl)` order, each class in key order.
+    ///
+    /// Only the non-empty classes are visited (found by the bitmaps): the caching model walks one index
+    /// per stream at every failed request (`release_blocks`), and visiting all `FL_COUNT * SL_COUNT`
+    /// classes of each made a trace with thousands of streams take minutes.
     pub(crate) fn keys(&self) -> impl Iterator<Item = u128> + '_ {
-        self.classes.iter().flat_map(|set| set.from(0))
+        std::iter::successors(self.class_at_or_above(0, 0), move |&(fl, sl)| self.class_at_or_above(fl, sl + 1))
+            .flat_map(move |(fl, sl)| self.classes[fl * SL_COUNT + sl].from(0))
     }
 
     /// The last key of the highest non-empty class (the largest block), if any.

@@ -24,15 +24,19 @@ pub(crate) fn parse_uint(path: &Path, line: u64, column: &str, cell: &str, max: 
     let bad = |msg: String| TraceError::schema(path, Location::Line(line), format!("column `{column}`: {msg}"));
     if let Some(rest) = cell.strip_prefix('-') {
         if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad(format!("negative value {cell}")));
+            return Err(bad(format!("negative value {}", super::excerpt_plain(cell))));
         }
     }
     if cell.is_empty() || !cell.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad(format!("expected a non-negative integer, found {cell:?}")));
+        return Err(bad(format!("expected a non-negative integer, found {}", super::excerpt(cell))));
     }
     match cell.parse::<u64>() {
         Ok(v) if v <= max => Ok(v),
-        _ => Err(bad(format!("value {cell} does not fit in {} bits", if max == u64::MAX { 64 } else { 63 }))),
+        _ => Err(bad(format!(
+            "value {} does not fit in {} bits",
+            super::excerpt_plain(cell),
+            if max == u64::MAX { 64 } else { 63 }
+        ))),
     }
 }
 
@@ -83,7 +87,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
             return Err(TraceError::schema(
                 path,
                 Location::Line(line),
-                format!("duplicate id {id:?} (first on line {first})"),
+                format!("duplicate id {} (first on line {first})", super::excerpt(id)),
             ));
         }
         let lower = parse_uint(path, line, "lower", &record[c_lower], i64::MAX as u64)?;

@@ -557,6 +557,13 @@ pub enum TraceError {
         /// The path.
         path: PathBuf,
     },
+    /// The path names a character or block device (such as `/dev/zero`, which would be read without end),
+    /// not a file.
+    #[error("{}: is a device, not a trace file", .path.display())]
+    IsDevice {
+        /// The path.
+        path: PathBuf,
+    },
     /// The file is empty.
     #[error("{}: empty file", .path.display())]
     Empty {
@@ -645,6 +652,7 @@ impl TraceError {
         match self {
             TraceError::Io { path, .. }
             | TraceError::IsDirectory { path }
+            | TraceError::IsDevice { path }
             | TraceError::Empty { path }
             | TraceError::UnknownFormat { path, .. }
             | TraceError::PickleRunsCode { path, .. }
@@ -657,6 +665,27 @@ impl TraceError {
 
     pub(crate) fn schema(path: &Path, at: Location, message: impl Into<String>) -> Self {
         TraceError::Schema { path: path.to_path_buf(), at, message: one_line(message.into()) }
+    }
+}
+
+/// A value quoted from the file for a message: `"text"` (escaped as `{:?}` does), at most
+/// [`EXCERPT_CHARS`] characters of it, then `…` and the value's length, so that a cell or string of
+/// megabytes does not make a message of megabytes.
+pub(crate) fn excerpt(s: &str) -> String {
+    match s.char_indices().nth(EXCERPT_CHARS) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &s[..cut], s.len()),
+    }
+}
+
+/// How many characters of a value [`excerpt`] quotes.
+pub(crate) const EXCERPT_CHARS: usize = 40;
+
+/// [`excerpt`] unquoted (a number too large to read, a global's name).
+pub(crate) fn excerpt_plain(s: &str) -> String {
+    match s.char_indices().nth(EXCERPT_CHARS) {
+        None => s.to_string(),
+        Some((cut, _)) => format!("{}… ({} bytes)", &s[..cut], s.len()),
     }
 }
 
@@ -674,14 +703,28 @@ pub(crate) fn one_line(s: String) -> String {
 /// PyTorch pickles are recognised by their protocol header (or a `.pickle`/`.pkl` extension for
 /// protocol 0/1), the CSV formats by their header line.
 pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
+    read_trace_and_bytes(path).map(|(t, _)| t)
+}
+
+/// [`read_trace`], also returning the bytes read: the file is read once, so a caller that needs its
+/// content again (the stack frames `explain` shows) need not read it a second time, which a pipe
+/// (`/dev/stdin`, `<(...)`) does not allow and a file rewritten in between would answer wrongly.
+pub fn read_trace_and_bytes(path: impl AsRef<Path>) -> Result<(Trace, Vec<u8>), TraceError> {
     let path = path.as_ref();
     let io = |source| TraceError::Io { path: path.to_path_buf(), source };
     let meta = std::fs::metadata(path).map_err(io)?;
     if meta.is_dir() {
         return Err(TraceError::IsDirectory { path: path.to_path_buf() });
     }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if meta.file_type().is_char_device() || meta.file_type().is_block_device() {
+            return Err(TraceError::IsDevice { path: path.to_path_buf() });
+        }
+    }
     let bytes = std::fs::read(path).map_err(io)?;
-    parse_trace(path, &bytes)
+    Ok((parse_trace(path, &bytes)?, bytes))
 }
 
 /// Parses trace `bytes` (the content of the file `path`, which is only used in messages and in
@@ -689,9 +732,20 @@ pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
 pub fn parse_trace(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
     match detect(path, bytes)? {
         TraceFormat::PytorchSnapshot(_) => pytorch::parse(path, bytes),
-        TraceFormat::LifetimeCsv => csv_lifetime::parse(path, bytes),
-        TraceFormat::RmmLog => rmm::parse(path, bytes),
+        TraceFormat::LifetimeCsv => csv_lifetime::parse(path, &lone_cr_to_lf(bytes)),
+        TraceFormat::RmmLog => rmm::parse(path, &lone_cr_to_lf(bytes)),
     }
+}
+
+/// `bytes` with every `\r` that does not start a `\r\n` turned into `\n`: the CSV reader takes a lone
+/// `\r` as a line end but counts lines by `\n`, so without this every error in a file with classic Mac
+/// line ends would name line 1.
+fn lone_cr_to_lf(bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let lone = |i: usize| bytes[i] == b'\r' && bytes.get(i + 1) != Some(&b'\n');
+    if !(0..bytes.len()).any(lone) {
+        return std::borrow::Cow::Borrowed(bytes);
+    }
+    std::borrow::Cow::Owned((0..bytes.len()).map(|i| if lone(i) { b'\n' } else { bytes[i] }).collect())
 }
 
 /// Detects the format of `bytes` (PyTorch layout is refined by the reader).
@@ -703,7 +757,8 @@ pub fn detect(path: &Path, bytes: &[u8]) -> Result<TraceFormat, TraceError> {
         return Ok(TraceFormat::PytorchSnapshot(SnapshotLayout::Recent));
     }
     let text = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
-    let first = text.split(|&b| b == b'\n').next().unwrap_or(b"");
+    // Lines end in `\n`, `\r\n` or a lone `\r` (the CSV reader takes all three).
+    let first = text.split(|&b| b == b'\n' || b == b'\r').next().unwrap_or(b"");
     let header: Vec<String> =
         String::from_utf8_lossy(first).split(',').map(|c| c.trim().to_ascii_lowercase()).collect();
     if header.len() >= 4 && header[..4] == ["id", "lower", "upper", "size"] {

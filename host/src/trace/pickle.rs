@@ -65,9 +65,13 @@ impl<'a> Pickle<'a> {
         &self.nodes[id as usize]
     }
 
-    /// Looks `key` up in the dict `id` (linear scan: snapshot dicts have a dozen keys).
+    /// Looks `key` up in the dict `id` (linear scan: snapshot dicts have a dozen keys). A key set twice
+    /// (`SETITEM`s of one key) has its last value, as Python's `dict` does.
     pub(crate) fn get(&self, dict: &[(NodeId, NodeId)], key: &str) -> Option<NodeId> {
-        dict.iter().find(|(k, _)| matches!(self.node(*k), Node::Str(s) if **s == *key.as_bytes())).map(|(_, v)| *v)
+        dict.iter()
+            .rev()
+            .find(|(k, _)| matches!(self.node(*k), Node::Str(s) if **s == *key.as_bytes()))
+            .map(|(_, v)| *v)
     }
 }
 
@@ -312,7 +316,7 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
                         {
                             Node::BigInt
                         }
-                        Err(_) => return Err(r.malformed(format!("bad integer literal {text:?}"))),
+                        Err(_) => return Err(r.malformed(format!("bad integer literal {}", super::excerpt(text)))),
                     },
                 };
                 push!(node);
@@ -532,6 +536,14 @@ mod tests {
         let Node::List(l) = p.node(a) else { panic!() };
         assert!(matches!(p.node(l[0]), Node::Int(1)));
         assert!(matches!(p.node(l[1]), Node::Int(v) if *v == 1i128 << 64));
+    }
+
+    #[test]
+    fn a_key_set_twice_has_its_last_value() {
+        // pickle of {'a': 1} followed by a second SETITEM 'a' -> 2: Python's pickle.loads gives {'a': 2}.
+        let p = decode(b"\x80\x04}(\x8c\x01aK\x01\x8c\x01aK\x02u.").unwrap();
+        let Node::Dict(d) = p.node(p.root) else { panic!() };
+        assert!(matches!(p.node(p.get(d, "a").unwrap()), Node::Int(2)));
     }
 
     #[test]

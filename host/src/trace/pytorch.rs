@@ -15,7 +15,7 @@
 //! The pickle is decoded by a data-only decoder that refuses every opcode that imports or calls
 //! Python code (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ`...).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::pickle::{self, Node, NodeId, Pickle, PickleErrorKind};
@@ -36,7 +36,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
             path: path.to_path_buf(),
             offset: e.offset,
             what: match global {
-                Some(g) => super::one_line(format!("global `{g}`")),
+                Some(g) => super::one_line(format!("global `{}`", super::excerpt_plain(&g))),
                 None => format!("opcode {opcode}"),
             },
         },
@@ -56,6 +56,10 @@ struct Reader<'p, 'a> {
     p: &'p Pickle<'a>,
     path: &'p Path,
 }
+
+/// The largest `max_split_size` the caching model refuses (1 MiB, its small-block limit); PyTorch never
+/// records one below 20 MiB.
+const MIN_MAX_SPLIT_SIZE: i64 = 1 << 20;
 
 /// A raw segment before it is split by device.
 struct RawSegment {
@@ -180,7 +184,34 @@ impl<'p, 'a> Reader<'p, 'a> {
             _ => None,
         };
 
-        let mut devices: BTreeSet<i64> = segments.iter().map(|s| s.device).collect();
+        // Segments by device, each device's in address order (one pass, not one per device: a file may
+        // name many devices). Two segments of one device never share bytes.
+        let mut by_device: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+        for (si, s) in segments.iter().enumerate() {
+            by_device.entry(s.device).or_default().push(si);
+        }
+        for (device, list) in &by_device {
+            let mut sorted = list.clone();
+            sorted.sort_by_key(|&si| (segments[si].state.addr, si));
+            for w in sorted.windows(2) {
+                let (a, b) = (&segments[w[0]].state, &segments[w[1]].state);
+                if b.addr < a.addr + a.size {
+                    return Err(self.bad(
+                        Location::Segment { segment: w[0].max(w[1]), block: None, field: Some("address") },
+                        format!(
+                            "device {device}: segments {} [{:#x}, {:#x}) and {} [{:#x}, {:#x}) overlap",
+                            w[0],
+                            a.addr,
+                            a.addr + a.size,
+                            w[1],
+                            b.addr,
+                            b.addr + b.size
+                        ),
+                    ));
+                }
+            }
+        }
+        let mut devices: BTreeSet<i64> = by_device.keys().copied().collect();
         devices.extend(traces.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(d, _)| d as i64));
         let mut out = Vec::with_capacity(devices.len());
         for device in devices {
@@ -191,7 +222,9 @@ impl<'p, 'a> Reader<'p, 'a> {
                 dt.ooms = std::mem::take(&mut ooms[d]);
             }
             if segments_node.is_some() {
-                let segs = segments.iter().filter(|s| s.device == device).map(|s| s.state.clone()).collect();
+                let segs = by_device
+                    .get(&device)
+                    .map_or_else(Vec::new, |l| l.iter().map(|&si| segments[si].state.clone()).collect());
                 dt.final_state = Some(SnapshotState { segments: segs });
             }
             dt.allocator_settings = settings.clone();
@@ -273,7 +306,10 @@ impl<'p, 'a> Reader<'p, 'a> {
                                 b"inactive" => BlockStatus::Inactive,
                                 other => {
                                     let s = String::from_utf8_lossy(other);
-                                    return Err(self.bad(at(Some("state")), format!("unknown block state {s:?}")));
+                                    return Err(self.bad(
+                                        at(Some("state")),
+                                        format!("unknown block state {}", super::excerpt(&s)),
+                                    ));
                                 }
                             })
                         }
@@ -290,10 +326,35 @@ impl<'p, 'a> Reader<'p, 'a> {
                         cursor
                     }
                 };
-                cursor = baddr.checked_add(bsize).ok_or_else(|| {
+                // Blocks tile their segment in address order (PyTorch lists them by walking the
+                // segment's `next` links), so a block before the previous one's end, or outside its
+                // segment, is a corrupt file; accepting it would count bytes twice.
+                if baddr < cursor || baddr < addr {
+                    return Err(self.bad(
+                        at(Some("address")),
+                        format!("block at {baddr:#x} starts before the end of the previous block or segment start ({cursor:#x})"),
+                    ));
+                }
+                let end = baddr.checked_add(bsize).ok_or_else(|| {
                     self.bad(at(None), format!("address {baddr:#x} + size {bsize} overflows 64 bits"))
                 })?;
-                out.push(BlockState { addr: baddr, size: bsize, requested_size: req.unwrap_or(0), state });
+                if end > addr + size {
+                    return Err(self.bad(
+                        at(Some("size")),
+                        format!("block [{baddr:#x}, {end:#x}) ends past its segment's end {:#x}", addr + size),
+                    ));
+                }
+                cursor = end;
+                let requested_size = req.unwrap_or(0);
+                // An inactive block keeps the request of its last user (often larger: the block was
+                // split since), but a live block holds its request.
+                if state != BlockStatus::Inactive && requested_size > bsize {
+                    return Err(self.bad(
+                        at(Some("requested_size")),
+                        format!("live block of {bsize} B has requested_size {requested_size} B, more than its size"),
+                    ));
+                }
+                out.push(BlockState { addr: baddr, size: bsize, requested_size, state });
             }
         }
         Ok(RawSegment {
@@ -370,12 +431,31 @@ impl<'p, 'a> Reader<'p, 'a> {
                         s.alloc_conf = Some(String::from_utf8_lossy(t).into_owned());
                     }
                 }
-                b"max_split_size" => s.max_split_size = Some(self.i64(v, at())?),
+                b"max_split_size" => {
+                    // PyTorch records `max_split_size_mb` in bytes, at least 20 MiB (it raises smaller
+                    // values to that), or SIZE_MAX (unlimited) as -1.
+                    let m = self.i64(v, at())?;
+                    if (0..=MIN_MAX_SPLIT_SIZE).contains(&m) {
+                        return Err(self.bad(
+                            at(),
+                            format!(
+                                "max_split_size {m} B is not above 1 MiB (PyTorch records at least 20 MiB, or -1 for \
+                                 unlimited)"
+                            ),
+                        ));
+                    }
+                    s.max_split_size = Some(m)
+                }
                 b"garbage_collection_threshold" => {
-                    s.garbage_collection_threshold = Some(match self.node(v) {
+                    let g = match self.node(v) {
                         Node::Float(f) => *f,
                         _ => self.i64(v, at())? as f64,
-                    })
+                    };
+                    // PyTorch accepts a threshold strictly between 0 and 1 (0: off).
+                    if !(0.0..1.0).contains(&g) {
+                        return Err(self.bad(at(), format!("garbage_collection_threshold {g} is outside [0, 1)")));
+                    }
+                    s.garbage_collection_threshold = Some(g)
                 }
                 b"expandable_segments" => s.expandable_segments = Some(self.bool(v, at())?),
                 b"roundup_power2_divisions" => {
@@ -388,7 +468,18 @@ impl<'p, 'a> Reader<'p, 'a> {
                             let interval = std::str::from_utf8(self.key(rk)).ok().and_then(|t| t.parse::<u64>().ok());
                             match (interval, self.node(rv)) {
                                 (Some(interval), Node::Int(_)) => {
-                                    s.roundup_power2_divisions.push((interval, self.u64(rv, at())?))
+                                    let d = self.u64(rv, at())?;
+                                    // PyTorch refuses a division count that is not a power of two (0: off).
+                                    if d != 0 && !d.is_power_of_two() {
+                                        return Err(self.bad(
+                                            at(),
+                                            format!(
+                                                "roundup_power2_divisions: {d} divisions for the interval from \
+                                                 {interval} MiB is not 0 or a power of two"
+                                            ),
+                                        ));
+                                    }
+                                    s.roundup_power2_divisions.push((interval, d))
                                 }
                                 _ => kept = false,
                             }
@@ -464,7 +555,9 @@ pub fn read_frames(
     let p = pickle::decode(bytes).map_err(|e| TraceError::PickleCorrupt {
         path: path.to_path_buf(),
         offset: e.offset,
-        message: "cannot decode the pickle again to read stack frames".into(),
+        message: "cannot decode the pickle again to read stack frames (was the file changed since it was read, or is \
+                  it a pipe, which can be read once?)"
+            .into(),
     })?;
     let frames_of = |d: &[(NodeId, NodeId)]| -> Vec<Frame> {
         let Some(Node::List(list) | Node::Tuple(list)) = p.get(d, "frames").map(|f| p.node(f)) else {

@@ -98,7 +98,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
         let line = record.position().map(|p| p.line()).unwrap_or(0);
         let bad = |msg: String| TraceError::schema(path, Location::Line(line), msg);
         let t = parse_time(&record[1])
-            .ok_or_else(|| bad(format!("column `Time`: cannot read {:?} as a time", &record[1])))?;
+            .ok_or_else(|| bad(format!("column `Time`: cannot read {} as a time", super::excerpt(&record[1]))))?;
         if let Some(prev) = last {
             // A time of day that jumps back by more than 12 h crossed midnight.
             if t.saturating_add(day) < prev.saturating_sub(DAY_US / 2) {
@@ -111,13 +111,14 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
             "allocate" => EventKind::Alloc,
             "free" | "deallocate" => EventKind::Free,
             "allocate failure" | "allocate_failure" => EventKind::Oom,
-            other => return Err(bad(format!("column `Action`: unknown action {other:?}"))),
+            other => return Err(bad(format!("column `Action`: unknown action {}", super::excerpt(other)))),
         };
-        let addr = parse_hex_or_dec(&record[3])
-            .ok_or_else(|| bad(format!("column `Pointer`: cannot read {:?} as an address", &record[3])))?;
+        let addr = parse_hex_or_dec(&record[3]).ok_or_else(|| {
+            bad(format!("column `Pointer`: cannot read {} as an address", super::excerpt(&record[3])))
+        })?;
         let size = parse_uint(path, line, "Size", &record[4], u64::MAX)?;
         let stream = parse_hex_or_dec(&record[5])
-            .ok_or_else(|| bad(format!("column `Stream`: cannot read {:?} as a stream", &record[5])))?;
+            .ok_or_else(|| bad(format!("column `Stream`: cannot read {} as a stream", super::excerpt(&record[5]))))?;
         let addr = if kind == EventKind::Oom { 0 } else { addr };
         events.push(Event { kind, id: NO_ID, addr, size, stream: stream as i64, time_us: Some(t) });
         lines.push(line);

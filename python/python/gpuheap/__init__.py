@@ -115,6 +115,9 @@ def _device_arg(v: Optional[int]) -> Optional[int]:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
         raise ConfigError(f"device: expected an int, not {type(v).__qualname__}")
+    if not -(2**63) <= v < 2**63:
+        # A CUDA device ordinal; the extension takes a signed 64-bit int (beyond it: OverflowError).
+        raise ConfigError(f"device: {v} does not fit in a signed 64-bit integer")
     return v
 
 

@@ -150,9 +150,15 @@ class Explanation(Report):
 
     @property
     def ooms(self) -> list[dict]:
-        """Every recorded OOM: ``event``, ``request``, ``reserved``, ``allocated``, ``device_free``,
-        ``largest_extent``, ``shortfall`` (bytes) and ``verdict``."""
+        """The first 32 recorded OOMs: ``event``, ``request``, ``reserved``, ``allocated``, ``device_free``,
+        ``largest_extent``, ``shortfall`` (bytes) and ``verdict``. Later ones are counted in
+        :attr:`ooms_not_explained`."""
         return copy.deepcopy(self._data["ooms"])
+
+    @property
+    def ooms_not_explained(self) -> int:
+        """Recorded OOMs after the first 32, not explained one by one (each would replay the trace)."""
+        return int(self._data.get("ooms_not_explained", 0))
 
     @property
     def largest_tensors(self) -> list[dict]:

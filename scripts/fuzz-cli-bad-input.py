@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Drives the gpuheap CLI with bad input and reports what breaks the bad-input rule.
+
+The rule (DESIGN.md §2.7, §2.9): bad input never panics, never hangs, and exits with code 2 and one
+line that names the file. This script writes mutated inputs to a temporary folder and runs
+`replay`, `compare --json`, `explain --no-tune` and `tune --json` on each, under a time limit:
+
+* structural mutations of a snapshot (a real one given with --snapshot, else a hand-made one): a
+  random value of a segment, block, event or setting replaced by an odd one (negative, 2^64,
+  NaN, None, a string, an empty list...) or deleted, an event duplicated elsewhere;
+* byte flips and truncations of the same pickle.
+
+Each finding is printed as `KIND command file: message` (KIND: PANIC, EXIT=<code>, TIMEOUT, or
+UNNAMED for an exit 2 whose message does not name the file); the mutated files stay in the folder
+printed at the end so that a finding can be replayed. Exit status 1 when anything was found.
+
+Usage: scripts/fuzz-cli-bad-input.py [--bin target/ci/gpuheap] [--snapshot FILE] [--count N]
+       [--seed S] [--timeout SECONDS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import pickle
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MIB = 1 << 20
+ODD = [0, 1, -1, 511, 2**48 + 1, 2**63, 2**64 - 1, 2**64, -(2**63), float("nan"), float("inf"), 1e300,
+       None, "", "x", True, [], {}, "active_allocated", "inactive", "free_completed", "oom"]
+COMMANDS = [["replay"], ["compare", "--json"], ["explain", "--no-tune"], ["tune", "--json"]]
+
+
+def hand_made() -> dict:
+    """One segment with live and free blocks, an event history that matches it, an OOM, settings."""
+    a = 0x7F00_0000_0000
+    block = lambda off, size, state: {"address": a + off, "size": size, "requested_size": size, "state": state}  # noqa: E731
+    ev = lambda action, off, size: {"action": action, "addr": a + off, "size": size, "stream": 0, "time_us": 1}  # noqa: E731
+    return {
+        "segments": [{"device": 0, "address": a, "total_size": 20 * MIB, "stream": 0, "segment_type": "large",
+                      "is_expandable": False,
+                      "blocks": [block(0, 4 * MIB, "active_allocated"), block(4 * MIB, 8 * MIB, "active_allocated"),
+                                 block(12 * MIB, 8 * MIB, "inactive")]}],
+        "device_traces": [[ev("segment_alloc", 0, 20 * MIB), ev("alloc", 0, 4 * MIB), ev("alloc", 4 * MIB, 8 * MIB),
+                           ev("alloc", 12 * MIB, 8 * MIB), ev("free_requested", 12 * MIB, 8 * MIB),
+                           ev("free_completed", 12 * MIB, 8 * MIB),
+                           {"action": "oom", "size": 30 * MIB, "device_free": MIB, "stream": 0}]],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
+                               "garbage_collection_threshold": 0.0, "expandable_segments": False,
+                               "roundup_power2_divisions": {"1": 0}},
+    }
+
+
+def paths(o, p=()):
+    """Every (container path, key) of `o` except stack frames."""
+    items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else []
+    for k, v in items:
+        if k == "frames":
+            continue
+        yield p + (k,)
+        yield from paths(v, p + (k,))
+
+
+def mutate(snap: dict, rng: random.Random, all_paths: list) -> dict:
+    s = copy.deepcopy(snap)
+    for _ in range(rng.randint(1, 2)):
+        p = rng.choice(all_paths)
+        try:
+            parent = s
+            for k in p[:-1]:
+                parent = parent[k]
+            r = rng.random()
+            if r < 0.75:
+                parent[p[-1]] = rng.choice(ODD)
+            elif r < 0.9:
+                del parent[p[-1]]
+            elif snap.get("device_traces") and snap["device_traces"][0]:
+                parent[p[-1]] = copy.deepcopy(rng.choice(snap["device_traces"][0]))
+        except (KeyError, IndexError, TypeError):
+            pass  # an earlier mutation changed the shape
+    return s
+
+
+def run(binary: str, cmd: list, f: Path, timeout: float) -> str | None:
+    try:
+        r = subprocess.run([binary, *cmd, str(f)], capture_output=True, timeout=timeout,
+                           env={**os.environ, "GPUHEAP_BACKEND": "cpu"})
+    except subprocess.TimeoutExpired:
+        return "TIMEOUT"
+    err = r.stderr.decode("utf-8", "replace").strip().splitlines()
+    last = err[-1] if err else ""
+    if r.returncode == 101 or "panicked" in r.stderr.decode("utf-8", "replace"):
+        return f"PANIC: {last}"
+    if r.returncode not in (0, 2):
+        return f"EXIT={r.returncode}: {last}"
+    if r.returncode == 2 and f.name not in last:
+        return f"UNNAMED: {last}"
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", default="target/ci/gpuheap")
+    ap.add_argument("--snapshot", type=Path)
+    ap.add_argument("--count", type=int, default=100, help="structural mutants (and as many byte mutants)")
+    ap.add_argument("--seed", type=int, default=6)
+    ap.add_argument("--timeout", type=float, default=20.0)
+    a = ap.parse_args()
+    rng = random.Random(a.seed)
+    if a.snapshot:
+        # A real snapshot: plain data only is expected; refuse anything else rather than run it.
+        class DataOnly(pickle.Unpickler):
+            def find_class(self, module, name):
+                raise pickle.UnpicklingError(f"refusing {module}.{name}")
+
+        with open(a.snapshot, "rb") as fh:
+            snap = DataOnly(fh).load()
+    else:
+        snap = hand_made()
+    all_paths = [p for p in paths(snap) if not isinstance(p[-1], int) or rng.random() < 0.05]
+    raw = pickle.dumps(snap, protocol=4)
+    out = Path(tempfile.mkdtemp(prefix="gpuheap-fuzz-"))
+    files = []
+    for n in range(a.count):
+        f = out / f"mut{n}.pickle"
+        f.write_bytes(pickle.dumps(mutate(snap, rng, all_paths), protocol=4))
+        files.append(f)
+        b = bytearray(raw)
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(b))
+            b[i] = rng.choice([0, 0x7F, 0x80, 0xFF, b[i] ^ 1, rng.randrange(256)])
+        if rng.random() < 0.3:
+            b = b[: rng.randrange(1, len(b))]
+        f = out / f"byte{n}.pickle"
+        f.write_bytes(bytes(b))
+        files.append(f)
+    found = 0
+    for f in files:
+        for cmd in COMMANDS:
+            what = run(a.bin, cmd, f, a.timeout)
+            if what:
+                found += 1
+                print(f"{what.split(':')[0]} {' '.join(cmd)} {f}: {what}", flush=True)
+    print(f"{len(files)} files x {len(COMMANDS)} commands, {found} findings; files in {out}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
