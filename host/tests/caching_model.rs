@@ -11,7 +11,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::pickle::{pickle, V};
+use common::pickle::{block, pickle, V};
 use gpuheap::reference::caching::{capacity_at_oom, config_for_trace, fidelity, CachingConfig, Fidelity};
 use gpuheap::replay::{fmt_bytes, pytorch_series};
 use gpuheap::trace::{parse_trace, read_trace, DeviceTrace, EventKind};
@@ -114,15 +114,6 @@ fn event<'a>(action: &'a str, addr: i128, size: i128, stream: i128) -> V<'a> {
         ("addr", V::Int(addr)),
         ("size", V::Int(size)),
         ("stream", V::Int(stream)),
-    ])
-}
-
-fn block<'a>(addr: i128, size: i128, requested: i128, state: &'a str) -> V<'a> {
-    V::Dict(vec![
-        ("address", V::Int(addr)),
-        ("size", V::Int(size)),
-        ("requested_size", V::Int(requested)),
-        ("state", V::Str(state)),
     ])
 }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use gpuheap::trace::{read_trace, Location, TraceError, ValidationErrorKind};
 
 mod common;
-use common::pickle::{ev, pickle, snapshot, V};
+use common::pickle::{block, ev, pickle, snapshot, V};
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -332,15 +332,6 @@ fn segments_snapshot(segments: Vec<V>) -> Vec<u8> {
 
 fn segment<'a>(addr: i128, size: i128, blocks: Vec<V<'a>>) -> V<'a> {
     V::Dict(vec![("address", V::Int(addr)), ("total_size", V::Int(size)), ("blocks", V::List(blocks))])
-}
-
-fn block<'a>(addr: i128, size: i128, requested: i128, state: &'a str) -> V<'a> {
-    V::Dict(vec![
-        ("address", V::Int(addr)),
-        ("size", V::Int(size)),
-        ("requested_size", V::Int(requested)),
-        ("state", V::Str(state)),
-    ])
 }
 
 #[test]

@@ -71,6 +71,16 @@ pub fn ev<'a>(action: &'a str, addr: i128, size: V<'a>) -> V<'a> {
     V::Dict(vec![("action", V::Str(action)), ("addr", V::Int(addr)), ("size", size), ("stream", V::Int(0))])
 }
 
+/// A block of a segment's `blocks` (`state`: `active_allocated`, `inactive`, ...).
+pub fn block<'a>(addr: i128, size: i128, requested: i128, state: &'a str) -> V<'a> {
+    V::Dict(vec![
+        ("address", V::Int(addr)),
+        ("size", V::Int(size)),
+        ("requested_size", V::Int(requested)),
+        ("state", V::Str(state)),
+    ])
+}
+
 /// A snapshot with one 1 MiB segment at 0x100000 (and no live blocks) and device 0's `events`.
 pub fn snapshot(events: Vec<V>) -> Vec<u8> {
     let seg = V::Dict(vec![
