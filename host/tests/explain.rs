@@ -594,11 +594,12 @@ fn impossible_recorded_settings_and_oom_capacity_exit_2_naming_them() {
             settings("roundup_power2_divisions", V::Dict(vec![("1", V::Int(3))])),
             &["roundup_power2_divisions: 3 divisions", "not 0 or a power of two"],
         ),
-        // 40 MiB reserved at the OOM + 1 MiB free is a GPU; 0 reserved + 1 MiB free (an OOM first) is not.
+        // 0 reserved + 1 MiB free is a GPU another process fills (`oom_first_on_a_gpu_held_elsewhere`);
+        // below 4 KiB nothing is modelled.
         (
             "tiny_gpu.pickle",
-            pickle(&V::Dict(vec![("device_traces", V::List(vec![V::List(vec![oom(8 * MIB, MIB)])]))])),
-            &["device 0, event 0, field `device_free`", "= 1048576 B, is outside [2 MiB, 2^48 B]"],
+            pickle(&V::Dict(vec![("device_traces", V::List(vec![V::List(vec![oom(8 * MIB, 1000)])]))])),
+            &["device 0, event 0, field `device_free`", "= 1000 B, is outside [4 KiB, 2^48 B]"],
         ),
         ("huge_gpu.pickle", oom_snapshot(8 * MIB, 1 << 60), &["device 0, event 9, field `device_free`", "2^48 B"]),
     ];
@@ -617,6 +618,34 @@ fn impossible_recorded_settings_and_oom_capacity_exit_2_naming_them() {
             }
         }
     }
+}
+
+/// An OOM as the first event, with nothing reserved and 1 MiB free: the GPU is held by another process
+/// (a shared GPU). Explained as a capacity OOM at 1 MiB, without a replay (the caching model's least device
+/// is one 2 MiB segment), never refused as a GPU too small to model.
+#[test]
+fn oom_first_on_a_gpu_held_elsewhere() {
+    let path = write_temp(
+        "held_elsewhere.pickle",
+        &pickle(&V::Dict(vec![("device_traces", V::List(vec![V::List(vec![oom(20 * MIB, MIB)])]))])),
+    );
+    let v = json(&gpuheap(&["explain", path.to_str().unwrap(), "--no-tune", "--json"]));
+    let o = &v["ooms"][0];
+    assert_eq!((o["verdict"].as_str(), o["capacity"].as_u64()), (Some("capacity"), Some(MIB)), "{o}");
+    assert!(o["replay"].is_null(), "{o}");
+    let out = gpuheap(&["explain", path.to_str().unwrap(), "--no-tune"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("PyTorch had reserved nothing: the GPU's memory was held outside its cache"), "{text}");
+    for cmd in ["tune", "compare"] {
+        let out = gpuheap(&[cmd, path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // `replay` runs the caching model alone by default: at 1 MiB it says so and what to do.
+    let out = gpuheap(&["replay", path.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("1048576 B") && err.contains("choose another strategy with --strategy"), "{err}");
 }
 
 /// `gpuheap explain /dev/stdin < FILE` (or `<(...)`): explain read the file a second time for the stack

@@ -350,8 +350,9 @@ pub fn gpu_capacity_at_oom(trace: &Trace, dev: &DeviceTrace) -> Result<Option<Ca
 ///
 /// # Errors
 /// [`TraceError::Schema`] naming the event's `device_free` when the sum exceeds 2^64 − 1 or lies outside
-/// [2 MiB, 2^48 B] (no GPU is smaller than the caching model's least device, [`caching::SMALL_BUFFER`],
-/// and none larger than the largest device modelled, [`MAX_BYTES`]): a replay at that capacity would fail.
+/// [4 KiB, 2^48 B] (the least capacity a replay models, [`crate::replay::MIN_CAPACITY`], and the largest,
+/// [`MAX_BYTES`]). A GPU of a few MiB is valid: PyTorch reserved nothing and another process holds the
+/// rest.
 pub fn oom_capacity(
     trace: &Trace,
     dev: &DeviceTrace,
@@ -367,10 +368,10 @@ pub fn oom_capacity(
     let bytes = reserved
         .checked_add(device_free)
         .ok_or_else(|| bad(format!("reserved {reserved} B + device_free {device_free} B exceeds 2^64 - 1 bytes")))?;
-    if !(caching::SMALL_BUFFER..=MAX_BYTES).contains(&bytes) {
+    if !(crate::replay::MIN_CAPACITY..=MAX_BYTES).contains(&bytes) {
         return Err(bad(format!(
             "the GPU's memory at this OOM, reserved {reserved} B + device_free {device_free} B = {bytes} B, is \
-             outside [2 MiB, 2^48 B], the devices modelled; give --capacity"
+             outside [4 KiB, 2^48 B], the devices modelled; give --capacity"
         )));
     }
     Ok(bytes)
@@ -819,16 +820,18 @@ pub fn explain_with_bytes(
         };
         let mut x = explain_oom(dev, o.event, free).map_err(|e| trace_error(trace, dev, e))?;
         let replay_capacity = match (capacity, x.device_free) {
-            (Some(given), _) if given < caching::SMALL_BUFFER => {
+            (Some(given), _) if given < crate::replay::MIN_CAPACITY => {
                 return Err(ExplainError::Input(format!(
-                    "capacity {given} B is below 2 MiB, the least device the caching model replays"
+                    "capacity {given} B is below 4 KiB, the least device a replay models"
                 )));
             }
             (Some(_), _) => x.capacity,
             (None, Some(f)) => Some(oom_capacity(trace, dev, o.event, x.reserved, f)?),
             (None, None) => None,
         };
-        if let Some(c) = replay_capacity {
+        // The caching model needs a device of at least one 2 MiB segment; below that the recorded verdict
+        // stands alone (no segment fits, so the request fails whatever the settings).
+        if let Some(c) = replay_capacity.filter(|&c| c >= caching::SMALL_BUFFER) {
             x.replay = Some(reproduce(trace, dev, o.event, c)?);
         }
         ooms.push(x);

@@ -112,7 +112,8 @@ fn oom_text(o: &OomExplanation) -> String {
     );
     let (free, largest) = (o.free_total.unwrap_or(0), o.largest_extent.unwrap_or(0));
     let verdict = match o.verdict {
-        Verdict::Capacity => format!(
+        Verdict::Capacity => {
+            format!(
             "capacity: the GPU was full. Even with every cached byte released and compacted, only {} would be free \
              (driver {} + holes {}), {} short of the {} request. No allocator setting or defragmentation helps: the \
              step needs less memory (smaller batch, activation checkpointing, lower precision) or a larger GPU.",
@@ -121,7 +122,13 @@ fn oom_text(o: &OomExplanation) -> String {
             fmt_bytes(o.reserved_unallocated),
             fmt_bytes(o.shortfall),
             fmt_bytes(o.request)
-        ),
+        ) + if o.reserved == 0 {
+                " PyTorch had reserved nothing: the GPU's memory was held outside its cache (another process, or this \
+             process's CUDA context and other libraries)."
+            } else {
+                ""
+            }
+        }
         Verdict::Fragmentation => format!(
             "fragmentation: the memory was there, but in pieces. {} was free in total (driver {} + holes {}) >= the \
              {} request > the largest free extent {}. Releasing or compacting the cached holes (expandable \
