@@ -104,6 +104,17 @@ def test_not_a_dict_subclass() -> None:
         gpuheap.load({"segments": [OrderedList()]})
 
 
+def test_huge_keys_are_quoted_in_short() -> None:
+    # A key of a megabyte used to be repeated whole in the message (as the Rust reader's values were).
+    huge = "k" * 1_000_000
+    with pytest.raises(gpuheap.TraceError) as e:
+        gpuheap.load({"segments": [{huge: [object()]}]})
+    assert len(str(e.value)) < 400 and "(1000002 characters)" in str(e.value)
+    with pytest.raises(gpuheap.TraceError) as e:
+        gpuheap.load({"segments": [{(huge,): 1}]})
+    assert len(str(e.value)) < 400 and "keys must be str or int" in str(e.value)
+
+
 def test_recursive_dict() -> None:
     snap: dict = {"segments": []}
     snap["segments"].append(snap)

@@ -20,10 +20,22 @@ _SCALARS = (str, int, float, bool, type(None), bytes)
 _MAX_DEPTH = 64
 
 
+_EXCERPT_CHARS = 40
+
+
+def _short(x: Any) -> str:
+    """``repr(x)`` cut to ``_EXCERPT_CHARS`` characters (a key of megabytes makes no message of megabytes),
+    as the Rust reader quotes values."""
+    r = repr(x)
+    if len(r) <= _EXCERPT_CHARS:
+        return r
+    return f"{r[:_EXCERPT_CHARS]}… ({len(r)} characters)"
+
+
 def _where(path: list[Any]) -> str:
     out = ""
     for p in path:
-        out += f"[{p!r}]"
+        out += f"[{_short(p)}]"
     return out
 
 
@@ -49,7 +61,7 @@ def _check(value: Any, path: list[Any], ancestors: set[int], seen: set[int]) -> 
         for k, v in value.items():
             if type(k) not in (str, int):
                 raise TraceError(
-                    f"<dict>: key `{_where(path)}`: a key of type {type(k).__qualname__} ({k!r}); keys must be str or int"
+                    f"<dict>: key `{_where(path)}`: a key of type {type(k).__qualname__} ({_short(k)}); keys must be str or int"
                 )
             path.append(k)
             _check(v, path, ancestors, seen)
