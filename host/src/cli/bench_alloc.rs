@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use gpuheap::bench::alloc::{self, AllocBenchConfig};
 
-use super::{BackendArgs, CliError};
+use super::{backend_error, BackendArgs, CliError};
 
 /// Arguments of `gpuheap bench alloc`.
 #[derive(clap::Args, Debug, Clone)]
@@ -21,8 +21,8 @@ pub struct Args {
     /// Override the iteration count.
     #[arg(long)]
     pub iterations: Option<usize>,
-    /// Override N (threads) as log2.
-    #[arg(long)]
+    /// Override N (threads) as log2, 0 … 32.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=32))]
     pub threads_log2: Option<u32>,
     /// Also write the JSON report to this file.
     #[arg(long)]
@@ -32,7 +32,8 @@ pub struct Args {
 /// Runs the suite.
 ///
 /// # Errors
-/// Backend failures and an unwritable `--out` file (exit code 1).
+/// An option the suite cannot run (exit code 2); backend failures and an unwritable `--out` file
+/// (exit code 1).
 pub fn run(args: &Args) -> Result<(), CliError> {
     let rt = |e: &dyn std::fmt::Display| CliError::Runtime(e.to_string());
     let backend = args.backend.backend()?;
@@ -48,7 +49,7 @@ pub fn run(args: &Args) -> Result<(), CliError> {
     let report = alloc::run(&backend, &cfg, |r| {
         eprintln!("  {} {} {} x{} {}: {:.4} ms", r.workload, r.allocator, r.size, r.threads, r.state, r.alloc_ms)
     })
-    .map_err(|e| rt(&e))?;
+    .map_err(backend_error)?;
     let json = serde_json::to_string_pretty(&report).map_err(|e| rt(&e))?;
     if let Some(p) = &args.out {
         std::fs::write(p, &json).map_err(|e| CliError::Runtime(format!("{}: {e}", p.display())))?;
