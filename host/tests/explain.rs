@@ -648,6 +648,28 @@ fn oom_first_on_a_gpu_held_elsewhere() {
     assert!(err.contains("1048576 B") && err.contains("choose another strategy with --strategy"), "{err}");
 }
 
+/// `replay` of the snapshot above refuses the caching model at the derived 1 MiB: the message names the
+/// file and where that capacity came from (the recorded OOM, with the driver's free bytes), which the user
+/// did not give; with `--capacity` given it names the file only.
+#[test]
+fn replay_refusing_a_derived_capacity_names_the_file_and_the_capacity_source() {
+    let path = write_temp(
+        "held_elsewhere_replay.pickle",
+        &pickle(&V::Dict(vec![("device_traces", V::List(vec![V::List(vec![oom(20 * MIB, MIB)])]))])),
+    );
+    let p = path.to_str().unwrap();
+    let out = gpuheap(&["replay", p]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains(p), "names the file: {err}");
+    assert!(err.contains("the GPU's memory at the recorded OOM (event 0)"), "says where 1 MiB came from: {err}");
+    let out = gpuheap(&["replay", p, "--capacity", "1MiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(p) && !err.contains("derived"), "{err}");
+}
+
 /// `gpuheap explain /dev/stdin < FILE` (or `<(...)`): explain read the file a second time for the stack
 /// frames, got nothing from the spent pipe and exited 2 with "corrupt pickle". The file is read once.
 #[cfg(unix)]
