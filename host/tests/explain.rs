@@ -195,6 +195,30 @@ fn given_capacity_sets_the_device_free_bytes() {
     assert_eq!(e.gpu_capacity, Some(46 * MIB));
 }
 
+/// A given capacity outside [4 KiB, 2^48 B] is refused by the library's `explain` and `tune_page` as
+/// `--capacity` refuses it (they took 0 B, 1 B and 2^48 + 1 B and explained at them: the Python API passes
+/// its `capacity` straight to them).
+#[test]
+fn explain_and_tune_refuse_a_given_capacity_outside_the_modelled_range() {
+    let path = write_temp("given_out_of_range.pickle", &oom_snapshot(8 * MIB, 6 * MIB));
+    let trace = read_trace(&path).unwrap();
+    for c in [0, 1, 4095, (1u64 << 48) + 1, u64::MAX] {
+        let m = match explain::explain(&trace, None, Some(c)) {
+            Err(explain::ExplainError::Input(m)) => m,
+            Err(e) => panic!("explain at {c} B: {e}"),
+            Ok(_) => panic!("explain at {c} B was answered"),
+        };
+        assert!(m.contains(&format!("capacity {c} B is outside [4096 B, 2^48 B]")), "{m}");
+        let m = match explain::tune::tune_page(&trace, None, Some(c), &|| {}) {
+            Err(explain::ExplainError::Input(m)) => m,
+            Err(e) => panic!("tune_page at {c} B: {e}"),
+            Ok(_) => panic!("tune_page at {c} B was answered"),
+        };
+        assert!(m.contains("is outside [4096 B, 2^48 B]"), "{m}");
+    }
+    assert!(explain::explain(&trace, None, Some(4096)).is_ok());
+}
+
 #[test]
 fn expandable_mapping_counted_once() {
     // Issue 9's smallest input: 20 MiB reserved at the peak, not 40.

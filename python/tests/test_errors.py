@@ -193,3 +193,21 @@ def test_device_outside_int64_is_config_error() -> None:
             gpuheap.replay(snap, "best-fit", device=d)
         with pytest.raises(gpuheap.ConfigError, match="device"):
             gpuheap.explain(snap, device=d)
+
+
+def test_explain_and_tune_refuse_a_capacity_outside_the_modelled_range() -> None:
+    # explain/tune took 0 B, 1 B and 2^48 + 1 B (the CLI's --capacity refuses them, exit 2).
+    snap = gpuheap.load(SNAPSHOT)
+    for c in (0, 1, "4095", 2**48 + 1):
+        with pytest.raises(gpuheap.ConfigError, match=r"capacity \d+ B is outside \[4096 B, 2\^48 B\]"):
+            gpuheap.explain(snap, c, tune=False)
+        with pytest.raises(gpuheap.ConfigError, match=r"is outside \[4096 B, 2\^48 B\]"):
+            gpuheap.tune(snap, c)
+
+
+def test_tune_settings_holding_a_non_str_names_it() -> None:
+    # A list holding bytes or None was reported as "not one str".
+    snap = gpuheap.load(SNAPSHOT)
+    for bad in ([b"best-fit"], ["best-fit", None]):
+        with pytest.raises(gpuheap.ConfigError, match=r"settings\[\d\]: expected a setting name \(str\), not (bytes|NoneType)"):
+            gpuheap.tune(snap, settings=bad)

@@ -303,9 +303,12 @@ def tune(
     """
     snap = load(snapshot)
     if settings is not None:
-        if isinstance(settings, str) or not all(isinstance(x, str) for x in settings):
+        if isinstance(settings, str):
             raise ConfigError("settings: expected a list of setting names (str), not one str")
         settings = list(settings)
+        for i, x in enumerate(settings):
+            if not isinstance(x, str):
+                raise ConfigError(f"settings[{i}]: expected a setting name (str), not {type(x).__qualname__}")
     out, text, page = _gpuheap.tune_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), settings)
     return TuneResult(json.loads(out), text, page)
 
