@@ -157,7 +157,8 @@ def replay(
             fragmentation) or ``"threshold=F"`` with F in [0, 1] (``--compact``).
         backend: where compaction kernels run: ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None``: the
             ``GPUHEAP_BACKEND`` environment variable, else ``"auto"`` (``--backend``).
-        device: the trace's device to replay; ``None``: the first with events (``--device``).
+        device: the trace's device to replay; ``None``: the one with a recorded OOM, else the one with
+            the most allocation events, as the CLI picks it (``--device``).
         materialize_limit: largest image in bytes a compaction materialises before it compacts a
             scaled image (``--materialize-limit``).
 
@@ -167,7 +168,8 @@ def replay(
     Raises:
         TraceError: ``snapshot`` cannot be loaded.
         ConfigError: an unknown strategy or policy, an unparsable byte count, a device not in the
-            trace, or a capacity the strategy cannot use.
+            trace, a trace with no allocation events or live blocks, or a capacity the strategy cannot
+            use.
         BackendError: a compaction kernel or its check failed, or ``backend="gpu"`` without a GPU.
     """
     snap = load(snapshot)
