@@ -32,10 +32,13 @@ pub struct Args {
 /// Runs the suite.
 ///
 /// # Errors
-/// An option the suite cannot run (exit code 2); backend failures and an unwritable `--out` file
-/// (exit code 1).
+/// An option the suite cannot run or an `--out` path that cannot take a file (exit code 2, before the
+/// run); backend failures and a write of `--out` that fails after the run (exit code 1, the report
+/// printed first).
 pub fn run(args: &Args) -> Result<(), CliError> {
     let rt = |e: &dyn std::fmt::Display| CliError::Runtime(e.to_string());
+    // An `--out` that cannot be written is refused before the run, not after it (the report was lost).
+    args.out.as_deref().map(super::replay::check_output_path).transpose()?;
     let backend = args.backend.backend()?;
     let mut cfg = AllocBenchConfig::for_backend(&backend, args.quick);
     if let Some(i) = args.iterations {
@@ -51,13 +54,16 @@ pub fn run(args: &Args) -> Result<(), CliError> {
     })
     .map_err(backend_error)?;
     let json = serde_json::to_string_pretty(&report).map_err(|e| rt(&e))?;
-    if let Some(p) = &args.out {
-        std::fs::write(p, &json).map_err(|e| CliError::Runtime(format!("{}: {e}", p.display())))?;
-    }
+    // The report is printed before the file is written, so that a write that fails anyway loses nothing.
     if args.json {
         println!("{json}");
     } else {
         print!("{}", report.table());
+    }
+    if let Some(p) = &args.out {
+        super::replay::write_atomically(p, |tmp| {
+            std::fs::write(tmp, &json).map_err(|e| format!("{}: cannot write: {e}", p.display()))
+        })?;
     }
     Ok(())
 }
