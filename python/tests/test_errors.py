@@ -244,3 +244,12 @@ def test_replay_of_a_trace_with_nothing_to_report_is_config_error_as_in_explain(
               lambda: gpuheap.explain(empty, tune=False)):
         with pytest.raises(gpuheap.ConfigError, match="no device has allocation events or live blocks"):
             f()
+
+
+def test_a_path_given_as_bytes_is_refused_with_the_hint_to_pass_str() -> None:
+    # load(b"/path/x.pickle") reads the bytes as content: the error only said "unknown trace format".
+    with pytest.raises(gpuheap.TraceError, match=r"is a file: pass its path as str or pathlib.Path"):
+        gpuheap.load(os.fsencode(SNAPSHOT))
+    with pytest.raises(gpuheap.TraceError) as e:
+        gpuheap.load(b"not a trace")
+    assert "pass its path" not in str(e.value)

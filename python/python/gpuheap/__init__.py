@@ -58,7 +58,7 @@ def load(source: Source) -> Snapshot:
 
     Args:
         source: a file path (``str`` or path-like); the ``bytes`` of a snapshot pickle (or of a CSV
-            file); or the dict that ``torch.cuda.memory._snapshot()`` returns, converted without
+            file; a path given as ``bytes`` is read as content, and the error says so); or the dict that ``torch.cuda.memory._snapshot()`` returns, converted without
             executing anything (plain data only; see :mod:`gpuheap._convert`). A :class:`Snapshot`
             is returned as is.
 
@@ -76,7 +76,18 @@ def load(source: Source) -> Snapshot:
     if isinstance(source, dict):
         return _gpuheap.load_bytes(snapshot_dict_to_pickle(source), "<dict>")
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return _gpuheap.load_bytes(bytes(source), "<bytes>")
+        data = bytes(source)
+        try:
+            return _gpuheap.load_bytes(data, "<bytes>")
+        except TraceError as e:
+            # bytes are a file's content here, but os.fspath takes bytes paths too: say so when these
+            # bytes name an existing file rather than leave "unknown trace format" unexplained.
+            if len(data) < 4096 and b"\0" not in data and os.path.isfile(os.fsdecode(data)):
+                raise TraceError(
+                    f"{e} (bytes are read as a trace's content; {os.fsdecode(data)!r} is a file: pass its path "
+                    "as str or pathlib.Path to read it)"
+                ) from e
+            raise
     if isinstance(source, (str, os.PathLike)):
         return _gpuheap.load_path(os.fspath(source))
     raise TypeError(
