@@ -14,14 +14,22 @@ Each finding is printed as `KIND command file: message` (KIND: PANIC, EXIT=<code
 UNNAMED for an exit 2 whose message does not name the file); the mutated files stay in the folder
 printed at the end so that a finding can be replayed. Exit status 1 when anything was found.
 
+With --legit, the script instead writes unusual but legitimate snapshots (no device_traces, empty
+traces, only segments on device 3, expandable segments mapped and unmapped 2,000 times, the OOM on
+device 1, stream ids of 2^63 - 1 and 2^64 - 1, zero-size allocations, one address reused 20,000
+times, time_us missing or decreasing, a wrapped history that frees blocks allocated before it,
+snapshot/user_defined events among the allocations) and checks that every command answers them
+(exit 0; REFUSED otherwise) with strict JSON (BADJSON: NaN, Infinity or unparsable).
+
 Usage: scripts/fuzz-cli-bad-input.py [--bin target/ci/gpuheap] [--snapshot FILE] [--count N]
-       [--seed S] [--timeout SECONDS]
+       [--seed S] [--timeout SECONDS] [--legit]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import pickle
 import random
@@ -54,6 +62,91 @@ def hand_made() -> dict:
                                "garbage_collection_threshold": 0.0, "expandable_segments": False,
                                "roundup_power2_divisions": {"1": 0}},
     }
+
+
+def legit() -> dict:
+    """Unusual but legitimate snapshots, by name: every command must answer them."""
+    a = 0x7F00_0000_0000
+    b = a + 100 * MIB
+
+    def ev(action, addr, size, stream=0, t=1):
+        return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": t}
+
+    def seg(addr, live, total=20 * MIB, device=0):
+        return {"device": device, "address": addr, "total_size": total, "stream": 0, "segment_type": "large",
+                "is_expandable": False,
+                "blocks": [{"address": addr, "size": live, "requested_size": live, "state": "active_allocated"},
+                           {"address": addr + live, "size": total - live, "requested_size": 0,
+                            "state": "inactive"}]}
+
+    def life(addr, size, t=1):
+        return [ev("alloc", addr, size, t=t), ev("free_requested", addr, size, t=t),
+                ev("free_completed", addr, size, t=t)]
+
+    expandable = []
+    for i in range(2000):
+        expandable += [ev("segment_map", a, 2 * MIB, t=i), *life(a, 2 * MIB, i), ev("segment_unmap", a, 2 * MIB, t=i)]
+    reuse = [ev("segment_alloc", a, 2 * MIB)]
+    for i in range(20000):
+        reuse += life(a, 512, i)
+    oom = {"action": "oom", "size": 30 * MIB, "device_free": 4 * MIB, "stream": 0, "time_us": 5}
+    return {
+        "no_device_traces": {"segments": [seg(a, 4 * MIB)]},
+        "empty_device_traces": {"segments": [seg(a, 4 * MIB)], "device_traces": []},
+        "empty_trace_list": {"segments": [seg(a, 4 * MIB)], "device_traces": [[]]},
+        "segments_only_device_3": {"segments": [seg(a, 4 * MIB, device=3)]},
+        "expandable_map_unmap": {"segments": [], "device_traces": [expandable]},
+        "oom_on_device_1": {
+            "segments": [seg(a, 4 * MIB), seg(b, 4 * MIB, device=1)],
+            "device_traces": [[ev("segment_alloc", a, 20 * MIB), ev("alloc", a, 4 * MIB)],
+                              [ev("segment_alloc", b, 20 * MIB), ev("alloc", b, 4 * MIB), oom]]},
+        "huge_stream_ids": {"segments": [], "device_traces": [
+            [ev("segment_alloc", a, 20 * MIB, stream=2**63 - 1), *[dict(e, stream=2**63 - 1) for e in life(a, MIB)],
+             ev("alloc", a + MIB, MIB, stream=2**64 - 1)]]},
+        "zero_size_allocs": {"segments": [], "device_traces": [
+            [ev("segment_alloc", a, 2 * MIB)] + [ev("alloc", a + 512 * i, 0) for i in range(10)]
+            + [ev("free_completed", a + 512 * i, 0) for i in range(5)]]},
+        "address_reused": {"segments": [], "device_traces": [reuse]},
+        "time_us_missing": {"segments": [], "device_traces": [
+            [{k: v for k, v in e.items() if k != "time_us"} for e in [ev("alloc", a, MIB), *life(a + MIB, MIB)]]]},
+        "time_us_decreasing": {"segments": [], "device_traces": [
+            [ev("alloc", a, MIB, t=100), ev("alloc", a + MIB, MIB, t=50), ev("free_completed", a, MIB, t=1)]]},
+        "wrapped_history": {"segments": [seg(b, MIB)], "device_traces": [
+            [ev("free_requested", a, 4 * MIB), ev("free_completed", a, 4 * MIB), ev("segment_free", a, 20 * MIB),
+             ev("segment_alloc", b, 20 * MIB), ev("alloc", b, MIB)]]},
+        "other_event_kinds": {"segments": [], "device_traces": [
+            [ev("snapshot", 0, 0), ev("segment_alloc", a, 2 * MIB), ev("alloc", a, MIB),
+             {"action": "user_defined", "addr": 0, "size": 0, "stream": 0, "time_us": 2, "user_metadata": "step"},
+             ev("free_requested", a, MIB), ev("free_completed", a, MIB)]]},
+    }
+
+
+LEGIT_COMMANDS = [["replay", "--json"], ["replay", "--strategy", "best-fit", "--compact", "on-oom", "--json"],
+                  ["compare", "--json"], ["explain", "--no-tune", "--json"], ["tune", "--json"]]
+
+
+def run_legit(binary: str, cmd: list, f: Path, timeout: float) -> str | None:
+    """None when `cmd` answers `f` with strict JSON, else the finding."""
+    try:
+        r = subprocess.run([binary, *cmd, str(f)], capture_output=True, timeout=timeout,
+                           env={**os.environ, "GPUHEAP_BACKEND": "cpu"})
+    except subprocess.TimeoutExpired:
+        return "TIMEOUT"
+    err = r.stderr.decode("utf-8", "replace")
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    if r.returncode == 101 or "panicked" in err:
+        return f"PANIC: {last}"
+    if r.returncode != 0:
+        return f"REFUSED (exit {r.returncode}): {last}"
+
+    def strict(c):
+        raise ValueError(f"{c} in JSON")
+
+    try:
+        json.loads(r.stdout, parse_constant=strict)
+    except ValueError as e:
+        return f"BADJSON: {e}"
+    return None
 
 
 def paths(o, p=()):
@@ -110,8 +203,22 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=100, help="structural mutants (and as many byte mutants)")
     ap.add_argument("--seed", type=int, default=6)
     ap.add_argument("--timeout", type=float, default=20.0)
+    ap.add_argument("--legit", action="store_true", help="check unusual but legitimate snapshots instead")
     a = ap.parse_args()
     rng = random.Random(a.seed)
+    if a.legit:
+        out = Path(tempfile.mkdtemp(prefix="gpuheap-legit-"))
+        found = 0
+        for name, snap in legit().items():
+            f = out / f"{name}.pickle"
+            f.write_bytes(pickle.dumps(snap, protocol=4))
+            for cmd in LEGIT_COMMANDS:
+                what = run_legit(a.bin, cmd, f, a.timeout)
+                if what:
+                    found += 1
+                    print(f"{what.split(':')[0]} {' '.join(cmd)} {f}: {what}", flush=True)
+        print(f"{len(legit())} legitimate snapshots x {len(LEGIT_COMMANDS)} commands, {found} findings; files in {out}")
+        return 1 if found else 0
     if a.snapshot:
         # A real snapshot: plain data only is expected; refuse anything else rather than run it.
         class DataOnly(pickle.Unpickler):

@@ -195,6 +195,30 @@ fn given_capacity_sets_the_device_free_bytes() {
     assert_eq!(e.gpu_capacity, Some(46 * MIB));
 }
 
+/// A given capacity outside [4 KiB, 2^48 B] is refused by the library's `explain` and `tune_page` as
+/// `--capacity` refuses it (they took 0 B, 1 B and 2^48 + 1 B and explained at them: the Python API passes
+/// its `capacity` straight to them).
+#[test]
+fn explain_and_tune_refuse_a_given_capacity_outside_the_modelled_range() {
+    let path = write_temp("given_out_of_range.pickle", &oom_snapshot(8 * MIB, 6 * MIB));
+    let trace = read_trace(&path).unwrap();
+    for c in [0, 1, 4095, (1u64 << 48) + 1, u64::MAX] {
+        let m = match explain::explain(&trace, None, Some(c)) {
+            Err(explain::ExplainError::Input(m)) => m,
+            Err(e) => panic!("explain at {c} B: {e}"),
+            Ok(_) => panic!("explain at {c} B was answered"),
+        };
+        assert!(m.contains(&format!("capacity {c} B is outside [4096 B, 2^48 B]")), "{m}");
+        let m = match explain::tune::tune_page(&trace, None, Some(c), &|| {}) {
+            Err(explain::ExplainError::Input(m)) => m,
+            Err(e) => panic!("tune_page at {c} B: {e}"),
+            Ok(_) => panic!("tune_page at {c} B was answered"),
+        };
+        assert!(m.contains("is outside [4096 B, 2^48 B]"), "{m}");
+    }
+    assert!(explain::explain(&trace, None, Some(4096)).is_ok());
+}
+
 #[test]
 fn expandable_mapping_counted_once() {
     // Issue 9's smallest input: 20 MiB reserved at the peak, not 40.
@@ -646,6 +670,28 @@ fn oom_first_on_a_gpu_held_elsewhere() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("1048576 B") && err.contains("choose another strategy with --strategy"), "{err}");
+}
+
+/// `replay` of the snapshot above refuses the caching model at the derived 1 MiB: the message names the
+/// file and where that capacity came from (the recorded OOM, with the driver's free bytes), which the user
+/// did not give; with `--capacity` given it names the file only.
+#[test]
+fn replay_refusing_a_derived_capacity_names_the_file_and_the_capacity_source() {
+    let path = write_temp(
+        "held_elsewhere_replay.pickle",
+        &pickle(&V::Dict(vec![("device_traces", V::List(vec![V::List(vec![oom(20 * MIB, MIB)])]))])),
+    );
+    let p = path.to_str().unwrap();
+    let out = gpuheap(&["replay", p]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains(p), "names the file: {err}");
+    assert!(err.contains("the GPU's memory at the recorded OOM (event 0)"), "says where 1 MiB came from: {err}");
+    let out = gpuheap(&["replay", p, "--capacity", "1MiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(p) && !err.contains("derived"), "{err}");
 }
 
 /// `gpuheap explain /dev/stdin < FILE` (or `<(...)`): explain read the file a second time for the stack

@@ -201,21 +201,13 @@ impl Common {
         })
     }
 
-    /// The device to replay: the one asked for, else the first with events (as the CLI picks it).
+    /// The device to replay, as the CLI picks it ([`gpuheap::explain::choose_device`]): the one asked
+    /// for, else the one with a recorded OOM, else the one with the most allocation events. A trace
+    /// with nothing to report, or a device it lacks, is a `ConfigError` (as in `explain`).
     fn device<'t>(&self, trace: &'t Trace) -> Result<&'t DeviceTrace, Failure> {
-        let src = trace.source.display();
-        match self.device {
-            Some(d) => trace.devices.iter().find(|t| t.device == d).ok_or_else(|| {
-                let have: Vec<String> = trace.devices.iter().map(|t| t.device.to_string()).collect();
-                Failure::Config(format!("{src}: no device {d} in the trace (devices: {})", have.join(", ")))
-            }),
-            None => trace
-                .devices
-                .iter()
-                .find(|t| !t.events.is_empty())
-                .or_else(|| trace.devices.first())
-                .ok_or_else(|| Failure::Trace(format!("{src}: the trace has no device with events or blocks"))),
-        }
+        let summaries = gpuheap::explain::summarize(trace);
+        let choice = gpuheap::explain::choose_device(trace, &summaries, self.device).map_err(Failure::Config)?;
+        Ok(&trace.devices[choice.index])
     }
 
     /// The backend for compaction measurements: none when the policy never compacts, unless a GPU was

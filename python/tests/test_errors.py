@@ -153,7 +153,7 @@ def test_bad_options() -> None:
         gpuheap.replay(snap, "best-fit", compact="sometimes")
     with pytest.raises(gpuheap.ConfigError, match="not a fraction"):
         gpuheap.replay(snap, "best-fit", compact="threshold=2")
-    with pytest.raises(gpuheap.ConfigError, match=r"no device 7 in the trace \(devices: 0\)"):
+    with pytest.raises(gpuheap.ConfigError, match=r"no device 7 in the trace \(device 0: \d+ events, \d+ allocations\)"):
         gpuheap.replay(snap, "best-fit", device=7)
     with pytest.raises(gpuheap.ConfigError, match="backend"):
         gpuheap.replay(snap, "best-fit", backend="tpu")
@@ -204,3 +204,63 @@ def test_device_outside_int64_is_config_error() -> None:
             gpuheap.replay(snap, "best-fit", device=d)
         with pytest.raises(gpuheap.ConfigError, match="device"):
             gpuheap.explain(snap, device=d)
+
+
+def test_explain_and_tune_refuse_a_capacity_outside_the_modelled_range() -> None:
+    # explain/tune took 0 B, 1 B and 2^48 + 1 B (the CLI's --capacity refuses them, exit 2).
+    snap = gpuheap.load(SNAPSHOT)
+    for c in (0, 1, "4095", 2**48 + 1):
+        with pytest.raises(gpuheap.ConfigError, match=r"capacity \d+ B is outside \[4096 B, 2\^48 B\]"):
+            gpuheap.explain(snap, c, tune=False)
+        with pytest.raises(gpuheap.ConfigError, match=r"is outside \[4096 B, 2\^48 B\]"):
+            gpuheap.tune(snap, c)
+
+
+def test_tune_settings_holding_a_non_str_names_it() -> None:
+    # A list holding bytes or None was reported as "not one str".
+    snap = gpuheap.load(SNAPSHOT)
+    for bad in ([b"best-fit"], ["best-fit", None]):
+        with pytest.raises(gpuheap.ConfigError, match=r"settings\[\d\]: expected a setting name \(str\), not (bytes|NoneType)"):
+            gpuheap.tune(snap, settings=bad)
+
+
+def test_replay_and_compare_pick_the_device_with_the_oom_as_the_cli_does(tmp_path: Path, run_cli) -> None:
+    # Two devices, the OOM on device 1: the CLI (and explain) report device 1; replay and compare took
+    # the first device with events, device 0, so their numbers differed from the CLI's for the same input.
+    mib = 1 << 20
+    a, b = 0x7F00_0000_0000, 0x7F00_6400_0000
+
+    def ev(action: str, addr: int, size: int) -> dict:
+        return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": 1}
+
+    snap = {
+        "segments": [],
+        "device_traces": [
+            [ev("segment_alloc", a, 20 * mib), ev("alloc", a, 4 * mib), ev("alloc", a + 4 * mib, 4 * mib)],
+            [ev("segment_alloc", b, 20 * mib), ev("alloc", b, 4 * mib),
+             {"action": "oom", "size": 30 * mib, "device_free": mib, "stream": 0, "time_us": 2}],
+        ],
+    }
+    path = tmp_path / "oom_on_device_1.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    assert gpuheap.replay(path, "best-fit", backend="cpu").device == 1
+    assert gpuheap.compare(path, backend="cpu").device == 1
+    assert run_cli("replay", str(path), "--strategy", "best-fit", "--backend", "cpu")["device"] == 1
+    assert gpuheap.replay(path, "best-fit", backend="cpu", device=0).device == 0
+
+
+def test_replay_of_a_trace_with_nothing_to_report_is_config_error_as_in_explain() -> None:
+    empty = {"segments": [], "device_traces": []}
+    for f in (lambda: gpuheap.replay(empty, "best-fit"), lambda: gpuheap.compare(empty),
+              lambda: gpuheap.explain(empty, tune=False)):
+        with pytest.raises(gpuheap.ConfigError, match="no device has allocation events or live blocks"):
+            f()
+
+
+def test_a_path_given_as_bytes_is_refused_with_the_hint_to_pass_str() -> None:
+    # load(b"/path/x.pickle") reads the bytes as content: the error only said "unknown trace format".
+    with pytest.raises(gpuheap.TraceError, match=r"is a file: pass its path as str or pathlib.Path"):
+        gpuheap.load(os.fsencode(SNAPSHOT))
+    with pytest.raises(gpuheap.TraceError) as e:
+        gpuheap.load(b"not a trace")
+    assert "pass its path" not in str(e.value)

@@ -109,3 +109,30 @@ def test_torch_without_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", fake_torch(hook=False))
     with pytest.raises(gpuheap.TorchError, match=r"0.0-stand-in.*_cuda_attach_out_of_memory_observer"):
         gpuheap.torch.install_oom_observer()
+
+
+def test_observer_explains_the_device_that_ran_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two GPUs, device 0 with an earlier (caught) OOM recorded, device 1 running out now: the observer
+    # explained the first device with a recorded OOM, device 0, at device 1's total bytes.
+    mib = 1 << 20
+    a, b = 0x7F00_0000_0000, 0x7F00_6400_0000
+
+    def ev(action: str, addr: int, size: int) -> dict:
+        return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": 1}
+
+    def oom(size: int, free: int) -> dict:
+        return {"action": "oom", "size": size, "device_free": free, "stream": 0, "time_us": 2}
+
+    snap = {
+        "segments": [],
+        "device_traces": [
+            [ev("segment_alloc", a, 20 * mib), ev("alloc", a, 4 * mib), oom(64 * mib, 8 * mib)],
+            [ev("segment_alloc", b, 40 * mib), ev("alloc", b, 30 * mib), oom(32 * mib, 2 * mib)],
+        ],
+    }
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(snap))
+    obs = gpuheap.torch.install_oom_observer(log=lambda _: None)
+    obs(1, 32 * mib, 42 * mib, 2 * mib)
+    assert obs.last_error is None, obs.last_error
+    assert "device 1 is reported" in obs.last_report, obs.last_report
+    assert "device 0 is reported" not in obs.last_report

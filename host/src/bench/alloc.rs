@@ -54,6 +54,26 @@ pub struct AllocBenchConfig {
 }
 
 impl AllocBenchConfig {
+    /// Checks that the suite can run this configuration: N (`threads`) at least 1 and at most 2^32,
+    /// every size of `sizes` at least 1 B, every bound of `mixed_hi` at least 16 B (T3 asks
+    /// 16 … hi), and an out-of-memory pool of at least one block of the largest size.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the field and its value.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(crate::backend::BackendError::InvalidArgument(m));
+        if self.threads == 0 || self.threads > 1 << 32 {
+            return bad(format!("threads {} is outside [1, 2^32]", self.threads));
+        }
+        if let Some(s) = self.sizes.iter().find(|&&s| s == 0 || s > self.oom_pool) {
+            return bad(format!("size {s} B is outside [1 B, oom_pool {} B]", self.oom_pool));
+        }
+        if let Some(h) = self.mixed_hi.iter().find(|&&h| h < 16) {
+            return bad(format!("mixed_hi {h} B is below 16 B (T3 asks 16 B up to it)"));
+        }
+        Ok(())
+    }
+
     /// The survey's parameters on a GPU (2^20 threads, 50 iterations); on
     /// the CPU backend sizes that finish in minutes; `quick` cuts both down
     /// (fewer than 50 iterations: for smoke runs only).
@@ -256,7 +276,12 @@ fn bump_row(b: &Backend, workload: &str, size: u64, threads: u64, iters: usize, 
 }
 
 /// Runs the suite on `backend`; `progress` is called with each finished row.
+///
+/// # Errors
+/// `InvalidArgument` naming the field when `cfg` cannot be run ([`AllocBenchConfig::validate`]);
+/// backend failures.
 pub fn run(backend: &Backend, cfg: &AllocBenchConfig, mut progress: impl FnMut(&Row)) -> Result<AllocBenchReport> {
+    cfg.validate()?;
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     let mut push = |r: Row, rows: &mut Vec<Row>| {
@@ -390,7 +415,8 @@ pub fn run(backend: &Backend, cfg: &AllocBenchConfig, mut progress: impl FnMut(&
     let mut pool = DeviceHeap::new(backend, cfg.oom_pool)?;
     for &size in &cfg.sizes {
         pool.reset()?;
-        let threads = (cfg.oom_pool / size / 16).clamp(32, n);
+        // At least 32 threads per round (fewer when N is smaller), at most N.
+        let threads = (cfg.oom_pool / size / 16).clamp(32.min(n), n);
         let mut handed = 0u64;
         let mut t = Vec::new();
         let mut batches = Vec::new();

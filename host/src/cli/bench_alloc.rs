@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use gpuheap::bench::alloc::{self, AllocBenchConfig};
 
-use super::{BackendArgs, CliError};
+use super::{backend_error, BackendArgs, CliError};
 
 /// Arguments of `gpuheap bench alloc`.
 #[derive(clap::Args, Debug, Clone)]
@@ -21,8 +21,8 @@ pub struct Args {
     /// Override the iteration count.
     #[arg(long)]
     pub iterations: Option<usize>,
-    /// Override N (threads) as log2.
-    #[arg(long)]
+    /// Override N (threads) as log2, 0 … 32.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=32))]
     pub threads_log2: Option<u32>,
     /// Also write the JSON report to this file.
     #[arg(long)]
@@ -32,9 +32,13 @@ pub struct Args {
 /// Runs the suite.
 ///
 /// # Errors
-/// Backend failures and an unwritable `--out` file (exit code 1).
+/// An option the suite cannot run or an `--out` path that cannot take a file (exit code 2, before the
+/// run); backend failures and a write of `--out` that fails after the run (exit code 1, the report
+/// printed first).
 pub fn run(args: &Args) -> Result<(), CliError> {
     let rt = |e: &dyn std::fmt::Display| CliError::Runtime(e.to_string());
+    // An `--out` that cannot be written is refused before the run, not after it (the report was lost).
+    args.out.as_deref().map(super::replay::check_output_path).transpose()?;
     let backend = args.backend.backend()?;
     let mut cfg = AllocBenchConfig::for_backend(&backend, args.quick);
     if let Some(i) = args.iterations {
@@ -48,15 +52,18 @@ pub fn run(args: &Args) -> Result<(), CliError> {
     let report = alloc::run(&backend, &cfg, |r| {
         eprintln!("  {} {} {} x{} {}: {:.4} ms", r.workload, r.allocator, r.size, r.threads, r.state, r.alloc_ms)
     })
-    .map_err(|e| rt(&e))?;
+    .map_err(backend_error)?;
     let json = serde_json::to_string_pretty(&report).map_err(|e| rt(&e))?;
-    if let Some(p) = &args.out {
-        std::fs::write(p, &json).map_err(|e| CliError::Runtime(format!("{}: {e}", p.display())))?;
-    }
+    // The report is printed before the file is written, so that a write that fails anyway loses nothing.
     if args.json {
         println!("{json}");
     } else {
         print!("{}", report.table());
+    }
+    if let Some(p) = &args.out {
+        super::replay::write_atomically(p, |tmp| {
+            std::fs::write(tmp, &json).map_err(|e| format!("{}: cannot write: {e}", p.display()))
+        })?;
     }
     Ok(())
 }

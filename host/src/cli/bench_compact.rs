@@ -2,7 +2,9 @@
 
 use gpuheap::bench::compact;
 
-use super::{BackendArgs, CliError};
+use gpuheap::compaction::CompactionError;
+
+use super::{backend_error, BackendArgs, CliError};
 
 /// Arguments of `gpuheap bench compact`.
 #[derive(Debug, clap::Args)]
@@ -31,12 +33,17 @@ pub struct Args {
 /// Runs the benchmark and prints the report.
 ///
 /// # Errors
-/// Backend and compaction errors (exit code 1).
+/// A `--tile-bytes` the kernels cannot run with (exit code 2); backend and compaction errors (exit
+/// code 1).
 pub fn run(a: &Args) -> Result<(), CliError> {
     let backend = a.backend.backend()?;
     let traces = if a.traces.is_empty() { compact::default_traces() } else { a.traces.clone() };
-    let report =
-        compact::run(&backend, a.quick, a.reps, a.tile_bytes, &traces).map_err(|e| CliError::Runtime(e.to_string()))?;
+    let report = compact::run(&backend, a.quick, a.reps, a.tile_bytes, &traces).map_err(|e| match e {
+        // A `--tile-bytes` the kernels cannot run with is bad input.
+        CompactionError::InvalidTuning(_) => CliError::Input(format!("--tile-bytes: {e}")),
+        CompactionError::Backend(b) => backend_error(b),
+        e => CliError::Runtime(e.to_string()),
+    })?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(|e| CliError::Runtime(e.to_string()))?);
     } else {

@@ -2,7 +2,7 @@
 
 use gpuheap::ops;
 
-use super::{BackendArgs, CliError};
+use super::{backend_error, BackendArgs, CliError};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -17,8 +17,13 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<(), CliError> {
+    let size = 16;
+    // The bump allocator's region holds `threads` blocks of `size` bytes.
+    let region = a.threads.checked_mul(size).ok_or_else(|| {
+        CliError::Input(format!("--threads {}: a bump region of {} × {size} B exceeds 2^64 B", a.threads, a.threads))
+    })?;
     let b = a.backend.backend()?;
-    let rt = |e: gpuheap::BackendError| CliError::Runtime(e.to_string());
+    let rt = backend_error;
     println!("backend: {}", b.describe());
     let buf = b.alloc_zeroed(a.bytes).map_err(rt)?;
     let t_fill = ops::fill(&b, &buf, 1).map_err(rt)?;
@@ -32,8 +37,7 @@ pub fn run(a: Args) -> Result<(), CliError> {
         gbs(t_verify.ms()),
         r.mismatches
     );
-    let size = 16;
-    let run = ops::bump_alloc(&b, a.threads, size, a.threads * size).map_err(rt)?;
+    let run = ops::bump_alloc(&b, a.threads, size, region).map_err(rt)?;
     let failed = run.offsets.iter().filter(|o| o.is_none()).count();
     let mut offs: Vec<u64> = run.offsets.iter().flatten().copied().collect();
     offs.sort_unstable();

@@ -71,6 +71,15 @@ impl BackendArgs {
     }
 }
 
+/// A backend error as a command's failure: an invalid argument (a size, count or tuning that the
+/// options gave) is bad input (exit 2), anything else a run-time failure (exit 1).
+pub fn backend_error(e: gpuheap::BackendError) -> CliError {
+    match e {
+        gpuheap::BackendError::InvalidArgument(_) => CliError::Input(e.to_string()),
+        e => CliError::Runtime(e.to_string()),
+    }
+}
+
 /// A command's failure, mapped to the exit code.
 #[derive(Debug)]
 pub enum CliError {

@@ -153,9 +153,26 @@ pub(crate) fn check_plot_path(p: &Path, trace: &Path) -> Result<PlotFormat, CliE
     Ok(f)
 }
 
-/// Checks an output path (`--html`, `--plot`) before any work: its folder exists and takes a new file,
-/// it is not a folder nor another non-regular file (a device such as /dev/null, a pipe), and it is not
-/// the trace being read (writing there would replace the input).
+/// [`check_output_path`], and the path is not the trace being read (writing there would replace the
+/// input).
+///
+/// # Errors
+/// [`CliError::Input`] (exit 2) naming the path.
+pub(crate) fn check_output(p: &Path, trace: &Path) -> Result<(), CliError> {
+    if let (Ok(out), Ok(input)) = (p.canonicalize(), trace.canonicalize()) {
+        if out == input {
+            return Err(CliError::Input(format!(
+                "{}: is the trace being read; writing the report there would replace it (choose another file)",
+                p.display()
+            )));
+        }
+    }
+    check_output_path(p)
+}
+
+/// Checks an output path (`--html`, `--plot`, `bench alloc --out`) before any work: its folder exists and
+/// takes a new file, and it is not a folder nor another non-regular file (a device such as /dev/null, a
+/// pipe).
 ///
 /// The folder is probed by creating and removing the temporary file that
 /// [`write_atomically`] writes, so an unwritable folder is reported here, with exit
@@ -163,7 +180,7 @@ pub(crate) fn check_plot_path(p: &Path, trace: &Path) -> Result<PlotFormat, CliE
 ///
 /// # Errors
 /// [`CliError::Input`] (exit 2) naming the path.
-pub(crate) fn check_output(p: &Path, trace: &Path) -> Result<(), CliError> {
+pub(crate) fn check_output_path(p: &Path) -> Result<(), CliError> {
     let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     if !dir.is_dir() {
         return Err(CliError::Input(format!("{}: folder {} does not exist", p.display(), dir.display())));
@@ -178,14 +195,6 @@ pub(crate) fn check_output(p: &Path, trace: &Path) -> Result<(), CliError> {
             return Err(CliError::Input(format!(
                 "{}: is not a regular file (a device, pipe or socket): the report is written to a temporary \
                  file renamed into place, which would replace it; give a file path",
-                p.display()
-            )));
-        }
-    }
-    if let (Ok(out), Ok(input)) = (p.canonicalize(), trace.canonicalize()) {
-        if out == input {
-            return Err(CliError::Input(format!(
-                "{}: is the trace being read; writing the report there would replace it (choose another file)",
                 p.display()
             )));
         }

@@ -377,6 +377,21 @@ pub fn oom_capacity(
     Ok(bytes)
 }
 
+/// Checks a capacity the user gives ([`explain`], [`tune::tune_page`]): it must lie in the range the
+/// strategies model, [`crate::replay::MIN_CAPACITY`] to [`MAX_BYTES`] (2^48 B), as `--capacity` does.
+///
+/// # Errors
+/// [`ExplainError::Input`] naming the capacity and the range.
+pub(crate) fn check_given_capacity(given: Option<u64>) -> Result<(), ExplainError> {
+    let min = crate::replay::MIN_CAPACITY;
+    match given {
+        Some(c) if !(min..=MAX_BYTES).contains(&c) => Err(ExplainError::Input(format!(
+            "capacity {c} B is outside [{min} B, 2^48 B], the range the strategies model"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The capacity a replay of `dev` uses: `given` when the user gives one; else the GPU's memory at a
 /// recorded OOM ([`gpu_capacity_at_oom`]); else, for snapshots, the recorded peak reserved bytes; for
 /// minimalloc files named `NAME.CAPACITY.csv`, that capacity; else twice the peak of live requested
@@ -785,8 +800,8 @@ fn trace_error(trace: &Trace, dev: &DeviceTrace, e: StateError) -> TraceError {
 /// search is not run here (set [`Explanation::tune`] from [`tune::tune`]).
 ///
 /// # Errors
-/// [`ExplainError::Input`] for a device the file lacks or a file with no allocation at all;
-/// [`ExplainError::Trace`] for sums that cannot be represented or a snapshot that cannot be read again.
+/// [`ExplainError::Input`] for a device the file lacks, a file with no allocation at all or a
+/// `capacity` outside the range the strategies model; [`ExplainError::Trace`] for sums that cannot be represented or a snapshot that cannot be read again.
 pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Result<Explanation, ExplainError> {
     explain_with_bytes(trace, None, device, capacity)
 }
@@ -803,6 +818,7 @@ pub fn explain_with_bytes(
     device: Option<i64>,
     capacity: Option<u64>,
 ) -> Result<Explanation, ExplainError> {
+    check_given_capacity(capacity)?;
     let devices = summarize(trace);
     let choice = choose_device(trace, &devices, device).map_err(ExplainError::Input)?;
     let dev = &trace.devices[choice.index];
@@ -820,11 +836,7 @@ pub fn explain_with_bytes(
         };
         let mut x = explain_oom(dev, o.event, free).map_err(|e| trace_error(trace, dev, e))?;
         let replay_capacity = match (capacity, x.device_free) {
-            (Some(given), _) if given < crate::replay::MIN_CAPACITY => {
-                return Err(ExplainError::Input(format!(
-                    "capacity {given} B is below 4 KiB, the least device a replay models"
-                )));
-            }
+            // A given capacity is at least MIN_CAPACITY (`check_given_capacity`).
             (Some(_), _) => x.capacity,
             (None, Some(f)) => Some(oom_capacity(trace, dev, o.event, x.reserved, f)?),
             (None, None) => None,

@@ -485,14 +485,15 @@ pub struct TunePage {
 /// [`tune`] on it (`progress` as there).
 ///
 /// # Errors
-/// [`ExplainError::Input`] for a device the file lacks; [`ExplainError::Trace`] for sums that cannot be
-/// represented; those of [`tune`].
+/// [`ExplainError::Input`] for a device the file lacks or a `capacity` outside the range the strategies
+/// model; [`ExplainError::Trace`] for sums that cannot be represented; those of [`tune`].
 pub fn tune_page(
     trace: &Trace,
     device: Option<i64>,
     capacity: Option<u64>,
     progress: &(dyn Fn() + Sync),
 ) -> Result<TunePage, ExplainError> {
+    super::check_given_capacity(capacity)?;
     let devices = super::summarize(trace);
     let choice = super::choose_device(trace, &devices, device).map_err(ExplainError::Input)?;
     let dev = &trace.devices[choice.index];

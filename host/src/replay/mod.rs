@@ -151,7 +151,19 @@ pub fn replay(
     let (capacity, demand_peak_event) = capacity::choose_capacity_and_demand_peak(trace, dev, opts.capacity)?;
     let align = choose_alignment(trace, opts.align).map_err(ReplayError::Config)?;
     let pytorch_snapshot = matches!(trace.format, TraceFormat::PytorchSnapshot(_));
-    let mut target = strategy::StrategyTarget::new(dev, opts, capacity, align, pytorch_snapshot, backend)?;
+    // A capacity the strategy cannot use names the file and, when derived, where the capacity came from
+    // (a snapshot's OOM on a GPU another process fills derives 1 MiB, below the caching model's least).
+    let mut target = strategy::StrategyTarget::new(dev, opts, capacity.clone(), align, pytorch_snapshot, backend)
+        .map_err(|e| match e {
+            ReplayError::Config(m) if opts.capacity.is_none() => ReplayError::Config(format!(
+                "{}: {m}; the capacity, {}, is derived: {}",
+                trace.source.display(),
+                fmt_bytes(capacity.bytes),
+                capacity.source
+            )),
+            ReplayError::Config(m) => ReplayError::Config(format!("{}: {m}", trace.source.display())),
+            e => e,
+        })?;
     let setup = engine::Setup {
         trace,
         dev,

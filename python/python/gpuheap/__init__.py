@@ -58,7 +58,7 @@ def load(source: Source) -> Snapshot:
 
     Args:
         source: a file path (``str`` or path-like); the ``bytes`` of a snapshot pickle (or of a CSV
-            file); or the dict that ``torch.cuda.memory._snapshot()`` returns, converted without
+            file; a path given as ``bytes`` is read as content, and the error says so); or the dict that ``torch.cuda.memory._snapshot()`` returns, converted without
             executing anything (plain data only; see :mod:`gpuheap._convert`). A :class:`Snapshot`
             is returned as is.
 
@@ -76,7 +76,18 @@ def load(source: Source) -> Snapshot:
     if isinstance(source, dict):
         return _gpuheap.load_bytes(snapshot_dict_to_pickle(source), "<dict>")
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return _gpuheap.load_bytes(bytes(source), "<bytes>")
+        data = bytes(source)
+        try:
+            return _gpuheap.load_bytes(data, "<bytes>")
+        except TraceError as e:
+            # bytes are a file's content here, but os.fspath takes bytes paths too: say so when these
+            # bytes name an existing file rather than leave "unknown trace format" unexplained.
+            if len(data) < 4096 and b"\0" not in data and os.path.isfile(os.fsdecode(data)):
+                raise TraceError(
+                    f"{e} (bytes are read as a trace's content; {os.fsdecode(data)!r} is a file: pass its path "
+                    "as str or pathlib.Path to read it)"
+                ) from e
+            raise
     if isinstance(source, (str, os.PathLike)):
         return _gpuheap.load_path(os.fspath(source))
     raise TypeError(
@@ -157,7 +168,8 @@ def replay(
             fragmentation) or ``"threshold=F"`` with F in [0, 1] (``--compact``).
         backend: where compaction kernels run: ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None``: the
             ``GPUHEAP_BACKEND`` environment variable, else ``"auto"`` (``--backend``).
-        device: the trace's device to replay; ``None``: the first with events (``--device``).
+        device: the trace's device to replay; ``None``: the one with a recorded OOM, else the one with
+            the most allocation events, as the CLI picks it (``--device``).
         materialize_limit: largest image in bytes a compaction materialises before it compacts a
             scaled image (``--materialize-limit``).
 
@@ -167,7 +179,8 @@ def replay(
     Raises:
         TraceError: ``snapshot`` cannot be loaded.
         ConfigError: an unknown strategy or policy, an unparsable byte count, a device not in the
-            trace, or a capacity the strategy cannot use.
+            trace, a trace with no allocation events or live blocks, or a capacity the strategy cannot
+            use.
         BackendError: a compaction kernel or its check failed, or ``backend="gpu"`` without a GPU.
     """
     snap = load(snapshot)
@@ -303,9 +316,12 @@ def tune(
     """
     snap = load(snapshot)
     if settings is not None:
-        if isinstance(settings, str) or not all(isinstance(x, str) for x in settings):
+        if isinstance(settings, str):
             raise ConfigError("settings: expected a list of setting names (str), not one str")
         settings = list(settings)
+        for i, x in enumerate(settings):
+            if not isinstance(x, str):
+                raise ConfigError(f"settings[{i}]: expected a setting name (str), not {type(x).__qualname__}")
     out, text, page = _gpuheap.tune_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), settings)
     return TuneResult(json.loads(out), text, page)
 

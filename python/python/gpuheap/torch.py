@@ -101,7 +101,7 @@ class OomObserver:
                 self.last_path = self._write(snapshot, device)
                 lines.append(f"gpuheap: snapshot written to {self.last_path}")
             if self.explain or self.tune:
-                lines.extend(_analyse(snapshot, device_total, self.explain, self.tune))
+                lines.extend(_analyse(snapshot, device, device_total, self.explain, self.tune))
         except Exception as e:  # never raise into the allocator's OOM path
             self.last_error = e
             lines.append(f"gpuheap: the OOM observer failed: {type(e).__name__}: {e}")
@@ -109,17 +109,20 @@ class OomObserver:
         self._emit(self.last_report)
 
 
-def _analyse(snapshot: dict, capacity: int, explain: bool, tune: bool) -> list[str]:
+def _analyse(snapshot: dict, device: int, capacity: int, explain: bool, tune: bool) -> list[str]:
+    """The report on ``device``, the GPU that ran out (``capacity``: its total bytes). Named explicitly:
+    left to the default, a snapshot of several GPUs would be explained on the first device with a
+    recorded OOM, which need not be this one."""
     import gpuheap
 
     snap = gpuheap.load(snapshot)
     try:
         if explain:
-            return [str(gpuheap.explain(snap, capacity=capacity, tune=tune))]
+            return [str(gpuheap.explain(snap, capacity=capacity, device=device, tune=tune))]
         if tune:
-            return [str(gpuheap.tune(snap, capacity=capacity))]
+            return [str(gpuheap.tune(snap, capacity=capacity, device=device))]
     except NotImplementedError as e:  # a build without the explain bindings
-        return [f"gpuheap: {e}", gpuheap.replay(snap, "caching", capacity=capacity).summary()]
+        return [f"gpuheap: {e}", gpuheap.replay(snap, "caching", capacity=capacity, device=device).summary()]
     return []
 
 
