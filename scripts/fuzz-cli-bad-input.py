@@ -125,17 +125,26 @@ LEGIT_COMMANDS = [["replay", "--json"], ["replay", "--strategy", "best-fit", "--
                   ["compare", "--json"], ["explain", "--no-tune", "--json"], ["tune", "--json"]]
 
 
-def run_legit(binary: str, cmd: list, f: Path, timeout: float) -> str | None:
-    """None when `cmd` answers `f` with strict JSON, else the finding."""
+def invoke(binary: str, cmd: list, f: Path, timeout: float) -> tuple[subprocess.CompletedProcess | None, str, str]:
+    """Runs `binary cmd f` on the CPU backend: (the process or None on a timeout, its stderr, the finding
+    every check shares: a timeout or a panic, else "")."""
     try:
         r = subprocess.run([binary, *cmd, str(f)], capture_output=True, timeout=timeout,
                            env={**os.environ, "GPUHEAP_BACKEND": "cpu"})
     except subprocess.TimeoutExpired:
-        return "TIMEOUT"
+        return None, "", "TIMEOUT"
     err = r.stderr.decode("utf-8", "replace")
     last = err.strip().splitlines()[-1] if err.strip() else ""
     if r.returncode == 101 or "panicked" in err:
-        return f"PANIC: {last}"
+        return r, last, f"PANIC: {last}"
+    return r, last, ""
+
+
+def run_legit(binary: str, cmd: list, f: Path, timeout: float) -> str | None:
+    """None when `cmd` answers `f` with strict JSON, else the finding."""
+    r, last, finding = invoke(binary, cmd, f, timeout)
+    if r is None or finding:
+        return finding
     if r.returncode != 0:
         return f"REFUSED (exit {r.returncode}): {last}"
 
@@ -180,15 +189,10 @@ def mutate(snap: dict, rng: random.Random, all_paths: list) -> dict:
 
 
 def run(binary: str, cmd: list, f: Path, timeout: float) -> str | None:
-    try:
-        r = subprocess.run([binary, *cmd, str(f)], capture_output=True, timeout=timeout,
-                           env={**os.environ, "GPUHEAP_BACKEND": "cpu"})
-    except subprocess.TimeoutExpired:
-        return "TIMEOUT"
-    err = r.stderr.decode("utf-8", "replace").strip().splitlines()
-    last = err[-1] if err else ""
-    if r.returncode == 101 or "panicked" in r.stderr.decode("utf-8", "replace"):
-        return f"PANIC: {last}"
+    """None when `cmd` answers `f` or refuses it with exit 2 naming the file, else the finding."""
+    r, last, finding = invoke(binary, cmd, f, timeout)
+    if r is None or finding:
+        return finding
     if r.returncode not in (0, 2):
         return f"EXIT={r.returncode}: {last}"
     if r.returncode == 2 and f.name not in last:
