@@ -200,6 +200,19 @@ def run(binary: str, cmd: list, f: Path, timeout: float) -> str | None:
     return None
 
 
+def check_all(files: list, commands: list, check, a: argparse.Namespace, what: str, out: Path) -> int:
+    """Runs `check` on every file with every command, prints each finding and a summary; 1 if any."""
+    found = 0
+    for f in files:
+        for cmd in commands:
+            finding = check(a.bin, cmd, f, a.timeout)
+            if finding:
+                found += 1
+                print(f"{finding.split(':')[0]} {' '.join(cmd)} {f}: {finding}", flush=True)
+    print(f"{len(files)} {what} x {len(commands)} commands, {found} findings; files in {out}")
+    return 1 if found else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="target/ci/gpuheap")
@@ -212,17 +225,12 @@ def main() -> int:
     rng = random.Random(a.seed)
     if a.legit:
         out = Path(tempfile.mkdtemp(prefix="gpuheap-legit-"))
-        found = 0
+        files = []
         for name, snap in legit().items():
             f = out / f"{name}.pickle"
             f.write_bytes(pickle.dumps(snap, protocol=4))
-            for cmd in LEGIT_COMMANDS:
-                what = run_legit(a.bin, cmd, f, a.timeout)
-                if what:
-                    found += 1
-                    print(f"{what.split(':')[0]} {' '.join(cmd)} {f}: {what}", flush=True)
-        print(f"{len(legit())} legitimate snapshots x {len(LEGIT_COMMANDS)} commands, {found} findings; files in {out}")
-        return 1 if found else 0
+            files.append(f)
+        return check_all(files, LEGIT_COMMANDS, run_legit, a, "legitimate snapshots", out)
     if a.snapshot:
         # A real snapshot: plain data only is expected; refuse anything else rather than run it.
         class DataOnly(pickle.Unpickler):
@@ -250,15 +258,7 @@ def main() -> int:
         f = out / f"byte{n}.pickle"
         f.write_bytes(bytes(b))
         files.append(f)
-    found = 0
-    for f in files:
-        for cmd in COMMANDS:
-            what = run(a.bin, cmd, f, a.timeout)
-            if what:
-                found += 1
-                print(f"{what.split(':')[0]} {' '.join(cmd)} {f}: {what}", flush=True)
-    print(f"{len(files)} files x {len(COMMANDS)} commands, {found} findings; files in {out}")
-    return 1 if found else 0
+    return check_all(files, COMMANDS, run, a, "files", out)
 
 
 if __name__ == "__main__":

@@ -83,25 +83,17 @@ fn bench_alloc_with_an_out_path_that_cannot_be_written_exits_2_before_the_run() 
     let dir = std::env::temp_dir().join(format!("gpuheap-bench-out-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let missing = dir.join("no-such-folder").join("r.json");
+    let bench =
+        |out: &str| gpuheap(&["bench", "alloc", "--quick", "--threads-log2", "2", "--iterations", "1", "--out", out]);
     for out in [dir.to_str().unwrap(), missing.to_str().unwrap()] {
-        let o = gpuheap(&["bench", "alloc", "--quick", "--threads-log2", "2", "--iterations", "1", "--out", out]);
+        let o = bench(out);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "--out {out}: {err}");
         assert!(err.contains(out), "names the path: {err}");
         assert!(!err.contains("bench alloc on"), "refused before the run: {err}");
     }
     let good = dir.join("r.json");
-    let o = gpuheap(&[
-        "bench",
-        "alloc",
-        "--quick",
-        "--threads-log2",
-        "2",
-        "--iterations",
-        "1",
-        "--out",
-        good.to_str().unwrap(),
-    ]);
+    let o = bench(good.to_str().unwrap());
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&good).unwrap()).expect("valid JSON");
     assert!(v["rows"].as_array().is_some_and(|r| !r.is_empty()));
