@@ -801,7 +801,8 @@ fn trace_error(trace: &Trace, dev: &DeviceTrace, e: StateError) -> TraceError {
 ///
 /// # Errors
 /// [`ExplainError::Input`] for a device the file lacks, a file with no allocation at all or a
-/// `capacity` outside the range the strategies model; [`ExplainError::Trace`] for sums that cannot be represented or a snapshot that cannot be read again.
+/// `capacity` outside the range the strategies model; [`ExplainError::Trace`] for sums that cannot be
+/// represented or a snapshot that cannot be read again.
 pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Result<Explanation, ExplainError> {
     explain_with_bytes(trace, None, device, capacity)
 }

@@ -672,10 +672,15 @@ impl TraceError {
 /// [`EXCERPT_CHARS`] characters of it, then `…` and the value's length, so that a cell or string of
 /// megabytes does not make a message of megabytes.
 pub(crate) fn excerpt(s: &str) -> String {
-    match s.char_indices().nth(EXCERPT_CHARS) {
+    match excerpt_cut(s) {
         None => format!("{s:?}"),
-        Some((cut, _)) => format!("{:?}… ({} bytes)", &s[..cut], s.len()),
+        Some(cut) => format!("{:?}… ({} bytes)", &s[..cut], s.len()),
     }
+}
+
+/// Where [`excerpt`] cuts `s` (a byte index), or `None` when `s` is short enough to quote whole.
+fn excerpt_cut(s: &str) -> Option<usize> {
+    s.char_indices().nth(EXCERPT_CHARS).map(|(cut, _)| cut)
 }
 
 /// How many characters of a value [`excerpt`] quotes.
@@ -683,9 +688,9 @@ pub(crate) const EXCERPT_CHARS: usize = 40;
 
 /// [`excerpt`] unquoted (a number too large to read, a global's name).
 pub(crate) fn excerpt_plain(s: &str) -> String {
-    match s.char_indices().nth(EXCERPT_CHARS) {
+    match excerpt_cut(s) {
         None => s.to_string(),
-        Some((cut, _)) => format!("{}… ({} bytes)", &s[..cut], s.len()),
+        Some(cut) => format!("{}… ({} bytes)", &s[..cut], s.len()),
     }
 }
 

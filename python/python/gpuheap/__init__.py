@@ -58,7 +58,8 @@ def load(source: Source) -> Snapshot:
 
     Args:
         source: a file path (``str`` or path-like); the ``bytes`` of a snapshot pickle (or of a CSV
-            file; a path given as ``bytes`` is read as content, and the error says so); or the dict that ``torch.cuda.memory._snapshot()`` returns, converted without
+            file; a path given as ``bytes`` is read as content, and the error says so); or the dict
+            that ``torch.cuda.memory._snapshot()`` returns, converted without
             executing anything (plain data only; see :mod:`gpuheap._convert`). A :class:`Snapshot`
             is returned as is.
 
