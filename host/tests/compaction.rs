@@ -542,14 +542,8 @@ fn tile_wait_ranges_cover_every_overwritten_source() {
 fn bench_layouts_from_trace_snapshots_compact_like_the_reference() {
     use gpuheap::bench::compact::{measure_trace, trace_layout, TraceMode};
     use gpuheap::compaction::{CompactTuning, Compactor, BLOCK_PINNED};
-    let ws = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut paths = vec![ws.join("data/1.3b_snapshot.pickle")];
-    let shared = ws.join("../shared/traces/memory_ctx512_fullstep_.pickle");
-    if shared.exists() {
-        paths.push(shared);
-    } else {
-        println!("skipped the training-step trace: {} is absent", shared.display());
-    }
+    let mut paths = vec![common::workspace().join("data/1.3b_snapshot.pickle")];
+    paths.extend(common::shared("traces/memory_ctx512_fullstep_.pickle"));
     let backend = Backend::cpu();
     let mut compactor = Compactor::new(CompactTuning::for_backend(&backend));
     for p in paths {

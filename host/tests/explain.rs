@@ -28,17 +28,10 @@ fn write_temp(name: &str, bytes: &[u8]) -> PathBuf {
     p
 }
 
-/// `../shared/DIR/FILE` (the folder `GPUHEAP_SHARED` names, if set), or `None` after printing why a
-/// test part is skipped.
+/// `DIR/FILE` of the shared folder (`None`, or a failure under `GPUHEAP_REQUIRE_SHARED=1`, when it is
+/// absent).
 fn shared(dir: &str, file: &str) -> Option<PathBuf> {
-    let root = std::env::var_os("GPUHEAP_SHARED").map_or_else(|| workspace().join("../shared"), PathBuf::from);
-    let p = root.join(dir).join(file);
-    if p.exists() {
-        Some(p)
-    } else {
-        println!("skipped: {} is absent", p.display());
-        None
-    }
+    common::shared(&format!("{dir}/{file}"))
 }
 
 fn i(v: u64) -> V<'static> {

@@ -15,19 +15,13 @@ use gpuheap::replay::{
 };
 use gpuheap::trace::{read_trace, Trace};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+mod common;
+use common::workspace;
 
-/// The shared traces folder, or `None` after printing why a test is skipped.
+/// A trace of the shared folder's `traces/` (`None`, or a failure under `GPUHEAP_REQUIRE_SHARED=1`,
+/// when it is absent).
 fn shared(file: &str) -> Option<PathBuf> {
-    let p = workspace().join("../shared/traces").join(file);
-    if p.exists() {
-        Some(p)
-    } else {
-        println!("skipped: {} is absent", p.display());
-        None
-    }
+    common::shared(&format!("traces/{file}"))
 }
 
 fn run(trace: &Trace, opts: &ReplayOptions, backend: Option<&Backend>) -> ReplayReport {

@@ -4,8 +4,6 @@
 //! each holds its whole request), the heap's metadata checked against the replay's view, failures
 //! classified, scaling labelled.
 
-use std::path::{Path, PathBuf};
-
 use gpuheap::backend::Backend;
 use gpuheap::replay::device::{DEVICE_HEAP, POLICY_NA};
 use gpuheap::replay::{
@@ -13,9 +11,8 @@ use gpuheap::replay::{
 };
 use gpuheap::trace::{read_trace, EventKind, Trace};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+mod common;
+use common::workspace;
 
 fn run(trace: &Trace, opts: &DeviceReplayOptions) -> ReplayReport {
     replay_device(trace, &trace.devices[0], &Backend::cpu(), opts, &mut |_| {}).expect("replays")
@@ -123,11 +120,7 @@ fn device_heap_replays_the_shipped_snapshot_at_full_size() {
 
 #[test]
 fn device_heap_replays_the_training_step_trace() {
-    let p = workspace().join("../shared/traces/memory_ctx512_fullstep_.pickle");
-    if !p.exists() {
-        println!("skipped: {} is absent", p.display());
-        return;
-    }
+    let Some(p) = common::shared("traces/memory_ctx512_fullstep_.pickle") else { return };
     let t = read_trace(&p).unwrap();
     let r = run(&t, &DeviceReplayOptions { verify_bytes: true, heap_limit: Some(512 << 20), ..Default::default() });
     // 59 GiB scaled to at most 512 MiB: 1/128.

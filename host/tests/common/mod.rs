@@ -101,3 +101,55 @@ pub fn gpuheap(args: &[&str]) -> Output {
         .output()
         .expect("runs")
 }
+
+/// The project's shared folder: `$GPUHEAP_SHARED`, else `shared/` beside the checkout (the workspace's
+/// parent). It holds real snapshots (`traces/`) and bug-report inputs (`cases/inputs/`) that are test
+/// inputs but not shipped (their licences; `traces/SOURCES.md`).
+pub fn shared_dir() -> PathBuf {
+    std::env::var_os("GPUHEAP_SHARED").map_or_else(|| workspace().join("../shared"), PathBuf::from)
+}
+
+/// `true` when a missing shared input must fail the test (`GPUHEAP_REQUIRE_SHARED=1`; `.ci/run` sets it).
+pub fn shared_required() -> bool {
+    std::env::var("GPUHEAP_REQUIRE_SHARED").is_ok_and(|v| v == "1")
+}
+
+/// Says that `what` is absent: a panic under [`shared_required`], else a printed "skipped" line.
+fn shared_absent(what: &Path) {
+    assert!(
+        !shared_required(),
+        "GPUHEAP_REQUIRE_SHARED=1 but {} is absent (set GPUHEAP_SHARED to the shared folder)",
+        what.display()
+    );
+    println!("skipped: {} is absent (GPUHEAP_SHARED names the shared folder)", what.display());
+}
+
+/// The shared input `rel` (e.g. `traces/memory_ctx512_fullstep_.pickle`, `cases/inputs/bl23_huge.csv`):
+/// `Some(path)` when present; when absent, `None` after printing that the part is skipped, or a panic
+/// when [`shared_required`].
+pub fn shared(rel: &str) -> Option<PathBuf> {
+    let p = shared_dir().join(rel);
+    if p.exists() {
+        Some(p)
+    } else {
+        shared_absent(&p);
+        None
+    }
+}
+
+/// The files of the shared folder's `dir` (e.g. `traces`) whose extension is one of `exts`, sorted;
+/// empty after printing that they are skipped (a panic when [`shared_required`]) when it is absent.
+pub fn shared_files(dir: &str, exts: &[&str]) -> Vec<PathBuf> {
+    let d = shared_dir().join(dir);
+    let Ok(rd) = std::fs::read_dir(&d) else {
+        shared_absent(&d);
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().and_then(|x| x.to_str()).is_some_and(|x| exts.contains(&x)))
+        .collect();
+    v.sort();
+    v
+}
