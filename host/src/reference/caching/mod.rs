@@ -115,6 +115,7 @@ mod blocks;
 pub mod config;
 mod expandable;
 mod free_set;
+pub mod options;
 mod release;
 mod relocate;
 mod rules;
