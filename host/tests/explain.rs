@@ -263,6 +263,33 @@ fn explain_and_tune_cli_json() {
     let out = String::from_utf8_lossy(&text.stdout);
     assert!(out.contains("Verdict: fragmentation"), "{out}");
     assert!(out.contains("Best PyTorch setting"), "{out}");
+
+    // The settings advice follows PyTorch's current parser: `per_process_memory_fraction` is read from
+    // PYTORCH_CUDA_ALLOC_CONF since 2.10 (c10/cuda/CUDAAllocatorConfig.cpp, parsePerProcessMemoryFraction,
+    // pytorch/pytorch#161035); older releases need the call, which takes a float.
+    assert!(!out.contains("torch_npu's option"), "{out}");
+    assert!(
+        out.contains(
+            "`per_process_memory_fraction:1` is read by PyTorch 2.10 and later (c10/cuda/CUDAAllocatorConfig.cpp, \
+             CUDAAllocatorConfig::parsePerProcessMemoryFraction; pytorch/pytorch#161035); before 2.10, leave it out \
+             and call torch.cuda.set_per_process_memory_fraction(1.0)."
+        ),
+        "{out}"
+    );
+    // Every key of the best setting's line is followed by the releases that accept it, in order.
+    let mut after = out.lines().skip_while(|l| !l.starts_with("Best PyTorch setting")).skip(1);
+    let line = after.next().unwrap().trim();
+    // PyTorch's defaults print no key.
+    let env = line.strip_prefix("PYTORCH_CUDA_ALLOC_CONF=").unwrap_or("");
+    let keys: Vec<&str> = after.map_while(|l| l.strip_prefix("  `")).map(|l| l.split(':').next().unwrap()).collect();
+    let named: Vec<&str> = env
+        .split(',')
+        .filter_map(|kv| kv.split_once(':'))
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with(char::is_alphabetic))
+        .collect();
+    assert_eq!(keys, named, "{line}: {out}");
+    assert_eq!(keys.is_empty(), line.starts_with("PyTorch's defaults"), "{out}");
 }
 
 #[test]

@@ -8,7 +8,7 @@ use super::tune::{RowKind, TunePage, TuneReport};
 use super::{
     Capacity, CapacitySource, DeviceChoice, DeviceReason, DeviceSummary, Explanation, Moment, OomExplanation, Verdict,
 };
-use crate::reference::caching::ConfigWarning;
+use crate::reference::caching::{options, ConfigWarning};
 use crate::replay::fmt_bytes;
 
 /// One line per [`ConfigWarning`] of the snapshot's allocator settings ("" without any).
@@ -380,15 +380,13 @@ fn table(t: &TuneReport, oom: bool) -> String {
             min
         );
     }
-    if let Some(r) = t.rows.iter().find(|r| r.memory_fraction.is_some()) {
+    if let Some(f) = t.rows.iter().find_map(|r| r.memory_fraction) {
         let _ = writeln!(
             s,
-            "\nRows with garbage_collection_threshold also set a per-process memory fraction ({:?}): PyTorch collects \
+            "\nRows with garbage_collection_threshold also set a per-process memory fraction ({f:?}): PyTorch collects \
              only with one (c10/cuda/CUDACachingAllocator.cpp, malloc: `set_fraction && \
-             garbage_collection_threshold() > 0`). PyTorch's CUDA allocator takes it from \
-             torch.cuda.set_per_process_memory_fraction({0:?}), not from the variable; per_process_memory_fraction is \
-             torch_npu's option.",
-            r.memory_fraction.unwrap_or(1.0)
+             garbage_collection_threshold() > 0`). {}.",
+            options::key_support("per_process_memory_fraction", &f.to_string()).unwrap_or_default()
         );
     }
     match (t.best, &t.best_env) {
@@ -404,6 +402,9 @@ fn table(t: &TuneReport, oom: bool) -> String {
                 s += "  PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)\n";
             } else {
                 let _ = writeln!(s, "  {env}");
+                for line in options::env_support(env) {
+                    let _ = writeln!(s, "  {line}.");
+                }
             }
             if let Some(o) = own.filter(|o| o.env.as_ref().is_none_or(|e| e != env)) {
                 let _ = writeln!(

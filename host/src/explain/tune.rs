@@ -118,9 +118,10 @@ pub struct TuneRow {
     /// `min_capacity <= capacity`: with an OOM recorded (or a dumped state), "this setting would have
     /// avoided the OOM".
     pub fits: bool,
-    /// `torch.cuda.set_per_process_memory_fraction` of the row (PyTorch rows whose garbage collection
-    /// needs one, [`GC_MEMORY_FRACTION`]): PyTorch's CUDA allocator takes it from that call, not from
-    /// `PYTORCH_CUDA_ALLOC_CONF` (whose `per_process_memory_fraction` is torch_npu's spelling).
+    /// The per-process memory fraction of the row (PyTorch rows whose garbage collection needs one,
+    /// [`GC_MEMORY_FRACTION`]), set in its `env` as `per_process_memory_fraction`: PyTorch reads that key
+    /// from 2.10 on, and older releases need `torch.cuda.set_per_process_memory_fraction`
+    /// ([`crate::reference::caching::options::key_support`]).
     pub memory_fraction: Option<f64>,
     /// Why the row could not run, or what it could not model.
     pub note: Option<String>,
