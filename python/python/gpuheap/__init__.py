@@ -20,7 +20,7 @@ import os
 from typing import Optional, Sequence, Tuple, Union
 
 from . import _gpuheap
-from ._convert import snapshot_dict_to_pickle
+from ._convert import snapshot_dict_to_pickle, snapshot_list_to_pickle
 from ._explain import Explanation, TuneResult
 from ._errors import BackendError, ConfigError, Error, InternalError, TorchError, TraceError
 from ._gpuheap import Snapshot
@@ -49,7 +49,7 @@ __all__ = [
     "fmt_bytes",
 ]
 
-Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, dict, Snapshot]
+Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, dict, list, Snapshot]
 Bytes = Union[int, float, str]
 
 
@@ -59,9 +59,9 @@ def load(source: Source) -> Snapshot:
     Args:
         source: a file path (``str`` or path-like); the ``bytes`` of a snapshot pickle (or of a CSV
             file; a path given as ``bytes`` is read as content, and the error says so); or the dict
-            that ``torch.cuda.memory._snapshot()`` returns, converted without
-            executing anything (plain data only; see :mod:`gpuheap._convert`). A :class:`Snapshot`
-            is returned as is.
+            that ``torch.cuda.memory._snapshot()`` returns (or the bare list of segments of
+            ``torch.cuda.memory_snapshot()``), converted without executing anything (plain data
+            only; see :mod:`gpuheap._convert`). A :class:`Snapshot` is returned as is.
 
     Returns:
         The :class:`Snapshot`, shared by every later call.
@@ -76,6 +76,8 @@ def load(source: Source) -> Snapshot:
         return source
     if isinstance(source, dict):
         return _gpuheap.load_bytes(snapshot_dict_to_pickle(source), "<dict>")
+    if isinstance(source, list):
+        return _gpuheap.load_bytes(snapshot_list_to_pickle(source), "<list>")
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         try:
@@ -92,7 +94,7 @@ def load(source: Source) -> Snapshot:
     if isinstance(source, (str, os.PathLike)):
         return _gpuheap.load_path(os.fspath(source))
     raise TypeError(
-        f"gpuheap.load: expected a path, pickle bytes or a snapshot dict, not {type(source).__qualname__}"
+        f"gpuheap.load: expected a path, pickle bytes, a snapshot dict or a list of segments, not {type(source).__qualname__}"
     )
 
 
