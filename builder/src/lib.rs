@@ -40,6 +40,7 @@
 //! | `GPUHEAP_KERNEL_TOOLCHAIN` | build with this rustup toolchain (`nightly`, `1.95.0`, …) via `rustup run` instead of the one running the build script |
 //! | `GPUHEAP_PTX_ARCH` | target CPU, e.g. `sm_90` |
 //! | `GPUHEAP_REQUIRE_PTX=1` | a missing toolchain or a failed PTX build fails the build instead of warning |
+//! | `DOCS_RS` | set by docs.rs: no PTX is built (an empty file and a reason, as for a missing toolchain; the docs need no CUDA and no nvptx toolchain) |
 //!
 //! ## Use from a build script
 //!
@@ -139,6 +140,7 @@ pub struct PtxBuilder {
     toolchain: Option<String>,
     target_dir: Option<PathBuf>,
     features: Vec<String>,
+    output_name: Option<String>,
 }
 
 impl PtxBuilder {
@@ -152,6 +154,7 @@ impl PtxBuilder {
             toolchain: env::var("GPUHEAP_KERNEL_TOOLCHAIN").ok().filter(|s| !s.is_empty()),
             target_dir: None,
             features: Vec::new(),
+            output_name: None,
         }
     }
 
@@ -177,6 +180,15 @@ impl PtxBuilder {
     /// Enables a cargo feature of the kernel crate.
     pub fn feature(mut self, feature: impl Into<String>) -> Self {
         self.features.push(feature.into());
+        self
+    }
+
+    /// Names the file [`PtxBuilder::build_in_build_script`] writes
+    /// `OUT_DIR/<name>.ptx` (default: the crate name with `_` for `-`), so
+    /// one build script can build one crate twice, e.g. with different
+    /// features.
+    pub fn output_name(mut self, name: impl Into<String>) -> Self {
+        self.output_name = Some(name.into());
         self
     }
 
@@ -257,6 +269,12 @@ impl PtxBuilder {
         };
         let mut cmd = self.cargo();
         scrub_env(&mut cmd);
+        if !self.crate_path.join("Cargo.lock").is_file() && !in_workspace(&self.crate_path) {
+            // A crate outside any workspace (a dependency unpacked from a registry): keep the
+            // lockfile of its nested build in the target directory, not in its sources.
+            cmd.args(["-Zlockfile-path", "--config"])
+                .arg(format!("resolver.lockfile-path={}", toml_string(&target_dir.join("Cargo.lock"))));
+        }
         cmd.arg("rustc")
             .arg("--manifest-path")
             .arg(self.crate_path.join("Cargo.toml"))
@@ -312,15 +330,20 @@ impl PtxBuilder {
             env::var_os("OUT_DIR").expect("build_in_build_script runs only inside a build script (OUT_DIR is unset)"),
         );
         let name = self.crate_name().unwrap_or_else(|e| panic!("{e}"));
-        let out = out_dir.join(format!("{name}.ptx"));
+        let out = out_dir.join(format!("{}.ptx", self.output_name.as_deref().unwrap_or(&name)));
         for p in ["src", "Cargo.toml", "build.rs"] {
             println!("cargo:rerun-if-changed={}", self.crate_path.join(p).display());
         }
-        for v in ["GPUHEAP_KERNEL_TOOLCHAIN", "GPUHEAP_PTX_ARCH", "GPUHEAP_REQUIRE_PTX"] {
+        for v in ["GPUHEAP_KERNEL_TOOLCHAIN", "GPUHEAP_PTX_ARCH", "GPUHEAP_REQUIRE_PTX", "DOCS_RS"] {
             println!("cargo:rerun-if-env-changed={v}");
         }
         let required = env::var("GPUHEAP_REQUIRE_PTX").is_ok_and(|v| v == "1");
-        match self.build_to(&out) {
+        let built = if env::var_os("DOCS_RS").is_some() {
+            Err(BuildError::ToolchainMissing { detail: "a docs.rs build (DOCS_RS is set) builds no PTX".into() })
+        } else {
+            self.build_to(&out)
+        };
+        match built {
             Ok(()) => BuiltPtx { path: out, missing: None },
             Err(e) => {
                 if required {
@@ -334,6 +357,31 @@ impl PtxBuilder {
             }
         }
     }
+}
+
+/// `true` when a `Cargo.toml` above `dir` declares a `[workspace]` (the
+/// nested cargo then uses that workspace's `Cargo.lock`).
+fn in_workspace(dir: &Path) -> bool {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    dir.ancestors().skip(1).any(|d| {
+        fs::read_to_string(d.join("Cargo.toml")).is_ok_and(|t| t.lines().any(|l| l.trim() == "[workspace]"))
+    })
+}
+
+/// `path` as a TOML basic string (for a `--config key=value` argument).
+fn toml_string(path: &Path) -> String {
+    let mut s = String::from('"');
+    for c in path.to_string_lossy().chars() {
+        match c {
+            '"' | '\\' => {
+                s.push('\\');
+                s.push(c);
+            }
+            _ => s.push(c),
+        }
+    }
+    s.push('"');
+    s
 }
 
 /// `target/nvptx-kernels` for a build script running under `target/<profile>/build/<pkg>/out`.
