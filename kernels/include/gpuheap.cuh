@@ -4,17 +4,20 @@
  * The functions below are defined by gpuheap's relocatable device library
  * (gpuheap_device.ptx: PTX with `.visible .func` exports, `.target sm_80`,
  * for sm_80 and later; `scripts/device-library DIR` writes it beside this
- * header). Compile the kernel as relocatable device code and link the
- * library as a PTX input:
+ * header, and the Rust crate embeds it as gpuheap::ptx::DEVICE_LIBRARY_PTX).
+ * Compile the kernel as relocatable device code and link the library as a
+ * PTX input, e.g. with NVRTC and nvJitLink:
  *
- *   NVRTC:  nvrtcCompileProgram(..., {"-rdc=true", "-arch=compute_80", "-I<dir>"})
- *           then nvJitLink: nvJitLinkAddData(NVJITLINK_INPUT_PTX) for both
- *           PTX files, nvJitLinkComplete, nvJitLinkGetLinkedCubin;
- *   driver: cuLinkAddData(CU_JIT_INPUT_PTX) for both, cuLinkComplete;
- *   nvcc:   ptxas -c -arch=sm_90 gpuheap_device.ptx -o gpuheap_device.o
- *           nvcc -rdc=true -arch=sm_90 -I<dir> app.cu gpuheap_device.o
+ *   nvrtcCompileProgram(prog, {"-rdc=true", "-arch=compute_90", "-I<dir>"})
+ *   nvJitLinkCreate(&h, {"-arch=sm_90"})
+ *   nvJitLinkAddData(h, NVJITLINK_INPUT_PTX, <the kernel's PTX>)
+ *   nvJitLinkAddData(h, NVJITLINK_INPUT_PTX, <gpuheap_device.ptx>)
+ *   nvJitLinkComplete(h); nvJitLinkGetLinkedCubin(h, cubin)
  *
- * examples/cuda-cpp/ does the NVRTC + nvJitLink route for sm_80 and sm_90.
+ * examples/cuda-cpp/ does exactly this for sm_80 and sm_90 (checked in CI).
+ * Other linkers of relocatable device code that take PTX inputs (the
+ * driver's cuLinkAddData with CU_JIT_INPUT_PTX; ptxas -c then nvlink) are
+ * the same recipe but are not exercised by the project's tests.
  *
  * THE HEAP. The host creates it (Rust: gpuheap::device_heap::DeviceHeap::new
  * on the GPU backend) and passes its descriptor, DeviceHeap::handle() (the
