@@ -269,12 +269,6 @@ impl PtxBuilder {
         };
         let mut cmd = self.cargo();
         scrub_env(&mut cmd);
-        if !self.crate_path.join("Cargo.lock").is_file() && !in_workspace(&self.crate_path) {
-            // A crate outside any workspace (a dependency unpacked from a registry): keep the
-            // lockfile of its nested build in the target directory, not in its sources.
-            cmd.args(["-Zlockfile-path", "--config"])
-                .arg(format!("resolver.lockfile-path={}", toml_string(&target_dir.join("Cargo.lock"))));
-        }
         cmd.arg("rustc")
             .arg("--manifest-path")
             .arg(self.crate_path.join("Cargo.toml"))
@@ -357,31 +351,6 @@ impl PtxBuilder {
             }
         }
     }
-}
-
-/// `true` when a `Cargo.toml` above `dir` declares a `[workspace]` (the
-/// nested cargo then uses that workspace's `Cargo.lock`).
-fn in_workspace(dir: &Path) -> bool {
-    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    dir.ancestors().skip(1).any(|d| {
-        fs::read_to_string(d.join("Cargo.toml")).is_ok_and(|t| t.lines().any(|l| l.trim() == "[workspace]"))
-    })
-}
-
-/// `path` as a TOML basic string (for a `--config key=value` argument).
-fn toml_string(path: &Path) -> String {
-    let mut s = String::from('"');
-    for c in path.to_string_lossy().chars() {
-        match c {
-            '"' | '\\' => {
-                s.push('\\');
-                s.push(c);
-            }
-            _ => s.push(c),
-        }
-    }
-    s.push('"');
-    s
 }
 
 /// `target/nvptx-kernels` for a build script running under `target/<profile>/build/<pkg>/out`.

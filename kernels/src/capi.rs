@@ -33,10 +33,12 @@
 //! * Pointers are 16-byte aligned (large blocks 4 KiB); null means the size
 //!   was 0 or the request could not be met (see [`crate::heap`] for the exact
 //!   guarantee).
-//! * Registers: a kernel that calls these functions uses at least as many
-//!   registers per thread as the largest of them; `include/gpuheap.cuh`
-//!   states the figures, checked against `ptxas` by
-//!   `host/tests/device_library.rs`.
+//! * Registers: linked as relocatable code, a kernel that calls these
+//!   functions uses at least the allocator's register count per thread;
+//!   `include/gpuheap.cuh` states it for sm_80 and sm_90 with the largest
+//!   block a calling kernel can be launched with, figures that
+//!   `examples/cuda-cpp/link.py` measures on a linked kernel and checks
+//!   against the header in `scripts/test`.
 
 use crate::compact::movable;
 use crate::heap::{self, Heap};
