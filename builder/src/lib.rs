@@ -87,6 +87,11 @@ pub enum BuildError {
     },
     /// An I/O error while running cargo or copying the PTX.
     Io(std::io::Error),
+    /// No build was attempted, on purpose (a docs.rs build: `DOCS_RS` is set).
+    Skipped {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl fmt::Display for BuildError {
@@ -102,6 +107,7 @@ impl fmt::Display for BuildError {
                 write!(f, "`{command}` failed:\n{stderr}")
             }
             BuildError::Io(e) => write!(f, "I/O error during the PTX build: {e}"),
+            BuildError::Skipped { reason } => write!(f, "no PTX build: {reason}"),
         }
     }
 }
@@ -323,8 +329,9 @@ impl PtxBuilder {
         let out_dir = PathBuf::from(
             env::var_os("OUT_DIR").expect("build_in_build_script runs only inside a build script (OUT_DIR is unset)"),
         );
-        let name = self.crate_name().unwrap_or_else(|e| panic!("{e}"));
-        let out = out_dir.join(format!("{}.ptx", self.output_name.as_deref().unwrap_or(&name)));
+        let crate_name = self.crate_name().unwrap_or_else(|e| panic!("{e}"));
+        let name = self.output_name.clone().unwrap_or(crate_name);
+        let out = out_dir.join(format!("{name}.ptx"));
         for p in ["src", "Cargo.toml", "build.rs"] {
             println!("cargo:rerun-if-changed={}", self.crate_path.join(p).display());
         }
@@ -333,7 +340,7 @@ impl PtxBuilder {
         }
         let required = env::var("GPUHEAP_REQUIRE_PTX").is_ok_and(|v| v == "1");
         let built = if env::var_os("DOCS_RS").is_some() {
-            Err(BuildError::ToolchainMissing { detail: "a docs.rs build (DOCS_RS is set) builds no PTX".into() })
+            Err(BuildError::Skipped { reason: "a docs.rs build (DOCS_RS is set) needs none".into() })
         } else {
             self.build_to(&out)
         };
