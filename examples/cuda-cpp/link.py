@@ -87,7 +87,10 @@ def load_libraries():
                               ("nvidia-cuda-nvdisasm", disasm)) if not p]
     if missing:
         raise Setup(f"not found: {', '.join(missing)} (pip install {' '.join(missing)})")
-    return ctypes.CDLL(nvrtc_path), ctypes.CDLL(jit_path), disasm
+    try:
+        return ctypes.CDLL(nvrtc_path), ctypes.CDLL(jit_path), disasm
+    except OSError as e:
+        raise Setup(f"cannot load NVRTC or nvJitLink: {e}") from e
 
 
 def nvrtc_compile(nvrtc, source, name, options):
