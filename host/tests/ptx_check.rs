@@ -134,3 +134,77 @@ fn ptx_assembles_for_sm80_and_sm90_without_spills() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The names `gpuheap.cuh` declares as `__device__` functions, in order.
+fn header_functions(header: &str) -> Vec<&str> {
+    header
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("__device__ "))
+        .filter_map(|decl| decl.split('(').next()?.rsplit([' ', '*']).next())
+        .collect()
+}
+
+/// The relocatable device library for CUDA C/C++ (`gpuheap::ptx::DEVICE_LIBRARY_PTX`): it exports
+/// exactly the C ABI functions of `gpuheap_kernels::capi` as `.visible .func`, has no kernel entry
+/// and nothing external, `gpuheap.cuh` declares exactly those functions and a descriptor of
+/// `Heap`'s size, and `ptxas -c` assembles it as relocatable code for sm_80 and sm_90 without
+/// errors. (The register figures of the header are checked on linked kernels by
+/// examples/cuda-cpp/link.py, which needs nvJitLink.)
+#[test]
+fn device_library_exports_the_c_abi_and_assembles_as_relocatable_code() {
+    let header = gpuheap::ptx::CUDA_HEADER;
+    assert_eq!(header_functions(header), gpuheap_kernels::capi::EXPORTS, "gpuheap.cuh declares other functions");
+    let words: usize = header
+        .lines()
+        .find_map(|l| l.strip_prefix("#define GPUHEAP_HEAP_WORDS "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("gpuheap.cuh defines GPUHEAP_HEAP_WORDS");
+    assert_eq!(words * 8, std::mem::size_of::<gpuheap_kernels::heap::Heap>(), "gpuheap_heap is not the size of Heap");
+    assert_eq!(std::mem::align_of::<gpuheap_kernels::heap::Heap>(), 8, "gpuheap_heap (u64 words) is 8-byte aligned");
+
+    let lib = gpuheap::ptx::DEVICE_LIBRARY_PTX;
+    if lib.is_empty() {
+        return skip("the device library was not built (no nvptx toolchain)");
+    }
+    let exported: Vec<&str> = lib
+        .lines()
+        .filter(|l| l.starts_with(".visible .func"))
+        // `.visible .func  (.param .b64 func_retval0) gpuheap_malloc(`: the name ends the line.
+        .filter_map(|l| l.trim_end().strip_suffix('(')?.split_whitespace().last())
+        .collect();
+    let mut want: Vec<&str> = gpuheap_kernels::capi::EXPORTS.to_vec();
+    let mut got = exported;
+    want.sort_unstable();
+    got.sort_unstable();
+    assert_eq!(got, want, "the device library's `.visible .func` exports");
+    assert!(!lib.contains(".entry"), "the device library has a kernel entry (feature `device-library` drops them)");
+    // `.extern .shared` is the dynamic shared memory array `arch` declares (every module's
+    // dynamic shared memory is the same); anything else external would need another library.
+    let external: Vec<&str> = lib.lines().filter(|l| l.starts_with(".extern") && !l.starts_with(".extern .shared")).collect();
+    assert!(external.is_empty(), "the device library needs external symbols: {external:?}");
+    let Some(ptxas) = find_ptxas() else {
+        return skip("ptxas not found (set GPUHEAP_PTXAS or pip install nvidia-cuda-nvcc-cu12)");
+    };
+    let dir = std::env::temp_dir().join(format!("gpuheap-device-library-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gpuheap_device.ptx");
+    std::fs::write(&file, lib).unwrap();
+    for arch in ["sm_80", "sm_90"] {
+        let obj = dir.join(format!("gpuheap_device_{arch}.o"));
+        let out = Command::new(&ptxas)
+            .args(["-c", &format!("-arch={arch}")])
+            .arg(&file)
+            .arg("-o")
+            .arg(&obj)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.display()));
+        assert!(out.status.success(), "ptxas -c -arch={arch} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        // A relocatable ELF (ET_REL = 1) with the exported symbols in its string tables.
+        let elf = std::fs::read(&obj).unwrap();
+        assert_eq!((&elf[..4], elf[16]), (&b"\x7fELF"[..], 1), "{arch}: not a relocatable ELF");
+        for name in gpuheap_kernels::capi::EXPORTS {
+            assert!(elf.windows(name.len()).any(|w| w == name.as_bytes()), "{arch}: {name} missing from the object");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
