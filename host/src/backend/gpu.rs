@@ -34,10 +34,8 @@ pub fn driver_present() -> bool {
 enum BuiltinError {
     /// The build had no PTX.
     Missing(String),
-    /// The driver refused the PTX: the error and the JIT log.
+    /// Loading failed: the error and the JIT log (empty when the JIT did not run).
     Refused { error: String, log: String },
-    /// Another failure while loading.
-    Other(String),
 }
 
 /// The GPU backend: one device, its primary context and one stream.
@@ -69,7 +67,7 @@ impl GpuBackend {
             Err(e) => Err(BuiltinError::Missing(e.to_string())),
             Ok(src) => module::load(&ctx, src).map_err(|e| match e {
                 BackendError::ModuleLoad { error, log } => BuiltinError::Refused { error, log },
-                e => BuiltinError::Other(e.to_string()),
+                e => BuiltinError::Refused { error: e.to_string(), log: String::new() },
             }),
         };
         Ok(Self { ctx, stream, builtin, name })
@@ -140,7 +138,6 @@ impl GpuBackend {
         self.builtin.as_ref().map_err(|e| match e.clone() {
             BuiltinError::Missing(reason) => BackendError::NoPtx { reason, install: crate::ptx::INSTALL_COMMAND },
             BuiltinError::Refused { error, log } => BackendError::ModuleLoad { error, log },
-            BuiltinError::Other(error) => BackendError::ModuleLoad { error, log: String::new() },
         })
     }
 

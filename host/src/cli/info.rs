@@ -67,7 +67,7 @@ pub fn run(a: Args) -> Result<(), CliError> {
         BackendChoice::Auto => {
             if !driver_present() {
                 println!("no NVIDIA driver found: gpuheap runs its kernels on the CPU backend");
-                return Ok(());
+                return if a.kernels { super::kernels::report(&gpuheap::Backend::cpu()) } else { Ok(()) };
             }
         }
     }

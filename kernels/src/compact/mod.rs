@@ -91,8 +91,9 @@
 //! * **F2 (write-after-read, backwards only):** tile `t` writes inside
 //!   `[d0, d1)`. A moving byte whose source lies in that range goes below
 //!   `d1` (it moves down) and at or after the destination of the first block
-//!   byte at or after `d0` (`dst` ascends), a binary search over the layout:
-//!   so it belongs to a tile in `[lo, t]` (`mover::wait_range`). Tile `t`
+//!   byte at or after `d0` and at or before that of the last byte below `d1`
+//!   (`dst` ascends), two binary searches over the layout: so it belongs to a
+//!   tile in `[lo, hi)`, `hi ≤ t + 1` (`mover::wait_range`). Tile `t`
 //!   stores only after all those tiles other than itself have published
 //!   "loaded", i.e. after every byte it overwrites has been read into some
 //!   warp's shared memory. Self-overlap (a block, or a tile, whose new range
@@ -124,9 +125,7 @@
 //! On the CPU backend the argument holds too: in sequential mode the blocks
 //! run on the rayon pool and every emulated thread runs to completion on its
 //! worker once started, so the owner of a smaller tile id is a running OS
-//! thread (which is what lets the mover's one-lane warps wait for the tiles
-//! they depend on *before* copying, straight from source to destination,
-//! instead of staging); in lockstep mode blocks run one after another in the order in
+//! thread; in lockstep mode blocks run one after another in the order in
 //! which they take tile ids (an earlier block has finished all its tiles) and
 //! the warps of the running block are concurrent OS threads; in independent
 //! mode blocks also run one after another, and inside a block one emulated

@@ -151,10 +151,12 @@ unsafe fn for_each_run(p: &MoveParams, t: u64, by_src: bool, mut f: impl FnMut(u
 
 /// The tiles `[lo, hi)` that tile `t` must see loaded before it stores
 /// (itself excepted): every tile holding a moving byte whose source lies in
-/// the range `[d0, d1)` that tile `t` writes. Such a byte goes at or after
-/// [`dst_of_source`]`(d0)` and below `d1` (it moves down), so `hi ≤ t + 1`
-/// (hazard F2: a tile never waits for a later one); `(0, 0)` when no source
-/// lies in the range.
+/// the range `[d0, d1)` that tile `t` writes. `dst` ascends with the source,
+/// so such a byte goes at or after [`dst_of_source`]`(d0)` and at or before
+/// `dst_of_source(d1 - 1)`, and below `d1` (it moves down): `hi ≤ t + 1`
+/// (hazard F2: a tile never waits for a later one). `(0, 0)` when no source
+/// lies in the range. When the bytes move further than a tile, the range
+/// ends well before `t`: those tiles loaded long ago.
 ///
 /// # Safety
 /// The addresses in `p` are valid and hold a plan; `t < ceil((p.end -
@@ -163,11 +165,12 @@ unsafe fn for_each_run(p: &MoveParams, t: u64, by_src: bool, mut f: impl FnMut(u
 pub unsafe fn wait_range(p: &MoveParams, t: u64) -> (u64, u64) {
     let (d0, d1) = tile_range(p, t);
     // SAFETY: the caller's contract.
-    let first = unsafe { dst_of_source(p, d0) };
+    let (first, last) = unsafe { (dst_of_source(p, d0), dst_of_source(p, d1 - 1)) };
     if first >= d1 {
         return (0, 0);
     }
-    (first.saturating_sub(p.start) / p.tile_bytes, t + 1)
+    let tile = |d: u64| d.saturating_sub(p.start) / p.tile_bytes;
+    (tile(first), tile(last).min(t) + 1)
 }
 
 /// The tile mover (see [`super`]).
@@ -211,41 +214,35 @@ pub unsafe fn move_tiles(p: &MoveParams) {
         if t >= tiles {
             break;
         }
-        // CPU emulator, one-lane warp (sequential mode): wait for the tiles
-        // whose sources this tile overwrites, then copy straight from the
-        // sources to the destinations (no staging) and publish "loaded"
-        // afterwards (it then means "read and stored", all a waiter needs).
-        // Waiting first is safe here: a one-lane warp runs to completion on
-        // its worker once started, so every smaller tile is published or held
-        // by a running worker that waits only for smaller tiles still (the
-        // forward-progress argument of `super`). The copy is correct because
-        // (F1) no earlier tile writes this tile's sources, the tiles whose
-        // sources this tile overwrites have read them, a later tile that
+        // CPU emulator, one-lane warp: when every tile this one must wait for
+        // has already loaded, copy straight from the sources to the
+        // destinations (no staging) and publish "loaded" afterwards (it then
+        // means "read and stored", all a waiter needs). This is correct
+        // because (F1) no earlier tile writes this tile's sources, the tiles
+        // whose sources this tile overwrites have read them, a later tile that
         // overwrites this tile's sources waits for this tile, and within the
         // tile each run's destination ends at or below the next run's source,
         // so an ascending memmove per run reads every byte before it is
-        // overwritten. (On a GPU the lanes of a warp copy in parallel, so a run
-        // that overlaps itself needs the stage.)
+        // overwritten. Otherwise the tile is staged as on a GPU, so that it
+        // publishes "loaded" before it waits and a chain of dependent tiles
+        // (one small hole before many blocks) still runs on every worker. (On
+        // a GPU the lanes of a warp copy in parallel, so a run that overlaps
+        // itself always needs the stage.)
         #[cfg(not(target_arch = "nvptx64"))]
         if w.lanes == 1 {
             // SAFETY: the plan is valid and `t < tiles`.
             let (lo, hi) = unsafe { wait_range(p, t) };
-            for u in (lo..hi).filter(|&u| u != t) {
-                let mut attempt = 0;
-                while flag(u).load(Ordering::Acquire) != p.epoch {
-                    backoff(attempt);
-                    attempt += 1;
-                }
+            if (lo..hi).all(|u| u == t || flag(u).load(Ordering::Acquire) == p.epoch) {
+                // SAFETY: runs lie inside moving blocks (sources) and their
+                // destinations, both inside the region; `copy` is a memmove.
+                unsafe {
+                    for_each_run(p, t, true, |s, d, _, n| {
+                        core::ptr::copy(region.add(s as usize), region.add(d as usize), n as usize)
+                    })
+                };
+                flag(t).store(p.epoch, Ordering::Release);
+                continue;
             }
-            // SAFETY: runs lie inside moving blocks (sources) and their
-            // destinations, both inside the region; `copy` is a memmove.
-            unsafe {
-                for_each_run(p, t, true, |s, d, _, n| {
-                    core::ptr::copy(region.add(s as usize), region.add(d as usize), n as usize)
-                })
-            };
-            flag(t).store(p.epoch, Ordering::Release);
-            continue;
         }
         // 1. Load the tile's sources into this warp's stage.
         // SAFETY: runs lie inside moving blocks (sources) and the tile (stage).
