@@ -3,7 +3,7 @@
 //! `cudarc`'s `CudaContext::new` panics when `libcuda.so` is missing, so
 //! [`GpuBackend::new`] checks, in order, that the library loads, that the
 //! driver reports a device, and only then creates the context. It loads
-//! gpuheap's own PTX at once, with the JIT log ([`super::module`]), and
+//! gpuheap's own PTX at once, with the JIT log ([`KernelModule`]), and
 //! checks every launch against the kernel's limits ([`super::limits`]).
 
 use std::sync::Arc;

@@ -152,7 +152,8 @@ unsafe fn for_each_run(p: &MoveParams, t: u64, by_src: bool, mut f: impl FnMut(u
 /// The tiles `[lo, hi)` that tile `t` must see loaded before it stores
 /// (itself excepted): every tile holding a moving byte whose source lies in
 /// the range `[d0, d1)` that tile `t` writes. `dst` ascends with the source,
-/// so such a byte goes at or after [`dst_of_source`]`(d0)` and at or before
+/// so such a byte goes at or after `dst_of_source(d0)` (the destination of the
+/// first block byte at or after `d0`) and at or before
 /// `dst_of_source(d1 - 1)`, and below `d1` (it moves down): `hi ≤ t + 1`
 /// (hazard F2: a tile never waits for a later one). `(0, 0)` when no source
 /// lies in the range. When the bytes move further than a tile, the range
