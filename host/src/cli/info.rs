@@ -24,6 +24,10 @@ pub struct Args {
     device: u32,
     #[command(flatten)]
     backend: BackendArgs,
+    /// Also load gpuheap's PTX on the GPU: load and JIT time, the JIT log, and each kernel's
+    /// registers, memory, largest block and occupancy (see `cli::kernels`).
+    #[arg(long)]
+    kernels: bool,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -46,24 +50,32 @@ pub fn run(a: Args) -> Result<(), CliError> {
         Ok(p) => println!("PTX kernels: embedded ({} bytes, loads on sm_80 and newer)", p.len()),
         Err(e) => println!("PTX kernels: {e}"),
     }
+    // The GPU backend `--backend gpu` created: `--kernels` reports its module (loaded once).
+    let mut gpu = None;
     match a.backend.backend {
         BackendChoice::Cpu => {
             let b = a.backend.backend()?;
             println!("backend cpu: {}", b.describe());
-            return Ok(());
+            return if a.kernels { super::kernels::report(&b) } else { Ok(()) };
         }
         BackendChoice::Gpu => {
             // The same check as every command given `--backend gpu`: an error without a usable GPU.
             let b = a.backend.backend()?;
             println!("backend gpu: {}", b.describe());
+            gpu = Some(b);
         }
         BackendChoice::Auto => {
             if !driver_present() {
                 println!("no NVIDIA driver found: gpuheap runs its kernels on the CPU backend");
-                return Ok(());
+                return if a.kernels { super::kernels::report(&gpuheap::Backend::cpu()) } else { Ok(()) };
             }
         }
     }
+    let kernels = || match (a.kernels, &gpu) {
+        (false, _) => Ok(()),
+        (true, Some(b)) => super::kernels::report(b),
+        (true, None) => super::kernels::report_device(a.device),
+    };
     match Nvml::init() {
         Ok(nvml) => nvml_report(&nvml, a.device).map_err(|e| CliError::Runtime(format!("NVML: {e}")))?,
         Err(e) => {
@@ -79,7 +91,7 @@ pub fn run(a: Args) -> Result<(), CliError> {
             }
         }
     }
-    Ok(())
+    kernels()
 }
 
 fn nvml_report(nvml: &Nvml, index: u32) -> Result<(), nvml_wrapper::error::NvmlError> {

@@ -5,11 +5,14 @@
 
 mod bench_alloc;
 mod bench_compact;
+mod bench_launch;
+mod bench_oom;
 mod check;
 mod compare;
 mod explain;
 mod html;
 mod info;
+mod kernels;
 mod replay;
 mod tune;
 
@@ -54,6 +57,12 @@ enum Bench {
     Alloc(bench_alloc::Args),
     /// Compaction throughput against a plain copy of the same bytes.
     Compact(bench_compact::Args),
+    /// Out-of-memory latency: a launch whose every request fails on a dry heap, beside the same
+    /// launch succeeding.
+    Oom(bench_oom::Args),
+    /// Whether `malloc`'s kernel launches at large blocks, and whether gpuheap's launch check
+    /// agrees with the driver (GPU only).
+    LaunchLimit(bench_launch::Args),
 }
 
 /// Options shared by every command that runs kernels.
@@ -96,6 +105,8 @@ pub fn main() -> ExitCode {
         Command::Check(a) => check::run(a),
         Command::Bench(Bench::Alloc(a)) => bench_alloc::run(&a),
         Command::Bench(Bench::Compact(a)) => bench_compact::run(&a),
+        Command::Bench(Bench::Oom(a)) => bench_oom::run(&a),
+        Command::Bench(Bench::LaunchLimit(a)) => bench_launch::run(&a),
         Command::Replay(a) => replay::run(&a),
         Command::Compare(a) => compare::run(&a),
         Command::Explain(a) => explain::run(&a),
