@@ -544,16 +544,8 @@ fn tile_wait_ranges_cover_every_overwritten_source() {
 fn bench_layouts_from_trace_snapshots_compact_like_the_reference() {
     use gpuheap::bench::compact::{measure_trace, trace_layout, TraceMode};
     use gpuheap::compaction::{CompactTuning, Compactor, BLOCK_PINNED};
-<<<<<<< HEAD
-    let mut paths = vec![common::workspace().join("data/1.3b_snapshot.pickle")];
-    paths.extend(common::shared("traces/memory_ctx512_fullstep_.pickle"));
-=======
     let mut paths = vec![common::data_file("1.3b_snapshot.pickle")];
-    match common::shared_traces().map(|d| d.join("memory_ctx512_fullstep_.pickle")).filter(|p| p.is_file()) {
-        Some(p) => paths.push(p),
-        None => println!("skipped the training-step trace: no ../shared/traces/memory_ctx512_fullstep_.pickle"),
-    }
->>>>>>> suite
+    paths.extend(common::shared("traces/memory_ctx512_fullstep_.pickle"));
     let backend = Backend::cpu();
     let mut compactor = Compactor::new(CompactTuning::for_backend(&backend));
     for p in paths {

@@ -59,15 +59,6 @@ pub fn data_file(name: &str) -> PathBuf {
     })
 }
 
-/// The shared traces folder beside the workspace (`../shared/traces` of the crate's workspace when
-/// cargo runs the test, or `GPUHEAP_TRACES_DIR`), if it exists.
-pub fn shared_traces() -> Option<PathBuf> {
-    std::env::var_os("GPUHEAP_TRACES_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("CARGO_MANIFEST_DIR").map(|d| Path::new(&d).join("../../shared/traces")))
-        .filter(|p| p.is_dir())
-}
-
 /// Seeds of the independent-thread-scheduling backends of [`backends`]:
 /// `GPUHEAP_ITS_SEEDS` as `N` (seeds `0..N`) or `A..B`; default `0..1`.
 /// `scripts/test` runs the device tests over many seeds; a failure names its
@@ -154,11 +145,16 @@ pub fn gpuheap(args: &[&str]) -> Output {
         .expect("runs")
 }
 
-/// The project's shared folder: `$GPUHEAP_SHARED`, else `shared/` beside the checkout (the workspace's
-/// parent). It holds real snapshots (`traces/`) and bug-report inputs (`cases/inputs/`) that are test
-/// inputs but not shipped (their licences; `traces/SOURCES.md`).
+/// The project's shared folder: `$GPUHEAP_SHARED`, else `shared/` beside the checkout (the parent of
+/// the workspace whose `host/` cargo names in the run-time `CARGO_MANIFEST_DIR`; a test binary run
+/// outside cargo, as in the GPU bundle, has none and needs `GPUHEAP_SHARED`). It holds real snapshots
+/// (`traces/`) and bug-report inputs (`cases/inputs/`) that are test inputs but not shipped (their
+/// licences; `traces/SOURCES.md`).
 pub fn shared_dir() -> PathBuf {
-    std::env::var_os("GPUHEAP_SHARED").map_or_else(|| workspace().join("../shared"), PathBuf::from)
+    std::env::var_os("GPUHEAP_SHARED").map(PathBuf::from).unwrap_or_else(|| {
+        let manifest = std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(PathBuf::new, PathBuf::from);
+        manifest.join("../../shared")
+    })
 }
 
 /// `true` when a missing shared input must fail the test (`GPUHEAP_REQUIRE_SHARED=1`; `.ci/run` sets it).
