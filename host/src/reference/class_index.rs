@@ -437,7 +437,10 @@ impl ClassIndex {
         let dir = &self.dirs[class];
         let (c, j) = self.start(class, from);
         let head = dir.get(c).map_or(&[][..], |e| &self.chunks[e.id as usize].0[..j]);
-        let rest = dir[..c.min(dir.len())].iter().rev().flat_map(move |e| self.chunks[e.id as usize].0[..e.len as usize].iter().rev());
+        let rest = dir[..c.min(dir.len())]
+            .iter()
+            .rev()
+            .flat_map(move |e| self.chunks[e.id as usize].0[..e.len as usize].iter().rev());
         head.iter().rev().chain(rest).copied()
     }
 
