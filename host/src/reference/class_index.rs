@@ -11,10 +11,10 @@
 //!
 //! A class keeps its keys in chunks of at most [`CHUNK`] keys (512 bytes) from a shared slab, behind a
 //! directory of the chunks' smallest keys (no tree nodes), all in *descending* order: the class's smallest
-//! key, the one a best-fit search takes, is the last key of the last chunk. A best fit of an allocator
-//! takes that key far more often than any other, and a freed block goes in near it as often (in the
-//! best-fit benchmark, 37 % of the insertions into classes of more than 16 keys went in at rank 0 and
-//! 73 % below rank 16): so the last chunk is tried before any binary search, and taking or putting back
+//! key, the one a best-fit search takes, is the last key of the last chunk. A best fit takes that key far
+//! more often than any other, and freed blocks go in near it (in the strategies benchmark, of best-fit's
+//! insertions among more than 16 free blocks of the same size, 37 % went in below all of them and 73 %
+//! among the lowest 16): so the last chunk is tried before any binary search, and taking or putting back
 //! the smallest key moves no key. Elsewhere a lookup binary-searches the directory, then one chunk, and an
 //! update moves keys inside one chunk. A full chunk splits in halves (a key below the whole class opens a
 //! new last chunk instead); a removal that leaves two neighbouring chunks with at most `CHUNK / 2` keys
@@ -25,8 +25,8 @@
 //! Both users replaced a `BTreeSet`/`BTreeMap` per class with ascending chunks (callgrind, per alloc+free
 //! pair at 100k live blocks, `host/benches/strategies_icount.rs`: best-fit 1300.6 → 1077.9 instructions,
 //! the caching model 1472.3 → 1205.9; chunks of 16 and 64 keys measured worse than 32), see the 2026-12-01
-//! files in `bench/results/`. The descending layout with its fast paths took the caching model from 969.0
-//! to 817.0 instructions per pair and 15.01 to 12.47 D1 misses, see
+//! files in `bench/results/`. The descending layout with its fast paths took the caching model from 964.4
+//! to 820.2 instructions per pair and from 14.99 to 12.46 D1 misses, with the same placements, see
 //! `bench/results/2026-12-01-best-fit-index.md`.
 //!
 //! # Invariants
