@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 pub mod csv_lifetime;
 mod pickle;
+pub mod pickle_write;
 pub mod pytorch;
 pub mod rmm;
 mod validate;
