@@ -25,6 +25,7 @@ pub mod csv_lifetime;
 mod pickle;
 pub mod pickle_write;
 pub mod pytorch;
+pub mod repeat;
 pub mod rmm;
 mod validate;
 
