@@ -84,13 +84,10 @@ fn repeat(a: &RepeatArgs) -> Result<(), CliError> {
         })
         .collect();
     let period = plan.period_us().map_or_else(|| "no times".to_string(), |p| format!("a step every {p} µs"));
-    println!(
-        "{}: {} steps of {} ({period}; {}), {} bytes",
-        out.display(),
-        plan.steps(),
-        a.input.display(),
-        devices.join("; "),
-        size
-    );
+    let steps = match plan.steps() {
+        1 => "1 step".to_string(),
+        n => format!("{n} steps"),
+    };
+    println!("{}: {steps} of {} ({period}; {}), {} bytes", out.display(), a.input.display(), devices.join("; "), size);
     Ok(())
 }

@@ -370,12 +370,13 @@ impl<'t, 'a> Repeat<'t, 'a> {
         let (period, boundary_time) = if lo <= hi {
             let period =
                 hi.checked_sub(lo).and_then(|d| d.checked_add(gap)).ok_or_else(|| too_long("the period overflows"))?;
-            // The last step's times, and the boundary times below them.
+            // The last step's times (the times between steps lie below them).
             i64::from(options.steps - 1)
                 .checked_mul(period)
                 .and_then(|s| s.checked_add(hi))
                 .ok_or_else(|| too_long("the last step's times do not fit in 64 bits"))?;
-            (Some(period), hi + gap / 2)
+            let boundary = hi.checked_add(gap / 2).ok_or_else(|| too_long("the gap's times do not fit in 64 bits"))?;
+            (Some(period), boundary)
         } else {
             (None, 0)
         };
