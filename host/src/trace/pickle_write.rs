@@ -7,8 +7,8 @@
 //! batches of 1000 (`MARK … APPENDS`/`SETITEMS`, a lone item with `APPEND`/`SETITEM`), `TUPLE1..3` or
 //! `MARK … TUPLE`, every string and container memoised (`MEMOIZE`) so that a later [`PickleWriter::get`]
 //! shares it, and the output cut into `FRAME`s of at least 64 KiB at value boundaries (a string of 64 KiB
-//! or more goes outside frames). It writes only opcodes the reader of this crate
-//! ([`super::pickle`]) understands; nothing it writes imports or calls code.
+//! or more goes outside frames). It writes only opcodes this crate's pickle decoder
+//! understands; nothing it writes imports or calls code.
 //!
 //! Because the choices are CPython's, decoding a PyTorch snapshot and writing its values again through
 //! `NodeCopier` gives the same bytes as the file (tested on the shipped snapshots).

@@ -515,7 +515,7 @@ impl<'t, 'a> Repeat<'t, 'a> {
         list: NodeId,
     ) -> Result<(), CopyError> {
         let Node::List(items) = self.pickle.node(list) else { return c.copy(w, list) };
-        let m = w.begin_list(items.len() * self.steps as usize)?;
+        let m = w.begin_list(items.len().saturating_mul(self.steps as usize))?;
         c.set_written(list, m);
         for k in 0..self.steps {
             let shift = i64::from(k) * self.period.unwrap_or(0);
