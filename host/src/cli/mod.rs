@@ -14,6 +14,7 @@ mod html;
 mod info;
 mod kernels;
 mod replay;
+mod trace;
 mod tune;
 
 use std::process::ExitCode;
@@ -48,6 +49,9 @@ enum Command {
     /// Replays a trace under a grid of PYTORCH_CUDA_ALLOC_CONF settings and every strategy: the least
     /// GPU memory each needs, ranked; the best setting as an env line.
     Tune(tune::Args),
+    /// Makes trace files: `trace repeat` repeats a snapshot's history as a run of N steps.
+    #[command(subcommand)]
+    Trace(trace::Command),
 }
 
 #[derive(Subcommand)]
@@ -111,6 +115,7 @@ pub fn main() -> ExitCode {
         Command::Compare(a) => compare::run(&a),
         Command::Explain(a) => explain::run(&a),
         Command::Tune(a) => tune::run(&a),
+        Command::Trace(c) => trace::run(&c),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

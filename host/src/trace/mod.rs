@@ -23,7 +23,9 @@ use std::path::{Path, PathBuf};
 
 pub mod csv_lifetime;
 mod pickle;
+pub mod pickle_write;
 pub mod pytorch;
+pub mod repeat;
 pub mod rmm;
 mod validate;
 
