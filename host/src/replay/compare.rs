@@ -9,8 +9,9 @@
 
 use serde::Serialize;
 
-use super::{replay, replay_device, DeviceReplayOptions, PytorchReserved, ReplayError, ReplayOptions, ReplayReport};
+use super::{replay, replay_device, DeviceReplayOptions, ReplayError, ReplayOptions, ReplayReport};
 use crate::backend::Backend;
+use crate::facts::PytorchReserved;
 use crate::reference::StrategyKind;
 use crate::trace::{DeviceTrace, Trace};
 

@@ -67,15 +67,17 @@ use gpuheap_kernels::fill::pattern;
 use gpuheap_kernels::heap::layout::{class_of, class_size, order_of, PAGE, UNIT};
 use serde::Serialize;
 
-use super::capacity::{choose_capacity_and_demand_peak, CapacityChoice};
+use super::capacity::choose_capacity_and_demand_peak;
 use super::engine::{self, Ledger, ReplayTarget, Request, Setup, TargetSummary};
 use super::options::{choose_alignment, round_request, DEFAULT_TIMELINE_POINTS};
-use super::report::{fmt_bytes, FailedRequest, ReplayReport};
+use super::report::{FailedRequest, ReplayReport};
 use super::ReplayError;
 use crate::analysis::{self, external_ratio, FailureClass, Fragmentation};
 use crate::backend::{Backend, BackendError};
 use crate::device_heap::{ops, DeviceHeap, Sizes, MIN_HEAP_BYTES};
+use crate::facts::{Capacity, CapacitySource};
 use crate::trace::{DeviceTrace, Trace};
+use crate::units::fmt_bytes;
 
 /// Default largest heap data region (bytes) the device replay creates on the CPU backend: 8 GiB. A larger
 /// capacity is replayed scaled (see the [module docs](self)). The CPU backend's buffers are lazily
@@ -222,7 +224,7 @@ struct DeviceTarget<'a> {
     align: u64,
     scale: u64,
     scale_reason: Option<String>,
-    capacity: CapacityChoice,
+    capacity: Capacity,
     slots: Vec<Slot>,
     /// Live blocks: start offset -> end offset.
     extents: BTreeMap<u64, u64>,
@@ -509,7 +511,7 @@ impl ReplayTarget for DeviceTarget<'_> {
         let source = if scale == 1 {
             self.capacity.source.clone()
         } else {
-            format!("{} ({}), scaled 1/{scale}", fmt_bytes(self.capacity.bytes), self.capacity.source)
+            CapacitySource::Scaled { of: Box::new(self.capacity.clone()), by: scale }
         };
         let end = DeviceHeapEnd {
             backend: self.backend.describe(),
@@ -531,7 +533,7 @@ impl ReplayTarget for DeviceTarget<'_> {
         };
         Ok(TargetSummary {
             strategy,
-            capacity: CapacityChoice { bytes: heap_capacity, source },
+            capacity: Capacity { bytes: heap_capacity, source },
             policy: POLICY_NA.to_string(),
             caching_end: None,
             device_heap: Some(end),
@@ -597,7 +599,7 @@ pub fn replay_device(
             capacity.bytes
         )));
     }
-    let align = choose_alignment(trace, opts.align).map_err(ReplayError::Config)?;
+    let align = choose_alignment(trace, opts.align).map_err(|e| ReplayError::Config(e.to_string()))?;
     let limit = opts.heap_limit.unwrap_or_else(|| default_heap_limit(backend));
     let (heap, scale, scale_reason) = make_heap(backend, capacity.bytes, limit)?;
     let mut target = DeviceTarget {

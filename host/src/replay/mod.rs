@@ -57,8 +57,8 @@
 //! One driver (`engine`: the event loop, timeline, peaks and report builder) runs every target: a
 //! host strategy or the caching model (`strategy`, [`replay`]) and the device heap on a backend
 //! ([`device`], [`replay_device`]). [`options`] holds the options and the request rounding rule,
-//! [`capacity`] the one default-capacity rule, [`mod@compare`] every contender over one trace, [`seeding`] the PyTorch snapshot seeding and series,
-//! [`report`] the report types.
+//! [`capacity`] the one default-capacity rule, [`mod@compare`] every contender over one trace,
+//! `seeding` the caching model seeded from a snapshot, [`report`] the report types.
 
 use crate::backend::Backend;
 use crate::reference::AllocError;
@@ -75,22 +75,20 @@ pub mod options;
 #[cfg(feature = "cli")]
 pub mod plot;
 pub mod report;
-pub mod seeding;
+mod seeding;
 mod strategy;
 
-pub use capacity::{choose_capacity, default_capacity, demand_peak, CapacityChoice, MIN_CAPACITY};
+pub use capacity::{choose_capacity, default_capacity};
 pub use device::{replay_device, DeviceHeapEnd, DeviceReplayOptions};
 pub use materialize::{MeasureOutcome, Measured};
 pub use options::{
-    alignment_for, alignment_source, choose_alignment, default_strategy, parse_align, parse_bytes, parse_tiers,
-    round_request, CompactPolicy, ReplayOptions, CSV_ALIGN, DEFAULT_ALIGN, DEFAULT_MATERIALIZE_LIMIT_CPU,
-    DEFAULT_TIMELINE_POINTS, PYTORCH_ALIGN,
+    alignment_for, alignment_source, choose_alignment, default_strategy, round_request, CompactPolicy, PolicyError,
+    ReplayOptions, CSV_ALIGN, DEFAULT_ALIGN, DEFAULT_MATERIALIZE_LIMIT_CPU, DEFAULT_TIMELINE_POINTS, PYTORCH_ALIGN,
 };
 pub use report::{
-    fmt_bytes, fmt_ns, CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel,
-    Fragmentation, ReplayReport, Sample, TierStats,
+    CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel, Fragmentation,
+    ReplayReport, Sample, TierStats,
 };
-pub use seeding::{pytorch_series, PytorchReserved};
 
 /// Errors of [`replay`] and [`replay_device`].
 #[derive(Debug, thiserror::Error)]
@@ -149,7 +147,7 @@ pub fn replay(
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
     let (capacity, demand_peak_event) = capacity::choose_capacity_and_demand_peak(trace, dev, opts.capacity)?;
-    let align = choose_alignment(trace, opts.align).map_err(ReplayError::Config)?;
+    let align = choose_alignment(trace, opts.align).map_err(|e| ReplayError::Config(e.to_string()))?;
     let pytorch_snapshot = matches!(trace.format, TraceFormat::PytorchSnapshot(_));
     // A capacity the strategy cannot use names the file and, when derived, where the capacity came from
     // (a snapshot's OOM on a GPU another process fills derives 1 MiB, below the caching model's least).
@@ -158,8 +156,8 @@ pub fn replay(
             ReplayError::Config(m) if opts.capacity.is_none() => ReplayError::Config(format!(
                 "{}: {m}; the capacity, {}, is derived: {}",
                 trace.source.display(),
-                fmt_bytes(capacity.bytes),
-                capacity.source
+                crate::units::fmt_bytes(capacity.bytes),
+                capacity.describe()
             )),
             ReplayError::Config(m) => ReplayError::Config(format!("{}: {m}", trace.source.display())),
             e => e,

@@ -10,7 +10,6 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Instant;
 
-use super::capacity::{CapacityChoice, MIN_CAPACITY};
 use super::engine::{Ledger, ReplayTarget, Request, TargetSummary};
 use super::materialize::{self, MeasureOutcome};
 use super::options::{round_request, CompactPolicy, ReplayOptions, DEFAULT_MATERIALIZE_LIMIT_CPU};
@@ -19,6 +18,7 @@ use super::seeding::seed_caching;
 use super::ReplayError;
 use crate::analysis::{self, external_ratio, Fragmentation};
 use crate::backend::Backend;
+use crate::facts::{Capacity, MIN_CAPACITY};
 use crate::reference::caching::{self, CachingAllocator, RecordedSegments};
 use crate::reference::compact::plan_slide;
 use crate::reference::{
@@ -228,7 +228,7 @@ fn make_model(
 /// The replay target of one host strategy (or the caching model) over one device trace.
 pub(crate) struct StrategyTarget<'a> {
     kind: StrategyKind,
-    capacity: CapacityChoice,
+    capacity: Capacity,
     model: Model,
     slots: Vec<Slot>,
     high_water: HighWater,
@@ -255,7 +255,7 @@ impl<'a> StrategyTarget<'a> {
     pub(crate) fn new(
         dev: &DeviceTrace,
         opts: &ReplayOptions,
-        capacity: CapacityChoice,
+        capacity: Capacity,
         align: u64,
         pytorch_snapshot: bool,
         backend: Option<&'a Backend>,
