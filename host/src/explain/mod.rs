@@ -19,9 +19,9 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::facts::{
-    self, capacity_from_evidence, choose_device, event_location, final_state, gpu_capacity_at_oom, oom_capacity, peaks,
-    state_after, summarize, Capacity, CapacityRangeError, DeviceChoice, DeviceError, DeviceSummary, SegmentView,
-    SnapshotBlock, StateError,
+    self, capacity_from_evidence, choose_device, final_state, gpu_capacity_at_oom, oom_capacity, peaks, state_after,
+    summarize, Capacity, CapacityRangeError, DeviceChoice, DeviceError, DeviceSummary, SegmentView, SnapshotBlock,
+    StateError,
 };
 use crate::reference::caching;
 use crate::trace::pytorch::{self, Frame};
@@ -208,7 +208,7 @@ fn trace_error(trace: &Trace, dev: &DeviceTrace, e: StateError) -> TraceError {
     TraceError::Schema {
         path: trace.source.clone(),
         at: match e.event {
-            Some(i) => event_location(trace, dev, i),
+            Some(i) => trace.event_location(dev, i),
             None => Location::Key("segments"),
         },
         message: format!("{} exceed 2^64 - 1 bytes", e.what),

@@ -130,15 +130,6 @@ impl Capacity {
     }
 }
 
-/// The location of event `index` of `dev` for a message: the CSV line of a minimalloc buffer (its
-/// data row + 2), else the device and event index.
-pub fn event_location(trace: &Trace, dev: &DeviceTrace, index: usize) -> Location {
-    match (trace.format, dev.events.get(index)) {
-        (TraceFormat::LifetimeCsv, Some(e)) => Location::Line(e.addr.saturating_add(2)),
-        _ => Location::Event { device: dev.device, index, field: None },
-    }
-}
-
 /// The GPU's memory at `dev`'s first recorded OOM that carries `device_free` ([`oom_capacity`]), its
 /// source naming the event, the reserved bytes then and `device_free`. `None` when no OOM is recorded
 /// with `device_free`.
@@ -192,8 +183,8 @@ pub fn oom_capacity(
 }
 
 /// The capacity a replay of `dev` uses: `given` when the user gives one; else the GPU's memory at a
-/// recorded OOM ([`gpu_capacity_at_oom`]); else, for snapshots, the recorded peak reserved bytes; for
-/// minimalloc files named `NAME.CAPACITY.csv`, that capacity; else twice the peak of live requested
+/// recorded OOM ([`gpu_capacity_at_oom`]); else, for snapshots, the recorded peak reserved bytes; the
+/// capacity a file's name carries ([`Trace::capacity_hint`]: minimalloc's `NAME.CAPACITY.csv`); else twice the peak of live requested
 /// bytes, rounded up to 2 MiB. Never below [`MIN_CAPACITY`] when derived.
 ///
 /// # Errors
@@ -219,7 +210,7 @@ pub(crate) fn capacity_from_peaks(trace: &Trace, dev: &DeviceTrace, p: &Peaks) -
     }
     let too_big = |event: Option<usize>, what: &str, v: u128| {
         let at = match event {
-            Some(i) => event_location(trace, dev, i),
+            Some(i) => trace.event_location(dev, i),
             None => Location::Key("segments"),
         };
         TraceError::Schema {
@@ -237,7 +228,7 @@ pub(crate) fn capacity_from_peaks(trace: &Trace, dev: &DeviceTrace, p: &Peaks) -
         }
         return Ok(Capacity { bytes: (p.reserved as u64).max(MIN_CAPACITY), source: CapacitySource::PeakReserved });
     }
-    if let Some(bytes) = capacity_from_name(trace) {
+    if let Some(bytes) = trace.capacity_hint() {
         if check_capacity(bytes).is_err() {
             return Err(TraceError::schema(
                 &trace.source,
@@ -261,12 +252,4 @@ pub(crate) fn capacity_from_peaks(trace: &Trace, dev: &DeviceTrace, p: &Peaks) -
         });
     }
     Ok(Capacity { bytes: (twice as u64).max(MIN_CAPACITY), source: CapacitySource::TwiceDemandPeak })
-}
-
-fn capacity_from_name(trace: &Trace) -> Option<u64> {
-    if trace.format != TraceFormat::LifetimeCsv {
-        return None;
-    }
-    let stem = trace.source.file_stem()?.to_str()?;
-    stem.rsplit('.').next().filter(|s| !s.is_empty() && s.len() < stem.len())?.parse().ok()
 }

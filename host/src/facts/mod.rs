@@ -18,8 +18,8 @@ pub mod peaks;
 pub mod state;
 
 pub use capacity::{
-    capacity_from_evidence, check_capacity, event_location, gpu_capacity_at_oom, oom_capacity, Capacity,
-    CapacityRangeError, CapacitySource, MIN_CAPACITY,
+    capacity_from_evidence, check_capacity, gpu_capacity_at_oom, oom_capacity, Capacity, CapacityRangeError,
+    CapacitySource, MIN_CAPACITY,
 };
 pub use devices::{choose_device, summarize, DeviceChoice, DeviceError, DeviceReason, DeviceSummary};
 pub use peaks::{demand_peak, peaks, pytorch_series, Peaks, PytorchReserved};

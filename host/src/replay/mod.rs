@@ -6,12 +6,13 @@
 //!
 //! * **Requests.** Every `alloc` event becomes `alloc(size rounded up to align, align)`
 //!   ([`round_request`]). The alignment is [`ReplayOptions::align`] when given, else the format's own
-//!   ([`alignment_for`]): for PyTorch snapshots [`PYTORCH_ALIGN`] = 512 B, like PyTorch's CUDA caching
-//!   allocator (`kMinBlockSize`), so every strategy sees the block sizes PyTorch itself would carve; for
-//!   minimalloc CSV files [`CSV_ALIGN`] = 1 B (instances are defined at byte granularity, so a feasible
-//!   instance is not made infeasible by rounding); for RMM logs [`DEFAULT_ALIGN`] = 256 B (`cudaMalloc`'s
-//!   and RMM's alignment). A zero-byte request is sent as one byte. The report states the alignment and
-//!   where it came from. The *allocated* series counts the requested (unrounded) bytes of the trace.
+//!   ([`alignment_for`], from the format table [`crate::trace::FORMATS`]): for PyTorch snapshots
+//!   512 B, like PyTorch's CUDA caching allocator (`kMinBlockSize`), so every strategy sees the block
+//!   sizes PyTorch itself would carve; for minimalloc CSV files 1 B (instances are defined at byte
+//!   granularity, so a feasible instance is not made infeasible by rounding); for RMM logs 256 B
+//!   (`cudaMalloc`'s and RMM's alignment). A zero-byte request is sent as one byte. The report states
+//!   the alignment and where it came from. The *allocated* series counts the requested (unrounded) bytes
+//!   of the trace.
 //! * **Frees.** `free_completed` (RMM `free`, CSV end of lifetime) frees the block with the same dense
 //!   id ([`crate::trace::Event::id`]) through the handle API: the replay keeps each id's [`Allocation`]
 //!   and gives it back to [`SubAllocator::free`] (no offset lookup). `free_requested` is only counted. A
@@ -83,7 +84,7 @@ pub use device::{replay_device, DeviceHeapEnd, DeviceReplayOptions};
 pub use materialize::{MeasureOutcome, Measured};
 pub use options::{
     alignment_for, alignment_source, choose_alignment, default_strategy, round_request, CompactPolicy, PolicyError,
-    ReplayOptions, CSV_ALIGN, DEFAULT_ALIGN, DEFAULT_MATERIALIZE_LIMIT_CPU, DEFAULT_TIMELINE_POINTS, PYTORCH_ALIGN,
+    ReplayOptions, DEFAULT_MATERIALIZE_LIMIT_CPU, DEFAULT_TIMELINE_POINTS,
 };
 pub use report::{
     CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel, Fragmentation,

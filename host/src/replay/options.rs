@@ -7,16 +7,9 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::reference::StrategyKind;
-use crate::trace::{Trace, TraceFormat};
+use crate::trace::{Recorder, Trace};
 use crate::units::{check_align, ParseError};
 
-/// Alignment (bytes) of replayed PyTorch requests: PyTorch's `kMinBlockSize`.
-pub const PYTORCH_ALIGN: u64 = 512;
-/// Alignment (bytes) of replayed requests of RMM logs (`cudaMalloc`'s and RMM's 256 B).
-pub const DEFAULT_ALIGN: u64 = 256;
-/// Alignment (bytes) of replayed minimalloc CSV requests: minimalloc instances are defined at byte
-/// granularity, so a feasible instance stays feasible.
-pub const CSV_ALIGN: u64 = 1;
 /// Default number of timeline samples (the timeline is downsampled to at most this many points).
 pub const DEFAULT_TIMELINE_POINTS: usize = 2000;
 /// Default materialisation limit on the CPU backend, bytes (1 GiB).
@@ -114,25 +107,22 @@ impl ReplayOptions {
     }
 }
 
-/// The strategy a replay of `trace` uses when none is given: the PyTorch caching model for PyTorch
-/// snapshots (the allocator that produced them), best-fit otherwise (it runs at any capacity; the caching
-/// model needs at least one 2 MiB segment).
+/// The strategy a replay of `trace` uses when none is given: the model of the allocator the format
+/// records when gpuheap has one (the PyTorch caching model for PyTorch snapshots,
+/// [`Recorder::PytorchCaching`]), best-fit otherwise (it runs at any capacity; the caching model needs at
+/// least one 2 MiB segment).
 pub fn default_strategy(trace: &Trace) -> StrategyKind {
-    if matches!(trace.format, TraceFormat::PytorchSnapshot(_)) {
-        StrategyKind::Caching
-    } else {
-        StrategyKind::BestFit
+    match trace.format.row().recorder {
+        Recorder::PytorchCaching => StrategyKind::Caching,
+        _ => StrategyKind::BestFit,
     }
 }
 
-/// The natural alignment (bytes) of `trace`'s requests: [`PYTORCH_ALIGN`] for PyTorch snapshots,
-/// [`CSV_ALIGN`] for minimalloc (buffer-lifetime) CSV files, [`DEFAULT_ALIGN`] for RMM logs.
+/// The natural alignment (bytes) of `trace`'s requests, its format's ([`crate::trace::FormatRow::align`]):
+/// [`PYTORCH_ALIGN`](crate::trace::PYTORCH_ALIGN) for PyTorch snapshots, [`CSV_ALIGN`](crate::trace::CSV_ALIGN) for minimalloc (buffer-lifetime) CSV files,
+/// [`DEFAULT_ALIGN`](crate::trace::DEFAULT_ALIGN) for RMM logs.
 pub fn alignment_for(trace: &Trace) -> u64 {
-    match trace.format {
-        TraceFormat::PytorchSnapshot(_) => PYTORCH_ALIGN,
-        TraceFormat::LifetimeCsv => CSV_ALIGN,
-        _ => DEFAULT_ALIGN,
-    }
+    trace.format.row().align
 }
 
 /// The alignment a replay uses: `given` when set, else [`alignment_for`] the trace.
@@ -148,13 +138,7 @@ pub fn alignment_source(trace: &Trace, given: Option<u64>) -> String {
     if given.is_some() {
         return "given".into();
     }
-    match trace.format {
-        TraceFormat::PytorchSnapshot(_) => "the PyTorch default, kMinBlockSize".into(),
-        TraceFormat::LifetimeCsv if alignment_for(trace) == CSV_ALIGN => {
-            "the minimalloc default: instances are defined at byte granularity".into()
-        }
-        _ => "the default of cudaMalloc and RMM".into(),
-    }
+    trace.format.row().align_source.into()
 }
 
 /// The block a request of `requested` bytes is sent as: zero counts as one byte, rounded up to `align`
