@@ -269,12 +269,7 @@ pub(crate) fn replay_options(common: &Common, strategy: StrategyKind) -> ReplayO
 
 /// A host strategy's replay error with the advice on the CLI's flags added to an invalid configuration.
 pub(crate) fn with_advice(e: replay::ReplayError) -> replay::ReplayError {
-    match e {
-        replay::ReplayError::Config(m) => replay::ReplayError::Config(format!(
-            "{m} (choose another strategy with --strategy, or a larger --capacity)"
-        )),
-        other => other,
-    }
+    e.with_advice("choose another strategy with --strategy, or a larger --capacity")
 }
 
 /// Replays one strategy (`replay`).

@@ -1,7 +1,7 @@
 //! The capacity a replay uses: the one definition of the default capacity of every replay target (host
 //! strategies, the caching model, the device heap), from the evidence of [`crate::facts::capacity`].
 
-use super::ReplayError;
+use super::{Refusal, ReplayError};
 use crate::facts::{capacity::capacity_from_peaks, peaks, Capacity, CapacitySource, Peaks, MIN_CAPACITY};
 use crate::trace::{DeviceTrace, Trace};
 
@@ -27,7 +27,7 @@ pub fn default_capacity(trace: &Trace, dev: &DeviceTrace) -> Result<Capacity, Re
 
 /// [`default_capacity`] with the trace's peaks `p` already computed.
 fn default_capacity_from(trace: &Trace, dev: &DeviceTrace, p: &Peaks) -> Result<Capacity, ReplayError> {
-    let c = capacity_from_peaks(trace, dev, p).map_err(|e| ReplayError::Config(e.to_string()))?;
+    let c = capacity_from_peaks(trace, dev, p).map_err(Refusal::NoCapacity)?;
     let c = match c.source {
         CapacitySource::PeakReserved => {
             let gib = 1u64 << 30;

@@ -1,6 +1,6 @@
 //! PyTorch snapshots: seeding the caching model with the state before the first event.
 
-use super::ReplayError;
+use super::{Refusal, ReplayError};
 use crate::reference::caching::{self, CachingAllocator};
 use crate::reference::Allocation;
 use crate::trace::DeviceTrace;
@@ -25,7 +25,7 @@ pub(crate) struct SeededModel {
 /// # Errors
 /// [`ReplayError::Config`] when the state cannot be seeded at this capacity.
 pub(crate) fn seed_caching(dev: &DeviceTrace, model: &CachingAllocator) -> Result<SeededModel, ReplayError> {
-    let seeded = caching::seed_from_trace(dev, model.config()).map_err(|e| ReplayError::Config(e.to_string()))?;
+    let seeded = caching::seed_from_trace(dev, model.config()).map_err(Refusal::Seed)?;
     let recorded = caching::RecordedSegments::new(dev, &seeded);
     let mut unplaced = seeded.unplaced;
     unplaced.sort_by_key(|&i| dev.initial_blocks[i].addr);
