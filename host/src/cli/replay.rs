@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use gpuheap::backend::Backend;
 use gpuheap::reference::StrategyKind;
 use gpuheap::replay::plot::{self, PlotFormat};
-use gpuheap::replay::{self, CompactPolicy, MeasureOutcome, ReplayOptions, ReplayReport};
+use gpuheap::replay::{self, CompactPolicy, ReplayOptions, ReplayReport};
 use gpuheap::trace::{read_trace, DeviceTrace, Trace};
-use gpuheap::units::{self, fmt_bytes, fmt_ns, fmt_rate, pct};
+use gpuheap::units;
 
 use super::{BackendArgs, CliError};
 
@@ -322,197 +322,11 @@ pub fn run(a: &Args) -> Result<(), CliError> {
         } else {
             String::new()
         };
-        print!("{}", table(&report, &note));
+        print!("{}", report.render_text(&note));
     }
     Ok(())
 }
 
 pub(crate) fn file_name(p: &Path) -> String {
     p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
-}
-
-fn ev(e: Option<usize>) -> String {
-    e.map_or_else(|| "start".to_string(), |i| i.to_string())
-}
-
-/// One line per compaction.
-pub(crate) fn compaction_lines(r: &ReplayReport) -> String {
-    let mut s = String::new();
-    for c in &r.compactions {
-        s += &format!(
-            "  event {:>7} {:<9} planned {} in {} of {} units; F_ext {:.3} -> {:.3}; reserved {} -> {}",
-            c.event,
-            c.trigger,
-            fmt_bytes(c.planned_bytes_moved),
-            c.planned_units_moved,
-            c.units,
-            c.external_before,
-            c.external_after,
-            fmt_bytes(c.footprint_before),
-            fmt_bytes(c.footprint_after)
-        );
-        if let Some(ok) = c.retry_succeeded {
-            s += if ok { "; retry succeeded" } else { "; retry failed" };
-        }
-        s += "\n";
-        match &c.measurement {
-            MeasureOutcome::Measured(m) => {
-                let scale = if m.scaled_by == 1 {
-                    "full size".to_string()
-                } else {
-                    format!("scaled image 1/{} (figures are the scaled image's)", m.scaled_by)
-                };
-                s += &format!(
-                    "    measured on {}, {scale}: {} moved in {} blocks, kernel {} (plan {}, move {}){}; \
-                     layout = reference plan, bytes checked\n",
-                    m.backend,
-                    fmt_bytes(m.bytes_moved),
-                    m.blocks_moved,
-                    fmt_ns(m.kernel_ns),
-                    fmt_ns(m.plan_ns),
-                    fmt_ns(m.move_ns),
-                    fmt_rate(m.bytes_moved, m.kernel_ns)
-                );
-            }
-            MeasureOutcome::NotMeasured { reason } => s += &format!("    not measured: {reason}\n"),
-        }
-    }
-    s
-}
-
-/// The summary table of one replay; `strategy_note` follows the strategy's name (why it was chosen).
-pub fn table(r: &ReplayReport, strategy_note: &str) -> String {
-    let mut s = String::new();
-    s += &format!("trace          {} ({}), device {}\n", r.trace, r.format, r.device);
-    s += &format!(
-        "strategy       {}{strategy_note}\ncapacity       {} ({}), requests aligned to {} B ({}), compaction {}\n",
-        r.strategy,
-        fmt_bytes(r.capacity.bytes),
-        r.capacity.describe(),
-        r.align,
-        r.align_source,
-        r.policy
-    );
-    s += &format!(
-        "events         {} ({} alloc, {} free_completed, {} free_requested) after {} initial blocks\n",
-        r.events, r.allocs, r.frees, r.free_requests, r.initial_blocks
-    );
-    s += &format!(
-        "replay speed   {:.2} M events/s ({} for the event loop; reading excluded)\n",
-        r.events_per_s / 1e6,
-        fmt_ns(r.replay_ns)
-    );
-    s += &format!(
-        "peak allocated {}   peak reserved {} (event {})   utilisation {}   Johnstone-Wilson #4 {:.3}\n\n",
-        fmt_bytes(r.peak_allocated),
-        fmt_bytes(r.peak_reserved),
-        ev(r.peak_reserved_event),
-        pct(r.utilisation),
-        r.johnstone_wilson
-    );
-    let (p, e) = (&r.at_peak, &r.at_end);
-    s += &format!(
-        "{:<26}{:>22}{:>22}\n",
-        "",
-        format!("at peak (event {})", ev(p.event)),
-        format!("at end (event {})", ev(e.event))
-    );
-    let rows: [(&str, u64, u64); 9] = [
-        ("allocated (requested)", p.allocated, e.allocated),
-        ("in blocks (rounded)", p.in_use, e.in_use),
-        ("reserved (footprint)", p.footprint, e.footprint),
-        ("reserved-unallocated", p.reserved_unallocated, e.reserved_unallocated),
-        ("  rounding waste", p.rounding_waste, e.rounding_waste),
-        ("  holes", p.holes, e.holes),
-        ("free (all extents)", p.free, e.free),
-        ("largest free extent", p.largest_free, e.largest_free),
-        ("free extents (count)", p.free_blocks, e.free_blocks),
-    ];
-    for (name, a, b) in rows {
-        let f = |x: u64| if name.contains("count") { x.to_string() } else { fmt_bytes(x) };
-        s += &format!("{name:<26}{:>22}{:>22}\n", f(a), f(b));
-    }
-    s += &format!(
-        "{:<26}{:>22}{:>22}\n",
-        "external fragmentation",
-        format!("{:.3} ({})", p.external, p.level),
-        format!("{:.3} ({})", e.external, e.level)
-    );
-    s += &format!("{:<26}{:>22}{:>22}\n\n", "RMS fragmentation", format!("{:.3}", p.rms), format!("{:.3}", e.rms));
-    if let Some(pt) = &r.pytorch {
-        s += &format!(
-            "PyTorch        reserved: {} at start, peak {} (event {}), {} at end ({} segments)",
-            fmt_bytes(pt.initial),
-            fmt_bytes(pt.peak),
-            ev(pt.peak_event),
-            fmt_bytes(pt.end),
-            pt.end_segments
-        );
-        if let (Some(res), Some(n)) = (pt.snapshot_reserved, pt.snapshot_segments) {
-            s += &format!("; snapshot final state {} in {n} segments", fmt_bytes(res));
-        }
-        s += "\n";
-    }
-    if let (Some(c), Some(pt)) = (&r.caching_end, &r.pytorch) {
-        let (pr, ps) = (pt.snapshot_reserved.unwrap_or(pt.end), pt.snapshot_segments.unwrap_or(pt.end_segments));
-        let d = |a: u64, b: u64| if b == 0 { 0.0 } else { (a as f64 - b as f64) / b as f64 * 100.0 };
-        s += &format!(
-            "caching model  at end {} in {} segments ({} seeded): {:+.2} % reserved, {:+.2} % segments vs the snapshot\n",
-            fmt_bytes(c.reserved),
-            c.segments,
-            c.seeded_segments,
-            d(c.reserved, pr),
-            d(c.segments, ps)
-        );
-    }
-    let count = |c: &str| r.failed.iter().filter(|f| f.class == c).count();
-    s += &format!(
-        "failed         {} requests ({} capacity, {} fragmentation, {} rejected)\n",
-        r.failed.len(),
-        count("capacity"),
-        count("fragmentation"),
-        count("rejected")
-    );
-    for f in r.failed.iter().take(10) {
-        s += &format!(
-            "  event {:>7}  {:>12}  {:<13} (free {}, largest free {})\n",
-            ev(f.event),
-            fmt_bytes(f.size),
-            f.class,
-            fmt_bytes(f.free),
-            fmt_bytes(f.largest_free)
-        );
-    }
-    if r.failed.len() > 10 {
-        s += &format!("  ... {} more (all in --json)\n", r.failed.len() - 10);
-    }
-    s += &tier_lines(r);
-    s += &format!("compactions    {}\n", r.compactions.len());
-    s += &compaction_lines(r);
-    s
-}
-
-/// The tiered strategy's per-tier lines (empty for the other strategies).
-pub(crate) fn tier_lines(r: &ReplayReport) -> String {
-    let Some(tiers) = &r.tiers else { return String::new() };
-    let mut s =
-        format!("tiers of {}    requests (failed), requested bytes, peak live, internal fragmentation\n", r.strategy);
-    for t in tiers {
-        let range = if t.max_size == u64::MAX {
-            format!(">= {}", fmt_bytes(t.min_size))
-        } else {
-            format!("{}..{}", fmt_bytes(t.min_size), fmt_bytes(t.max_size))
-        };
-        s += &format!(
-            "  {:<7}{:<26}{:>9} ({}){:>14}{:>14}{:>8.3}\n",
-            t.tier,
-            range,
-            t.requests,
-            t.failed,
-            fmt_bytes(t.requested_bytes),
-            fmt_bytes(t.peak_live),
-            t.internal_fragmentation
-        );
-    }
-    s
 }

@@ -59,7 +59,8 @@
 //! host strategy or the caching model (`strategy`, [`replay`]) and the device heap on a backend
 //! ([`device`], [`replay_device`]). [`options`] holds the options and the request rounding rule,
 //! [`capacity`] the one default-capacity rule, [`mod@compare`] every contender over one trace,
-//! `seeding` the caching model seeded from a snapshot, [`report`] the report types.
+//! `seeding` the caching model seeded from a snapshot, [`report`] the report types and `render` their
+//! text pages ([`ReplayReport::render_text`], [`compare::Comparison::render_text`]).
 
 use crate::backend::Backend;
 #[allow(unused_imports)] // Named in the module docs.
@@ -75,6 +76,7 @@ pub mod materialize;
 pub mod options;
 #[cfg(feature = "cli")]
 pub mod plot;
+pub(crate) mod render;
 pub mod report;
 mod seeding;
 mod strategy;
