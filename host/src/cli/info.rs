@@ -9,16 +9,17 @@
 //! GPU is a run-time error (exit 1), as in the other commands; `auto` reports the GPU when there is a
 //! driver and says that kernels run on the CPU otherwise (exit 0).
 
-use gpuheap::backend::gpu::driver_present;
-use gpuheap::backend::GpuBackend;
-use gpuheap::BackendChoice;
+use crate::backend::gpu::driver_present;
+use crate::backend::GpuBackend;
+use crate::BackendChoice;
 use nvml_wrapper::enum_wrappers::device::Clock;
 use nvml_wrapper::Nvml;
 
-use super::{BackendArgs, CliError};
+use super::args::BackendArgs;
+use crate::Error;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Device index.
     #[arg(long, default_value_t = 0)]
     device: u32,
@@ -41,20 +42,20 @@ pub(crate) fn memory_line(total: u64, used: u64, free: u64) -> String {
     )
 }
 
-pub fn run(a: Args) -> Result<(), CliError> {
-    match gpuheap::ptx::kernels_ptx() {
+pub(crate) fn run(a: Args) -> Result<(), Error> {
+    match crate::ptx::kernels_ptx() {
         Ok(p) => println!("PTX kernels: embedded ({} bytes, loads on sm_80 and newer)", p.len()),
         Err(e) => println!("PTX kernels: {e}"),
     }
     match a.backend.backend {
         BackendChoice::Cpu => {
-            let b = a.backend.backend()?;
+            let b = a.backend.select()?;
             println!("backend cpu: {}", b.describe());
             return Ok(());
         }
         BackendChoice::Gpu => {
             // The same check as every command given `--backend gpu`: an error without a usable GPU.
-            let b = a.backend.backend()?;
+            let b = a.backend.select()?;
             println!("backend gpu: {}", b.describe());
         }
         BackendChoice::Auto => {
@@ -65,12 +66,12 @@ pub fn run(a: Args) -> Result<(), CliError> {
         }
     }
     match Nvml::init() {
-        Ok(nvml) => nvml_report(&nvml, a.device).map_err(|e| CliError::Runtime(format!("NVML: {e}")))?,
+        Ok(nvml) => nvml_report(&nvml, a.device).map_err(|e| Error::runtime(format!("NVML: {e}")))?,
         Err(e) => {
             println!("NVML unavailable ({e}); the driver's own figures:");
             match GpuBackend::new(a.device as usize) {
                 Ok(g) => {
-                    let (free, total) = g.mem_info().map_err(|e| CliError::Runtime(e.to_string()))?;
+                    let (free, total) = g.mem_info().map_err(Error::runtime)?;
                     let (free, total) = (free as u64, total as u64);
                     println!("device {}: {}", a.device, g.name());
                     println!("{}", memory_line(total, total.saturating_sub(free), free));

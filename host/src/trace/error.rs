@@ -14,7 +14,7 @@ pub enum Location {
     /// 1-based line of a text file.
     Line(u64),
     /// Event `index` of device `device` (0-based index into `device_traces[device]` and into
-    /// [`DeviceTrace::events`]); `field` names the offending key, if any.
+    /// [`DeviceTrace::events`](super::DeviceTrace::events)); `field` names the offending key, if any.
     Event {
         /// Device ordinal.
         device: i64,

@@ -99,7 +99,7 @@ pub struct TuneReport {
     /// Replays run in total.
     pub replays: usize,
     /// Options of the snapshot's own settings that the caching model does not implement or that have no
-    /// effect as recorded ([`CachingConfig::from_settings`]): the snapshot's own row replays without them.
+    /// effect as recorded ([`crate::reference::CachingConfig::from_settings`]): the snapshot's own row replays without them.
     pub warnings: Vec<ConfigWarning>,
 }
 

@@ -8,7 +8,9 @@ use crate::reference::StrategyKind;
 use crate::replay::{self, CompactPolicy, ReplayError, ReplayOptions, ReplayReport};
 use crate::trace::{DeviceTrace, Trace};
 
-/// The trace one row of the search replays (see the [module docs](self)).
+/// The trace one row of the search replays: the recorded OOM requests tried where they failed
+/// ([`crate::explain::with_oom_requests`]), events numbered as in the file through [`RowTrace::map`],
+/// and for PyTorch rows the row's settings in place of the snapshot's.
 #[derive(Clone, Debug)]
 pub struct RowTrace {
     /// The device's trace with the OOM requests tried, and the row's settings for a PyTorch row.

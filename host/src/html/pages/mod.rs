@@ -1,4 +1,4 @@
-//! The pages of the reports: an [`HtmlReport`] built from a replay ([`replay_page`]), a comparison
+//! The pages of the reports: an [`HtmlReport`](crate::html::HtmlReport) built from a replay ([`replay_page`]), a comparison
 //! ([`compare_page`]), an explanation ([`explain_page`]) or a settings search ([`tune_page`]). The CLI's
 //! `--html FILE` and the Python package's notebook view (`_repr_html_`) render the same pages.
 //!
