@@ -24,6 +24,7 @@ use std::sync::Arc;
 use crate::trace::{self, Trace, TraceFormat};
 use crate::Error;
 
+pub mod machine;
 pub mod options;
 mod run;
 
