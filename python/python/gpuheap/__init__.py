@@ -133,6 +133,19 @@ def _device_arg(v: Optional[int]) -> Optional[int]:
     return v
 
 
+def _replay_args(capacity, align, tiers, compact, backend, device, materialize_limit) -> dict:  # noqa: ANN001
+    """The keyword arguments :func:`replay` and :func:`compare` share, type-checked for the native module."""
+    return {
+        "capacity": _bytes_arg("capacity", capacity),
+        "align": _bytes_arg("align", align),
+        "tiers": _tiers_arg(tiers),
+        "compact": _str_arg("compact", compact),
+        "backend": None if backend is None else _str_arg("backend", backend),
+        "device": _device_arg(device),
+        "materialize_limit": _bytes_arg("materialize_limit", materialize_limit),
+    }
+
+
 def strategies() -> list[str]:
     """The strategy names :func:`replay` accepts: ``first-fit``, ``best-fit``, ``buddy``, ``tlsf``,
     ``slab``, ``tiered`` and ``caching`` (the model of PyTorch's caching allocator)."""
@@ -184,17 +197,8 @@ def replay(
             use.
         BackendError: a compaction kernel or its check failed, or ``backend="gpu"`` without a GPU.
     """
-    out = _gpuheap.replay(
-        load(snapshot),
-        _str_arg("strategy", strategy),
-        capacity=_bytes_arg("capacity", capacity),
-        align=_bytes_arg("align", align),
-        tiers=_tiers_arg(tiers),
-        compact=_str_arg("compact", compact),
-        backend=None if backend is None else _str_arg("backend", backend),
-        device=_device_arg(device),
-        materialize_limit=_bytes_arg("materialize_limit", materialize_limit),
-    )
+    common = _replay_args(capacity, align, tiers, compact, backend, device, materialize_limit)
+    out = _gpuheap.replay(load(snapshot), _str_arg("strategy", strategy), **common)
     return ReplayReport(json.loads(out.json), out.text, out.html)
 
 
@@ -225,17 +229,8 @@ def compare(
         TraceError, ConfigError, BackendError: as for :func:`replay`; ConfigError also when no
         strategy at all can run.
     """
-    out = _gpuheap.compare(
-        load(snapshot),
-        capacity=_bytes_arg("capacity", capacity),
-        align=_bytes_arg("align", align),
-        tiers=_tiers_arg(tiers),
-        compact=_str_arg("compact", compact),
-        backend=None if backend is None else _str_arg("backend", backend),
-        device=_device_arg(device),
-        materialize_limit=_bytes_arg("materialize_limit", materialize_limit),
-        device_heap_limit=_bytes_arg("device_heap_limit", device_heap_limit),
-    )
+    common = _replay_args(capacity, align, tiers, compact, backend, device, materialize_limit)
+    out = _gpuheap.compare(load(snapshot), **common, device_heap_limit=_bytes_arg("device_heap_limit", device_heap_limit))
     return Comparison(json.loads(out.json), out.text, out.html)
 
 
