@@ -110,6 +110,7 @@ impl ReservedTracker {
 /// The demand and reserved peaks of a device (bytes, 128-bit sums), with the events after which they are
 /// reached (`None`: before the first event).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Peaks {
     /// Highest live requested bytes (for a snapshot without events, its final state's).
     pub allocated: u128,
