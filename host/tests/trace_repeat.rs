@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use common::pickle::{pickle, V};
 use gpuheap::reference::caching::{capacity_at_oom, config_for_trace, fidelity, Fidelity};
-use gpuheap::replay::pytorch_series;
+use gpuheap::facts::pytorch_series;
 use gpuheap::trace::repeat::{Repeat, RepeatError, RepeatOptions};
 use gpuheap::trace::{parse_trace, read_trace_and_bytes, validate, AddressKind, DeviceTrace, EventKind, Trace};
 

@@ -213,18 +213,30 @@ pub fn default_traces() -> Vec<PathBuf> {
     v
 }
 
+/// Why [`trace_layout`] has no layout for a file. `Display` is one line naming it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceLayoutError {
+    /// The file cannot be read as a trace.
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
+    /// It records no segments.
+    #[error("{}: no snapshot segments (not a PyTorch snapshot with a final state)", .0.display())]
+    NoSegments(PathBuf),
+}
+
 /// The layout of the final state recorded in the PyTorch snapshot at `path` (every device's segments),
 /// compacted as `mode` says, scaled to at most `limit` bytes (see the [module docs](self)).
 ///
 /// # Errors
-/// A one-line message when the file cannot be read, is not a PyTorch snapshot with a final state, or has
+/// [`TraceLayoutError`] when the file cannot be read, is not a PyTorch snapshot with a final state, or has
 /// no segments.
-pub fn trace_layout(path: &Path, limit: u64, mode: TraceMode) -> Result<TraceLayout, String> {
-    let trace = read_trace(path).map_err(|e| e.to_string())?;
+pub fn trace_layout(path: &Path, limit: u64, mode: TraceMode) -> Result<TraceLayout, TraceLayoutError> {
+    let trace = read_trace(path)?;
     let mut segs: Vec<_> =
         trace.devices.iter().filter_map(|d| d.final_state.as_ref()).flat_map(|f| &f.segments).collect();
     if segs.is_empty() {
-        return Err(format!("{}: no snapshot segments (not a PyTorch snapshot with a final state)", path.display()));
+        return Err(TraceLayoutError::NoSegments(path.to_path_buf()));
     }
     segs.sort_by_key(|s| s.addr);
     let full_bytes: u64 = segs.iter().map(|s| s.size).sum();
@@ -475,7 +487,7 @@ pub fn run(
             match trace_layout(t, trace_limit(backend, quick), mode) {
                 Ok(l) => rows.push(measure_trace(backend, &mut compactor, &l, reps)?),
                 Err(e) => {
-                    trace_notes.push(e);
+                    trace_notes.push(e.to_string());
                     break;
                 }
             }

@@ -1,13 +1,15 @@
 //! `gpuheap bench launch-limit [--json] [--blocks LIST]`: the launch-limit probe
-//! ([`gpuheap::bench::launch`]), GPU backend only.
+//! ([`crate::bench::launch`]), GPU backend only.
 
-use gpuheap::bench::launch;
+use crate::bench::launch;
+use crate::backend::BackendError;
 
-use super::{backend_error, BackendArgs, CliError};
+use super::args::BackendArgs;
+use crate::Error;
 
 /// Arguments of `gpuheap bench launch-limit`.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Print the rows as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -24,20 +26,21 @@ pub struct Args {
 /// # Errors
 /// No GPU (exit code 1); a row where gpuheap's check and the driver disagree (exit code 1, after
 /// the table).
-pub fn run(a: &Args) -> Result<(), CliError> {
-    let backend = a.backend.backend()?;
+pub(crate) fn run(a: &Args) -> Result<(), Error> {
+    let backend = a.backend.select()?;
     let rows = launch::run(&backend, &a.blocks).map_err(|e| match e {
-        gpuheap::BackendError::InvalidArgument(m) => CliError::Runtime(m),
-        e => backend_error(e),
+        // Here the probe's own refusal (no GPU), not an option: a run-time failure.
+        e @ BackendError::InvalidArgument(_) => Error::runtime(e),
+        e => e.into(),
     })?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| CliError::Runtime(e.to_string()))?);
+        println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| Error::internal(e.to_string()))?);
     } else {
         println!("gpuheap bench launch-limit on {}\n", backend.describe());
         print!("{}", launch::table(&rows));
     }
     if let Some(r) = rows.iter().find(|r| !r.agree) {
-        return Err(CliError::Runtime(format!(
+        return Err(Error::runtime(format!(
             "{} at {} threads: gpuheap's launch check says {:?}, the driver {:?}",
             r.kernel, r.block, r.checked, r.driver
         )));

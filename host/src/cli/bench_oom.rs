@@ -1,13 +1,14 @@
 //! `gpuheap bench oom [--json] [--backend B] [--sizes LIST] [--threads-log2 LIST] [--reps N]`: the
-//! out-of-memory latency probe ([`gpuheap::bench::oom`]).
+//! out-of-memory latency probe ([`crate::bench::oom`]).
 
-use gpuheap::bench::oom::{self, OomConfig};
+use crate::bench::oom::{self, OomConfig};
 
-use super::{backend_error, BackendArgs, CliError};
+use super::args::BackendArgs;
+use crate::Error;
 
 /// Arguments of `gpuheap bench oom`.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Print the report as JSON (after the table's rows, which stream as they finish, on stderr).
     #[arg(long)]
     pub json: bool,
@@ -29,8 +30,8 @@ pub struct Args {
 ///
 /// # Errors
 /// An option the probe cannot run (exit code 2); backend failures (exit code 1).
-pub fn run(a: &Args) -> Result<(), CliError> {
-    let backend = a.backend.backend()?;
+pub(crate) fn run(a: &Args) -> Result<(), Error> {
+    let backend = a.backend.select()?;
     let mut cfg = OomConfig::for_backend(&backend);
     if !a.sizes.is_empty() {
         cfg.sizes = a.sizes.clone();
@@ -41,7 +42,7 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     if let Some(r) = a.reps {
         cfg.reps = r;
     }
-    cfg.validate().map_err(|e| CliError::Input(e.to_string()))?;
+    cfg.validate().map_err(|e| Error::input(e.to_string()))?;
     let head = format!("gpuheap bench oom on {}: a {} B heap run dry, then one launch of failing requests", backend.describe(), oom::POOL_BYTES);
     // Rows go out as they finish, so a run stopped by a time limit keeps them.
     let (json, progress_to_stdout) = (a.json, !a.json);
@@ -49,9 +50,9 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     say(&head);
     say("");
     say(oom::TABLE_HEADER);
-    let report = oom::run(&backend, &cfg, |r| say(&oom::row_line(r))).map_err(backend_error)?;
+    let report = oom::run(&backend, &cfg, |r| say(&oom::row_line(r)))?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| CliError::Runtime(e.to_string()))?);
+        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?);
     }
     Ok(())
 }

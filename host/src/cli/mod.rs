@@ -1,8 +1,17 @@
-//! Command-line interface: one module per subcommand.
+//! The command line (feature `cli`): the arguments of each command, mapped onto the front door
+//! ([`crate::app`]: `replay`, `compare`, `explain`, `tune`) or onto the kernel and benchmark suites
+//! (`info`, `check`, `bench`), and the outputs written. [`main`] is the whole program: the `gpuheap`
+//! binary (`host/src/main.rs`) is one call of it, so any other launcher (a Python console command)
+//! prints the same `--help` and behaves the same.
 //!
-//! Exit codes: 0 success; 1 a run-time failure (a kernel, the driver, a
-//! failed self-check); 2 bad input or usage (clap's own usage errors are 2 too).
+//! One file per command (argument mapping only; no command uses another); `args` holds the arguments
+//! that several commands share, `output` the checks and atomic writes of output files, `progress`
+//! the notes and progress bars on stderr.
+//!
+//! Exit codes: 0 success; 1 a run-time failure (a kernel, the driver, a failed self-check); 2 bad
+//! input or usage (clap's own usage errors are 2 too): [`crate::Error::exit_code`].
 
+mod args;
 mod bench_alloc;
 mod bench_compact;
 mod bench_launch;
@@ -10,17 +19,17 @@ mod bench_oom;
 mod check;
 mod compare;
 mod explain;
-mod html;
 mod info;
-mod kernels;
+mod output;
+mod progress;
 mod replay;
 mod trace;
 mod tune;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use gpuheap::backend::{Backend, BackendChoice};
 
 /// gpuheap: GPU memory allocation, compaction and fragmentation analysis.
 #[derive(Parser)]
@@ -69,41 +78,19 @@ enum Bench {
     LaunchLimit(bench_launch::Args),
 }
 
-/// Options shared by every command that runs kernels.
-#[derive(clap::Args, Clone, Copy, Debug)]
-pub struct BackendArgs {
-    /// Where kernels run: auto (the GPU when usable), cpu or gpu.
-    #[arg(long, value_enum, env = "GPUHEAP_BACKEND", default_value = "auto")]
-    pub backend: BackendChoice,
-}
-
-impl BackendArgs {
-    /// The selected backend (an error for `gpu` without a usable GPU).
-    pub fn backend(&self) -> Result<Backend, CliError> {
-        Backend::select(self.backend).map_err(|e| CliError::Runtime(e.to_string()))
-    }
-}
-
-/// A backend error as a command's failure: an invalid argument (a size, count or tuning that the
-/// options gave) is bad input (exit 2), anything else a run-time failure (exit 1).
-pub fn backend_error(e: gpuheap::BackendError) -> CliError {
-    match e {
-        gpuheap::BackendError::InvalidArgument(_) => CliError::Input(e.to_string()),
-        e => CliError::Runtime(e.to_string()),
-    }
-}
-
-/// A command's failure, mapped to the exit code.
-#[derive(Debug)]
-pub enum CliError {
-    /// Bad input: exit code 2.
-    Input(String),
-    /// Run-time failure: exit code 1.
-    Runtime(String),
-}
-
-pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// Runs the command line `args` (the program name first, as [`std::env::args_os`] gives them): parses
+/// them, runs the command, and writes its output on stdout and any error as one line on stderr.
+/// Returns the exit code (see the [module docs](self)).
+pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            // Usage errors on stderr (exit 2), `--help` and `--version` on stdout (exit 0), as clap's
+            // own `parse` does.
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
     let r = match cli.command {
         Command::Info(a) => info::run(a),
         Command::Check(a) => check::run(a),
@@ -119,13 +106,9 @@ pub fn main() -> ExitCode {
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(CliError::Input(m)) => {
-            eprintln!("gpuheap: error: {m}");
-            ExitCode::from(2)
-        }
-        Err(CliError::Runtime(m)) => {
-            eprintln!("gpuheap: error: {m}");
-            ExitCode::from(1)
+        Err(e) => {
+            eprintln!("gpuheap: error: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `gpuheap trace ...`: commands that make trace files.
 //!
 //! `gpuheap trace repeat IN OUT --steps N [--gap-us G]` writes a PyTorch memory snapshot that repeats IN's
-//! history N times as a run of N steps would record it ([`gpuheap::trace::repeat`] says what that means
+//! history N times as a run of N steps would record it ([`crate::trace::repeat`] says what that means
 //! and which histories are refused). The file is written to a temporary file in OUT's folder, read back
 //! and checked ([`Repeat::verify`]), then renamed to OUT, so an error never leaves a partial or
 //! inconsistent file. One line on stdout says what was written.
@@ -12,14 +12,14 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use gpuheap::trace::read_trace_and_bytes;
-use gpuheap::trace::repeat::{Repeat, RepeatOptions};
-
-use super::CliError;
+use super::output;
+use crate::trace::read_trace_and_bytes;
+use crate::trace::repeat::{Repeat, RepeatOptions};
+use crate::Error;
 
 /// The `trace` subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Writes a PyTorch snapshot that repeats IN's history N times, as a run of N identical steps records
     /// it: same addresses and frames, times shifted per step, the step's leftovers freed between steps.
     Repeat(RepeatArgs),
@@ -27,7 +27,7 @@ pub enum Command {
 
 /// Arguments of `gpuheap trace repeat`.
 #[derive(Debug, clap::Args)]
-pub struct RepeatArgs {
+pub(crate) struct RepeatArgs {
     /// The PyTorch memory snapshot to repeat (`torch.cuda.memory._dump_snapshot`).
     pub input: PathBuf,
     /// The snapshot to write (replaced if it exists; never the input).
@@ -41,53 +41,29 @@ pub struct RepeatArgs {
 }
 
 /// Runs a `trace` subcommand.
-pub fn run(c: &Command) -> Result<(), CliError> {
+pub(crate) fn run(c: &Command) -> Result<(), Error> {
     match c {
         Command::Repeat(a) => repeat(a),
     }
 }
 
-fn repeat(a: &RepeatArgs) -> Result<(), CliError> {
-    super::replay::check_output(&a.output, &a.input)?;
-    let (trace, bytes) = read_trace_and_bytes(&a.input).map_err(|e| CliError::Input(e.to_string()))?;
-    let plan = Repeat::new(&trace, &bytes, RepeatOptions { steps: a.steps, gap_us: a.gap_us })
-        .map_err(|e| CliError::Input(e.to_string()))?;
+fn repeat(a: &RepeatArgs) -> Result<(), Error> {
+    output::check_output(&a.output, &a.input)?;
+    let (trace, bytes) = read_trace_and_bytes(&a.input)?;
+    let plan = Repeat::new(&trace, &bytes, RepeatOptions { steps: a.steps, gap_us: a.gap_us })?;
     let out = &a.output;
     let mut size = 0;
-    super::replay::write_atomically(out, |tmp| {
-        let cannot = |e: std::io::Error| format!("{}: cannot write: {e}", out.display());
+    output::write_atomically(out, |tmp| {
+        let cannot = |e: std::io::Error| Error::runtime(format!("{}: cannot write: {e}", out.display()));
         let file = std::fs::File::create(tmp).map_err(cannot)?;
         let mut file = plan.write_to(std::io::BufWriter::new(file)).map_err(cannot)?;
         file.flush().map_err(cannot)?;
         drop(file);
         let written = std::fs::read(tmp).map_err(cannot)?;
         size = written.len();
-        plan.verify(tmp, &written).map_err(|e| format!("{}: not written: {e} (a bug; please report it)", out.display()))
+        plan.verify(tmp, &written)
+            .map_err(|e| Error::internal(format!("{}: not written: {e} (a bug; please report it)", out.display())))
     })?;
-    let devices: Vec<String> = plan
-        .devices()
-        .map(|d| {
-            let frees = d.boundary.iter().filter(|b| b.kind != gpuheap::trace::EventKind::SegmentFree).count();
-            format!(
-                "device {}: {} → {} events, {} block and {} segment frees between steps{}",
-                d.device,
-                d.events_in,
-                d.events_out,
-                frees,
-                d.boundary.len() - frees,
-                if d.dropped > 0 {
-                    format!(", {} segment frees in the first step only", d.dropped)
-                } else {
-                    String::new()
-                }
-            )
-        })
-        .collect();
-    let period = plan.period_us().map_or_else(|| "no times".to_string(), |p| format!("a step every {p} µs"));
-    let steps = match plan.steps() {
-        1 => "1 step".to_string(),
-        n => format!("{n} steps"),
-    };
-    println!("{}: {steps} of {} ({period}; {}), {} bytes", out.display(), a.input.display(), devices.join("; "), size);
+    println!("{}", plan.summary(&a.input, out, size));
     Ok(())
 }

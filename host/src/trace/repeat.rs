@@ -56,8 +56,8 @@ use std::collections::HashMap;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use super::pickle::{self, Node, NodeId, Pickle};
-use super::pickle_write::{CopyError, MemoRef, NodeCopier, PickleWriter};
+use super::pytorch::pickle::{self, Node, NodeId, Pickle};
+use super::pytorch::pickle_write::{CopyError, MemoRef, NodeCopier, PickleWriter};
 use super::{parse_trace, DeviceTrace, EventKind, Trace, TraceError, TraceFormat};
 
 /// Options of [`Repeat::new`].
@@ -407,6 +407,37 @@ impl<'t, 'a> Repeat<'t, 'a> {
     /// The shift of one step, µs (`None` when the events have no times).
     pub fn period_us(&self) -> Option<i64> {
         self.period
+    }
+
+    /// One line saying what was written: `output` (of `bytes` bytes) repeats `input` this many steps,
+    /// with the step period and per device the events in and out and the frees written between steps.
+    /// `gpuheap trace repeat` prints it.
+    pub fn summary(&self, input: &Path, output: &Path, bytes: usize) -> String {
+        let devices: Vec<String> = self
+            .devices()
+            .map(|d| {
+                let frees = d.boundary.iter().filter(|b| b.kind != EventKind::SegmentFree).count();
+                format!(
+                    "device {}: {} → {} events, {} block and {} segment frees between steps{}",
+                    d.device,
+                    d.events_in,
+                    d.events_out,
+                    frees,
+                    d.boundary.len() - frees,
+                    if d.dropped > 0 {
+                        format!(", {} segment frees in the first step only", d.dropped)
+                    } else {
+                        String::new()
+                    }
+                )
+            })
+            .collect();
+        let period = self.period_us().map_or_else(|| "no times".to_string(), |p| format!("a step every {p} µs"));
+        let steps = match self.steps() {
+            1 => "1 step".to_string(),
+            n => format!("{n} steps"),
+        };
+        format!("{}: {steps} of {} ({period}; {}), {bytes} bytes", output.display(), input.display(), devices.join("; "))
     }
 
     fn annotations(&self) -> Option<&[NodeId]> {

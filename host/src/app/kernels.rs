@@ -1,47 +1,56 @@
-//! `gpuheap info --kernels`: gpuheap's PTX module as the driver loaded it: the load and JIT time,
+//! The kernels part of `gpuheap info --kernels` ([`write_kernels`]): gpuheap's PTX module as the driver loaded it: the load and JIT time,
 //! the JIT's log, and per kernel the registers, local, static shared and constant memory, the
 //! largest block (the driver's figure and the occupancy arithmetic's), and the resident blocks per
 //! SM at the project's 256-thread launches (the driver's `cuOccupancyMaxActiveBlocksPerMultiprocessor`
 //! and the arithmetic's); then the compaction grid that follows from it.
 
-use gpuheap::backend::{Backend, GpuBackend};
-use gpuheap::compaction::CompactTuning;
+use std::io::Write;
+
 use gpuheap_kernels::compact::mover::MOVE;
 
-use super::CliError;
+use crate::backend::{Backend, GpuBackend};
+use crate::compaction::CompactTuning;
+use crate::Error;
+
+/// `writeln!` to the report, a failed write a run-time failure.
+macro_rules! w {
+    ($out:expr, $($arg:tt)*) => {
+        writeln!($out, $($arg)*).map_err(|e| Error::runtime(format!("cannot write the report: {e}")))?
+    };
+}
 
 /// Threads per block of the occupancy columns (the heap's and the compaction's launches).
 const BLOCK: u32 = 256;
 
-/// Prints the report for the GPU backend `b`; on the CPU backend says that there is nothing to load.
+/// Writes the report for the GPU backend `b` to `out`; on the CPU backend says that there is nothing to load.
 ///
 /// # Errors
 /// A module the driver refused (with its JIT log) or a failing driver query (exit code 1).
-pub fn report(b: &Backend) -> Result<(), CliError> {
+pub fn write_kernels(out: &mut dyn Write, b: &Backend) -> Result<(), Error> {
     let Backend::Gpu(g) = b else {
-        println!("kernels: the CPU backend runs the kernel bodies natively; registers, occupancy and the JIT log are GPU facts");
+        w!(out, "kernels: the CPU backend runs the kernel bodies natively; registers, occupancy and the JIT log are GPU facts");
         return Ok(());
     };
-    let rt = |e: gpuheap::BackendError| CliError::Runtime(e.to_string());
+    let rt = |e: crate::backend::BackendError| Error::runtime(e);
     let m = g.builtin().map_err(rt)?;
     let l = m.load_info();
-    println!(
+    w!(out, 
         "PTX module: {} bytes, loaded in {:.1} ms (the JIT's own time {:.1} ms)",
         l.ptx_bytes,
         l.load_time.as_secs_f64() * 1e3,
         l.jit_ms
     );
     if l.info_log.is_empty() {
-        println!("JIT log: (empty)");
+        w!(out, "JIT log: (empty)");
     } else {
-        println!("JIT log:");
+        w!(out, "JIT log:");
         for line in l.info_log.lines() {
-            println!("    {line}");
+            w!(out, "    {line}");
         }
     }
     let arch = g.arch().map_err(rt)?;
     let sms = g.sm_count().map_err(rt)?;
-    println!(
+    w!(out, 
         "\n{} SMs, compute capability {}.{}: {} registers per SM, {} threads, {} blocks, {} B shared memory per SM\n",
         sms,
         arch.compute_capability.0,
@@ -52,17 +61,17 @@ pub fn report(b: &Backend) -> Result<(), CliError> {
         arch.shared_per_sm
     );
     let tuning = CompactTuning::for_backend(b);
-    println!(
+    w!(out, 
         "| kernel | registers | local B | static shared B | const B | largest block (driver) | largest block (computed) | \
          blocks/SM at {BLOCK} (driver) | blocks/SM at {BLOCK} (computed) | warps/SM | limited by |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    w!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for k in m.kernels() {
         // The move kernel stages one tile per warp in dynamic shared memory.
         let shared = if k.name == MOVE.name() { tuning.shared_bytes() as u32 } else { 0 };
         let driver = m.max_active_blocks(&k.name, BLOCK, shared).map_or_else(|e| e.to_string(), |n| n.to_string());
         let o = arch.occupancy(k.registers, k.static_shared_bytes, BLOCK, shared);
-        println!(
+        w!(out, 
             "| {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:?} |",
             k.name,
             if shared > 0 { format!(" (+{shared} B dynamic)") } else { String::new() },
@@ -78,22 +87,22 @@ pub fn report(b: &Backend) -> Result<(), CliError> {
             o.limited_by
         );
     }
-    println!(
+    w!(out, 
         "\ncompaction: {} threads per block, move/copy grid {} blocks, plan grid {} blocks (resident blocks per SM x {sms} SMs)",
         tuning.block_threads, tuning.grid, tuning.plan_grid
     );
     Ok(())
 }
 
-/// [`report`] for device `device` when the GPU backend is usable, else one line saying why.
+/// [`write_kernels`] for device `device` when the GPU backend is usable, else one line saying why.
 ///
 /// # Errors
-/// As for [`report`].
-pub fn report_device(device: u32) -> Result<(), CliError> {
+/// As for [`write_kernels`].
+pub fn write_kernels_of_device(out: &mut dyn Write, device: u32) -> Result<(), Error> {
     match GpuBackend::new(device as usize) {
-        Ok(g) => report(&Backend::Gpu(g)),
+        Ok(g) => write_kernels(out, &Backend::Gpu(g)),
         Err(e) => {
-            println!("kernels: GPU backend unavailable: {e}");
+            w!(out, "kernels: GPU backend unavailable: {e}");
             Ok(())
         }
     }
