@@ -13,14 +13,17 @@
 //! * [`mod@reference`]: host reference allocators (first-fit, best-fit, buddy,
 //!   TLSF, slab, tiered, PyTorch-style caching) and the reference compaction;
 //! * [`analysis`]: fragmentation metrics and OOM diagnosis;
-//! * [`explain`]: recorded OOMs explained from the trace itself, device and capacity from the
-//!   evidence, and the allocator-settings search ([`explain::tune`]);
+//! * [`facts`]: what a trace records, for every caller: the devices and the one reported, peaks and
+//!   PyTorch's reserved bytes, the GPU's memory from the evidence, the allocator state at a moment;
+//! * [`explain`]: recorded OOMs explained from the trace itself, and the allocator-settings search
+//!   ([`explain::tune`]);
 //! * [`trace`]: allocation trace readers;
 //! * [`replay`]: trace replay through the strategies and the compaction
 //!   kernel, reports and plots;
 //! * [`html`]: self-contained HTML reports (interactive timeline, tables,
 //!   parameters) from a small data model of their own;
-//! * [`mod@bench`]: the suites behind `gpuheap bench`.
+//! * [`mod@bench`]: the suites behind `gpuheap bench`;
+//! * [`units`]: byte counts, durations, percentages and rates as people read and write them.
 #![warn(missing_docs)]
 
 pub mod analysis;
@@ -29,11 +32,13 @@ pub mod bench;
 pub mod compaction;
 pub mod device_heap;
 pub mod explain;
+pub mod facts;
 pub mod html;
 pub mod ops;
 pub mod ptx;
 pub mod reference;
 pub mod replay;
 pub mod trace;
+pub mod units;
 
 pub use backend::{Backend, BackendChoice, BackendError, DeviceBuffer, LaunchConfig, LaunchTiming};

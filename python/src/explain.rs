@@ -8,7 +8,6 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use gpuheap::explain::{self, ExplainError};
-use gpuheap::replay;
 use gpuheap::trace::Trace;
 
 use super::{detached, to_json, ConfigError, Failure, Snapshot};
@@ -16,8 +15,8 @@ use super::{detached, to_json, ConfigError, Failure, Snapshot};
 fn explain_failure(e: ExplainError) -> Failure {
     match e {
         ExplainError::Trace(e) => Failure::Trace(e.to_string()),
-        ExplainError::Input(m) => Failure::Config(m),
         ExplainError::Replay(e) => e.into(),
+        e => Failure::Config(e.to_string()),
     }
 }
 
@@ -31,7 +30,7 @@ fn render_html(r: &gpuheap::html::HtmlReport) -> Result<String, Failure> {
 }
 
 fn opt_bytes(what: &str, s: Option<&str>) -> PyResult<Option<u64>> {
-    s.map(|s| replay::parse_bytes(s).map_err(|e| ConfigError::new_err(format!("{what}: {e}")))).transpose()
+    s.map(|s| gpuheap::units::parse_bytes(s).map_err(|e| ConfigError::new_err(format!("{what}: {e}")))).transpose()
 }
 
 /// `gpuheap explain --json` (with `tune`: the settings search too, as the CLI without `--no-tune`):

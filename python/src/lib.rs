@@ -156,7 +156,7 @@ fn load_bytes(py: Python<'_>, data: &[u8], name: &str) -> PyResult<Snapshot> {
 /// Parses a byte count as the CLI does (`80GiB`, `1.5e9`, `1048576`).
 #[pyfunction]
 fn parse_bytes(s: &str) -> PyResult<u64> {
-    replay::parse_bytes(s).map_err(ConfigError::new_err)
+    gpuheap::units::parse_bytes(s).map_err(|e| ConfigError::new_err(e.to_string()))
 }
 
 /// The options that `replay` and `compare` share with the CLI's `Common` arguments, parsed.
@@ -181,9 +181,9 @@ impl Common {
         device: Option<i64>,
         materialize_limit: Option<&str>,
     ) -> Result<Common, Failure> {
-        let config = |what: &'static str| move |e: String| Failure::Config(format!("{what}: {e}"));
+        let config = |what: &'static str| move |e: gpuheap::units::ParseError| Failure::Config(format!("{what}: {e}"));
         let bytes = |what: &str, s: Option<&str>| {
-            s.map(|s| replay::parse_bytes(s).map_err(|e| Failure::Config(format!("{what}: {e}")))).transpose()
+            s.map(|s| gpuheap::units::parse_bytes(s).map_err(|e| Failure::Config(format!("{what}: {e}")))).transpose()
         };
         let backend = match backend {
             Some(b) => b.parse(),
@@ -192,9 +192,9 @@ impl Common {
         .map_err(|e| Failure::Config(e.to_string()))?;
         Ok(Common {
             capacity: bytes("capacity", capacity)?,
-            align: align.map(replay::parse_align).transpose().map_err(config("align"))?,
-            tiers: tiers.map(replay::parse_tiers).transpose().map_err(config("tiers"))?,
-            policy: compact.parse().map_err(Failure::Config)?,
+            align: align.map(gpuheap::units::parse_align).transpose().map_err(config("align"))?,
+            tiers: tiers.map(gpuheap::units::parse_tiers).transpose().map_err(config("tiers"))?,
+            policy: compact.parse().map_err(|e: replay::PolicyError| Failure::Config(e.to_string()))?,
             backend,
             device,
             materialize_limit: bytes("materialize_limit", materialize_limit)?,
@@ -205,8 +205,9 @@ impl Common {
     /// for, else the one with a recorded OOM, else the one with the most allocation events. A trace
     /// with nothing to report, or a device it lacks, is a `ConfigError` (as in `explain`).
     fn device<'t>(&self, trace: &'t Trace) -> Result<&'t DeviceTrace, Failure> {
-        let summaries = gpuheap::explain::summarize(trace);
-        let choice = gpuheap::explain::choose_device(trace, &summaries, self.device).map_err(Failure::Config)?;
+        let summaries = gpuheap::facts::summarize(trace);
+        let choice = gpuheap::facts::choose_device(trace, &summaries, self.device)
+            .map_err(|e| Failure::Config(e.to_string()))?;
         Ok(&trace.devices[choice.index])
     }
 
@@ -296,7 +297,7 @@ fn compare_json(
     let trace = Arc::clone(&snapshot.trace);
     let common = Common::parse(capacity, align, tiers, compact, backend, device, materialize_limit)?;
     let heap_limit = device_heap_limit
-        .map(|s| replay::parse_bytes(s).map_err(|e| ConfigError::new_err(format!("device_heap_limit: {e}"))))
+        .map(|s| gpuheap::units::parse_bytes(s).map_err(|e| ConfigError::new_err(format!("device_heap_limit: {e}"))))
         .transpose()?;
     detached(py, move || {
         let dev = common.device(&trace)?;

@@ -11,7 +11,8 @@
 
 use gpuheap::reference::StrategyKind;
 use gpuheap::replay::compare::{compare, contenders, CompareOptions, Contender, NotRun};
-use gpuheap::replay::{self, fmt_bytes, MeasureOutcome, ReplayReport};
+use gpuheap::replay::{MeasureOutcome, ReplayReport};
+use gpuheap::units::{self, fmt_bytes};
 
 use super::replay::{self as cli_replay, Common};
 use super::CliError;
@@ -33,8 +34,8 @@ pub struct Args {
     pub verbose: bool,
 }
 
-fn parse_limit(s: &str) -> Result<u64, String> {
-    replay::parse_bytes(s)
+fn parse_limit(s: &str) -> Result<u64, units::ParseError> {
+    units::parse_bytes(s)
 }
 
 /// Runs `gpuheap compare`.
@@ -81,13 +82,13 @@ pub fn run(a: &Args) -> Result<(), CliError> {
     if let Some(p) = &a.common.html {
         let title = format!("{} — all strategies", cli_replay::file_name(&a.trace));
         let not_run: Vec<(String, String)> = not_run.iter().map(|n| (n.strategy.clone(), n.reason.clone())).collect();
-        let page = gpuheap::html::pages::compare_page(&title, &refs, &not_run, gpuheap::replay::demand_peak(dev).1);
+        let page = gpuheap::html::pages::compare_page(&title, &refs, &not_run, gpuheap::facts::demand_peak(dev).1);
         super::html::write(p, &page)?;
     }
     if a.common.json {
         println!("{}", serde_json::to_string_pretty(&cmp).map_err(|e| CliError::Runtime(e.to_string()))?);
     } else {
-        print!("{}", table(reports, not_run, gpuheap::replay::demand_peak(dev).1, a.verbose));
+        print!("{}", table(reports, not_run, gpuheap::facts::demand_peak(dev).1, a.verbose));
     }
     Ok(())
 }
@@ -107,7 +108,7 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose:
         first.events,
         first.initial_blocks,
         fmt_bytes(first.capacity.bytes),
-        first.capacity.source,
+        first.capacity.describe(),
         first.align,
         first.align_source,
         first.policy
@@ -137,7 +138,7 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose:
             r.strategy,
             fmt_bytes(r.peak_allocated),
             fmt_bytes(r.peak_reserved),
-            cli_replay::pct(r.utilisation),
+            units::pct(r.utilisation),
             r.johnstone_wilson,
             failed,
             fmt_bytes(r.at_peak.reserved_unallocated),
@@ -159,7 +160,7 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose:
             "PyTorch (snapshot)",
             fmt_bytes(demand),
             fmt_bytes(pt.peak),
-            cli_replay::pct(util),
+            units::pct(util),
             jw,
             format!("{} oom", pt.ooms),
             "",
@@ -247,7 +248,7 @@ pub fn compaction_summary(r: &ReplayReport) -> String {
         if n == 0 {
             return "0".to_string();
         }
-        format!("{n} ({} in {}{})", fmt_bytes(bytes), cli_replay::fmt_ns(ns), cli_replay::fmt_rate(bytes, ns))
+        format!("{n} ({} in {}{})", fmt_bytes(bytes), units::fmt_ns(ns), units::fmt_rate(bytes, ns))
     };
     let retried = r.compactions.iter().filter(|c| c.retry_succeeded == Some(true)).count();
     let mut s = format!("{} compactions, {} planned", r.compactions.len(), fmt_bytes(planned));

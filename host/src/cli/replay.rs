@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use gpuheap::backend::Backend;
 use gpuheap::reference::StrategyKind;
 use gpuheap::replay::plot::{self, PlotFormat};
-use gpuheap::replay::{self, fmt_bytes, CompactPolicy, MeasureOutcome, ReplayOptions, ReplayReport};
+use gpuheap::replay::{self, CompactPolicy, MeasureOutcome, ReplayOptions, ReplayReport};
 use gpuheap::trace::{read_trace, DeviceTrace, Trace};
+use gpuheap::units::{self, fmt_bytes, fmt_ns, fmt_rate, pct};
 
 use super::{BackendArgs, CliError};
 
@@ -46,12 +47,12 @@ pub struct Common {
     /// Alignment of every request, bytes (a power of two). Default: the format's own: 512 B for PyTorch
     /// snapshots (PyTorch's kMinBlockSize), 1 B for minimalloc CSV (defined at byte granularity), 256 B
     /// for RMM logs (cudaMalloc's alignment). The output states which was used.
-    #[arg(long, value_parser = replay::parse_align)]
+    #[arg(long, value_parser = units::parse_align)]
     pub align: Option<u64>,
     /// Tier thresholds of the tiered strategy, SMALL_MAX,LARGE_MIN (bytes or with units, e.g. 1KiB,1MiB):
     /// requests up to SMALL_MAX go to the slab tier, from LARGE_MIN to the top-down large tier.
     /// Default: 64 KiB and min(10 MiB, capacity/16).
-    #[arg(long, value_parser = replay::parse_tiers)]
+    #[arg(long, value_parser = units::parse_tiers)]
     pub tiers: Option<(u64, u64)>,
     /// Compaction policy: never, on-oom (compact and retry a request that fails for fragmentation) or
     /// threshold=F (compact when a free leaves external fragmentation above F in [0, 1]).
@@ -81,31 +82,28 @@ fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
     s.parse::<StrategyKind>().map_err(|e| e.to_string())
 }
 
-fn parse_bytes_arg(s: &str) -> Result<u64, String> {
-    replay::parse_bytes(s)
+fn parse_bytes_arg(s: &str) -> Result<u64, units::ParseError> {
+    units::parse_bytes(s)
 }
 
 /// A `--capacity`: a byte count (as [`replay::parse_bytes`]) in the range the strategies model,
-/// [`replay::MIN_CAPACITY`] to [`gpuheap::reference::MAX_BYTES`] (2^48 B).
+/// [`gpuheap::facts::MIN_CAPACITY`] to [`gpuheap::reference::MAX_BYTES`] (2^48 B).
 pub(crate) fn parse_capacity(s: &str) -> Result<u64, String> {
-    let (min, max) = (replay::MIN_CAPACITY, gpuheap::reference::MAX_BYTES);
-    match replay::parse_bytes(s)? {
-        c if (min..=max).contains(&c) => Ok(c),
-        c => Err(format!("capacity {c} B is outside [{min} B, 2^48 B], the range the strategies model")),
-    }
+    let c = units::parse_bytes(s).map_err(|e| e.to_string())?;
+    gpuheap::facts::check_capacity(c).map_err(|e| e.to_string())
 }
 
-fn parse_policy(s: &str) -> Result<CompactPolicy, String> {
+fn parse_policy(s: &str) -> Result<CompactPolicy, replay::PolicyError> {
     s.parse()
 }
 
-/// Reads the trace and picks the device ([`gpuheap::explain::choose_device`]: `--device`, else the
+/// Reads the trace and picks the device ([`gpuheap::facts::choose_device`]: `--device`, else the
 /// one with a recorded OOM, else the most allocation events); when the file has other devices, one
 /// line on stderr says which was chosen and how to pick another. Bad input is [`CliError::Input`].
 pub(crate) fn load(path: &Path, device: Option<i64>) -> Result<(Trace, usize), CliError> {
     let trace = read_trace(path).map_err(|e| CliError::Input(e.to_string()))?;
-    let devices = gpuheap::explain::summarize(&trace);
-    let choice = gpuheap::explain::choose_device(&trace, &devices, device).map_err(CliError::Input)?;
+    let devices = gpuheap::facts::summarize(&trace);
+    let choice = gpuheap::facts::choose_device(&trace, &devices, device).map_err(|e| CliError::Input(e.to_string()))?;
     if !choice.others.is_empty() {
         eprint!("{}", super::explain::devices_text(&devices, &choice));
     }
@@ -271,12 +269,7 @@ pub(crate) fn replay_options(common: &Common, strategy: StrategyKind) -> ReplayO
 
 /// A host strategy's replay error with the advice on the CLI's flags added to an invalid configuration.
 pub(crate) fn with_advice(e: replay::ReplayError) -> replay::ReplayError {
-    match e {
-        replay::ReplayError::Config(m) => replay::ReplayError::Config(format!(
-            "{m} (choose another strategy with --strategy, or a larger --capacity)"
-        )),
-        other => other,
-    }
+    e.with_advice("choose another strategy with --strategy, or a larger --capacity")
 }
 
 /// Replays one strategy (`replay`).
@@ -342,26 +335,6 @@ fn ev(e: Option<usize>) -> String {
     e.map_or_else(|| "start".to_string(), |i| i.to_string())
 }
 
-pub(crate) fn pct(x: f64) -> String {
-    format!("{:.1} %", x * 100.0)
-}
-
-pub(crate) use gpuheap::replay::fmt_ns;
-
-/// Smallest move (bytes) whose copy rate is printed: below it the kernel time is launch and plan
-/// overhead, and a rate would read as a rounded-down "0.00 GB/s"; the time alone is given.
-pub(crate) const MIN_RATE_BYTES: u64 = 1 << 20;
-
-/// `, X GB/s` (10^9 B/s) for a move of `bytes` in `ns`, or nothing when the move is too small for a rate
-/// ([`MIN_RATE_BYTES`]) or the time is zero.
-pub(crate) fn fmt_rate(bytes: u64, ns: u64) -> String {
-    if bytes < MIN_RATE_BYTES || ns == 0 {
-        String::new()
-    } else {
-        format!(", {:.2} GB/s", bytes as f64 / ns as f64)
-    }
-}
-
 /// One line per compaction.
 pub(crate) fn compaction_lines(r: &ReplayReport) -> String {
     let mut s = String::new();
@@ -415,7 +388,7 @@ pub fn table(r: &ReplayReport, strategy_note: &str) -> String {
         "strategy       {}{strategy_note}\ncapacity       {} ({}), requests aligned to {} B ({}), compaction {}\n",
         r.strategy,
         fmt_bytes(r.capacity.bytes),
-        r.capacity.source,
+        r.capacity.describe(),
         r.align,
         r.align_source,
         r.policy

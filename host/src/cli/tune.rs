@@ -10,7 +10,8 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use gpuheap::explain::tune::{self, TunePage, TuneReport};
-use gpuheap::explain::{Capacity, ExplainError};
+use gpuheap::explain::ExplainError;
+use gpuheap::facts::Capacity;
 use gpuheap::trace::{read_trace, DeviceTrace, Trace};
 
 use super::CliError;

@@ -32,10 +32,11 @@
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::{Capacity, DeviceChoice, DeviceSummary, ExplainError};
+use super::ExplainError;
+use crate::facts::{self, Capacity, DeviceChoice, DeviceSummary, MIN_CAPACITY};
 use crate::reference::caching::config::{ConfigWarning, ROUNDUP_INTERVALS};
 use crate::reference::{CachingConfig, StrategyKind, MAX_BYTES};
-use crate::replay::{self, CompactPolicy, ReplayOptions, ReplayReport, MIN_CAPACITY};
+use crate::replay::{self, CompactPolicy, ReplayOptions, ReplayReport};
 use crate::trace::{AllocatorSettings, DeviceTrace, EventKind, Trace};
 
 /// Granularity of the minimum-capacity search: 2 MiB, the GPU's large page and PyTorch's segment
@@ -343,7 +344,7 @@ pub fn tune(
     progress: &(dyn Fn() + Sync),
 ) -> Result<TuneReport, ExplainError> {
     let settings = grid(dev);
-    let peak_live = super::peaks(dev).allocated.min(MAX_BYTES as u128) as u64;
+    let peak_live = facts::peaks(dev).allocated.min(MAX_BYTES as u128) as u64;
     let index_map = super::with_oom_requests(dev).1;
     let rows: Vec<Result<TuneRow, ExplainError>> = settings
         .par_iter()
@@ -439,15 +440,14 @@ impl TuneReport {
     /// the replay count are then among them.
     ///
     /// # Errors
-    /// [`ExplainError::Input`] naming the labels that are no row of the report (and listing the rows);
+    /// [`ExplainError::UnknownSettings`] naming the labels that are no row of the report (and listing the rows);
     /// the report is then unchanged.
     pub fn retain_settings(&mut self, settings: &[String]) -> Result<(), ExplainError> {
-        let unknown: Vec<&String> = settings.iter().filter(|s| !self.rows.iter().any(|r| &r.setting == *s)).collect();
+        let unknown: Vec<String> =
+            settings.iter().filter(|s| !self.rows.iter().any(|r| &r.setting == *s)).cloned().collect();
         if !unknown.is_empty() {
-            let labels: Vec<&str> = self.rows.iter().map(|r| r.setting.as_str()).collect();
-            return Err(ExplainError::Input(format!(
-                "settings: {unknown:?} are not rows of the grid (rows: {labels:?})"
-            )));
+            let rows = self.rows.iter().map(|r| r.setting.clone()).collect();
+            return Err(ExplainError::UnknownSettings { unknown, rows });
         }
         self.rows.retain(|r| settings.contains(&r.setting));
         self.rank();
@@ -481,25 +481,25 @@ pub struct TunePage {
     pub tune: TuneReport,
 }
 
-/// `gpuheap tune`: picks the device ([`super::choose_device`]; `device` given or not), the capacity from
-/// the evidence ([`super::capacity_from_evidence`]; `capacity` in bytes, given or not) and runs
+/// `gpuheap tune`: picks the device ([`facts::choose_device`]; `device` given or not), the capacity from
+/// the evidence ([`facts::capacity_from_evidence`]; `capacity` in bytes, given or not) and runs
 /// [`tune`] on it (`progress` as there).
 ///
 /// # Errors
-/// [`ExplainError::Input`] for a device the file lacks or a `capacity` outside the range the strategies
-/// model; [`ExplainError::Trace`] for sums that cannot be represented; those of [`tune`].
+/// [`ExplainError::Device`] for a device the file lacks, [`ExplainError::Capacity`] for a `capacity`
+/// outside the range the strategies model; [`ExplainError::Trace`] for sums that cannot be represented; those of [`tune`].
 pub fn tune_page(
     trace: &Trace,
     device: Option<i64>,
     capacity: Option<u64>,
     progress: &(dyn Fn() + Sync),
 ) -> Result<TunePage, ExplainError> {
-    super::check_given_capacity(capacity)?;
-    let devices = super::summarize(trace);
-    let choice = super::choose_device(trace, &devices, device).map_err(ExplainError::Input)?;
+    capacity.map(facts::check_capacity).transpose()?;
+    let devices = facts::summarize(trace);
+    let choice = facts::choose_device(trace, &devices, device)?;
     let dev = &trace.devices[choice.index];
-    let cap = super::capacity_from_evidence(trace, dev, capacity)?;
-    let gpu = super::gpu_capacity_at_oom(trace, dev)?.map(|c| c.bytes);
+    let cap = facts::capacity_from_evidence(trace, dev, capacity)?;
+    let gpu = facts::gpu_capacity_at_oom(trace, dev)?.map(|c| c.bytes);
     let t = std::time::Instant::now();
     let report = tune(trace, dev, &cap, progress)?;
     Ok(TunePage {

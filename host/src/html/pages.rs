@@ -11,9 +11,11 @@
 
 use crate::explain::tune::{self, RowKind, Setting, TuneReport};
 use crate::explain::{self, Explanation, Verdict};
+use crate::facts::Capacity;
 use crate::reference::StrategyKind;
-use crate::replay::{self, fmt_bytes, CompactPolicy, MeasureOutcome, ReplayError, ReplayOptions, ReplayReport};
+use crate::replay::{self, CompactPolicy, MeasureOutcome, ReplayError, ReplayOptions, ReplayReport};
 use crate::trace::{DeviceTrace, Trace};
+use crate::units::{fmt_bytes, fmt_ns, pct};
 
 use super::{HtmlReport, Marker, MarkerKind, Point, Series, Table};
 
@@ -126,16 +128,15 @@ fn ev_text(e: Option<usize>) -> String {
     e.map_or_else(|| "start".to_string(), |i| i.to_string())
 }
 
-fn pct(x: f64) -> String {
-    format!("{:.1} %", x * 100.0)
-}
-
 /// The parameters shared by every replay of one run.
 fn replay_parameters(r: &ReplayReport) -> Vec<(String, String)> {
     vec![
         ("trace".into(), format!("{} ({})", r.trace, r.format)),
         ("device".into(), r.device.to_string()),
-        ("capacity".into(), format!("{} ({} B): {}", fmt_bytes(r.capacity.bytes), r.capacity.bytes, r.capacity.source)),
+        (
+            "capacity".into(),
+            format!("{} ({} B): {}", fmt_bytes(r.capacity.bytes), r.capacity.bytes, r.capacity.describe()),
+        ),
         ("request alignment".into(), format!("{} B", r.align)),
         ("compaction policy".into(), r.policy.clone()),
         (
@@ -183,7 +184,7 @@ fn compactions_table(reports: &[&ReplayReport]) -> Option<Table> {
                         if m.scaled_by == 1 { "full size".to_string() } else { format!("scaled 1/{}", m.scaled_by) },
                         m.backend,
                         fmt_bytes(m.bytes_moved),
-                        replay::fmt_ns(m.kernel_ns)
+                        fmt_ns(m.kernel_ns)
                     ),
                     MeasureOutcome::NotMeasured { reason } => format!("not measured: {reason}"),
                 };
@@ -484,7 +485,7 @@ fn tune_table(t: &TuneReport, oom: bool) -> Table {
     }
 }
 
-fn tune_parameters(trace: &Trace, dev: &DeviceTrace, capacity: &explain::Capacity) -> Vec<(String, String)> {
+fn tune_parameters(trace: &Trace, dev: &DeviceTrace, capacity: &Capacity) -> Vec<(String, String)> {
     vec![
         ("trace".into(), format!("{} ({})", trace.source.display(), trace.format)),
         ("device".into(), dev.device.to_string()),
@@ -508,7 +509,7 @@ pub fn tune_page(
     trace: &Trace,
     dev: &DeviceTrace,
     t: &TuneReport,
-    capacity: &explain::Capacity,
+    capacity: &Capacity,
 ) -> Result<HtmlReport, ReplayError> {
     let Timeline { series, markers, mut notes } = settings_timeline(trace, dev, Some(t), capacity.bytes)?;
     notes.insert(
