@@ -153,15 +153,15 @@ pub fn table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose:
         s += &format!("{:<28}not run: {}\n", n.strategy, n.reason);
     }
     if let Some(pt) = &first.pytorch {
-        let util = if pt.peak == 0 { 1.0 } else { demand as f64 / pt.peak as f64 };
-        let jw = if demand == 0 { 0.0 } else { (pt.peak as f64 - demand as f64) / demand as f64 };
+        // No ratio from what the history is missing (`facts::pytorch_ratios`).
+        let (util, jw) = gpuheap::facts::pytorch_ratios(demand, pt.peak, &first.history);
         s += &format!(
-            "{:<28}{:>12}{:>12}{:>8}{:>8.3}{:>16}{:>12}{:>16}{:>12}{:>16}{:>12}{:>9}\n",
+            "{:<28}{:>12}{:>12}{:>8}{:>8}{:>16}{:>12}{:>16}{:>12}{:>16}{:>12}{:>9}\n",
             "PyTorch (snapshot)",
             fmt_bytes(demand),
             fmt_bytes(pt.peak),
-            units::pct(util),
-            jw,
+            util.map_or_else(|| "n/a".into(), units::pct),
+            jw.map_or_else(|| "n/a".into(), |j| format!("{j:.3}")),
             format!("{} oom", pt.ooms),
             "",
             "",

@@ -453,16 +453,16 @@ pub fn table(r: &ReplayReport, strategy_note: &str) -> String {
         }
         s += "\n";
     }
-    if let (Some(c), Some(pt)) = (&r.caching_end, &r.pytorch) {
-        let (pr, ps) = (pt.snapshot_reserved.unwrap_or(pt.end), pt.snapshot_segments.unwrap_or(pt.end_segments));
-        let d = |a: u64, b: u64| if b == 0 { 0.0 } else { (a as f64 - b as f64) / b as f64 * 100.0 };
+    if let (Some(c), Some(f)) = (&r.caching_end, r.end_fidelity()) {
+        // A ratio to nothing is no figure: against a snapshot of 0 B (or 0 segments) the bytes are said.
+        let d = |x: Option<f64>, snap: String| x.map_or_else(|| format!("n/a (the snapshot has {snap})"), |x| format!("{:+.2} %", x * 100.0));
         s += &format!(
-            "caching model  at end {} in {} segments ({} seeded): {:+.2} % reserved, {:+.2} % segments vs the snapshot\n",
+            "caching model  at end {} in {} segments ({} seeded): {} reserved, {} segments vs the snapshot\n",
             fmt_bytes(c.reserved),
             c.segments,
             c.seeded_segments,
-            d(c.reserved, pr),
-            d(c.segments, ps)
+            d(f.reserved, fmt_bytes(f.snapshot_reserved)),
+            d(f.segments, f.snapshot_segments.to_string())
         );
     }
     let count = |c: &str| r.failed.iter().filter(|f| f.class == c).count();

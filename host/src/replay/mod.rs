@@ -88,8 +88,8 @@ pub use options::{
     ReplayOptions, DEFAULT_MATERIALIZE_LIMIT_CPU, DEFAULT_TIMELINE_POINTS,
 };
 pub use report::{
-    CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel, Fragmentation,
-    ReplayReport, Sample, TierStats,
+    relative_difference, CachingEnd, CompactionRecord, CompactionTrigger, EndFidelity, FailedRequest, FailureClass,
+    FragLevel, Fragmentation, RecordedRelease, ReleaseCause, ReleaseEvidence, ReplayReport, Sample, TierStats,
 };
 
 /// Replays `dev` (a device of `trace`) with `opts` through a host strategy or the caching model.
