@@ -455,7 +455,9 @@ pub fn table(r: &ReplayReport, strategy_note: &str) -> String {
     }
     if let (Some(c), Some(f)) = (&r.caching_end, r.end_fidelity()) {
         // A ratio to nothing is no figure: against a snapshot of 0 B (or 0 segments) the bytes are said.
-        let d = |x: Option<f64>, snap: String| x.map_or_else(|| format!("n/a (the snapshot has {snap})"), |x| format!("{:+.2} %", x * 100.0));
+        let d = |x: Option<f64>, snap: String| {
+            x.map_or_else(|| format!("n/a (the snapshot has {snap})"), |x| format!("{:+.2} %", x * 100.0))
+        };
         s += &format!(
             "caching model  at end {} in {} segments ({} seeded): {} reserved, {} segments vs the snapshot\n",
             fmt_bytes(c.reserved),

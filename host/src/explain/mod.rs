@@ -121,7 +121,12 @@ pub struct Explanation {
     /// Segments holding the most reserved-but-unallocated bytes (at most [`TOP_ITEMS`]), each with all
     /// its holes.
     pub segments_with_holes: Vec<SegmentView>,
-    /// For a dumped state without an `oom` event: the requests it would have served.
+    /// Per memory pool at the moment, the default pool first (serialised when the trace has a private
+    /// pool): reserved, allocated and hole bytes; only requests of a pool can use its holes.
+    #[serde(skip_serializing_if = "only_default_pool")]
+    pub pools: Vec<facts::PoolState>,
+    /// For a dumped state without an `oom` event: the requests of the default pool (ordinary requests)
+    /// it would have served.
     pub request_bounds: Option<RequestBounds>,
     /// The settings search, when run ([`tune::tune`]).
     pub tune: Option<tune::TuneReport>,
@@ -129,6 +134,10 @@ pub struct Explanation {
     /// complete).
     #[serde(skip_serializing_if = "facts::HistoryCompleteness::is_complete")]
     pub history: facts::HistoryCompleteness,
+}
+
+fn only_default_pool(pools: &[facts::PoolState]) -> bool {
+    pools.iter().all(|p| !p.mempool.is_private())
 }
 
 /// Errors of [`explain`] and [`tune::tune`]; all are bad input (exit code 2) except
@@ -265,7 +274,7 @@ pub fn explain_with_bytes(
     let history = facts::history_completeness(dev);
     let (moment, st) = if let Some(first) = ooms.first() {
         (Moment::RecordedOom, first.state.clone())
-    } else if history.only_final_state() {
+    } else if !history.moments_known() && (dev.final_state.is_some() || dev.events.is_empty()) {
         let st = match &dev.final_state {
             Some(f) => final_state(f, None),
             None => state_after(dev, None),
@@ -315,6 +324,7 @@ pub fn explain_with_bytes(
         live_blocks: st.live.len(),
         largest_tensors: largest,
         segments_with_holes: with_holes,
+        pools: st.pools.clone(),
         request_bounds,
         ooms_not_explained: dev.ooms.len() - ooms.len(),
         ooms,

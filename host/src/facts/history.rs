@@ -27,8 +27,8 @@ use crate::trace::{DeviceTrace, EventKind};
 pub enum History {
     /// No entry: history was not recorded (or the file is a bare list of segments).
     None,
-    /// One entry: a ring buffer of one entry (the legacy `_record_memory_history(enabled=True)`, or
-    /// `enabled="state"`), which keeps the last action only.
+    /// One entry in a snapshot: a ring buffer of one entry (the legacy
+    /// `_record_memory_history(enabled=True)`, or `enabled="state"`), which keeps the last action only.
     OneEntry,
     /// The ring buffer wrapped: entries before the first one kept are lost.
     Overflowed {
@@ -78,7 +78,9 @@ impl std::fmt::Display for BlockOutsideSegments {
     /// One line naming the block: `block at 0x… (64.00 MiB, allocated at event 0) is live at the end of the
     /// history but lies in no segment of the snapshot's final state`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let at = self.alloc_event.map_or_else(|| "alive before the first event".into(), |e| format!("allocated at event {e}"));
+        let at = self
+            .alloc_event
+            .map_or_else(|| "alive before the first event".into(), |e| format!("allocated at event {e}"));
         write!(
             f,
             "block at {:#x} ({}, {at}) is live at the end of the history but lies in no segment of the snapshot's \
@@ -117,6 +119,13 @@ impl HistoryCompleteness {
         self.costs.contains(&HistoryCost::OnlyFinalState)
     }
 
+    /// Whether the history's moments can be described: not when it holds no moment but the dumped state,
+    /// nor when allocs, frees or segment events were skipped (the state after an event would be computed
+    /// from what is missing). Where not, only the final state is described.
+    pub fn moments_known(&self) -> bool {
+        !self.only_final_state() && self.live_bytes_known() && self.reserved_bytes_known()
+    }
+
     /// Whether live bytes over time are known (figures from them may be computed).
     pub fn live_bytes_known(&self) -> bool {
         !self.costs.contains(&HistoryCost::LiveBytesUnknown)
@@ -140,7 +149,8 @@ pub fn history_completeness(dev: &DeviceTrace) -> HistoryCompleteness {
         History::None
     } else if rec.overflowed == Some(true) {
         History::Overflowed { max_entries: rec.max_entries, recorded: true }
-    } else if entries == 1 && rec.max_entries.is_none_or(|m| m <= 1) {
+    } else if entries == 1 && dev.final_state.is_some() && rec.max_entries.is_none_or(|m| m <= 1) {
+        // (Only a snapshot has a ring buffer and a dumped state; a one-line log is a history.)
         History::OneEntry
     } else if rec.overflowed.is_none() && rec.max_entries.is_some_and(|m| m > 1 && entries as u64 >= m) {
         History::Overflowed { max_entries: rec.max_entries, recorded: false }

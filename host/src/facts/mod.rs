@@ -27,10 +27,10 @@ pub use capacity::{
     capacity_from_evidence, check_capacity, gpu_capacity_at_oom, oom_capacity, Capacity, CapacityRangeError,
     CapacitySource, MIN_CAPACITY,
 };
+pub use devices::{choose_device, summarize, DeviceChoice, DeviceError, DeviceReason, DeviceSummary};
 pub use history::{
     blocks_outside_segments, history_completeness, pytorch_ratios, BlockOutsideSegments, History, HistoryCompleteness,
     HistoryCost,
 };
-pub use devices::{choose_device, summarize, DeviceChoice, DeviceError, DeviceReason, DeviceSummary};
 pub use peaks::{demand_peak, peaks, pytorch_series, Peaks, PytorchReserved};
 pub use state::{final_state, state_after, HeapState, Hole, PoolState, SegmentView, SnapshotBlock, StateError};

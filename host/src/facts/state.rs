@@ -14,6 +14,9 @@
 //!   left unsplit is then counted as a hole.
 //! * **Holes** are the bytes of a segment outside its live blocks: PyTorch's reserved but
 //!   unallocated bytes, per segment, largest first.
+//! * **Memory pools**: every segment is in one ([`crate::trace::MempoolId`]: the default pool, or a
+//!   private pool of a CUDA graph, a `torch.cuda.MemPool`, a serving engine); [`HeapState::pools`] sums
+//!   reserved, allocated and hole bytes per pool, since only requests of a pool can use its holes.
 //!
 //! Sums are taken in 128 bits and reported as `u64` only where they fit ([`StateError`] otherwise).
 
@@ -330,15 +333,7 @@ fn build(event: Option<usize>, mut views: Vec<View>, mut live: Vec<SnapshotBlock
             holes.push(Hole { addr: cursor, size: end - cursor });
         }
         holes.sort_unstable_by(|a, b| b.size.cmp(&a.size).then(a.addr.cmp(&b.addr)));
-        segments.push(SegmentView {
-            addr,
-            size,
-            pool: pool_name(pool),
-            mempool,
-            expandable,
-            allocated: in_use,
-            holes,
-        });
+        segments.push(SegmentView { addr, size, pool: pool_name(pool), mempool, expandable, allocated: in_use, holes });
     }
     let mut pools: Vec<PoolState> = Vec::new();
     for s in &segments {

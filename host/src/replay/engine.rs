@@ -213,7 +213,8 @@ pub(crate) fn run(
             EventKind::Alloc => {
                 allocs += 1;
                 if (e.id as usize) < n_blocks {
-                    let r = Request { event: Some(i), id: e.id, requested: e.size, stream: e.stream, mempool: e.mempool };
+                    let r =
+                        Request { event: Some(i), id: e.id, requested: e.size, stream: e.stream, mempool: e.mempool };
                     target.alloc(&mut l, r)?;
                 }
             }
@@ -295,7 +296,11 @@ pub(crate) fn run(
         replay_ns,
         events_per_s: dev.events.len() as f64 / (replay_ns as f64 * 1e-9),
         pytorch: pytorch_snapshot.then(|| pt.finish(dev)),
-        recorded_releases: if pytorch_snapshot { crate::reference::caching::recorded_releases(dev) } else { Vec::new() },
+        recorded_releases: if pytorch_snapshot {
+            crate::reference::caching::recorded_releases(dev)
+        } else {
+            Vec::new()
+        },
         history: crate::facts::history_completeness(dev),
         caching_end: s.caching_end,
         device_heap: s.device_heap,

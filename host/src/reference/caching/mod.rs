@@ -13,6 +13,14 @@
 //! - **Pools** (`get_pool`, `BlockComparatorSize`): rounded requests ≤ 1 MiB (`kSmallSize`) use the small
 //!   pool, larger ones the large pool; within a pool, free blocks are ordered by `(stream, size, address)`
 //!   and a block is only ever reused by the stream it was allocated on.
+//! - **Memory pools** (`MempoolId_t`, `PrivatePool`, `beginAllocateToPool`, `get_pool`): each private pool (a
+//!   CUDA graph's, a `torch.cuda.MemPool`'s) has its own small and large pools. A request made while a
+//!   private pool is active ([`CachingAllocator::alloc_in`]) is served from that pool's cached blocks or a
+//!   new segment of that pool, and its blocks are freed back to it (`free_block`: `block->pool`); an
+//!   ordinary request uses the default pool only. `release_cached_blocks(context, {0, 0})` (`empty_cache`,
+//!   the retry of `malloc`) releases the default pool's cache; a private pool's segments are released only
+//!   once the pool is freeable (its graph or `MemPool` destroyed, `graph_pools_freeable`), which a trace
+//!   records as its own `segment_free` events.
 //! - **Segment size** (`get_allocation_size`): 2 MiB (`kSmallBuffer`) for small requests, 20 MiB
 //!   (`kLargeBuffer`) below 10 MiB (`kMinLargeAlloc`), else the request rounded up to 2 MiB (`kRoundLarge`).
 //! - **Search** (`get_free_block`): best fit `(stream, size, address)`; a request below `max_split_size`
@@ -81,7 +89,8 @@
 //!   at the segment's start (splits and merges keep the front block's record); a block is in
 //!   `free_sets[pool]` under `(stream, size, offset)` iff it is free and mapped, in `unmapped[pool]` under
 //!   `(stream, offset)` (with its record) iff it is unmapped; no two adjacent blocks of one segment are
-//!   both free or both unmapped.
+//!   both free or both unmapped. `pool` is the pair (memory pool, small/large) of the block's segment
+//!   (`rules::set_index`): a block is never in another memory pool's set.
 //! - Each stream's `ClassIndex` keeps its own invariants (chunks, directory, bitmaps: see
 //!   `class_index.rs`).
 //! - `reserved` = sizes of non-expandable segments + mapped bytes of expandable ones ≤ capacity.
@@ -117,8 +126,8 @@ mod expandable;
 mod free_set;
 pub mod options;
 mod release;
-mod relocate;
 pub mod releases;
+mod relocate;
 mod rules;
 pub mod seed;
 mod vspace;
@@ -129,15 +138,13 @@ use rules::pool_of;
 use vspace::{SegIndex, Segment};
 
 pub use config::{CachingConfig, ConfigError, ConfigWarning, ROUNDUP_INTERVALS};
+pub use releases::{least_failed_request_bound, recorded_releases, RecordedRelease, ReleaseCause, ReleaseEvidence};
 pub use rules::{
     round_size, roundup_power2_next_division, segment_size, Pool, ADDRESS_RANGE, LARGE_BUFFER, MIN_BLOCK,
     MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 pub use seed::{
     capacity_at_oom, config_for_trace, fidelity, fidelity_until, seed_from_trace, Fidelity, RecordedSegments, Seeded,
-};
-pub use releases::{
-    least_failed_request_bound, recorded_releases, RecordedRelease, ReleaseCause, ReleaseEvidence,
 };
 pub use vspace::SegmentInfo;
 

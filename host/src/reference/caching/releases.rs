@@ -109,9 +109,8 @@ pub fn recorded_releases(dev: &DeviceTrace) -> Vec<RecordedRelease> {
     if let Some(f) = &dev.final_state {
         peak = peak.max(f.segments.iter().map(|s| s.size as u128).sum());
     }
-    let caller = |i: usize| {
-        dev.release_callers.binary_search_by_key(&i, |c| c.0).ok().map(|k| dev.release_callers[k].1)
-    };
+    let caller =
+        |i: usize| dev.release_callers.binary_search_by_key(&i, |c| c.0).ok().map(|k| dev.release_callers[k].1);
     let is_release = |k: EventKind| matches!(k, EventKind::SegmentFree | EventKind::SegmentUnmap);
     let mut out = Vec::new();
     let mut i = 0;

@@ -434,8 +434,7 @@ pub fn fidelity_until(
         // A release of PyTorch's allocator is inside the `alloc` that follows it (the model releases there).
         let mid_call = matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentMap)
             || (matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap)
-                && (matches!(next, Some(EventKind::SegmentFree | EventKind::SegmentUnmap))
-                    || rec.decided_by_model(i)));
+                && (matches!(next, Some(EventKind::SegmentFree | EventKind::SegmentUnmap)) || rec.decided_by_model(i)));
         let d = pt.abs_diff(m.reserved_bytes());
         if !mid_call && d > f.max_deviation {
             (f.max_deviation, f.max_deviation_event) = (d, Some(i));

@@ -656,8 +656,16 @@ impl<'p, 'a> Reader<'p, 'a> {
         let n = max_entries.len().max(overflowed.len()).max(usize::from(skip.is_some()));
         let recording = (0..n)
             .map(|i| HistoryRecording {
-                max_entries: max_entries.get(i).or(max_entries.first().filter(|_| max_entries.len() == 1)).copied().flatten(),
-                overflowed: overflowed.get(i).or(overflowed.first().filter(|_| overflowed.len() == 1)).copied().flatten(),
+                max_entries: max_entries
+                    .get(i)
+                    .or(max_entries.first().filter(|_| max_entries.len() == 1))
+                    .copied()
+                    .flatten(),
+                overflowed: overflowed
+                    .get(i)
+                    .or(overflowed.first().filter(|_| overflowed.len() == 1))
+                    .copied()
+                    .flatten(),
                 skip_actions: skip.clone(),
             })
             .collect();
