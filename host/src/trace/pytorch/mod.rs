@@ -10,7 +10,14 @@
 //! Every key is optional except the ones an event or block cannot do without (`action`;
 //! `addr` and `size` of block and segment events; a segment's `address` and `total_size`; a
 //! block's `size` and `state`). Unknown keys and actions are ignored (unknown actions become
-//! [`EventKind::Other`] so that event indices match the file). Stack frames are skipped.
+//! [`EventKind::Other`] so that event indices match the file). Stack frames are skipped, except those of
+//! `segment_free` / `segment_unmap` entries, whose function names say who released
+//! ([`crate::trace::ReleaseCaller`]).
+//!
+//! Memory pools: a segment's `segment_pool_id` (else a block's `pool_id`), an entry's `pool_id`; each
+//! event's pool is linked in `mempools` ([`crate::trace::Event::mempool`]). The history's recording:
+//! `allocator_settings`' `trace_alloc_max_entries`, `trace_alloc_overflowed` (a value, or one per device)
+//! and `skip_actions` (there or at the top level) ([`crate::trace::HistoryRecording`]).
 //!
 //! The pickle is decoded by a data-only decoder that refuses every opcode that imports or calls
 //! Python code (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ`...).
