@@ -21,7 +21,6 @@ use gpuheap::units::fmt_bytes;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-
 /// Every snapshot in the shared traces folder and `data/` (the shared ones are skipped with a message
 /// when absent, a failure under `GPUHEAP_REQUIRE_SHARED=1`).
 fn snapshots() -> Vec<PathBuf> {

@@ -25,7 +25,7 @@ use crate::facts::{
 };
 use crate::reference::caching;
 use crate::trace::pytorch::{self, Frame};
-use crate::trace::{DeviceTrace, Location, Trace, TraceError, TraceFormat};
+use crate::trace::{DeviceTrace, Location, MempoolId, Trace, TraceError, TraceFormat};
 
 mod oom;
 mod render;
@@ -40,7 +40,8 @@ pub use render::{capacity_text, devices_text, settings_warnings_text, warnings_t
 pub enum Moment {
     /// The first recorded `oom` event.
     RecordedOom,
-    /// The state a snapshot without events holds (e.g. dumped by an OOM observer).
+    /// The state a snapshot holds when its history holds no other moment: no events (e.g. dumped by an
+    /// OOM observer), or a one-entry ring buffer ([`crate::facts::History`]).
     DumpedState,
     /// No OOM recorded: the event after which PyTorch's reserved bytes peak (of those, the one with the
     /// most live requested bytes).
@@ -61,20 +62,7 @@ pub struct Tensor {
     pub frames: Vec<Frame>,
 }
 
-/// For a snapshot without an `oom` event: which requests its state would have served, at a capacity.
-/// Bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct RequestBounds {
-    /// The capacity assumed.
-    pub capacity: u64,
-    /// `capacity − reserved` (0 when reserved exceeds it).
-    pub device_free: u64,
-    /// Requests up to this size fit in one free extent (`max(device_free, largest hole)`).
-    pub fits_up_to: u64,
-    /// Requests above `fits_up_to` and up to this size would have failed for fragmentation
-    /// (`device_free + holes`); larger ones for capacity.
-    pub fragmentation_up_to: u64,
-}
+pub use crate::facts::RequestBounds;
 
 /// How many largest live tensors and segments with holes an [`Explanation`] lists.
 pub const TOP_ITEMS: usize = 8;
@@ -133,10 +121,23 @@ pub struct Explanation {
     /// Segments holding the most reserved-but-unallocated bytes (at most [`TOP_ITEMS`]), each with all
     /// its holes.
     pub segments_with_holes: Vec<SegmentView>,
-    /// For a dumped state without an `oom` event: the requests it would have served.
+    /// Per memory pool at the moment, the default pool first (serialised when the trace has a private
+    /// pool): reserved, allocated and hole bytes; only requests of a pool can use its holes.
+    #[serde(skip_serializing_if = "only_default_pool")]
+    pub pools: Vec<facts::PoolState>,
+    /// For a dumped state without an `oom` event: the requests of the default pool (ordinary requests)
+    /// it would have served.
     pub request_bounds: Option<RequestBounds>,
     /// The settings search, when run ([`tune::tune`]).
     pub tune: Option<tune::TuneReport>,
+    /// How complete the device's history is and what that costs the answer (serialised when not
+    /// complete).
+    #[serde(skip_serializing_if = "facts::HistoryCompleteness::is_complete")]
+    pub history: facts::HistoryCompleteness,
+}
+
+fn only_default_pool(pools: &[facts::PoolState]) -> bool {
+    pools.iter().all(|p| !p.mempool.is_private())
 }
 
 /// Errors of [`explain`] and [`tune::tune`]; all are bad input (exit code 2) except
@@ -270,9 +271,10 @@ pub fn explain_with_bytes(
         }
         ooms.push(x);
     }
+    let history = facts::history_completeness(dev);
     let (moment, st) = if let Some(first) = ooms.first() {
         (Moment::RecordedOom, first.state.clone())
-    } else if dev.events.is_empty() {
+    } else if !history.moments_known() && (dev.final_state.is_some() || dev.events.is_empty()) {
         let st = match &dev.final_state {
             Some(f) => final_state(f, None),
             None => state_after(dev, None),
@@ -295,15 +297,9 @@ pub fn explain_with_bytes(
     let mut with_holes: Vec<SegmentView> = st.segments.iter().filter(|s| s.hole_bytes() > 0).cloned().collect();
     with_holes.sort_by(|a, b| b.hole_bytes().cmp(&a.hole_bytes()).then(a.addr.cmp(&b.addr)));
     with_holes.truncate(TOP_ITEMS);
-    let request_bounds = (moment == Moment::DumpedState).then(|| {
-        let device_free = cap.bytes.saturating_sub(st.reserved);
-        RequestBounds {
-            capacity: cap.bytes,
-            device_free,
-            fits_up_to: device_free.max(st.largest_hole),
-            fragmentation_up_to: device_free.saturating_add(st.hole_bytes),
-        }
-    });
+    // Ordinary requests: the default pool's holes only.
+    let request_bounds =
+        (moment == Moment::DumpedState).then(|| facts::request_bounds(&st, cap.bytes, MempoolId::DEFAULT));
     let warnings = caching::config_for_trace(dev, cap.bytes).1;
     Ok(Explanation {
         trace: trace.source.display().to_string(),
@@ -328,10 +324,12 @@ pub fn explain_with_bytes(
         live_blocks: st.live.len(),
         largest_tensors: largest,
         segments_with_holes: with_holes,
+        pools: st.pools.clone(),
         request_bounds,
         ooms_not_explained: dev.ooms.len() - ooms.len(),
         ooms,
         tune: None,
+        history,
     })
 }
 

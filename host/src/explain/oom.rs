@@ -86,7 +86,9 @@ pub struct OomExplanation {
 pub fn explain_oom(dev: &DeviceTrace, event: usize, device_free: Option<u64>) -> Result<OomExplanation, StateError> {
     let st = state_after(dev, Some(event))?;
     let request = dev.events.get(event).map_or(0, |e| e.size);
-    let holes: Vec<u64> = st.segments.iter().flat_map(|s| s.holes.iter().map(|h| h.size)).collect();
+    // Only the request's own memory pool's holes could have served it.
+    let pool = dev.events.get(event).map_or_else(Default::default, |e| dev.mempool(e.mempool));
+    let holes = crate::facts::usable_holes(&st, pool);
     let (verdict, free_total, largest_extent, shortfall) = match device_free {
         Some(f) => {
             let d = analysis::diagnose_heap(request, &[f], &holes);

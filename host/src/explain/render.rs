@@ -20,9 +20,19 @@ pub fn warnings_text(warnings: &[ConfigWarning]) -> String {
 }
 
 /// [`warnings_text`] of the [`ConfigWarning`]s of `dev`'s recorded allocator settings
-/// ([`crate::reference::caching::config_for_trace`]; "" without any).
+/// ([`crate::reference::caching::config_for_trace`]), then one line per live block its history contradicts
+/// ([`crate::facts::blocks_outside_segments`]); "" without any.
 pub fn settings_warnings_text(dev: &crate::trace::DeviceTrace) -> String {
-    warnings_text(&crate::reference::caching::config_for_trace(dev, 0).1)
+    warnings_text(&crate::reference::caching::config_for_trace(dev, 0).1) + &history_warnings_text(dev)
+}
+
+/// One `warning:` line per live block `dev`'s history contradicts ("" without any).
+fn history_warnings_text(dev: &crate::trace::DeviceTrace) -> String {
+    let mut s = String::new();
+    for b in crate::facts::blocks_outside_segments(dev) {
+        let _ = writeln!(s, "warning: {b}");
+    }
+    s
 }
 
 /// One line per device of the file.
@@ -186,6 +196,9 @@ fn render(p: &Explanation) -> String {
         None => {}
     }
     s += &warnings_text(&p.warnings);
+    for b in &p.history.blocks_outside_segments {
+        let _ = writeln!(s, "warning: {b}");
+    }
     let _ = writeln!(s, "{}", capacity_text(&p.capacity));
     s += "\n";
     for o in &p.ooms {
@@ -202,6 +215,15 @@ fn render(p: &Explanation) -> String {
     let d = p.device.device;
     let moment = match p.moment {
         Moment::RecordedOom => format!("At the OOM (event {}):", p.event.unwrap_or(0)),
+        Moment::DumpedState if p.history.history == crate::facts::History::OneEntry => {
+            let _ = writeln!(
+                s,
+                "The snapshot keeps one history entry on device {d} (a one-entry ring buffer, as \
+                 `_record_memory_history(enabled=True)` records): only the allocator state when it was dumped is \
+                 complete."
+            );
+            "In that state:".into()
+        }
         Moment::DumpedState => {
             let _ = writeln!(
                 s,

@@ -61,6 +61,18 @@ pub enum CapacitySource {
         /// PyTorch's peak reserved bytes.
         peak: u64,
     },
+    /// The snapshot's peak reserved bytes `peak`, not rounded up: a `cudaMalloc` that failed and was
+    /// retried after PyTorch's allocator released cached segments (event `event`, the retry's new
+    /// segment) shows that the GPU's memory for PyTorch was below `bound` (the reserved bytes then plus the
+    /// segment asked for), and a whole GiB above the peak would not be ([`crate::reference::caching::releases`]).
+    PeakReservedBelowFailedRequest {
+        /// PyTorch's peak reserved bytes.
+        peak: u64,
+        /// The event of the retry's new segment.
+        event: usize,
+        /// Reserved bytes before the release plus that segment's bytes.
+        bound: u64,
+    },
     /// minimalloc's `NAME.CAPACITY.csv` file name.
     FileName,
     /// No reserved bytes are recorded: twice the peak of live requested bytes, rounded up to 2 MiB.
@@ -107,6 +119,12 @@ impl Capacity {
             CapacitySource::PeakReservedRoundedUp { peak } => {
                 format!("PyTorch peak reserved {} rounded up to a whole GiB", fmt_bytes(*peak))
             }
+            CapacitySource::PeakReservedBelowFailedRequest { peak, event, bound } => format!(
+                "PyTorch peak reserved {}, not rounded up: a cudaMalloc failed before the new segment of event \
+                 {event} (PyTorch released cached segments and retried), so the GPU had less than {} for PyTorch",
+                fmt_bytes(*peak),
+                fmt_bytes(*bound)
+            ),
             CapacitySource::FileName => "from the file name (minimalloc NAME.CAPACITY.csv)".into(),
             CapacitySource::TwiceDemandPeak => {
                 "no reserved bytes recorded: twice the peak of live requested bytes, rounded up to 2 MiB".into()

@@ -14,6 +14,9 @@
 //!   left unsplit is then counted as a hole.
 //! * **Holes** are the bytes of a segment outside its live blocks: PyTorch's reserved but
 //!   unallocated bytes, per segment, largest first.
+//! * **Memory pools**: every segment is in one ([`crate::trace::MempoolId`]: the default pool, or a
+//!   private pool of a CUDA graph, a `torch.cuda.MemPool`, a serving engine); [`HeapState::pools`] sums
+//!   reserved, allocated and hole bytes per pool, since only requests of a pool can use its holes.
 //!
 //! Sums are taken in 128 bits and reported as `u64` only where they fit ([`StateError`] otherwise).
 
@@ -22,7 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::reference::caching;
-use crate::trace::{BlockStatus, DeviceTrace, EventKind, Pool, SnapshotState};
+use crate::trace::{BlockStatus, DeviceTrace, EventKind, MempoolId, Pool, SnapshotState};
 
 /// A live block (a tensor's storage) at the moment. Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -57,6 +60,9 @@ pub struct SegmentView {
     pub size: u64,
     /// `small` or `large` pool, `unknown` when not recorded.
     pub pool: &'static str,
+    /// The memory pool it belongs to (serialised only when private).
+    #[serde(skip_serializing_if = "is_default_pool")]
+    pub mempool: MempoolId,
     /// An expandable segment (a maximal mapped range).
     pub expandable: bool,
     /// Bytes of live blocks in it.
@@ -73,6 +79,36 @@ impl SegmentView {
     /// Largest hole (0 when none).
     pub fn largest_hole(&self) -> u64 {
         self.holes.first().map_or(0, |h| h.size)
+    }
+}
+
+fn is_default_pool(m: &MempoolId) -> bool {
+    !m.is_private()
+}
+
+/// One memory pool at the moment (PyTorch's `PrivatePool`, or the default pool): what its segments
+/// reserve and hold. Only requests made while the pool is active can use its holes, and ordinary
+/// requests only the default pool's (`get_pool`, `c10/cuda/CUDACachingAllocator.cpp`). Bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PoolState {
+    /// The memory pool.
+    pub mempool: MempoolId,
+    /// Its segments.
+    pub segments: usize,
+    /// Reserved bytes: the sum of its segments' sizes.
+    pub reserved: u64,
+    /// Bytes of live blocks in its segments.
+    pub allocated: u64,
+    /// Reserved but unallocated bytes: the sum of its holes.
+    pub hole_bytes: u64,
+    /// Its largest hole.
+    pub largest_hole: u64,
+}
+
+impl PoolState {
+    /// A pool without segments.
+    pub fn empty(mempool: MempoolId) -> Self {
+        PoolState { mempool, segments: 0, reserved: 0, allocated: 0, hole_bytes: 0, largest_hole: 0 }
     }
 }
 
@@ -96,6 +132,21 @@ pub struct HeapState {
     pub segments: Vec<SegmentView>,
     /// Live blocks, largest requested size first.
     pub live: Vec<SnapshotBlock>,
+    /// Per memory pool, the default pool first, then private pools in ascending id (one entry per pool
+    /// that has segments; the default pool always).
+    pub pools: Vec<PoolState>,
+}
+
+impl HeapState {
+    /// The state of memory pool `mempool` (zeros when it has no segment).
+    pub fn pool(&self, mempool: MempoolId) -> PoolState {
+        self.pools.iter().find(|p| p.mempool == mempool).cloned().unwrap_or_else(|| PoolState::empty(mempool))
+    }
+
+    /// Reserved but unallocated bytes of the private pools: cached memory no ordinary request can use.
+    pub fn private_hole_bytes(&self) -> u64 {
+        self.pools.iter().filter(|p| p.mempool.is_private()).map(|p| p.hole_bytes).sum()
+    }
 }
 
 /// A sum that does not fit in 64 bits (possible only with corrupt or hostile sizes).
@@ -154,14 +205,16 @@ pub(crate) fn unmap_range(set: &mut BTreeMap<u64, u64>, start: u64, end: u64) {
 /// # Errors
 /// [`StateError`] when reserved or allocated bytes exceed 2^64 − 1.
 pub fn state_after(dev: &DeviceTrace, after: Option<usize>) -> Result<HeapState, StateError> {
-    // Segment id → (addr, size, pool); expandable ranges apart.
-    let mut segs: HashMap<u32, (u64, u64, Pool)> = HashMap::new();
+    // Segment id → (addr, size, pool, memory pool); expandable ranges apart (their memory pool by start).
+    let mut segs: HashMap<u32, (u64, u64, Pool, MempoolId)> = HashMap::new();
     let mut mapped: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut mapped_pool: HashMap<u64, MempoolId> = HashMap::new();
     for s in &dev.initial_segments {
         if s.is_expandable {
             map_range(&mut mapped, s.addr, s.addr.saturating_add(s.size));
+            mapped_pool.insert(s.addr, dev.mempool(s.mempool));
         } else {
-            segs.insert(s.id, (s.addr, s.size, s.pool));
+            segs.insert(s.id, (s.addr, s.size, s.pool, dev.mempool(s.mempool)));
         }
     }
     let mut blocks: HashMap<u32, SnapshotBlock> = HashMap::with_capacity(dev.initial_blocks.len());
@@ -181,12 +234,15 @@ pub fn state_after(dev: &DeviceTrace, after: Option<usize>) -> Result<HeapState,
                 blocks.remove(&e.id);
             }
             EventKind::SegmentAlloc => {
-                segs.insert(e.id, (e.addr, e.size, Pool::Unknown));
+                segs.insert(e.id, (e.addr, e.size, Pool::Unknown, dev.mempool(e.mempool)));
             }
             EventKind::SegmentFree => {
                 segs.remove(&e.id);
             }
-            EventKind::SegmentMap => map_range(&mut mapped, e.addr, e.addr.saturating_add(e.size)),
+            EventKind::SegmentMap => {
+                map_range(&mut mapped, e.addr, e.addr.saturating_add(e.size));
+                mapped_pool.insert(e.addr, dev.mempool(e.mempool));
+            }
             EventKind::SegmentUnmap => unmap_range(&mut mapped, e.addr, e.addr.saturating_add(e.size)),
             _ => {}
         }
@@ -208,11 +264,21 @@ pub fn state_after(dev: &DeviceTrace, after: Option<usize>) -> Result<HeapState,
             _ => caching::round_size(b.requested).unwrap_or(b.requested),
         };
     }
-    let mut views: Vec<(u64, u64, Pool, bool)> = segs
+    let mut views: Vec<View> = segs
         .into_values()
-        .map(|(a, s, p)| (a, s, if p == Pool::Unknown { fin_pool.get(&a).copied().unwrap_or(p) } else { p }, false))
+        .map(|(a, s, p, m)| {
+            (a, s, if p == Pool::Unknown { fin_pool.get(&a).copied().unwrap_or(p) } else { p }, m, false)
+        })
         .collect();
-    views.extend(mapped.iter().map(|(&s, &e)| (s, e - s, fin_pool.get(&s).copied().unwrap_or(Pool::Unknown), true)));
+    // A mapped range takes the memory pool of the mapping that starts at or before it (one reservation
+    // belongs to one pool).
+    let mut starts: Vec<(u64, MempoolId)> = mapped_pool.into_iter().collect();
+    starts.sort_unstable();
+    views.extend(mapped.iter().map(|(&s, &e)| {
+        let k = starts.partition_point(|x| x.0 <= s);
+        let m = k.checked_sub(1).map_or(MempoolId::DEFAULT, |k| starts[k].1);
+        (s, e - s, fin_pool.get(&s).copied().unwrap_or(Pool::Unknown), m, true)
+    }));
     build(after, views, live)
 }
 
@@ -224,7 +290,7 @@ pub fn final_state(state: &SnapshotState, event: Option<usize>) -> Result<HeapSt
     let mut views = Vec::with_capacity(state.segments.len());
     let mut live = Vec::new();
     for s in &state.segments {
-        views.push((s.addr, s.size, s.pool, s.is_expandable));
+        views.push((s.addr, s.size, s.pool, s.mempool, s.is_expandable));
         live.extend(s.blocks.iter().filter(|b| b.state != BlockStatus::Inactive).map(|b| SnapshotBlock {
             addr: b.addr,
             size: b.size,
@@ -236,11 +302,10 @@ pub fn final_state(state: &SnapshotState, event: Option<usize>) -> Result<HeapSt
     build(event, views, live)
 }
 
-fn build(
-    event: Option<usize>,
-    mut views: Vec<(u64, u64, Pool, bool)>,
-    mut live: Vec<SnapshotBlock>,
-) -> Result<HeapState, StateError> {
+/// A segment to build a [`SegmentView`] of: (address, size, pool, memory pool, expandable).
+type View = (u64, u64, Pool, MempoolId, bool);
+
+fn build(event: Option<usize>, mut views: Vec<View>, mut live: Vec<SnapshotBlock>) -> Result<HeapState, StateError> {
     views.sort_unstable_by_key(|v| v.0);
     live.sort_unstable_by_key(|b| b.addr);
     let reserved = to_u64(views.iter().map(|v| v.1 as u128).sum(), event, "reserved bytes")?;
@@ -248,7 +313,7 @@ fn build(
     let requested = to_u64(live.iter().map(|b| b.requested as u128).sum(), event, "requested bytes")?;
     let mut segments = Vec::with_capacity(views.len());
     let mut k = 0;
-    for (addr, size, pool, expandable) in views {
+    for (addr, size, pool, mempool, expandable) in views {
         let end = addr.saturating_add(size);
         while k < live.len() && live[k].addr < addr {
             k += 1;
@@ -268,12 +333,32 @@ fn build(
             holes.push(Hole { addr: cursor, size: end - cursor });
         }
         holes.sort_unstable_by(|a, b| b.size.cmp(&a.size).then(a.addr.cmp(&b.addr)));
-        segments.push(SegmentView { addr, size, pool: pool_name(pool), expandable, allocated: in_use, holes });
+        segments.push(SegmentView { addr, size, pool: pool_name(pool), mempool, expandable, allocated: in_use, holes });
     }
+    let mut pools: Vec<PoolState> = Vec::new();
+    for s in &segments {
+        let k = match pools.iter().position(|p| p.mempool == s.mempool) {
+            Some(k) => k,
+            None => {
+                pools.push(PoolState::empty(s.mempool));
+                pools.len() - 1
+            }
+        };
+        let p = &mut pools[k];
+        p.segments += 1;
+        p.reserved = p.reserved.saturating_add(s.size);
+        p.allocated = p.allocated.saturating_add(s.allocated);
+        p.hole_bytes = p.hole_bytes.saturating_add(s.hole_bytes());
+        p.largest_hole = p.largest_hole.max(s.largest_hole());
+    }
+    if !pools.iter().any(|p| p.mempool == MempoolId::DEFAULT) {
+        pools.push(PoolState::empty(MempoolId::DEFAULT));
+    }
+    pools.sort_unstable_by_key(|p| (p.mempool.is_private(), p.mempool));
     let hole_bytes = to_u64(segments.iter().map(|s| s.hole_bytes() as u128).sum(), event, "reserved bytes")?;
     let largest_hole = segments.iter().map(SegmentView::largest_hole).max().unwrap_or(0);
     live.sort_unstable_by(|a, b| b.requested.cmp(&a.requested).then(a.addr.cmp(&b.addr)));
-    Ok(HeapState { event, reserved, allocated, requested, hole_bytes, largest_hole, segments, live })
+    Ok(HeapState { event, reserved, allocated, requested, hole_bytes, largest_hole, segments, live, pools })
 }
 
 #[cfg(test)]

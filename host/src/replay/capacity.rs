@@ -3,6 +3,7 @@
 
 use super::{Refusal, ReplayError};
 use crate::facts::{capacity::capacity_from_peaks, peaks, Capacity, CapacitySource, Peaks, MIN_CAPACITY};
+use crate::reference::caching;
 use crate::trace::{DeviceTrace, Trace};
 
 /// The capacity a replay of `dev` uses when none is given, from the evidence
@@ -11,7 +12,10 @@ use crate::trace::{DeviceTrace, Trace};
 /// * at a recorded OOM: the GPU's memory then (PyTorch's reserved bytes plus the event's `device_free`);
 /// * PyTorch snapshots otherwise: PyTorch's recorded peak reserved bytes (segment events, and the
 ///   snapshot's final state), rounded up to a whole GiB ([`CapacitySource::PeakReservedRoundedUp`]) —
-///   the memory PyTorch itself used, plus the slack of a partly used last GiB;
+///   the memory PyTorch itself used, plus the slack of a partly used last GiB — unless a recorded
+///   `cudaMalloc` failure shows the GPU had less than that: then the peak itself
+///   ([`CapacitySource::PeakReservedBelowFailedRequest`]), so that the model's own allocation fails where
+///   PyTorch's did and it releases as PyTorch's allocator did;
 /// * minimalloc CSV files named `NAME.CAPACITY.csv` (minimalloc's convention, e.g. `K.1048576.csv`):
 ///   that capacity;
 /// * otherwise twice the peak of live requested bytes, rounded up to 2 MiB.
@@ -31,9 +35,18 @@ fn default_capacity_from(trace: &Trace, dev: &DeviceTrace, p: &Peaks) -> Result<
     let c = match c.source {
         CapacitySource::PeakReserved => {
             let gib = 1u64 << 30;
-            Capacity {
-                bytes: c.bytes.div_ceil(gib).max(1).saturating_mul(gib),
-                source: CapacitySource::PeakReservedRoundedUp { peak: c.bytes },
+            let rounded = c.bytes.div_ceil(gib).max(1).saturating_mul(gib);
+            let releases = caching::recorded_releases(dev);
+            match caching::least_failed_request_bound(&releases) {
+                Some((bound, r)) if bound <= rounded && bound > c.bytes => Capacity {
+                    bytes: c.bytes,
+                    source: CapacitySource::PeakReservedBelowFailedRequest {
+                        peak: c.bytes,
+                        event: r.next_segment.map_or(r.last_event, |s| s.0),
+                        bound,
+                    },
+                },
+                _ => Capacity { bytes: rounded, source: CapacitySource::PeakReservedRoundedUp { peak: c.bytes } },
             }
         }
         _ => c,

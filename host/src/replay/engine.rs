@@ -35,6 +35,8 @@ pub(crate) struct Request {
     pub requested: u64,
     /// The stream it was made on.
     pub stream: i64,
+    /// The memory pool it was made in ([`crate::trace::Event::mempool`]; 0: the default pool).
+    pub mempool: u16,
 }
 
 /// What every target shares: allocated bytes, peaks, failures, compactions, excluded time, and the
@@ -181,7 +183,8 @@ pub(crate) fn run(
     for i in target.seed(&mut l, dev)? {
         let b = &dev.initial_blocks[i];
         if (b.id as usize) < n_blocks {
-            target.alloc(&mut l, Request { event: None, id: b.id, requested: b.size, stream: b.stream })?;
+            let r = Request { event: None, id: b.id, requested: b.size, stream: b.stream, mempool: 0 };
+            target.alloc(&mut l, r)?;
         }
     }
     target.sync(&mut l, None)?;
@@ -210,7 +213,9 @@ pub(crate) fn run(
             EventKind::Alloc => {
                 allocs += 1;
                 if (e.id as usize) < n_blocks {
-                    target.alloc(&mut l, Request { event: Some(i), id: e.id, requested: e.size, stream: e.stream })?;
+                    let r =
+                        Request { event: Some(i), id: e.id, requested: e.size, stream: e.stream, mempool: e.mempool };
+                    target.alloc(&mut l, r)?;
                 }
             }
             EventKind::Free => {
@@ -291,6 +296,12 @@ pub(crate) fn run(
         replay_ns,
         events_per_s: dev.events.len() as f64 / (replay_ns as f64 * 1e-9),
         pytorch: pytorch_snapshot.then(|| pt.finish(dev)),
+        recorded_releases: if pytorch_snapshot {
+            crate::reference::caching::recorded_releases(dev)
+        } else {
+            Vec::new()
+        },
+        history: crate::facts::history_completeness(dev),
         caching_end: s.caching_end,
         device_heap: s.device_heap,
         tiers: s.tiers,

@@ -23,10 +23,17 @@
 //!   expandable mapped ranges) alive before the first event, with those blocks at their recorded places
 //!   ([`crate::reference::caching::seed_from_trace`]), so the model starts from PyTorch's own state.
 //! * **Streams.** The caching model serves each `alloc` on the event's stream (per-stream pools).
+//! * **Memory pools.** The caching model serves each `alloc` in the event's memory pool
+//!   ([`crate::trace::Event::mempool`]: the entry's `pool_id`, else the pool of the segment holding its
+//!   address; 0, the default pool, for ordinary requests), and seeds each recorded segment in its pool, so a
+//!   default-pool tensor never fills a private pool's hole (PyTorch's `get_pool`).
 //! * **Segment events** drive the *PyTorch reserved* series (initial segments, plus `segment_alloc` /
 //!   `segment_map`, minus `segment_free` / `segment_unmap`, counted once: expandable ranges mapped during the
 //!   trace are not initial). For the caching model they also place its segments at PyTorch's addresses and
-//!   release or unmap what PyTorch released, at the same event ([`crate::reference::caching::RecordedSegments`]); another
+//!   release or unmap what PyTorch released, at the same event ([`crate::reference::caching::RecordedSegments`]),
+//!   except the releases PyTorch's allocator made itself after a failed `cudaMalloc`
+//!   ([`crate::reference::caching::recorded_releases`], [`ReplayReport::recorded_releases`]): those the model
+//!   makes when its own allocation fails at the replay's capacity, so on a larger GPU they do not happen; another
 //!   strategy's [`SubAllocator::release_cached`] is called at the first event of each run of releases (a
 //!   no-op for strategies without a cache).
 //! * **Footprint** ("reserved" of a strategy, bytes): [`crate::analysis::footprint`], the one definition:
@@ -90,8 +97,8 @@ pub use options::{
     ReplayOptions, DEFAULT_MATERIALIZE_LIMIT_CPU, DEFAULT_TIMELINE_POINTS,
 };
 pub use report::{
-    CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel, Fragmentation,
-    ReplayReport, Sample, TierStats,
+    relative_difference, CachingEnd, CompactionRecord, CompactionTrigger, EndFidelity, FailedRequest, FailureClass,
+    FragLevel, Fragmentation, RecordedRelease, ReleaseCause, ReleaseEvidence, ReplayReport, Sample, TierStats,
 };
 
 /// Replays `dev` (a device of `trace`) with `opts` through a host strategy or the caching model.

@@ -148,16 +148,18 @@ fn table(r: &ReplayReport, strategy_note: &str) -> String {
         }
         s += "\n";
     }
-    if let (Some(c), Some(pt)) = (&r.caching_end, &r.pytorch) {
-        let (pr, ps) = (pt.snapshot_reserved.unwrap_or(pt.end), pt.snapshot_segments.unwrap_or(pt.end_segments));
-        let d = |a: u64, b: u64| if b == 0 { 0.0 } else { (a as f64 - b as f64) / b as f64 * 100.0 };
+    if let (Some(c), Some(f)) = (&r.caching_end, r.end_fidelity()) {
+        // A ratio to nothing is no figure: against a snapshot of 0 B (or 0 segments) the bytes are said.
+        let d = |x: Option<f64>, snap: String| {
+            x.map_or_else(|| format!("n/a (the snapshot has {snap})"), |x| format!("{:+.2} %", x * 100.0))
+        };
         s += &format!(
-            "caching model  at end {} in {} segments ({} seeded): {:+.2} % reserved, {:+.2} % segments vs the snapshot\n",
+            "caching model  at end {} in {} segments ({} seeded): {} reserved, {} segments vs the snapshot\n",
             fmt_bytes(c.reserved),
             c.segments,
             c.seeded_segments,
-            d(c.reserved, pr),
-            d(c.segments, ps)
+            d(f.reserved, fmt_bytes(f.snapshot_reserved)),
+            d(f.segments, f.snapshot_segments.to_string())
         );
     }
     let count = |c: &str| r.failed.iter().filter(|f| f.class == c).count();
@@ -272,15 +274,15 @@ fn compare_table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verb
         s += &format!("{:<28}not run: {}\n", n.strategy, n.reason);
     }
     if let Some(pt) = &first.pytorch {
-        let util = if pt.peak == 0 { 1.0 } else { demand as f64 / pt.peak as f64 };
-        let jw = if demand == 0 { 0.0 } else { (pt.peak as f64 - demand as f64) / demand as f64 };
+        // No ratio from what the history is missing (`facts::pytorch_ratios`).
+        let (util, jw) = crate::facts::pytorch_ratios(demand, pt.peak, &first.history);
         s += &format!(
-            "{:<28}{:>12}{:>12}{:>8}{:>8.3}{:>16}{:>12}{:>16}{:>12}{:>16}{:>12}{:>9}\n",
+            "{:<28}{:>12}{:>12}{:>8}{:>8}{:>16}{:>12}{:>16}{:>12}{:>16}{:>12}{:>9}\n",
             "PyTorch (snapshot)",
             fmt_bytes(demand),
             fmt_bytes(pt.peak),
-            pct(util),
-            jw,
+            util.map_or_else(|| "n/a".into(), pct),
+            jw.map_or_else(|| "n/a".into(), |j| format!("{j:.3}")),
             format!("{} oom", pt.ooms),
             "",
             "",

@@ -9,7 +9,12 @@ pub use crate::analysis::{FailureClass, FragLevel, Fragmentation};
 
 use super::device::DeviceHeapEnd;
 use super::materialize::MeasureOutcome;
-use crate::facts::{Capacity, PytorchReserved};
+use crate::facts::{Capacity, HistoryCompleteness, PytorchReserved};
+pub use crate::reference::caching::{RecordedRelease, ReleaseCause, ReleaseEvidence};
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
 
 /// A request the strategy could not serve.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -138,6 +143,37 @@ pub struct CachingEnd {
     pub segments: u64,
     /// Segments seeded from the snapshot.
     pub seeded_segments: u64,
+    /// Times the model released its cache because an allocation failed and retried (PyTorch's
+    /// `num_alloc_retries`; serialised when not 0).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub alloc_retries: u64,
+}
+
+/// `(a − b) / b`, or `None` when `b` is 0 and `a` is not (no ratio to nothing; 0 against 0 is 0).
+pub fn relative_difference(a: u64, b: u64) -> Option<f64> {
+    match (a, b) {
+        (0, 0) => Some(0.0),
+        (_, 0) => None,
+        _ => Some((a as f64 - b as f64) / b as f64),
+    }
+}
+
+/// The caching model's end state against the snapshot's ([`ReplayReport::end_fidelity`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct EndFidelity {
+    /// The model's reserved bytes at the end.
+    pub model_reserved: u64,
+    /// The snapshot's (its final state, else the segment events' end).
+    pub snapshot_reserved: u64,
+    /// `(model − snapshot) / snapshot` reserved bytes; `None` when the snapshot reserves 0 B and the model
+    /// does not.
+    pub reserved: Option<f64>,
+    /// The model's segments at the end.
+    pub model_segments: u64,
+    /// The snapshot's.
+    pub snapshot_segments: u64,
+    /// `(model − snapshot) / snapshot` segments; `None` when the snapshot has none and the model has.
+    pub segments: Option<f64>,
 }
 
 /// What a replay reports. Bytes, ns, events/s unless named otherwise.
@@ -201,6 +237,31 @@ pub struct ReplayReport {
     pub device_heap: Option<DeviceHeapEnd>,
     /// Per-tier figures (tiered strategy only): small, medium, large.
     pub tiers: Option<Vec<TierStats>>,
+    /// The releases the trace records (PyTorch snapshots), each classified: PyTorch's allocator's own
+    /// (left to the model, which releases when its own allocation fails at this capacity) or the
+    /// program's (`empty_cache()`, replayed as recorded), with the evidence
+    /// ([`crate::reference::caching::releases`]). Serialised when not empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recorded_releases: Vec<RecordedRelease>,
+    /// How complete the trace's history is and what that costs (serialised when not complete).
+    #[serde(skip_serializing_if = "HistoryCompleteness::is_complete")]
+    pub history: HistoryCompleteness,
     /// Timeline samples.
     pub timeline: Vec<Sample>,
+}
+
+impl ReplayReport {
+    /// The caching model's end state against the snapshot's (caching model of a snapshot only).
+    pub fn end_fidelity(&self) -> Option<EndFidelity> {
+        let (c, pt) = (self.caching_end.as_ref()?, self.pytorch.as_ref()?);
+        let (pr, ps) = (pt.snapshot_reserved.unwrap_or(pt.end), pt.snapshot_segments.unwrap_or(pt.end_segments));
+        Some(EndFidelity {
+            model_reserved: c.reserved,
+            snapshot_reserved: pr,
+            reserved: relative_difference(c.reserved, pr),
+            model_segments: c.segments,
+            snapshot_segments: ps,
+            segments: relative_difference(c.segments, ps),
+        })
+    }
 }

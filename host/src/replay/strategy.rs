@@ -295,7 +295,8 @@ impl<'a> StrategyTarget<'a> {
 
     /// Allocates block `id`; returns `Err(OutOfMemory...)` unchanged for the caller to handle.
     #[inline]
-    fn try_alloc(&mut self, l: &mut Ledger, id: u32, requested: u64, stream: i64) -> Result<(), AllocError> {
+    fn try_alloc(&mut self, l: &mut Ledger, r: Request) -> Result<(), AllocError> {
+        let (id, requested, stream) = (r.id, r.requested, r.stream);
         // `size`: the rounded request (the tiers of the tiered strategy are chosen by it).
         let (a, size, top) = match &mut self.model {
             // The model rounds the request itself (roundup divisions, torch_npu's pad) on its stream; it
@@ -304,7 +305,7 @@ impl<'a> StrategyTarget<'a> {
                 if let Some(r) = self.recorded.as_mut() {
                     r.before_alloc(c);
                 }
-                let a = c.alloc_on(requested.max(1), stream);
+                let a = c.alloc_in(requested.max(1), stream, r.mempool);
                 if let Some(r) = self.recorded.as_mut() {
                     r.after_alloc(c, a.as_ref().ok().map(|a| a.offset));
                 }
@@ -382,7 +383,7 @@ impl<'a> StrategyTarget<'a> {
             let k = t.of(round_request(r.requested, self.align));
             t.stats[k as usize].requests += 1;
         }
-        let err = match self.try_alloc(l, r.id, r.requested, r.stream) {
+        let err = match self.try_alloc(l, r) {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
@@ -393,7 +394,7 @@ impl<'a> StrategyTarget<'a> {
                 // A layout that is already compact is left alone (no record, no retry).
                 if let Some(mut rec) = self.compact(i, CompactionTrigger::OnOom)? {
                     rec.request = Some(r.requested);
-                    let retry = self.try_alloc(l, r.id, r.requested, r.stream);
+                    let retry = self.try_alloc(l, r);
                     rec.retry_succeeded = Some(retry.is_ok());
                     l.compactions.push(rec);
                     l.exclude_since(t);
@@ -492,7 +493,7 @@ impl ReplayTarget for StrategyTarget<'_> {
         // The caching model releases what PyTorch released (`RecordedSegments`); a strategy without a cache
         // is asked to release at the first event of each run of releases.
         let released = match (&mut self.model, self.recorded.as_mut()) {
-            (Model::Caching(c), Some(r)) => r.on_segment_event(c, e),
+            (Model::Caching(c), Some(r)) => r.on_segment_event(c, event, e),
             (m, _) => {
                 let first = !matches!(prev, EventKind::SegmentFree | EventKind::SegmentUnmap);
                 if first && matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap) {
@@ -541,6 +542,7 @@ impl ReplayTarget for StrategyTarget<'_> {
                 reserved: c.reserved_bytes(),
                 segments: c.segment_count() as u64,
                 seeded_segments: self.seeded_segments,
+                alloc_retries: c.counters().alloc_retries,
             }),
             Model::Strategy(_) => None,
         };

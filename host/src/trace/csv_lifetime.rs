@@ -110,6 +110,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
         .into_iter()
         .map(|(t, alloc, row)| Event {
             kind: if alloc == 1 { EventKind::Alloc } else { EventKind::Free },
+            mempool: 0,
             id: NO_ID,
             addr: row as u64,
             size: sizes[row as usize],

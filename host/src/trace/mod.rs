@@ -37,8 +37,9 @@ pub(crate) use error::{excerpt, excerpt_plain, one_line};
 pub use error::{Location, TraceError};
 pub use format::{detect, detect_row, FormatRow, Recorder, CSV_ALIGN, DEFAULT_ALIGN, FORMATS, PYTORCH_ALIGN};
 pub use model::{
-    AddressKind, BlockSeed, BlockState, BlockStatus, DeviceTrace, Event, EventKind, OomInfo, Pool, SegmentSeed,
-    SegmentState, SnapshotLayout, SnapshotState, TimeUnit, Trace, TraceFormat, NO_ID,
+    AddressKind, BlockSeed, BlockState, BlockStatus, DeviceTrace, Event, EventKind, HistoryRecording, MempoolId,
+    OomInfo, Pool, ReleaseCaller, SegmentSeed, SegmentState, SnapshotLayout, SnapshotState, TimeUnit, Trace,
+    TraceFormat, NO_ID,
 };
 pub use pytorch::settings::{expandable_initial_ranges, guess_expandable_pool, AllocatorSettings};
 pub use validate::{validate, ValidationError, ValidationErrorKind};

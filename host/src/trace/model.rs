@@ -130,6 +130,10 @@ impl EventKind {
 pub struct Event {
     /// What happened.
     pub kind: EventKind,
+    /// The memory pool the event belongs to: an index into [`DeviceTrace::mempools`] (0: the default
+    /// pool). From the entry's own `pool_id` where the file records one (PyTorch ≥ 2.11, PR#177717),
+    /// else the pool of the segment that holds the address at that moment ([`DeviceTrace::mempools`]).
+    pub mempool: u16,
     /// Dense number of the block (block kinds) or segment (`SegmentAlloc`/`SegmentFree`) this
     /// event is about: ids `0..DeviceTrace::block_ids` for blocks, `0..DeviceTrace::segment_ids`
     /// for segments, counting the initial ones first. An alloc and its frees share the id.
@@ -157,6 +161,31 @@ pub enum Pool {
     Unknown,
 }
 
+/// A memory pool of PyTorch's caching allocator (`MempoolId_t`, a pair of integers; a snapshot's
+/// `segment_pool_id`, an entry's `pool_id`): `(0, 0)` is the default pool, which ordinary requests use;
+/// any other is a private pool (a CUDA graph's, a `torch.cuda.MemPool`'s, or a serving engine's such as
+/// vLLM's sleep-mode pools) that only allocations made while it is active use
+/// (`c10/cuda/CUDACachingAllocator.cpp`: `get_pool`, `beginAllocateToPool`, `PrivatePool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize)]
+pub struct MempoolId(pub i64, pub i64);
+
+impl MempoolId {
+    /// The default pool `(0, 0)`.
+    pub const DEFAULT: MempoolId = MempoolId(0, 0);
+
+    /// Whether this is a private pool (not `(0, 0)`).
+    pub fn is_private(self) -> bool {
+        self != MempoolId::DEFAULT
+    }
+}
+
+impl fmt::Display for MempoolId {
+    /// `(0, 1)`, as PyTorch prints a `MempoolId_t`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "({}, {})", self.0, self.1)
+    }
+}
+
 /// A segment that exists before the first event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SegmentSeed {
@@ -170,6 +199,8 @@ pub struct SegmentSeed {
     pub stream: i64,
     /// Pool.
     pub pool: Pool,
+    /// Memory pool: an index into [`DeviceTrace::mempools`] (0: the default pool).
+    pub mempool: u16,
     /// Whether it is an expandable segment.
     pub is_expandable: bool,
 }
@@ -225,6 +256,9 @@ pub struct SegmentState {
     pub stream: i64,
     /// Pool.
     pub pool: Pool,
+    /// Memory pool (`segment_pool_id`; a block's `pool_id` where the segment records none; else the
+    /// default pool).
+    pub mempool: MempoolId,
     /// Expandable segment.
     pub is_expandable: bool,
     /// Blocks in address order; they tile the segment.
@@ -322,6 +356,45 @@ pub struct DeviceTrace {
     pub allocator_settings: Option<AllocatorSettings>,
     /// Extra data of `oom` events.
     pub ooms: Vec<OomInfo>,
+    /// The memory pools of this device, indexed by [`Event::mempool`] and [`SegmentSeed::mempool`]:
+    /// element 0 is always the default pool `(0, 0)`, then the private pools in the order the file first
+    /// names them.
+    pub mempools: Vec<MempoolId>,
+    /// What the stack frames of each `segment_free` / `segment_unmap` event show about who released it,
+    /// `(event index, caller)` ascending by index, for the events whose frames say
+    /// ([`ReleaseCaller`]; stack frames are otherwise not kept).
+    pub release_callers: Vec<(usize, ReleaseCaller)>,
+    /// What the file says of how its history was recorded ([`HistoryRecording`]).
+    pub recording: HistoryRecording,
+}
+
+/// Who released a segment, as the stack frames of its `segment_free` / `segment_unmap` event show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReleaseCaller {
+    /// A frame is PyTorch's `DeviceCachingAllocator::malloc` (or the `release_cached_blocks` /
+    /// `release_available_cached_blocks` / `garbage_collect_cached_blocks` it calls) and none is
+    /// `empty_cache`: the allocator released while serving a request (after a failed `cudaMalloc`, or
+    /// its garbage collection).
+    Malloc,
+    /// A frame is `empty_cache` (Python, `torch/cuda/memory.py`) or `emptyCache` (C++): the program
+    /// asked for it.
+    EmptyCache,
+}
+
+/// What a snapshot says of how its history (`device_traces`) was recorded, beyond the events
+/// themselves. Every field is `None` where the file does not say.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HistoryRecording {
+    /// The ring buffer's size in entries (`allocator_settings.trace_alloc_max_entries`, PyTorch
+    /// PR#179276).
+    pub max_entries: Option<u64>,
+    /// Whether the ring buffer overflowed, i.e. older entries were overwritten
+    /// (`allocator_settings.trace_alloc_overflowed`, PyTorch PR#179276).
+    pub overflowed: Option<bool>,
+    /// Actions the recording skipped (`_record_memory_history(skip_actions=[...])`, PyTorch PR#168183),
+    /// as the file names them (`allocator_settings.skip_actions` or a top-level `skip_actions`).
+    pub skip_actions: Option<Vec<String>>,
 }
 
 impl DeviceTrace {
@@ -337,6 +410,28 @@ impl DeviceTrace {
             final_state: None,
             allocator_settings: None,
             ooms: Vec::new(),
+            mempools: vec![MempoolId::DEFAULT],
+            release_callers: Vec::new(),
+            recording: HistoryRecording::default(),
+        }
+    }
+
+    /// The memory pool of index `i` ([`Event::mempool`], [`SegmentSeed::mempool`]); the default pool
+    /// for an index out of range.
+    pub fn mempool(&self, i: u16) -> MempoolId {
+        self.mempools.get(i as usize).copied().unwrap_or_default()
+    }
+
+    /// The index of memory pool `id` in [`DeviceTrace::mempools`], added if new (saturating at
+    /// `u16::MAX` pools, the last index then standing for every further pool).
+    pub fn mempool_index(&mut self, id: MempoolId) -> u16 {
+        match self.mempools.iter().position(|&m| m == id) {
+            Some(i) => i as u16,
+            None if self.mempools.len() < u16::MAX as usize => {
+                self.mempools.push(id);
+                (self.mempools.len() - 1) as u16
+            }
+            None => u16::MAX - 1,
         }
     }
 

@@ -120,7 +120,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
         let stream = parse_hex_or_dec(&record[5])
             .ok_or_else(|| bad(format!("column `Stream`: cannot read {} as a stream", super::excerpt(&record[5]))))?;
         let addr = if kind == EventKind::Oom { 0 } else { addr };
-        events.push(Event { kind, id: NO_ID, addr, size, stream: stream as i64, time_us: Some(t) });
+        events.push(Event { kind, mempool: 0, id: NO_ID, addr, size, stream: stream as i64, time_us: Some(t) });
         lines.push(line);
     }
     let mut dt = DeviceTrace::new(device_from_name(path));

@@ -361,6 +361,7 @@ pub(crate) fn seed_and_link(trace: &mut DeviceTrace) -> Result<(), ValidationErr
                         size: e.size,
                         stream: e.stream,
                         pool: Pool::Unknown,
+                        mempool: 0,
                         is_expandable: false,
                     });
                 }
@@ -384,6 +385,7 @@ pub(crate) fn seed_and_link(trace: &mut DeviceTrace) -> Result<(), ValidationErr
                 size: s.size,
                 stream: s.stream,
                 pool: s.pool,
+                mempool: 0,
                 is_expandable: s.is_expandable,
             });
         }

@@ -8,6 +8,8 @@ pub enum V<'a> {
     Bool(bool),
     Str(&'a str),
     List(Vec<V<'a>>),
+    /// A tuple (PyTorch pickles a pool id `(int, int)` as one).
+    Tuple(Vec<V<'a>>),
     Dict(Vec<(&'a str, V<'a>)>),
 }
 
@@ -46,6 +48,12 @@ pub fn emit(v: &V, out: &mut Vec<u8>) {
             out.extend_from_slice(b"](");
             items.iter().for_each(|i| emit(i, out));
             out.push(b'e');
+        }
+        V::Tuple(items) => {
+            // MARK items TUPLE.
+            out.push(b'(');
+            items.iter().for_each(|i| emit(i, out));
+            out.push(b't');
         }
         V::Dict(items) => {
             out.extend_from_slice(b"}(");

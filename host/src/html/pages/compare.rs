@@ -39,12 +39,14 @@ pub fn compare_page(title: &str, cmp: &Comparison, demand: u64) -> HtmlReport {
         })
         .collect();
     if let Some(pt) = reports.first().and_then(|r| r.pytorch.as_ref()) {
-        let util = if pt.peak == 0 { 1.0 } else { demand as f64 / pt.peak as f64 };
+        // No ratio from what the history is missing (`facts::pytorch_ratios`).
+        let history = &reports[0].history;
+        let util = crate::facts::pytorch_ratios(demand, pt.peak, history).0;
         rows.push(vec![
             "PyTorch (snapshot)".into(),
             fmt_bytes(demand),
             fmt_bytes(pt.peak),
-            pct(util),
+            util.map_or_else(|| "n/a".into(), pct),
             String::new(),
             format!("{} oom", pt.ooms),
             String::new(),

@@ -34,6 +34,8 @@ pub(super) struct Block {
     pub(super) state: u8,
     /// The segment's pool (`Pool as u8`), kept here so that caching a block reads no segment record.
     pub(super) pool: u8,
+    /// The segment's memory pool (0: the default pool), for the same reason.
+    pub(super) mempool: u16,
 }
 
 impl CachingAllocator {
@@ -72,6 +74,7 @@ impl CachingAllocator {
             next: NIL,
             state: FREE,
             pool: s.pool as u8,
+            mempool: s.mempool,
         });
         if self.seg_first.len() <= id as usize {
             self.seg_first.resize(id as usize + 1, NIL);

@@ -5,15 +5,23 @@
 //! ([`CachingAllocator::unmap_range`]) and the seeding of mapped ranges
 //! ([`CachingAllocator::seed_mapped`]) are here too.
 
-use super::rules::{round_down_to, round_up_to};
+use std::collections::BTreeMap;
+
+use super::rules::{round_down_to, round_up_to, set_index};
 use super::{CachingAllocator, Pool, Segment, ADDRESS_RANGE, FREE, LIVE, NIL, UNMAPPED};
 use crate::reference::{oom, AllocError};
 
 impl CachingAllocator {
-    /// Start of the expandable reservation of (`pool`, `stream`), if it exists.
+    /// Start of the expandable reservation of (`pool`, `stream`) in the default memory pool, if it exists.
     pub fn reservation_start(&self, pool: Pool, stream: i64) -> Option<u64> {
+        self.reservation_start_in(pool, stream, 0)
+    }
+
+    /// Start of the expandable reservation of (`pool`, `stream`) in memory pool `mempool`, if it exists.
+    pub fn reservation_start_in(&self, pool: Pool, stream: i64, mempool: u16) -> Option<u64> {
         let st = self.streams.iter().position(|&s| s == stream)? as u32;
-        self.segments.iter().flatten().find(|s| s.expandable && s.pool == pool && s.stream == st).map(|s| s.start)
+        let mut segs = self.segments.iter().flatten();
+        segs.find(|s| s.expandable && s.pool == pool && s.mempool == mempool && s.stream == st).map(|s| s.start)
     }
 
     /// Virtual bytes of an expandable reservation: `totalGlobalMem + totalGlobalMem / 8` in whole pages
@@ -25,17 +33,23 @@ impl CachingAllocator {
             .min(round_down_to(ADDRESS_RANGE / 4, pool.page()))
     }
 
-    pub(super) fn new_reservation(&mut self, pool: Pool, stream: u32, len: u64) -> Option<u32> {
+    pub(super) fn new_reservation(&mut self, mempool: u16, pool: Pool, stream: u32, len: u64) -> Option<u32> {
         let start = self.va_alloc(len)?;
-        let id = self.new_segment(Segment { start, size: len, pool, stream, expandable: true });
+        let id = self.new_segment(Segment { start, size: len, pool, mempool, stream, expandable: true });
         let n = self.segment_block(id);
         self.park(n);
         Some(id)
     }
 
     /// `try_allocate_expandable_block`.
-    pub(super) fn try_allocate_expandable_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<u32> {
-        let mut cand = self.find_expandable_block(pool, stream, size)?;
+    pub(super) fn try_allocate_expandable_block(
+        &mut self,
+        mempool: u16,
+        pool: Pool,
+        stream: u32,
+        size: u64,
+    ) -> Option<u32> {
+        let mut cand = self.find_expandable_block(mempool, pool, stream, size)?;
         if self.blocks[cand as usize].state == UNMAPPED {
             let len = self.blocks[cand as usize].size.min(size);
             cand = self.map_block(cand, len)?;
@@ -51,10 +65,10 @@ impl CachingAllocator {
 
     /// `find_expandable_block`: the lowest unmapped range of the stream's reservation (with the free block
     /// before it) with room for `size` bytes, or a new reservation. Returns the first block of it.
-    pub(super) fn find_expandable_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<u32> {
-        let p = pool as usize;
+    pub(super) fn find_expandable_block(&mut self, mempool: u16, pool: Pool, stream: u32, size: u64) -> Option<u32> {
+        let p = set_index(mempool, pool);
         let mut key = (stream, 0u64);
-        while let Some((&(st, off), &n)) = self.unmapped[p].range(key..).next() {
+        while let Some((&(st, off), &n)) = self.unmapped.get(p).and_then(|u| u.range(key..).next()) {
             if st != stream {
                 break;
             }
@@ -75,7 +89,7 @@ impl CachingAllocator {
             }
         }
         let len = self.reservation_size(pool);
-        let id = self.new_reservation(pool, stream, len)?;
+        let id = self.new_reservation(mempool, pool, stream, len)?;
         Some(self.seg_first[id as usize])
     }
 
@@ -202,14 +216,18 @@ impl CachingAllocator {
         b.state = UNMAPPED;
         b.requested = 0;
         b.gc_base = 0;
-        self.unmapped[b.pool as usize].insert((b.stream, b.off), n);
+        let p = set_index(b.mempool, Pool::of_index(b.pool));
+        if self.unmapped.len() <= p {
+            self.unmapped.resize_with(p + 1, BTreeMap::new);
+        }
+        self.unmapped[p].insert((b.stream, b.off), n);
     }
 
     /// Takes the unmapped block `n` out of its unmapped set.
     pub(super) fn unpark(&mut self, n: u32) {
         let b = &self.blocks[n as usize];
         debug_assert_eq!(b.state, UNMAPPED);
-        self.unmapped[b.pool as usize].remove(&(b.stream, b.off));
+        self.unmapped[set_index(b.mempool, Pool::of_index(b.pool))].remove(&(b.stream, b.off));
     }
 
     /// Block `n` (in no set) merged with the unmapped neighbours of its segment; the result is in no set.
@@ -248,13 +266,15 @@ impl CachingAllocator {
             return Err(oom(size, self.config.device_capacity - self.reserved, 0));
         }
         let st = self.stream_index(stream);
-        let existing =
-            self.segments.iter().position(|s| s.is_some_and(|s| s.expandable && s.pool == pool && s.stream == st));
+        let existing = self
+            .segments
+            .iter()
+            .position(|s| s.is_some_and(|s| s.expandable && s.pool == pool && s.mempool == 0 && s.stream == st));
         let id = match existing {
             Some(id) => id as u32,
             None => {
                 let len = self.reservation_size(pool).max(round_up_to(span, page).ok_or(bad.clone())?);
-                self.new_reservation(pool, st, len).ok_or(oom(size, 0, 0))?
+                self.new_reservation(0, pool, st, len).ok_or(oom(size, 0, 0))?
             }
         };
         let seg = self.seg(id);

@@ -4,6 +4,7 @@
 //! are the only writes. Outside this file a pool's free set is read through [`CachingAllocator::free_set`]
 //! only, so which set holds a block and which set serves a request are decided here alone.
 
+use super::rules::set_index;
 use super::{CachingAllocator, Pool, ADDRESS_RANGE, FREE, UNMAPPED};
 use crate::reference::block_list::size_class;
 use crate::reference::class_index::{key, key_offset, key_record, key_size, ClassIndex, Pos};
@@ -94,37 +95,50 @@ impl FreeSet {
 }
 
 impl CachingAllocator {
-    /// The free set of `pool`: every lookup of cached blocks goes through here.
-    pub(super) fn free_set(&self, pool: Pool) -> &FreeSet {
-        &self.free_sets[pool as usize]
+    /// The free set of `pool` of memory pool `mempool` (0: the default pool): every lookup of cached
+    /// blocks goes through here. A memory pool with no cached block yet has an empty set.
+    pub(super) fn free_set(&self, mempool: u16, pool: Pool) -> &FreeSet {
+        static EMPTY: FreeSet = FreeSet { streams: Vec::new() };
+        self.free_sets.get(set_index(mempool, pool)).unwrap_or(&EMPTY)
+    }
+
+    /// The free set block `n` belongs in (created on first use).
+    fn free_set_of(&mut self, n: u32) -> &mut FreeSet {
+        let b = &self.blocks[n as usize];
+        let i = set_index(b.mempool, Pool::of_index(b.pool));
+        if self.free_sets.len() <= i {
+            self.free_sets.resize_with(i + 1, FreeSet::default);
+        }
+        &mut self.free_sets[i]
     }
 
     /// `BlockPool::insert_into_blocks`: caches block `n` as free (its age starts now).
     pub(super) fn cache(&mut self, n: u32) {
         let b = &mut self.blocks[n as usize];
-        let pool = b.pool as usize;
         b.state = FREE;
         b.requested = 0;
-        b.gc_base = self.gc_calls[pool];
-        self.free_sets[pool].insert(b.stream, b.size, b.off, n);
-        self.cached_free += b.size;
+        // Garbage collection counts the default pool's searches (it collects the default large pool).
+        b.gc_base = self.gc_calls[b.pool as usize];
+        let (stream, size, off) = (b.stream, b.size, b.off);
+        self.free_set_of(n).insert(stream, size, off, n);
+        self.cached_free += size;
         self.cached_free_count += 1;
     }
 
     /// Takes the free block `n` out of its free set (it stays a block for the caller to change).
     pub(super) fn uncache(&mut self, n: u32) {
-        let b = &self.blocks[n as usize];
+        let b = self.blocks[n as usize];
         debug_assert_eq!(b.state, FREE);
-        self.free_sets[b.pool as usize].remove(b.stream, b.size, b.off, n);
+        self.free_set_of(n).remove(b.stream, b.size, b.off, n);
         self.cached_free -= b.size;
         self.cached_free_count -= 1;
     }
 
     /// [`CachingAllocator::uncache`] of the free block `n` found at `at` in its free set.
     pub(super) fn uncache_at(&mut self, n: u32, at: Pos) {
-        let b = &self.blocks[n as usize];
+        let b = self.blocks[n as usize];
         debug_assert_eq!(b.state, FREE);
-        self.free_sets[b.pool as usize].remove_at(b.stream, at);
+        self.free_set_of(n).remove_at(b.stream, at);
         self.cached_free -= b.size;
         self.cached_free_count -= 1;
     }
@@ -133,16 +147,23 @@ impl CachingAllocator {
         self.free_sets.iter().map(FreeSet::largest).max().unwrap_or(0)
     }
 
-    /// `get_free_block`: the cached block to use for a rounded request, still in the free set, with its
-    /// position there when the search found it directly (not through the expandable-segment rule).
-    pub(super) fn get_free_block(&mut self, pool: Pool, stream: u32, size: u64) -> Option<(u32, Option<Pos>)> {
-        if self.config.gc_active() {
+    /// `get_free_block`: the cached block to use for a rounded request of memory pool `mempool` (`get_pool`:
+    /// the request's own pool only), still in the free set, with its position there when the search found
+    /// it directly (not through the expandable-segment rule).
+    pub(super) fn get_free_block(
+        &mut self,
+        mempool: u16,
+        pool: Pool,
+        stream: u32,
+        size: u64,
+    ) -> Option<(u32, Option<Pos>)> {
+        if self.config.gc_active() && mempool == 0 {
             self.gc_calls[pool as usize] += 1;
         }
-        let ((_, _, mut cur), at) = self.free_sets[pool as usize].first_at_least(stream, size)?;
+        let ((_, _, mut cur), at) = self.free_set(mempool, pool).first_at_least(stream, size)?;
         let mut at = Some(at);
         if self.config.expandable_segments && self.seg(self.blocks[cur as usize].seg).expandable {
-            let it = self.free_sets[pool as usize].at_least(stream, size).skip(1);
+            let it = self.free_set(mempool, pool).at_least(stream, size).skip(1);
             let room = |n: u32| {
                 let b = &self.blocks[n as usize];
                 let next = self.blocks.get(b.next as usize).filter(|x| x.state == UNMAPPED);

@@ -13,6 +13,14 @@
 //! - **Pools** (`get_pool`, `BlockComparatorSize`): rounded requests ≤ 1 MiB (`kSmallSize`) use the small
 //!   pool, larger ones the large pool; within a pool, free blocks are ordered by `(stream, size, address)`
 //!   and a block is only ever reused by the stream it was allocated on.
+//! - **Memory pools** (`MempoolId_t`, `PrivatePool`, `beginAllocateToPool`, `get_pool`): each private pool (a
+//!   CUDA graph's, a `torch.cuda.MemPool`'s) has its own small and large pools. A request made while a
+//!   private pool is active ([`CachingAllocator::alloc_in`]) is served from that pool's cached blocks or a
+//!   new segment of that pool, and its blocks are freed back to it (`free_block`: `block->pool`); an
+//!   ordinary request uses the default pool only. `release_cached_blocks(context, {0, 0})` (`empty_cache`,
+//!   the retry of `malloc`) releases the default pool's cache; a private pool's segments are released only
+//!   once the pool is freeable (its graph or `MemPool` destroyed, `graph_pools_freeable`), which a trace
+//!   records as its own `segment_free` events.
 //! - **Segment size** (`get_allocation_size`): 2 MiB (`kSmallBuffer`) for small requests, 20 MiB
 //!   (`kLargeBuffer`) below 10 MiB (`kMinLargeAlloc`), else the request rounded up to 2 MiB (`kRoundLarge`).
 //! - **Search** (`get_free_block`): best fit `(stream, size, address)`; a request below `max_split_size`
@@ -81,7 +89,8 @@
 //!   at the segment's start (splits and merges keep the front block's record); a block is in
 //!   `free_sets[pool]` under `(stream, size, offset)` iff it is free and mapped, in `unmapped[pool]` under
 //!   `(stream, offset)` (with its record) iff it is unmapped; no two adjacent blocks of one segment are
-//!   both free or both unmapped.
+//!   both free or both unmapped. `pool` is the pair (memory pool, small/large) of the block's segment
+//!   (`rules::set_index`): a block is never in another memory pool's set.
 //! - Each stream's `ClassIndex` keeps its own invariants (chunks, directory, bitmaps: see
 //!   `class_index.rs`).
 //! - `reserved` = sizes of non-expandable segments + mapped bytes of expandable ones ≤ capacity.
@@ -101,10 +110,10 @@
 //! # Files
 //! One concern per file, each an `impl CachingAllocator` block: [`config`] (the options and their
 //! parsing), `rules.rs` (rounding, pools, segment sizes), `blocks.rs` (block records and chain surgery),
-//! `free_set.rs` (the cached blocks of each pool and the search), `vspace.rs` (segments, virtual
-//! addresses, the device model), `expandable.rs` (expandable segments), `release.rs` (release and garbage
-//! collection), `relocate.rs` (relocation for compaction), [`seed`] (a model seeded from a trace, and
-//! fidelity). This file holds the model's state and its `malloc` and `free`.
+//! `free_set.rs` (the cached blocks of each pool of each memory pool and the search), `vspace.rs` (segments,
+//! virtual addresses, the device model), `expandable.rs` (expandable segments), `release.rs` (release and
+//! garbage collection), `relocate.rs` (relocation for compaction), [`releases`] (a trace's recorded
+//! releases: the allocator's or the program's), [`seed`] (a model seeded from a trace, and fidelity). This file holds the model's state and its `malloc` and `free`.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -117,6 +126,7 @@ mod expandable;
 mod free_set;
 pub mod options;
 mod release;
+pub mod releases;
 mod relocate;
 mod rules;
 pub mod seed;
@@ -128,6 +138,7 @@ use rules::pool_of;
 use vspace::{SegIndex, Segment};
 
 pub use config::{CachingConfig, ConfigError, ConfigWarning, ROUNDUP_INTERVALS};
+pub use releases::{least_failed_request_bound, recorded_releases, RecordedRelease, ReleaseCause, ReleaseEvidence};
 pub use rules::{
     round_size, roundup_power2_next_division, segment_size, Pool, ADDRESS_RANGE, LARGE_BUFFER, MIN_BLOCK,
     MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
@@ -176,10 +187,11 @@ pub struct CachingAllocator {
     walk_hint: u32,
     /// Start -> id of every segment (non-expandable segments and expandable reservations).
     seg_index: SegIndex,
-    /// Cached (free, mapped) blocks per pool (indexed only in `free_set.rs`).
-    free_sets: [FreeSet; 2],
-    /// Unmapped blocks per pool: `(stream, offset) -> record`.
-    unmapped: [BTreeMap<(u32, u64), u32>; 2],
+    /// Cached (free, mapped) blocks per pool of each memory pool (`rules::set_index`; indexed only in
+    /// `free_set.rs`).
+    free_sets: Vec<FreeSet>,
+    /// Unmapped blocks per pool of each memory pool (`rules::set_index`): `(stream, offset) -> record`.
+    unmapped: Vec<BTreeMap<(u32, u64), u32>>,
     segments: Vec<Option<Segment>>,
     /// Every segment id below this one is in use (`new_segment` takes the lowest free id from here on,
     /// without rescanning the ids in use: seeding 820 segments was quadratic).
@@ -235,8 +247,8 @@ impl CachingAllocator {
             seg_first: Vec::new(),
             walk_hint: NIL,
             seg_index: SegIndex::default(),
-            free_sets: [FreeSet::default(), FreeSet::default()],
-            unmapped: [BTreeMap::new(), BTreeMap::new()],
+            free_sets: vec![FreeSet::default(), FreeSet::default()],
+            unmapped: vec![BTreeMap::new(), BTreeMap::new()],
             segments: Vec::new(),
             segment_hint: 0,
             streams: vec![0],
@@ -307,25 +319,39 @@ impl CachingAllocator {
     /// release-and-retry steps, with the device's free bytes plus the cached free bytes and the largest of
     /// the device's free bytes and the largest cached block.
     pub fn alloc_on(&mut self, size: u64, stream: i64) -> Result<Allocation, AllocError> {
+        self.alloc_in(size, stream, 0)
+    }
+
+    /// [`CachingAllocator::alloc_on`] for a request made while memory pool `mempool` was active (0: the
+    /// default pool, an ordinary request; another: a private pool, as for an allocation during a CUDA graph
+    /// capture or under `torch.cuda.use_mem_pool`). `get_pool` serves it from that pool's cached blocks only,
+    /// and a new segment for it belongs to that pool, so its blocks are freed back to it (`free_block`:
+    /// `block->pool`). When no cached block fits and no new segment can be had, the retry releases the
+    /// default pool's cache ([`CachingAllocator::empty_cache`]) as PyTorch's `release_cached_blocks(context,
+    /// {0, 0})` does.
+    ///
+    /// # Errors
+    /// As [`CachingAllocator::alloc_on`].
+    pub fn alloc_in(&mut self, size: u64, stream: i64, mempool: u16) -> Result<Allocation, AllocError> {
         check_request(size, 1, MIN_BLOCK)?;
         let rounded =
             self.config.round_size(size).filter(|&r| r <= super::MAX_BYTES).ok_or(AllocError::SizeOverflow { size })?;
         let pool = pool_of(rounded);
         let alloc_size = segment_size(rounded).ok_or(AllocError::SizeOverflow { size })?;
         let st = self.stream_index(stream);
-        let mut found = self.get_free_block(pool, st, rounded);
+        let mut found = self.get_free_block(mempool, pool, st, rounded);
         if found.is_none() {
             if self.config.gc_active() {
                 self.garbage_collect();
             }
-            let mut new = self.alloc_block(pool, st, rounded, alloc_size);
-            if new.is_none() && self.release_available_cached_blocks(pool, st, rounded) {
-                new = self.alloc_block(pool, st, rounded, alloc_size);
+            let mut new = self.alloc_block(mempool, pool, st, rounded, alloc_size);
+            if new.is_none() && self.release_available_cached_blocks(mempool, pool, st, rounded) {
+                new = self.alloc_block(mempool, pool, st, rounded, alloc_size);
             }
             if new.is_none() {
                 self.counters.alloc_retries += 1;
                 self.empty_cache();
-                new = self.alloc_block(pool, st, rounded, alloc_size);
+                new = self.alloc_block(mempool, pool, st, rounded, alloc_size);
             }
             found = new.map(|n| (n, None));
         }

@@ -7,12 +7,18 @@ use super::{CachingAllocator, Pool, FREE, NIL};
 use crate::reference::AllocError;
 
 impl CachingAllocator {
-    /// `torch.cuda.empty_cache()` (`release_cached_blocks`): releases every wholly free cached segment and
-    /// unmaps every whole free page of expandable segments. Returns the bytes released.
+    /// `torch.cuda.empty_cache()` (`release_cached_blocks(context, {0, 0})`, also the last retry of
+    /// `malloc`): releases every wholly free cached segment of the default pool and unmaps every whole free
+    /// page of its expandable segments. Returns the bytes released.
+    ///
+    /// Private pools keep their memory: PyTorch releases one only once it is freeable (its CUDA graph or
+    /// `MemPool` destroyed, `graph_pools_freeable`, use count 0), which a snapshot does not record; a
+    /// replay releases what such a pool released where the trace records it
+    /// ([`CachingAllocator::release_segment`]).
     pub fn empty_cache(&mut self) -> u64 {
         let before = self.reserved;
         for pool in [Pool::Large, Pool::Small] {
-            self.release_blocks(pool);
+            self.release_blocks(0, pool);
         }
         before - self.reserved
     }
@@ -58,9 +64,10 @@ impl CachingAllocator {
         !self.seg(self.blocks[n as usize].seg).expandable && self.is_whole_segment(n)
     }
 
-    /// `release_blocks` of one pool: whole free segments are released, free expandable pages unmapped.
-    pub(super) fn release_blocks(&mut self, pool: Pool) {
-        let nodes: Vec<u32> = self.free_set(pool).iter().map(|x| x.3).collect();
+    /// `release_blocks` of one pool of memory pool `mempool`: whole free segments are released, free
+    /// expandable pages unmapped.
+    pub(super) fn release_blocks(&mut self, mempool: u16, pool: Pool) {
+        let nodes: Vec<u32> = self.free_set(mempool, pool).iter().map(|x| x.3).collect();
         let mut to_unmap = Vec::new();
         for n in nodes {
             if self.seg(self.blocks[n as usize].seg).expandable {
@@ -74,15 +81,16 @@ impl CachingAllocator {
         }
     }
 
-    /// `release_available_cached_blocks`: with `max_split_size` set, releases one cached oversize block
-    /// that holds the request, else oversize blocks from the largest down until their bytes cover it.
-    pub(super) fn release_available_cached_blocks(&mut self, pool: Pool, stream: u32, size: u64) -> bool {
+    /// `release_available_cached_blocks`: with `max_split_size` set, releases one cached oversize block of
+    /// the request's pool (`p.pool`) that holds the request, else oversize blocks from the largest down
+    /// until their bytes cover it.
+    pub(super) fn release_available_cached_blocks(&mut self, mempool: u16, pool: Pool, stream: u32, size: u64) -> bool {
         let max_split = self.config.max_split_size;
         if max_split == u64::MAX {
             return false;
         }
         let key = size.max(max_split);
-        let first = self.free_set(pool).first_at_least(stream, key);
+        let first = self.free_set(mempool, pool).first_at_least(stream, key);
         if let Some(((_, _, n), _)) = first {
             if self.releasable(n) {
                 self.release_block(n);
@@ -91,7 +99,7 @@ impl CachingAllocator {
         }
         // The stream's blocks of `max_split ..key` bytes, from the largest down.
         let mut below: Vec<(u64, u32)> = self
-            .free_set(pool)
+            .free_set(mempool, pool)
             .iter()
             .filter(|x| x.0 == stream && x.1 >= max_split && x.1 < key)
             .map(|x| (x.1, x.3))
@@ -120,7 +128,7 @@ impl CachingAllocator {
         let now = self.gc_calls[Pool::Large as usize];
         // (record, size, age, releasable): whole (unsplit) free blocks of the large pool.
         let mut cands: Vec<(u32, u64, u64, bool)> = self
-            .free_set(Pool::Large)
+            .free_set(0, Pool::Large)
             .iter()
             .map(|x| x.3)
             .filter(|&n| self.is_whole_segment(n))

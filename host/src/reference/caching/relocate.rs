@@ -113,6 +113,7 @@ impl CachingAllocator {
                     next: NIL,
                     state,
                     pool: seg.pool as u8,
+                    mempool: seg.mempool,
                 });
                 if prev != NIL {
                     self.blocks[prev as usize].next = k;

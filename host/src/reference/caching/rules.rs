@@ -31,6 +31,15 @@ pub enum Pool {
 }
 
 impl Pool {
+    /// The pool of a block record's `pool` byte (`Pool as u8`).
+    pub(super) fn of_index(i: u8) -> Pool {
+        if i == Pool::Small as u8 {
+            Pool::Small
+        } else {
+            Pool::Large
+        }
+    }
+
     /// The expandable page size of the pool, bytes (2 MiB small, 20 MiB large).
     pub fn page(self) -> u64 {
         match self {
@@ -38,6 +47,13 @@ impl Pool {
             Pool::Large => LARGE_BUFFER,
         }
     }
+}
+
+/// The index of the free set (and unmapped set) of `pool` in memory pool `mempool`: each memory pool has
+/// its own pair of `BlockPool`s (`PrivatePool::large_blocks` / `small_blocks`; the default pool's are the
+/// allocator's own `large_blocks` / `small_blocks`).
+pub(super) fn set_index(mempool: u16, pool: Pool) -> usize {
+    mempool as usize * 2 + pool as usize
 }
 
 pub(super) fn pool_of(size: u64) -> Pool {

@@ -2,6 +2,7 @@
 //! event ([`seed_from_trace`]), and a replay that measures how closely the model follows what PyTorch
 //! reserved, event by event ([`fidelity`]).
 
+use super::releases::{recorded_releases, ReleaseCause};
 use super::{CachingAllocator, CachingConfig, ConfigWarning, Pool, SMALL_BUFFER};
 use crate::reference::{AllocError, Allocation, SubAllocator};
 use crate::trace::{guess_expandable_pool, BlockStatus, DeviceTrace, Event, EventKind, Pool as TracePool};
@@ -58,7 +59,8 @@ fn model_pool(p: TracePool, size: u64) -> Pool {
 
 /// Builds a model with `config` and seeds it with `dev`'s segments and blocks that existed before the
 /// first event ([`DeviceTrace::initial_segments`], [`DeviceTrace::initial_blocks`]): non-expandable
-/// segments with [`CachingAllocator::seed_segment_on`]; expandable mapped ranges with
+/// segments with [`CachingAllocator::seed_segment_in`], in their memory pool (the model's memory pool
+/// indices are the trace's, [`DeviceTrace::mempools`]); expandable mapped ranges with
 /// [`CachingAllocator::seed_mapped`], at their offset from the lowest address the trace shows for their
 /// (stream, pool) reservation; live blocks at their recorded offsets inside them, with the rounded size the
 /// final state records (else the model's rounding of the request).
@@ -106,7 +108,7 @@ pub fn seed_from_trace(dev: &DeviceTrace, config: CachingConfig) -> Result<Seede
             model.seed_mapped(pool, s.stream, s.addr - base, s.size, end - base)
         } else {
             model.hint_next_segment(Some(s.addr));
-            model.seed_segment_on(s.size, pool, s.stream)
+            model.seed_segment_in(s.size, pool, s.stream, s.mempool)
         };
         model.hint_next_segment(None);
         if let Ok(off) = off {
@@ -153,14 +155,18 @@ pub fn seed_from_trace(dev: &DeviceTrace, config: CachingConfig) -> Result<Seede
 /// ([`CachingAllocator::hint_next_segment`]); the model's segment created by the `alloc` that follows is
 /// matched to it; a `segment_free` releases that segment and a `segment_unmap` unmaps those pages
 /// ([`CachingAllocator::release_segment`], [`CachingAllocator::unmap_range`]) when the model has them
-/// free, else the model's whole cache is emptied, once per run of releases (PyTorch's `empty_cache`, or its
-/// release before a retry). Allocation-free per event.
+/// free, else the model's whole cache is emptied, once per run of releases (PyTorch's `empty_cache`).
+/// Releases that PyTorch's allocator made while serving a request ([`ReleaseCause::Allocator`],
+/// [`super::recorded_releases`]) are not applied: the model releases when its own allocation fails at its
+/// capacity, as `malloc` does. Allocation-free per event.
 ///
 /// Use: [`RecordedSegments::new`] after [`seed_from_trace`]; per event, [`RecordedSegments::before_alloc`]
 /// and [`RecordedSegments::after_alloc`] around the model's `alloc_on` of an `alloc` event, and
 /// [`RecordedSegments::on_segment_event`] for the four segment kinds.
 #[derive(Debug)]
 pub struct RecordedSegments {
+    /// The runs of releases the model decides itself, `(first, last)` event, ascending.
+    decided: Vec<(usize, usize)>,
     seg_off: Vec<u64>,
     reservations: Vec<(i64, Pool, u64, u64)>,
     pending: Option<u32>,
@@ -178,7 +184,13 @@ impl RecordedSegments {
                 *s = off;
             }
         }
+        let decided = recorded_releases(dev)
+            .into_iter()
+            .filter(|r| r.cause == ReleaseCause::Allocator)
+            .map(|r| (r.first_event, r.last_event))
+            .collect();
         RecordedSegments {
+            decided,
             seg_off,
             reservations: seeded.reservations.clone(),
             pending: None,
@@ -206,10 +218,21 @@ impl RecordedSegments {
         self.prev = EventKind::Alloc;
     }
 
-    /// Applies a `segment_alloc`, `segment_free`, `segment_map` or `segment_unmap` event to the model (other
-    /// kinds only end a run of releases). Returns the bytes the model released.
-    pub fn on_segment_event(&mut self, m: &mut CachingAllocator, e: &Event) -> u64 {
+    /// Whether event `i` is a release the model decides itself (one of PyTorch's allocator's own).
+    pub fn decided_by_model(&self, i: usize) -> bool {
+        let k = self.decided.partition_point(|r| r.1 < i);
+        self.decided.get(k).is_some_and(|r| r.0 <= i)
+    }
+
+    /// Applies the segment event `e` at index `i` (`segment_alloc`, `segment_free`, `segment_map` or
+    /// `segment_unmap`) to the model (other kinds only end a run of releases). Returns the bytes the model
+    /// released.
+    pub fn on_segment_event(&mut self, m: &mut CachingAllocator, i: usize, e: &Event) -> u64 {
         let before = m.reserved_bytes();
+        if self.decided_by_model(i) {
+            self.prev = e.kind;
+            return 0;
+        }
         match e.kind {
             EventKind::SegmentAlloc => {
                 self.pending = Some(e.id);
@@ -367,7 +390,7 @@ pub fn fidelity_until(
             EventKind::Alloc => {
                 if let Some(slot) = live.get_mut(e.id as usize) {
                     rec.before_alloc(&m);
-                    let r = m.alloc_on(e.size.max(1), e.stream);
+                    let r = m.alloc_in(e.size.max(1), e.stream, e.mempool);
                     rec.after_alloc(&mut m, r.as_ref().ok().map(|a| a.offset));
                     match r {
                         Ok(a) => {
@@ -389,15 +412,15 @@ pub fn fidelity_until(
             }
             EventKind::SegmentAlloc | EventKind::SegmentMap => {
                 pt = pt.saturating_add(e.size);
-                rec.on_segment_event(&mut m, e);
+                rec.on_segment_event(&mut m, i, e);
             }
             EventKind::SegmentFree | EventKind::SegmentUnmap => {
                 pt = pt.saturating_sub(e.size);
-                rec.on_segment_event(&mut m, e);
+                rec.on_segment_event(&mut m, i, e);
             }
             EventKind::Oom => {
                 f.recorded_ooms.push(i);
-                match m.alloc_on(e.size.max(1), e.stream) {
+                match m.alloc_in(e.size.max(1), e.stream, e.mempool) {
                     Ok(a) => m.free(a)?,
                     Err(_) => f.reproduced_ooms += 1,
                 }
@@ -408,9 +431,10 @@ pub fn fidelity_until(
         // Compared between allocator calls: PyTorch records a `segment_alloc`/`segment_map` just before the
         // `alloc` it serves, and a release as a run of `segment_free`/`segment_unmap` events.
         let next = dev.events.get(i + 1).map(|n| n.kind);
+        // A release of PyTorch's allocator is inside the `alloc` that follows it (the model releases there).
         let mid_call = matches!(e.kind, EventKind::SegmentAlloc | EventKind::SegmentMap)
             || (matches!(e.kind, EventKind::SegmentFree | EventKind::SegmentUnmap)
-                && matches!(next, Some(EventKind::SegmentFree | EventKind::SegmentUnmap)));
+                && (matches!(next, Some(EventKind::SegmentFree | EventKind::SegmentUnmap)) || rec.decided_by_model(i)));
         let d = pt.abs_diff(m.reserved_bytes());
         if !mid_call && d > f.max_deviation {
             (f.max_deviation, f.max_deviation_event) = (d, Some(i));

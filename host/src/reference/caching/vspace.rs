@@ -72,6 +72,8 @@ pub(super) struct Segment {
     pub(super) start: u64,
     pub(super) size: u64,
     pub(super) pool: Pool,
+    /// Memory pool (0: the default pool).
+    pub(super) mempool: u16,
     pub(super) stream: u32,
     pub(super) expandable: bool,
 }
@@ -86,6 +88,8 @@ pub struct SegmentInfo {
     pub size: u64,
     /// Pool.
     pub pool: Pool,
+    /// Memory pool (as given to [`CachingAllocator::alloc_in`]; 0: the default pool).
+    pub mempool: u16,
     /// Stream (as given to [`CachingAllocator::alloc_on`]).
     pub stream: i64,
     /// Part of an expandable segment.
@@ -235,6 +239,7 @@ impl CachingAllocator {
                     offset: a,
                     size: b - a,
                     pool: s.pool,
+                    mempool: s.mempool,
                     stream: self.streams[s.stream as usize],
                     expandable: s.expandable,
                     in_use,
@@ -246,20 +251,27 @@ impl CachingAllocator {
 
     /// `alloc_block`: a new segment (or expandable mapping) for a rounded request; returns a cached block
     /// that holds it, still in the free set.
-    pub(super) fn alloc_block(&mut self, pool: Pool, stream: u32, size: u64, alloc_size: u64) -> Option<u32> {
+    pub(super) fn alloc_block(
+        &mut self,
+        mempool: u16,
+        pool: Pool,
+        stream: u32,
+        size: u64,
+        alloc_size: u64,
+    ) -> Option<u32> {
         if self.config.memory_fraction.is_some()
             && self.reserved.saturating_add(alloc_size) > self.config.allowed_memory_maximum()
         {
             return None;
         }
         if self.config.expandable_segments {
-            return self.try_allocate_expandable_block(pool, stream, size);
+            return self.try_allocate_expandable_block(mempool, pool, stream, size);
         }
         if alloc_size > self.device_free_bytes() {
             return None;
         }
         let start = self.va_alloc(alloc_size)?;
-        let id = self.new_segment(Segment { start, size: alloc_size, pool, stream, expandable: false });
+        let id = self.new_segment(Segment { start, size: alloc_size, pool, mempool, stream, expandable: false });
         self.add_reserved(alloc_size);
         self.counters.segment_allocs += 1;
         let n = self.segment_block(id);
@@ -273,11 +285,19 @@ impl CachingAllocator {
     /// # Errors
     /// As [`CachingAllocator::seed_segment_on`].
     pub fn seed_segment(&mut self, size: u64, pool: Pool) -> Result<u64, AllocError> {
-        self.seed_segment_on(size, pool, 0)
+        self.seed_segment_in(size, pool, 0, 0)
     }
 
-    /// Seeds a non-expandable segment of `size` bytes (a multiple of 512) in `pool` on `stream`, wholly
-    /// free, at the lowest free virtual address. Not counted in
+    /// [`CachingAllocator::seed_segment_in`] in the default memory pool.
+    ///
+    /// # Errors
+    /// As [`CachingAllocator::seed_segment_in`].
+    pub fn seed_segment_on(&mut self, size: u64, pool: Pool, stream: i64) -> Result<u64, AllocError> {
+        self.seed_segment_in(size, pool, stream, 0)
+    }
+
+    /// Seeds a non-expandable segment of `size` bytes (a multiple of 512) in `pool` of memory pool
+    /// `mempool` (0: the default pool) on `stream`, wholly free, at the lowest free virtual address. Not counted in
     /// [`CachingCounters::segment_allocs`](super::CachingCounters::segment_allocs).
     /// Returns its offset; replay maps the recorded segment there and its blocks to the same relative
     /// positions ([`CachingAllocator::seed_block`]).
@@ -285,7 +305,7 @@ impl CachingAllocator {
     /// # Errors
     /// [`AllocError::SizeOverflow`] for a zero or unaligned size; [`AllocError::OutOfMemory`] when the
     /// device has fewer free bytes.
-    pub fn seed_segment_on(&mut self, size: u64, pool: Pool, stream: i64) -> Result<u64, AllocError> {
+    pub fn seed_segment_in(&mut self, size: u64, pool: Pool, stream: i64, mempool: u16) -> Result<u64, AllocError> {
         if size == 0 || !size.is_multiple_of(MIN_BLOCK) || size > crate::reference::MAX_BYTES {
             return Err(AllocError::SizeOverflow { size });
         }
@@ -294,7 +314,7 @@ impl CachingAllocator {
         }
         let st = self.stream_index(stream);
         let start = self.va_alloc(size).ok_or(oom(size, 0, 0))?;
-        let id = self.new_segment(Segment { start, size, pool, stream: st, expandable: false });
+        let id = self.new_segment(Segment { start, size, pool, mempool, stream: st, expandable: false });
         self.add_reserved(size);
         let n = self.segment_block(id);
         self.cache(n);

@@ -10,7 +10,14 @@
 //! Every key is optional except the ones an event or block cannot do without (`action`;
 //! `addr` and `size` of block and segment events; a segment's `address` and `total_size`; a
 //! block's `size` and `state`). Unknown keys and actions are ignored (unknown actions become
-//! [`EventKind::Other`] so that event indices match the file). Stack frames are skipped.
+//! [`EventKind::Other`] so that event indices match the file). Stack frames are skipped, except those of
+//! `segment_free` / `segment_unmap` entries, whose function names say who released
+//! ([`crate::trace::ReleaseCaller`]).
+//!
+//! Memory pools: a segment's `segment_pool_id` (else a block's `pool_id`), an entry's `pool_id`; each
+//! event's pool is linked in `mempools` ([`crate::trace::Event::mempool`]). The history's recording:
+//! `allocator_settings`' `trace_alloc_max_entries`, `trace_alloc_overflowed` (a value, or one per device)
+//! and `skip_actions` (there or at the top level) ([`crate::trace::HistoryRecording`]).
 //!
 //! The pickle is decoded by a data-only decoder that refuses every opcode that imports or calls
 //! Python code (`GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`, `OBJ`, `NEWOBJ`...).
@@ -18,14 +25,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+mod mempools;
 pub(crate) mod pickle;
 pub mod pickle_write;
 pub(super) mod settings;
 
 use super::validate::{seed_and_link, ValidationErrorKind};
 use super::{
-    AddressKind, AllocatorSettings, BlockState, BlockStatus, DeviceTrace, Event, EventKind, Location, OomInfo, Pool,
-    SegmentState, SnapshotLayout, SnapshotState, TimeUnit, Trace, TraceError, TraceFormat, NO_ID,
+    AddressKind, AllocatorSettings, BlockState, BlockStatus, DeviceTrace, Event, EventKind, HistoryRecording, Location,
+    MempoolId, OomInfo, Pool, ReleaseCaller, SegmentState, SnapshotLayout, SnapshotState, TimeUnit, Trace, TraceError,
+    TraceFormat, NO_ID,
 };
 use pickle::{Node, NodeId, Pickle, PickleErrorKind};
 
@@ -69,6 +78,15 @@ const MIN_MAX_SPLIT_SIZE: i64 = 1 << 20;
 struct RawSegment {
     device: i64,
     state: SegmentState,
+}
+
+/// What an entry of `device_traces` records besides its [`Event`].
+#[derive(Default)]
+struct EventExtras {
+    /// Its `pool_id` (or `segment_pool_id`), when recorded.
+    mempool: Option<MempoolId>,
+    /// Who released, for a `segment_free` / `segment_unmap` whose frames say.
+    caller: Option<ReleaseCaller>,
 }
 
 impl<'p, 'a> Reader<'p, 'a> {
@@ -151,12 +169,15 @@ impl<'p, 'a> Reader<'p, 'a> {
 
     fn snapshot(&self) -> Result<Trace, TraceError> {
         let root = self.p.root;
-        let (segments_node, traces_node, settings_node) = match self.node(root) {
-            Node::Dict(d) => {
-                (self.p.get(d, "segments"), self.p.get(d, "device_traces"), self.p.get(d, "allocator_settings"))
-            }
+        let (segments_node, traces_node, settings_node, skip_node) = match self.node(root) {
+            Node::Dict(d) => (
+                self.p.get(d, "segments"),
+                self.p.get(d, "device_traces"),
+                self.p.get(d, "allocator_settings"),
+                self.p.get(d, "skip_actions"),
+            ),
             // `torch.cuda.memory_snapshot()` (a bare list of segments) pickled on its own.
-            Node::List(_) => (Some(root), None, None),
+            Node::List(_) => (Some(root), None, None, None),
             _ => return Err(self.expected(Location::Byte(0), "a dict (a memory snapshot) at the top level", root)),
         };
 
@@ -169,24 +190,43 @@ impl<'p, 'a> Reader<'p, 'a> {
         }
 
         let mut traces: Vec<Vec<Event>> = Vec::new();
+        let mut extras: Vec<Vec<(usize, EventExtras)>> = Vec::new();
         let mut ooms: Vec<Vec<OomInfo>> = Vec::new();
         if let Some(n) = traces_node {
             for (d, &t) in self.list(n, || Location::Key("device_traces"))?.iter().enumerate() {
                 let entries = self.list(t, || Location::Key("device_traces"))?;
                 let mut events = Vec::with_capacity(entries.len());
+                let mut dev_extras = Vec::new();
                 let mut dev_ooms = Vec::new();
                 for (i, &e) in entries.iter().enumerate() {
-                    events.push(self.event(d as i64, i, e, &mut dev_ooms)?);
+                    let (ev, x) = self.event(d as i64, i, e, &mut dev_ooms)?;
+                    events.push(ev);
+                    if x.mempool.is_some() || x.caller.is_some() {
+                        dev_extras.push((i, x));
+                    }
                 }
                 traces.push(events);
+                extras.push(dev_extras);
                 ooms.push(dev_ooms);
             }
         }
 
-        let settings = match settings_node {
-            Some(n) if !matches!(self.node(n), Node::None) => Some(self.settings(n)?),
-            _ => None,
+        let (settings, mut recording) = match settings_node {
+            Some(n) if !matches!(self.node(n), Node::None) => {
+                let (s, r) = self.settings(n)?;
+                (Some(s), r)
+            }
+            _ => (None, Vec::new()),
         };
+        if let Some(n) = skip_node {
+            let skip = self.skip_actions(n);
+            for r in recording.iter_mut() {
+                r.skip_actions = r.skip_actions.take().or_else(|| skip.clone());
+            }
+            if recording.is_empty() {
+                recording.push(HistoryRecording { skip_actions: skip, ..HistoryRecording::default() });
+            }
+        }
 
         // Segments by device, each device's in address order (one pass, not one per device: a file may
         // name many devices). Two segments of one device never share bytes.
@@ -221,10 +261,19 @@ impl<'p, 'a> Reader<'p, 'a> {
         for device in devices {
             let idx = usize::try_from(device).ok().filter(|&d| d < traces.len());
             let mut dt = DeviceTrace::new(device);
+            let mut dev_extras = Vec::new();
             if let Some(d) = idx {
                 dt.events = std::mem::take(&mut traces[d]);
                 dt.ooms = std::mem::take(&mut ooms[d]);
+                dev_extras = std::mem::take(&mut extras[d]);
             }
+            // The recording's facts are per device where the file lists them so, else one for all.
+            dt.recording = match recording.len() {
+                0 => HistoryRecording::default(),
+                1 => recording[0].clone(),
+                _ => idx.and_then(|d| recording.get(d)).cloned().unwrap_or_default(),
+            };
+            dt.release_callers = dev_extras.iter().filter_map(|(i, x)| x.caller.map(|c| (*i, c))).collect();
             if segments_node.is_some() {
                 let segs = by_device
                     .get(&device)
@@ -248,6 +297,9 @@ impl<'p, 'a> Reader<'p, 'a> {
                     source: Box::new(e),
                 },
             })?;
+            let recorded: Vec<(usize, MempoolId)> =
+                dev_extras.iter().filter_map(|(i, x)| x.mempool.map(|m| (*i, m))).collect();
+            mempools::link(&mut dt, &recorded);
             out.push(dt);
         }
 
@@ -266,6 +318,7 @@ impl<'p, 'a> Reader<'p, 'a> {
         let d = self.dict(s, || at(None))?;
         let (mut device, mut addr, mut size, mut stream, mut pool, mut expandable, mut blocks) =
             (0i64, None, None, 0i64, Pool::Unknown, false, None);
+        let mut mempool = None;
         for &(k, v) in d {
             match self.key(k) {
                 b"device" => device = self.i64(v, at(Some("device")))?,
@@ -280,6 +333,7 @@ impl<'p, 'a> Reader<'p, 'a> {
                     }
                 }
                 b"is_expandable" => expandable = self.bool(v, at(Some("is_expandable")))?,
+                b"segment_pool_id" => mempool = self.mempool_id(v, at(Some("segment_pool_id")))?,
                 b"blocks" => blocks = Some(v),
                 _ => {}
             }
@@ -318,6 +372,11 @@ impl<'p, 'a> Reader<'p, 'a> {
                             })
                         }
                         b"history" => *legacy = true,
+                        b"pool_id" => {
+                            if let Some(m) = self.mempool_id(v, at(Some("pool_id")))? {
+                                mempool.get_or_insert(m);
+                            }
+                        }
                         _ => {}
                     }
                 }
@@ -363,15 +422,30 @@ impl<'p, 'a> Reader<'p, 'a> {
         }
         Ok(RawSegment {
             device,
-            state: SegmentState { addr, size, stream, pool, is_expandable: expandable, blocks: out },
+            state: SegmentState {
+                addr,
+                size,
+                stream,
+                pool,
+                mempool: mempool.unwrap_or_default(),
+                is_expandable: expandable,
+                blocks: out,
+            },
         })
     }
 
-    fn event(&self, device: i64, index: usize, e: NodeId, ooms: &mut Vec<OomInfo>) -> Result<Event, TraceError> {
+    fn event(
+        &self,
+        device: i64,
+        index: usize,
+        e: NodeId,
+        ooms: &mut Vec<OomInfo>,
+    ) -> Result<(Event, EventExtras), TraceError> {
         let at = |field| Location::Event { device, index, field };
         let d = self.dict(e, || at(None))?;
         let (mut kind, mut addr, mut size, mut stream, mut time, mut device_free) =
             (None, None, None, 0i64, None, None);
+        let (mut mempool, mut frames) = (None, None);
         for &(k, v) in d {
             match self.key(k) {
                 b"action" => {
@@ -399,10 +473,17 @@ impl<'p, 'a> Reader<'p, 'a> {
                     }
                 }
                 b"device_free" => device_free = Some(v),
+                // PR#177717 names it `pool_id`; PyTorch's MemoryViz reads `segment_pool_id` too.
+                b"pool_id" | b"segment_pool_id" => mempool = self.mempool_id(v, at(Some("pool_id")))?,
+                b"frames" => frames = Some(v),
                 _ => {}
             }
         }
         let kind = kind.ok_or_else(|| self.bad(at(None), "missing `action`"))?;
+        let caller = match (kind, frames) {
+            (EventKind::SegmentFree | EventKind::SegmentUnmap, Some(f)) => self.release_caller(f),
+            _ => None,
+        };
         let needs_both = kind.is_block() || kind.is_segment();
         let addr = match addr {
             Some(v) if needs_both => self.u64(v, at(Some("addr")))?,
@@ -421,15 +502,88 @@ impl<'p, 'a> Reader<'p, 'a> {
             ooms.push(OomInfo { event: index, device_free });
         }
         let addr = if kind == EventKind::Oom { 0 } else { addr };
-        Ok(Event { kind, id: NO_ID, addr, size, stream, time_us: time })
+        Ok((Event { kind, mempool: 0, id: NO_ID, addr, size, stream, time_us: time }, EventExtras { mempool, caller }))
     }
 
-    fn settings(&self, n: NodeId) -> Result<AllocatorSettings, TraceError> {
+    /// A `MempoolId_t` as PyTorch pickles it: a tuple (or list) of two integers. `None` (no pool said) for
+    /// `None`; anything else is a schema error.
+    fn mempool_id(&self, v: NodeId, at: Location) -> Result<Option<MempoolId>, TraceError> {
+        match self.node(v) {
+            Node::None => Ok(None),
+            Node::Tuple(l) | Node::List(l) if l.len() == 2 => {
+                Ok(Some(MempoolId(self.i64(l[0], at.clone())?, self.i64(l[1], at)?)))
+            }
+            _ => Err(self.expected(at, "a pool id (a pair of integers)", v)),
+        }
+    }
+
+    /// Who released a segment, from the frame names of its `segment_free` / `segment_unmap` entry
+    /// ([`ReleaseCaller`]); `None` when the frames name neither (or are not a list of frames).
+    fn release_caller(&self, frames: NodeId) -> Option<ReleaseCaller> {
+        let (Node::List(list) | Node::Tuple(list)) = self.node(frames) else { return None };
+        let (mut malloc, mut empty) = (false, false);
+        for &f in list {
+            let Node::Dict(fd) = self.node(f) else { continue };
+            let Some(Node::Str(name)) = self.p.get(fd, "name").map(|n| self.node(n)) else { continue };
+            let name = String::from_utf8_lossy(name);
+            // `empty_cache` (torch/cuda/memory.py, torch_npu/npu/memory.py) or the C++ `emptyCache`.
+            empty |= name == "empty_cache" || name.contains("emptyCache");
+            // `DeviceCachingAllocator::malloc` and the release steps it calls (CUDACachingAllocator.cpp).
+            malloc |= name.contains("CachingAllocator::malloc")
+                || name.contains("release_cached_blocks")
+                || name.contains("release_available_cached_blocks")
+                || name.contains("garbage_collect_cached_blocks");
+        }
+        if empty {
+            Some(ReleaseCaller::EmptyCache)
+        } else if malloc {
+            Some(ReleaseCaller::Malloc)
+        } else {
+            None
+        }
+    }
+
+    /// `skip_actions` as the file lists them (a list of action names); `None` for anything else.
+    fn skip_actions(&self, n: NodeId) -> Option<Vec<String>> {
+        let (Node::List(l) | Node::Tuple(l)) = self.node(n) else { return None };
+        Some(
+            l.iter()
+                .filter_map(|&a| match self.node(a) {
+                    Node::Str(s) => Some(String::from_utf8_lossy(s).into_owned()),
+                    _ => None,
+                })
+                .collect(),
+        )
+    }
+
+    /// The settings and what they say of the history's recording (one [`HistoryRecording`] per device
+    /// where `trace_alloc_max_entries` / `trace_alloc_overflowed` are lists, else one for all).
+    fn settings(&self, n: NodeId) -> Result<(AllocatorSettings, Vec<HistoryRecording>), TraceError> {
         let at = || Location::Key("allocator_settings");
         let d = self.dict(n, at)?;
         let mut s = AllocatorSettings::default();
+        let (mut max_entries, mut overflowed, mut skip): (Vec<Option<u64>>, Vec<Option<bool>>, _) =
+            (Vec::new(), Vec::new(), None);
+        // A scalar, or a list of one value per device.
+        let each = |v: NodeId| -> Vec<NodeId> {
+            match self.node(v) {
+                Node::List(l) | Node::Tuple(l) => l.to_vec(),
+                _ => vec![v],
+            }
+        };
         for &(k, v) in d {
             match self.key(k) {
+                b"trace_alloc_max_entries" => {
+                    for x in each(v) {
+                        max_entries.push(self.u64(x, at()).ok());
+                    }
+                }
+                b"trace_alloc_overflowed" => {
+                    for x in each(v) {
+                        overflowed.push(self.bool(x, at()).ok());
+                    }
+                }
+                b"skip_actions" => skip = self.skip_actions(v),
                 b"PYTORCH_CUDA_ALLOC_CONF" => {
                     if let Node::Str(t) = self.node(v) {
                         s.alloc_conf = Some(String::from_utf8_lossy(t).into_owned());
@@ -507,7 +661,23 @@ impl<'p, 'a> Reader<'p, 'a> {
                 }
             }
         }
-        Ok(s)
+        let n = max_entries.len().max(overflowed.len()).max(usize::from(skip.is_some()));
+        let recording = (0..n)
+            .map(|i| HistoryRecording {
+                max_entries: max_entries
+                    .get(i)
+                    .or(max_entries.first().filter(|_| max_entries.len() == 1))
+                    .copied()
+                    .flatten(),
+                overflowed: overflowed
+                    .get(i)
+                    .or(overflowed.first().filter(|_| overflowed.len() == 1))
+                    .copied()
+                    .flatten(),
+                skip_actions: skip.clone(),
+            })
+            .collect();
+        Ok((s, recording))
     }
 }
 

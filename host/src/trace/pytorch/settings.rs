@@ -75,7 +75,15 @@ pub fn expandable_initial_ranges(trace: &DeviceTrace) -> Vec<SegmentSeed> {
     }
     merged
         .into_iter()
-        .map(|(stream, a, b, pool)| SegmentSeed { id: NO_ID, addr: a, size: b - a, stream, pool, is_expandable: true })
+        .map(|(stream, a, b, pool)| SegmentSeed {
+            id: NO_ID,
+            addr: a,
+            size: b - a,
+            stream,
+            pool,
+            mempool: 0,
+            is_expandable: true,
+        })
         .collect()
 }
 
