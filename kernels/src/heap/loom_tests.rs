@@ -380,11 +380,14 @@ fn slab_drop_if_full_vs_free_keeps_the_page_findable() {
 }
 
 /// The replacer against the freer (store buffering, `install` against
-/// `retire_if_empty`): a refill un-installs the current page P while the
-/// free of P's last slot empties it. The freer sees P current and keeps it,
-/// or sees it replaced and retires it; the replacer's header RMW (release)
-/// and the freer's header load (acquire) make sure that at least one of them
-/// sees the other, so P always ends in the buddy.
+/// `retire_if_empty`): a refill un-installs the current page P (its store of
+/// the new entry over P's, then its header RMW) while the free of P's last
+/// slot empties it (its header `fetch_sub`, then its header load and its
+/// read of the entry). The freer sees P current and keeps it, or sees it
+/// replaced and retires it; the replacer sees the free and retires P, or
+/// not. The replacer's header RMW (release) and the freer's header load
+/// (acquire) make sure that at least one of them retires: P always ends in
+/// the buddy (each model fails with either made relaxed).
 #[test]
 fn slab_install_vs_last_free_retires_the_page() {
     loom::model(|| {
@@ -394,15 +397,16 @@ fn slab_install_vs_last_free_retires_the_page() {
         let mut cur = 0;
         let (w, b) = slab::claim_bits(&*h, page, class, &mut cur, 1);
         let off = (w * 32 + b.trailing_zeros()) * class_size(class) as u32;
-        // P is the current page of slot 0; a refiller has claimed the slot.
+        // P is the current page of slot 0.
         let entry = current_entry(class, 0);
         assert_eq!(h.word32(MetaSection32::Current, entry).load(Ordering::Relaxed), page + 1);
-        h.word32(MetaSection32::Current, entry).store(slab::REFILLING, Ordering::Relaxed);
         let h1 = h.clone();
         let t = thread::spawn(move || {
             let hdr = h1.word(MetaSection::Hdr, page as u64).load(Ordering::Relaxed);
             assert_eq!(slab::free_slot(&*h1, page, hdr, off), slab::SlotFree::Freed);
         });
+        // The end of a refill of slot 0 that found no page (its claim of
+        // the slot, `REFILLING`, changes nothing the freer decides on).
         let old = slab::install(&*h, class, 0, slab::Grant::NONE, page + 1);
         assert_eq!(old, page);
         slab::retire_if_empty(&*h, old, true);

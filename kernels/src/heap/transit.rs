@@ -48,6 +48,13 @@
 //!   `end` sees what that operation published.
 //! * `cancel` is `Relaxed`: its operation published nothing.
 //!
+//! The loom models fail when the quiet check ignores operations in flight,
+//! or when a split, a format or a retirement hides memory outside its
+//! mark. They cannot fail when the snapshot's first fence is removed: the
+//! outcome that fence excludes (the search's load reading a write made
+//! after the `begin` that the snapshot's RMW precedes) is load buffering,
+//! which loom does not explore; the argument above is the C11 one.
+//!
 //! Searches read bitmap words with `Relaxed` loads: the two fences of the
 //! snapshot carry the ordering for the whole search, instead of one
 //! acquire (an L1 invalidation) per word.
