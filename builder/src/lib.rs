@@ -40,6 +40,7 @@
 //! | `GPUHEAP_KERNEL_TOOLCHAIN` | build with this rustup toolchain (`nightly`, `1.95.0`, …) via `rustup run` instead of the one running the build script |
 //! | `GPUHEAP_PTX_ARCH` | target CPU, e.g. `sm_90` |
 //! | `GPUHEAP_REQUIRE_PTX=1` | a missing toolchain or a failed PTX build fails the build instead of warning |
+//! | `DOCS_RS` | set by docs.rs: no PTX is built (an empty file and a reason, as for a missing toolchain; the docs need no CUDA and no nvptx toolchain) |
 //!
 //! ## Use from a build script
 //!
@@ -86,6 +87,11 @@ pub enum BuildError {
     },
     /// An I/O error while running cargo or copying the PTX.
     Io(std::io::Error),
+    /// No build was attempted, on purpose (a docs.rs build: `DOCS_RS` is set).
+    Skipped {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl fmt::Display for BuildError {
@@ -101,6 +107,7 @@ impl fmt::Display for BuildError {
                 write!(f, "`{command}` failed:\n{stderr}")
             }
             BuildError::Io(e) => write!(f, "I/O error during the PTX build: {e}"),
+            BuildError::Skipped { reason } => write!(f, "no PTX build: {reason}"),
         }
     }
 }
@@ -139,6 +146,7 @@ pub struct PtxBuilder {
     toolchain: Option<String>,
     target_dir: Option<PathBuf>,
     features: Vec<String>,
+    output_name: Option<String>,
 }
 
 impl PtxBuilder {
@@ -152,6 +160,7 @@ impl PtxBuilder {
             toolchain: env::var("GPUHEAP_KERNEL_TOOLCHAIN").ok().filter(|s| !s.is_empty()),
             target_dir: None,
             features: Vec::new(),
+            output_name: None,
         }
     }
 
@@ -177,6 +186,15 @@ impl PtxBuilder {
     /// Enables a cargo feature of the kernel crate.
     pub fn feature(mut self, feature: impl Into<String>) -> Self {
         self.features.push(feature.into());
+        self
+    }
+
+    /// Names the file [`PtxBuilder::build_in_build_script`] writes
+    /// `OUT_DIR/<name>.ptx` (default: the crate name with `_` for `-`), so
+    /// one build script can build one crate twice, e.g. with different
+    /// features.
+    pub fn output_name(mut self, name: impl Into<String>) -> Self {
+        self.output_name = Some(name.into());
         self
     }
 
@@ -311,16 +329,22 @@ impl PtxBuilder {
         let out_dir = PathBuf::from(
             env::var_os("OUT_DIR").expect("build_in_build_script runs only inside a build script (OUT_DIR is unset)"),
         );
-        let name = self.crate_name().unwrap_or_else(|e| panic!("{e}"));
+        let crate_name = self.crate_name().unwrap_or_else(|e| panic!("{e}"));
+        let name = self.output_name.clone().unwrap_or(crate_name);
         let out = out_dir.join(format!("{name}.ptx"));
         for p in ["src", "Cargo.toml", "build.rs"] {
             println!("cargo:rerun-if-changed={}", self.crate_path.join(p).display());
         }
-        for v in ["GPUHEAP_KERNEL_TOOLCHAIN", "GPUHEAP_PTX_ARCH", "GPUHEAP_REQUIRE_PTX"] {
+        for v in ["GPUHEAP_KERNEL_TOOLCHAIN", "GPUHEAP_PTX_ARCH", "GPUHEAP_REQUIRE_PTX", "DOCS_RS"] {
             println!("cargo:rerun-if-env-changed={v}");
         }
         let required = env::var("GPUHEAP_REQUIRE_PTX").is_ok_and(|v| v == "1");
-        match self.build_to(&out) {
+        let built = if env::var_os("DOCS_RS").is_some() {
+            Err(BuildError::Skipped { reason: "a docs.rs build (DOCS_RS is set) needs none".into() })
+        } else {
+            self.build_to(&out)
+        };
+        match built {
             Ok(()) => BuiltPtx { path: out, missing: None },
             Err(e) => {
                 if required {

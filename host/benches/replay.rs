@@ -6,9 +6,9 @@
 //!
 //! Group `caching_model/FILE`: the caching model alone replaying each PyTorch snapshot event by event
 //! ([`gpuheap::reference::caching::fidelity`]: seeding, allocs, frees, recorded releases; issue 9 target
-//! ≥ 10 M events/s on one core). The snapshots are read from `../shared/traces` or `GPUHEAP_TRACES_DIR`.
+//! ≥ 10 M events/s on one core). The snapshots are read from `../shared/traces` (`GPUHEAP_SHARED` names the shared folder).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gpuheap::reference::caching::{config_for_trace, fidelity};
@@ -37,7 +37,7 @@ fn bench(c: &mut Criterion) {
 
 fn bench_caching_model(c: &mut Criterion) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let dir = std::env::var_os("GPUHEAP_TRACES_DIR").map_or_else(|| root.join("../shared/traces"), Into::into);
+    let dir = std::env::var_os("GPUHEAP_SHARED").map_or_else(|| root.join("../shared"), PathBuf::from).join("traces");
     let Ok(rd) = std::fs::read_dir(&dir) else {
         println!("caching_model: skipped, {} is absent", dir.display());
         return;
@@ -53,7 +53,7 @@ fn bench_caching_model(c: &mut Criterion) {
         if dev.events.len() < 1000 {
             continue;
         }
-        let peak = gpuheap::replay::pytorch_series(dev).peak;
+        let peak = gpuheap::facts::pytorch_series(dev).peak;
         let (cfg, _) = config_for_trace(dev, peak.div_ceil(1 << 30).max(1) << 30);
         g.throughput(Throughput::Elements(dev.events.len() as u64));
         g.bench_function(p.file_stem().unwrap().to_string_lossy().as_ref(), |b| b.iter(|| fidelity(dev, cfg).unwrap()));

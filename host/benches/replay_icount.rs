@@ -14,7 +14,7 @@
 //! builds report the same numbers). `REPLAY_ICOUNT_TRACE=PATH` replays another trace.
 
 use std::hint::black_box;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use gpuheap::reference::caching::{config_for_trace, fidelity};
@@ -34,7 +34,7 @@ fn measured_runs(trace: &Trace, dev: &DeviceTrace, name: &str, runs: usize) -> u
 
 fn one(trace: &Trace, dev: &DeviceTrace, name: &str) -> usize {
     if name == "caching_model" {
-        let peak = gpuheap::replay::pytorch_series(dev).peak;
+        let peak = gpuheap::facts::pytorch_series(dev).peak;
         let (cfg, _) = config_for_trace(dev, peak.div_ceil(1 << 30).max(1) << 30);
         black_box(fidelity(dev, cfg).expect("fidelity replay")).events
     } else {
@@ -48,7 +48,7 @@ fn main() {
     let name = args.next().unwrap_or_else(|| "caching".into());
     let runs: usize = args.next().map_or(3, |s| s.parse().expect("RUNS is a number"));
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let dir = std::env::var_os("GPUHEAP_TRACES_DIR").map_or_else(|| root.join("../shared/traces"), Into::into);
+    let dir = std::env::var_os("GPUHEAP_SHARED").map_or_else(|| root.join("../shared"), PathBuf::from).join("traces");
     let shared = Path::new(&dir).join("memory_ctx512_fullstep_.pickle");
     let path = match std::env::var_os("REPLAY_ICOUNT_TRACE") {
         Some(p) => p.into(),

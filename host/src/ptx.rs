@@ -1,4 +1,5 @@
-//! gpuheap's own PTX module, embedded at build time by `host/build.rs`.
+//! gpuheap's own PTX module and the device library for CUDA C/C++, embedded at
+//! build time by `host/build.rs`.
 
 use crate::backend::BackendError;
 
@@ -8,6 +9,21 @@ pub const KERNELS_PTX: &str = include_str!(env!("GPUHEAP_PTX_PATH"));
 
 /// Why [`KERNELS_PTX`] is empty (empty when it was built).
 pub const PTX_MISSING_REASON: &str = env!("GPUHEAP_PTX_MISSING");
+
+/// The relocatable device library for CUDA C/C++ kernels: `gpuheap-kernels`
+/// built with its feature `device-library`, a PTX module (`.target sm_80`)
+/// whose only symbols are the `.visible .func`s `gpuheap_malloc`,
+/// `gpuheap_free`, `gpuheap_handle_alloc`, `gpuheap_handle_resolve` and
+/// `gpuheap_handle_free` (`gpuheap_kernels::capi`). Link it as a PTX input
+/// with a kernel compiled with `-rdc=true` (nvJitLink, `cuLinkAddData`, or
+/// `ptxas -c` and nvlink); [`CUDA_HEADER`] declares the functions. Empty when
+/// the build had no nvptx toolchain (as [`KERNELS_PTX`]).
+pub const DEVICE_LIBRARY_PTX: &str = include_str!(env!("GPUHEAP_DEVICE_LIBRARY_PATH"));
+
+/// `gpuheap.cuh`, the CUDA C/C++ header of [`DEVICE_LIBRARY_PTX`]: the
+/// functions, their contract and the heap descriptor `gpuheap_heap` (the
+/// bytes of [`crate::device_heap::DeviceHeap::handle`]).
+pub const CUDA_HEADER: &str = include_str!(env!("GPUHEAP_CUDA_HEADER_PATH"));
 
 /// The rustup command that installs the nvptx kernel toolchain (the same as
 /// `gpuheap_builder::INSTALL_COMMAND`, which is a build dependency only).
@@ -314,25 +330,6 @@ pub fn sass_counts(sass: &str) -> std::collections::BTreeMap<String, SassCounts>
     out
 }
 
-/// The largest block a kernel of `registers` registers per thread can be
-/// launched with on sm_80 and sm_90 (65,536 registers per SM and per block,
-/// allocated to a warp in units of 256, i.e. 8 per thread; at most 1,024
-/// threads), in threads (a multiple of 32). Computed from the register file,
-/// not measured; other limits (shared memory) may lower it.
-pub const fn largest_block(registers: u32) -> u32 {
-    let per_thread = registers.div_ceil(8) * 8;
-    if per_thread == 0 {
-        return 1024;
-    }
-    let warps = 65_536 / (per_thread * 32);
-    let threads = warps * 32;
-    if threads > 1024 {
-        1024
-    } else {
-        threads
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,14 +409,5 @@ mod tests {
         let c = sass_counts(sass);
         assert_eq!(c["f"], SassCounts { instructions: 5, membar: 1, cctl_ivall: 1, atoms_cast_spin: 1 });
         assert_eq!(c["g"].instructions, 1);
-    }
-
-    #[test]
-    fn largest_block_follows_the_register_file() {
-        assert_eq!(largest_block(64), 1024);
-        assert_eq!(largest_block(65), 896);
-        assert_eq!(largest_block(80), 800);
-        assert_eq!(largest_block(93), 672);
-        assert_eq!(largest_block(110), 576);
     }
 }

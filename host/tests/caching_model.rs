@@ -8,44 +8,32 @@
 //! placed at the address PyTorch gave it.)
 
 mod common;
+use common::workspace;
 
 use std::path::{Path, PathBuf};
 
 use common::pickle::{block, pickle, V};
+use gpuheap::facts::pytorch_series;
 use gpuheap::reference::caching::{capacity_at_oom, config_for_trace, fidelity, CachingConfig, Fidelity};
-use gpuheap::replay::{fmt_bytes, pytorch_series};
 use gpuheap::trace::{parse_trace, read_trace, DeviceTrace, EventKind};
+use gpuheap::units::fmt_bytes;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
 
-/// The shared traces folder: `../shared/traces` next to the workspace (as the other tests find it), or
-/// `GPUHEAP_TRACES_DIR` when set (a git worktree elsewhere).
-fn shared_dir() -> PathBuf {
-    std::env::var_os("GPUHEAP_TRACES_DIR").map_or_else(|| workspace().join("../shared/traces"), PathBuf::from)
-}
-
-/// Every snapshot in the shared traces folder and `data/` (a message names what is absent).
+/// Every snapshot in the shared traces folder and `data/` (the shared ones are skipped with a message
+/// when absent, a failure under `GPUHEAP_REQUIRE_SHARED=1`).
 fn snapshots() -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    for dir in [shared_dir(), workspace().join("data")] {
-        match std::fs::read_dir(&dir) {
-            Ok(rd) => {
-                let mut files: Vec<PathBuf> = rd
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| p.extension().is_some_and(|x| x == "pickle" || x == "pkl"))
-                    .collect();
-                files.sort();
-                v.extend(files);
-            }
-            Err(_) => println!("skipped: {} is absent", dir.display()),
-        }
-    }
+    let mut v = common::shared_files("traces", &["pickle", "pkl"]);
+    let mut shipped: Vec<PathBuf> = std::fs::read_dir(workspace().join("data"))
+        .expect("data/ is part of the repository")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pickle" || x == "pkl"))
+        .collect();
+    shipped.sort();
+    v.extend(shipped);
     v
 }
 
@@ -261,12 +249,7 @@ fn two_streams_do_not_share_cached_blocks() {
 /// `garbage_collection_threshold: 0.6`; PyTorch reserved a 1 GiB segment for a 514 MiB request.
 #[test]
 fn bl31_roundup_settings_are_applied_and_gc_is_named() {
-    let p = workspace().join("../shared/cases/inputs/bl31_roundup_settings.pickle");
-    let p = std::env::var_os("GPUHEAP_CASES_DIR").map_or(p, |d| PathBuf::from(d).join("bl31_roundup_settings.pickle"));
-    if !p.exists() {
-        println!("skipped: {} is absent", p.display());
-        return;
-    }
+    let Some(p) = common::shared("cases/inputs/bl31_roundup_settings.pickle") else { return };
     let t = read_trace(&p).unwrap();
     let dev = &t.devices[0];
     let (cfg, warnings) = config_for_trace(dev, 80 * GIB);

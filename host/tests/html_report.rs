@@ -17,9 +17,8 @@ use std::time::{Duration, Instant};
 use gpuheap::html::{downsample, Point, MAX_PAGE_MARKERS, MAX_PAGE_POINTS};
 use serde_json::Value;
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+mod common;
+use common::workspace;
 
 fn gpuheap(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_gpuheap"))

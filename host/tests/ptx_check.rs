@@ -31,13 +31,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gpuheap::ptx::{audit, largest_block, sass_counts, SassCounts, COLLECTIVES};
+use gpuheap::backend::Arch;
+use gpuheap::ptx::{audit, sass_counts, SassCounts, COLLECTIVES};
 
 /// The kernels that inline the device heap's `malloc` or `free`, held to
-/// [`MALLOC_REGISTERS`] on both targets and to no `ATOMS.CAST.SPIN` (the
-/// heap's atomics are `.global`).
+/// [`MALLOC_REGISTERS`] on both targets.
 const MALLOC_KERNELS: [&str; 4] =
     ["gpuheap_heap_malloc", "gpuheap_heap_free", "gpuheap_heap_churn", "gpuheap_heap_loop"];
+
+/// The device heap's entries (`malloc`, `free`, the movable region's handle
+/// kernels, the benchmark kernels over them): no `ATOMS.CAST.SPIN` in any of
+/// them, whatever the budget file says (every heap atomic is `.global`).
+const HEAP_ENTRY_PREFIX: &str = "gpuheap_heap_";
 
 /// At most 64 registers: a thread is then allocated at most 64, so a block
 /// of 1,024 threads fits the 65,536-register file of an SM (sm_80, sm_90).
@@ -229,7 +234,8 @@ fn ptx_and_sass_meet_their_budgets() {
     let file = dir.join("gpuheap_kernels.ptx");
     std::fs::write(&file, ptx).unwrap();
     let mut measured = Vec::new();
-    for arch in ["sm_80", "sm_90"] {
+    for (arch, limits) in [("sm_80", Arch::SM80), ("sm_90", Arch::SM90)] {
+        let largest_block = |regs| limits.max_block_threads(regs);
         let cubin = dir.join(format!("{arch}.cubin"));
         let out = Command::new(&ptxas)
             .args([&format!("-arch={arch}"), "-v", "-warn-spills", "-warn-lmem-usage"])
@@ -266,7 +272,7 @@ fn ptx_and_sass_meet_their_budgets() {
                 ));
             }
             let c = counts.get(name).copied().unwrap_or_else(|| panic!("{arch} {name}: not in the SASS"));
-            if MALLOC_KERNELS.contains(&name.as_str()) && c.atoms_cast_spin != 0 {
+            if name.starts_with(HEAP_ENTRY_PREFIX) && c.atoms_cast_spin != 0 {
                 failures.push(format!(
                     "{arch} {name}: {} ATOMS.CAST.SPIN (a generic-address atomic: heap atomics are .global)",
                     c.atoms_cast_spin
@@ -308,4 +314,78 @@ fn ptx_and_sass_meet_their_budgets() {
         eprintln!("Below budget (lower these lines of host/tests/{BUDGET}):\n{}", measured.join("\n"));
     }
     assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The names `gpuheap.cuh` declares as `__device__` functions, in order.
+fn header_functions(header: &str) -> Vec<&str> {
+    header
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("__device__ "))
+        .filter_map(|decl| decl.split('(').next()?.rsplit([' ', '*']).next())
+        .collect()
+}
+
+/// The relocatable device library for CUDA C/C++ (`gpuheap::ptx::DEVICE_LIBRARY_PTX`): it exports
+/// exactly the C ABI functions of `gpuheap_kernels::capi` as `.visible .func`, has no kernel entry
+/// and nothing external, `gpuheap.cuh` declares exactly those functions and a descriptor of
+/// `Heap`'s size, and `ptxas -c` assembles it as relocatable code for sm_80 and sm_90 without
+/// errors. (The register figures of the header are checked on linked kernels by
+/// examples/cuda-cpp/link.py, which needs nvJitLink.)
+#[test]
+fn device_library_exports_the_c_abi_and_assembles_as_relocatable_code() {
+    let header = gpuheap::ptx::CUDA_HEADER;
+    assert_eq!(header_functions(header), gpuheap_kernels::capi::EXPORTS, "gpuheap.cuh declares other functions");
+    let words: usize = header
+        .lines()
+        .find_map(|l| l.strip_prefix("#define GPUHEAP_HEAP_WORDS "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("gpuheap.cuh defines GPUHEAP_HEAP_WORDS");
+    assert_eq!(words * 8, std::mem::size_of::<gpuheap_kernels::heap::Heap>(), "gpuheap_heap is not the size of Heap");
+    assert_eq!(std::mem::align_of::<gpuheap_kernels::heap::Heap>(), 8, "gpuheap_heap (u64 words) is 8-byte aligned");
+
+    let lib = gpuheap::ptx::DEVICE_LIBRARY_PTX;
+    if lib.is_empty() {
+        return skip("the device library was not built (no nvptx toolchain)");
+    }
+    let exported: Vec<&str> = lib
+        .lines()
+        .filter(|l| l.starts_with(".visible .func"))
+        // `.visible .func  (.param .b64 func_retval0) gpuheap_malloc(`: the name ends the line.
+        .filter_map(|l| l.trim_end().strip_suffix('(')?.split_whitespace().last())
+        .collect();
+    let mut want: Vec<&str> = gpuheap_kernels::capi::EXPORTS.to_vec();
+    let mut got = exported;
+    want.sort_unstable();
+    got.sort_unstable();
+    assert_eq!(got, want, "the device library's `.visible .func` exports");
+    assert!(!lib.contains(".entry"), "the device library has a kernel entry (feature `device-library` drops them)");
+    // `.extern .shared` is the dynamic shared memory array `arch` declares (every module's
+    // dynamic shared memory is the same); anything else external would need another library.
+    let external: Vec<&str> = lib.lines().filter(|l| l.starts_with(".extern") && !l.starts_with(".extern .shared")).collect();
+    assert!(external.is_empty(), "the device library needs external symbols: {external:?}");
+    let Some(ptxas) = find_tool("GPUHEAP_PTXAS", "ptxas", &["nvidia/cuda_nvcc/bin/ptxas"]) else {
+        return skip("ptxas not found (set GPUHEAP_PTXAS or pip install nvidia-cuda-nvcc-cu12)");
+    };
+    let dir = std::env::temp_dir().join(format!("gpuheap-device-library-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gpuheap_device.ptx");
+    std::fs::write(&file, lib).unwrap();
+    for arch in ["sm_80", "sm_90"] {
+        let obj = dir.join(format!("gpuheap_device_{arch}.o"));
+        let out = Command::new(&ptxas)
+            .args(["-c", &format!("-arch={arch}")])
+            .arg(&file)
+            .arg("-o")
+            .arg(&obj)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.display()));
+        assert!(out.status.success(), "ptxas -c -arch={arch} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        // A relocatable ELF (ET_REL = 1) with the exported symbols in its string tables.
+        let elf = std::fs::read(&obj).unwrap();
+        assert_eq!((&elf[..4], elf[16]), (&b"\x7fELF"[..], 1), "{arch}: not a relocatable ELF");
+        for name in gpuheap_kernels::capi::EXPORTS {
+            assert!(elf.windows(name.len()).any(|w| w == name.as_bytes()), "{arch}: {name} missing from the object");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

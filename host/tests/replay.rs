@@ -8,26 +8,19 @@
 use std::path::{Path, PathBuf};
 
 use gpuheap::backend::Backend;
+use gpuheap::facts::{demand_peak, pytorch_series};
 use gpuheap::reference::StrategyKind;
-use gpuheap::replay::{
-    self, default_capacity, demand_peak, parse_bytes, pytorch_series, CompactPolicy, MeasureOutcome, ReplayOptions,
-    ReplayReport,
-};
+use gpuheap::replay::{self, default_capacity, CompactPolicy, MeasureOutcome, ReplayOptions, ReplayReport};
 use gpuheap::trace::{read_trace, Trace};
+use gpuheap::units::parse_bytes;
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+mod common;
+use common::workspace;
 
-/// The shared traces folder, or `None` after printing why a test is skipped.
+/// A trace of the shared folder's `traces/` (`None`, or a failure under `GPUHEAP_REQUIRE_SHARED=1`,
+/// when it is absent).
 fn shared(file: &str) -> Option<PathBuf> {
-    let p = workspace().join("../shared/traces").join(file);
-    if p.exists() {
-        Some(p)
-    } else {
-        println!("skipped: {} is absent", p.display());
-        None
-    }
+    common::shared(&format!("traces/{file}"))
 }
 
 fn run(trace: &Trace, opts: &ReplayOptions, backend: Option<&Backend>) -> ReplayReport {

@@ -4,18 +4,14 @@
 //! each holds its whole request), the heap's metadata checked against the replay's view, failures
 //! classified, scaling labelled.
 
-use std::path::{Path, PathBuf};
-
 use gpuheap::backend::Backend;
+use gpuheap::facts::demand_peak;
 use gpuheap::replay::device::{DEVICE_HEAP, POLICY_NA};
-use gpuheap::replay::{
-    alignment_for, default_capacity, demand_peak, replay_device, DeviceReplayOptions, ReplayError, ReplayReport,
-};
+use gpuheap::replay::{alignment_for, default_capacity, replay_device, DeviceReplayOptions, ReplayError, ReplayReport};
 use gpuheap::trace::{read_trace, EventKind, Trace};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+mod common;
+use common::workspace;
 
 fn run(trace: &Trace, opts: &DeviceReplayOptions) -> ReplayReport {
     replay_device(trace, &trace.devices[0], &Backend::cpu(), opts, &mut |_| {}).expect("replays")
@@ -50,7 +46,7 @@ fn check_common(trace: &Trace, r: &ReplayReport, scale: u64) {
     } else {
         assert_eq!(r.strategy, format!("{DEVICE_HEAP} (scaled 1/{scale})"));
         assert!(dh.scale_reason.as_deref().unwrap().contains("device-heap limit"));
-        assert!(r.capacity.source.contains(&format!("scaled 1/{scale}")), "{}", r.capacity.source);
+        assert!(r.capacity.describe().contains(&format!("scaled 1/{scale}")), "{}", r.capacity.describe());
     }
     assert_eq!(dh.heap_capacity, dh.trace_capacity / scale / 4096 * 4096, "capacity divided by the scale");
     assert_eq!(r.capacity.bytes, dh.heap_capacity);
@@ -123,11 +119,7 @@ fn device_heap_replays_the_shipped_snapshot_at_full_size() {
 
 #[test]
 fn device_heap_replays_the_training_step_trace() {
-    let p = workspace().join("../shared/traces/memory_ctx512_fullstep_.pickle");
-    if !p.exists() {
-        println!("skipped: {} is absent", p.display());
-        return;
-    }
+    let Some(p) = common::shared("traces/memory_ctx512_fullstep_.pickle") else { return };
     let t = read_trace(&p).unwrap();
     let r = run(&t, &DeviceReplayOptions { verify_bytes: true, heap_limit: Some(512 << 20), ..Default::default() });
     // 59 GiB scaled to at most 512 MiB: 1/128.

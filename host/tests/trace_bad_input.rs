@@ -8,9 +8,7 @@ use gpuheap::trace::{read_trace, Location, TraceError, ValidationErrorKind};
 mod common;
 use common::pickle::{block, ev, pickle, snapshot, V};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+use common::workspace;
 
 /// Writes `content` to a fresh file `name` in a per-process temporary folder.
 fn temp_file(name: &str, content: &[u8]) -> PathBuf {

@@ -4,7 +4,7 @@
 //! the tests compute them from what the readers return.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use gpuheap::trace::{
     read_trace, validate, AddressKind, BlockStatus, DeviceTrace, EventKind, Pool, SnapshotLayout, TimeUnit,
@@ -13,23 +13,17 @@ use gpuheap::trace::{
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+mod common;
+use common::workspace;
 
 fn data(name: &str) -> PathBuf {
     workspace().join("data").join(name)
 }
 
-/// The unlicensed snapshot is not shipped: read it from the shared folder if it is there.
+/// The unlicensed snapshot is not shipped: read it from the shared folder (a failure under
+/// `GPUHEAP_REQUIRE_SHARED=1` when it is absent).
 fn shared(name: &str) -> Option<PathBuf> {
-    let p = workspace().join("../shared/traces").join(name);
-    if p.is_file() {
-        Some(p)
-    } else {
-        println!("skipped: {} is absent (it is not shipped: no licence)", p.display());
-        None
-    }
+    common::shared(&format!("traces/{name}"))
 }
 
 fn gib(bytes: u64) -> String {

@@ -89,15 +89,37 @@ macro_rules! kernel_entry {
             $crate::Kernel::from_entry(stringify!($entry), $body, $crate::kernel_entry!(@bs $($bs)?))
         };
 
-        #[cfg(target_arch = "nvptx64")]
-        #[no_mangle]
-        #[doc(hidden)]
-        pub unsafe extern "ptx-kernel" fn $entry(params: $p) {
-            // SAFETY: forwarded to the kernel body, whose contract the host
-            // launcher upholds.
-            unsafe { $body(&params) }
+        $crate::__ptx_entry! {
+            #[cfg(target_arch = "nvptx64")]
+            #[no_mangle]
+            #[doc(hidden)]
+            pub unsafe extern "ptx-kernel" fn $entry(params: $p) {
+                // SAFETY: forwarded to the kernel body, whose contract the host
+                // launcher upholds.
+                unsafe { $body(&params) }
+            }
         }
     };
     (@bs) => { false };
     (@bs block_sync) => { true };
+}
+
+/// The PTX `.entry` of a [`kernel_entry!`](crate::kernel_entry): expands to
+/// its input, or to nothing when this crate is built with the feature
+/// `device-library` (the relocatable device library for CUDA C/C++ exports
+/// the C ABI functions of [`crate::capi`] and no kernel). A macro of this
+/// crate, so the feature is read here and not in a dependent crate.
+#[cfg(not(feature = "device-library"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __ptx_entry {
+    ($($item:tt)*) => { $($item)* };
+}
+
+/// See the other definition (this one: the `device-library` build).
+#[cfg(feature = "device-library")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __ptx_entry {
+    ($($item:tt)*) => {};
 }

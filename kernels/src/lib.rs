@@ -18,6 +18,7 @@
 //! | basic kernels | [`fill`], [`bump`] | fill/verify, the warp-aggregated bump allocator (the allocation baseline) |
 //! | device heap | [`heap`] | `malloc`/`free` for kernels: slabs + lock-free buddy (see its docs) |
 //! | compaction | [`compact`] | the handle table and the in-place parallel compaction |
+//! | C ABI | [`capi`] | `gpuheap_malloc`, `gpuheap_free` and the movable region's handle functions for CUDA C/C++ kernels (`include/gpuheap.cuh`; the relocatable device library with the feature `device-library`) |
 //!
 //! The crate is `#![no_std]`. On the host it links `std` only for the emulator
 //! ([`arch::emu`]): thread-local indices and the CPU warp rendezvous.
@@ -29,6 +30,8 @@
 extern crate std;
 
 pub mod arch;
+#[cfg(not(any(loom, shuttle)))]
+pub mod capi;
 // Kernels view device memory through `from_ptr`, which loom and shuttle
 // atomics cannot offer; model-checking builds keep the protocol cores only.
 #[cfg(not(any(loom, shuttle)))]

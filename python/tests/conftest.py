@@ -1,8 +1,9 @@
 """Shared fixtures: the traces (data/ and the shared traces folder) and the CLI binary.
 
 * Traces: every file of ``data/`` that is a trace, and every trace in the shared traces folder
-  (``$GPUHEAP_SHARED_TRACES``, else ``shared/traces`` beside the repository); the shared ones are
-  skipped with a message when the folder is absent.
+  (``traces/`` of ``$GPUHEAP_SHARED``, else of ``shared/`` beside the repository); the shared ones
+  are skipped with a message when the folder is absent, and fail the run under
+  ``GPUHEAP_REQUIRE_SHARED=1`` (``.ci/run`` sets it).
 * The CLI: ``$GPUHEAP_CLI`` (scripts/test sets it to the binary it built; then a missing binary is
   an error, not a skip), else the newest ``target/{ci,release,debug}/gpuheap``; tests that compare
   with the CLI are skipped with a message when there is none.
@@ -26,7 +27,7 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
-SHARED = Path(os.environ.get("GPUHEAP_SHARED_TRACES", ROOT.parent / "shared" / "traces"))
+SHARED = Path(os.environ.get("GPUHEAP_SHARED", ROOT.parent / "shared")) / "traces"
 TRACE_SUFFIXES = (".pickle", ".pkl", ".csv")
 
 # Run-time measurements: they differ between two runs of the same replay.
@@ -48,6 +49,8 @@ def all_traces() -> list:
     shared = shared_traces()
     if shared:
         params += [pytest.param(p, id=f"shared/{p.name}") for p in shared]
+    elif os.environ.get("GPUHEAP_REQUIRE_SHARED") == "1":
+        raise RuntimeError(f"GPUHEAP_REQUIRE_SHARED=1 but the shared traces folder {SHARED} is absent")
     else:
         params.append(
             pytest.param(

@@ -215,6 +215,10 @@ impl DeviceHeap {
     }
 
     /// The handle to put in kernel parameter structs. Valid while `self` lives.
+    ///
+    /// It is also the heap descriptor of CUDA C/C++ kernels: the same 152 bytes
+    /// are `gpuheap_heap` in `gpuheap.cuh` ([`crate::ptx::CUDA_HEADER`]), passed
+    /// by value as a kernel argument (`examples/cuda-cpp`).
     pub fn handle(&self) -> Heap {
         self.handle
     }

@@ -5,11 +5,10 @@
 use std::fmt::{self, Write as _};
 
 use super::tune::{RowKind, TunePage, TuneReport};
-use super::{
-    Capacity, CapacitySource, DeviceChoice, DeviceReason, DeviceSummary, Explanation, Moment, OomExplanation, Verdict,
-};
-use crate::reference::caching::ConfigWarning;
-use crate::replay::fmt_bytes;
+use super::{Explanation, Moment, OomExplanation, Verdict};
+use crate::facts::{Capacity, CapacitySource, DeviceChoice, DeviceReason, DeviceSummary};
+use crate::reference::caching::{options, ConfigWarning};
+use crate::units::{fmt_bytes, pct_of as pct};
 
 /// One line per [`ConfigWarning`] of the snapshot's allocator settings ("" without any).
 pub fn warnings_text(warnings: &[ConfigWarning]) -> String {
@@ -83,14 +82,6 @@ fn plural(n: usize, noun: &str) -> String {
         format!("1 {noun}")
     } else {
         format!("{n} {noun}s")
-    }
-}
-
-fn pct(part: u64, whole: u64) -> String {
-    if whole == 0 {
-        "0.0 %".into()
-    } else {
-        format!("{:.1} %", part as f64 * 100.0 / whole as f64)
     }
 }
 
@@ -380,15 +371,13 @@ fn table(t: &TuneReport, oom: bool) -> String {
             min
         );
     }
-    if let Some(r) = t.rows.iter().find(|r| r.memory_fraction.is_some()) {
+    if let Some(f) = t.rows.iter().find_map(|r| r.memory_fraction) {
         let _ = writeln!(
             s,
-            "\nRows with garbage_collection_threshold also set a per-process memory fraction ({:?}): PyTorch collects \
+            "\nRows with garbage_collection_threshold also set a per-process memory fraction ({f:?}): PyTorch collects \
              only with one (c10/cuda/CUDACachingAllocator.cpp, malloc: `set_fraction && \
-             garbage_collection_threshold() > 0`). PyTorch's CUDA allocator takes it from \
-             torch.cuda.set_per_process_memory_fraction({0:?}), not from the variable; per_process_memory_fraction is \
-             torch_npu's option.",
-            r.memory_fraction.unwrap_or(1.0)
+             garbage_collection_threshold() > 0`). {}.",
+            options::key_support("per_process_memory_fraction", &f.to_string()).unwrap_or_default()
         );
     }
     match (t.best, &t.best_env) {
@@ -404,6 +393,9 @@ fn table(t: &TuneReport, oom: bool) -> String {
                 s += "  PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)\n";
             } else {
                 let _ = writeln!(s, "  {env}");
+                for line in options::env_support(env) {
+                    let _ = writeln!(s, "  {line}.");
+                }
             }
             if let Some(o) = own.filter(|o| o.env.as_ref().is_none_or(|e| e != env)) {
                 let _ = writeln!(

@@ -84,11 +84,13 @@
 //! (`host/tests/ptx_check.rs`) holds `gpuheap_heap_malloc`, `free` and the
 //! kernels that inline them to at most 64 registers on sm_80 and sm_90. A
 //! kernel that calls `malloc` uses `malloc`'s registers plus what it keeps
-//! live across the call; at `r` registers (rounded up to the allocation
-//! granule of 8) the largest block that launches is
-//! `min(1024, 32 * floor(65536 / (32 * r)))` threads: 1,024 up to 64
-//! registers, 896 at 72, 800 at 80, 672 at 96 (computed from the 65,536-register file
-//! of sm_80 and sm_90, not measured; the README's table lists each kernel).
+//! live across the call. The largest block that launches follows CUDA's
+//! occupancy arithmetic (a warp's registers allocated in units of 256, a
+//! block's warps rounded up to the SM's 4 register sub-partitions, 65,536
+//! registers per block on sm_80 and sm_90; `gpuheap::backend::Arch`):
+//! 1,024 threads up to 64 registers, 896 at 65–72, 768 at 73–80, 640 at
+//! 81–96 (computed, not measured; the README's table lists each kernel, and
+//! the GPU backend refuses a launch over a kernel's limit, naming it).
 //! Keep values that are cheap to recompute (indices, addresses) out of the
 //! live set across the call, as `kernels::churn_kernel` does, and let the
 //! kernel body inline into its entry (a body that is not inlined receives

@@ -3,23 +3,25 @@
 //! A [`CachingConfig`] is built with [`CachingConfig::new`] and the builder methods, from a
 //! `PYTORCH_CUDA_ALLOC_CONF` string ([`CachingConfig::from_env`]), or from the `allocator_settings` a
 //! snapshot records ([`CachingConfig::from_settings`]); [`CachingConfig::to_env`] prints it back as the
-//! `PYTORCH_CUDA_ALLOC_CONF` value that sets it. Parsing follows `c10/core/AllocatorConfig.cpp`
-//! (`AllocatorConfig::parseArgs`, `lexArgs`, `parseMaxSplitSize`, `parseMaxNonSplitRoundingSize`,
-//! `parseGarbageCollectionThreshold`, `parseRoundUpPower2Divisions`; before PyTorch 2.9 the same code
-//! lived in `c10/cuda/CUDAAllocatorConfig.cpp`), with the same range checks. Options the model does
-//! not implement are never dropped silently: each is returned as a [`ConfigWarning`].
+//! `PYTORCH_CUDA_ALLOC_CONF` value that sets it. All three go through one table of the keys,
+//! [`OPTIONS`] ([`super::options`]): one row per key with its parser (PyTorch's `parseX` of
+//! `c10/core/AllocatorConfig.cpp` and `c10/cuda/CUDAAllocatorConfig.cpp`, with the same range checks), its
+//! `to_env`, whether it is modelled or why not, and the PyTorch releases that accept it. Options the model
+//! does not implement are never dropped silently: each is returned as a [`ConfigWarning`] whose reason is
+//! its row's.
 
 use std::fmt;
 
+use super::options::{self, lex, value_end, AllocOption, Support, OPTIONS, UNKNOWN};
 use crate::trace::AllocatorSettings;
 
 /// Number of `roundup_power2_divisions` intervals: `[1 MiB, 2 MiB)`, `[2 MiB, 4 MiB)`, ..., the last
 /// one `[32 GiB, ∞)` (`kRoundUpPowerOfTwoIntervals`).
 pub const ROUNDUP_INTERVALS: usize = 16;
 
-const MIB: u64 = 1 << 20;
+pub(super) const MIB: u64 = 1 << 20;
 /// `kLargeBuffer`, the default `max_non_split_rounding` and the smallest `max_split_size_mb`, bytes.
-const LARGE_BUFFER: u64 = 20 * MIB;
+pub(super) const LARGE_BUFFER: u64 = 20 * MIB;
 
 /// Options of [`super::CachingAllocator`] (bytes unless named otherwise).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -38,8 +40,10 @@ pub struct CachingConfig {
     /// `garbage_collection_threshold` in `(0, 1)`, 0 = off (the default). PyTorch applies it only when a
     /// per-process memory fraction is set ([`CachingConfig::memory_fraction`]).
     pub garbage_collection_threshold: f64,
-    /// `torch.cuda.set_per_process_memory_fraction(f)` (`None`: not called, the default): the allocator
-    /// may reserve at most `f × device_capacity` bytes (`allowed_memory_maximum`).
+    /// The per-process memory fraction `f` (`None`: not set, the default): the allocator may reserve at
+    /// most `f × device_capacity` bytes (`allowed_memory_maximum`). Set by
+    /// `torch.cuda.set_per_process_memory_fraction(f)` or, since PyTorch 2.10 (and in torch_npu),
+    /// `per_process_memory_fraction:f` in `PYTORCH_CUDA_ALLOC_CONF`.
     pub memory_fraction: Option<f64>,
     /// Bytes added to every request before rounding: 0 in PyTorch; torch_npu's `round_size` adds
     /// `AddPadSize()` = 32 B (`torch_npu/csrc/core/npu/NPUCachingAllocator.cpp`). Not an environment
@@ -169,97 +173,43 @@ impl CachingConfig {
         }
     }
 
-    /// Parses a `PYTORCH_CUDA_ALLOC_CONF` value for a device of `device_capacity` bytes.
+    /// Parses a `PYTORCH_CUDA_ALLOC_CONF` value for a device of `device_capacity` bytes, one key at a time
+    /// through its row of [`OPTIONS`] (as `CUDAAllocatorConfig::parseArgs` does).
     ///
     /// Implemented: `max_split_size_mb`, `max_non_split_rounding_mb`, `garbage_collection_threshold`,
-    /// `roundup_power2_divisions` (both forms), `expandable_segments`, `per_process_memory_fraction`
-    /// (torch_npu's spelling of the memory fraction). Read and reported as warnings: `backend`,
-    /// `release_lock_on_cudamalloc`, `pinned_use_cuda_host_register`, `pinned_num_register_threads`,
-    /// `pinned_use_background_threads` and any other `key:value` (PyTorch refuses unknown keys; torch_npu
-    /// has more, so an unknown key is a warning here, not an error).
+    /// `roundup_power2_divisions` (both forms), `expandable_segments`, `per_process_memory_fraction` (read by
+    /// PyTorch since 2.10, and by torch_npu), torch_npu's `base_addr_aligned_kb`, `backend:native`. Read,
+    /// checked and reported as warnings: the other keys of [`OPTIONS`] (`backend:cudaMallocAsync`,
+    /// `release_lock_on_cudamalloc`, the `pinned_` keys, ...) and any other `key:value` (PyTorch refuses
+    /// unknown keys; torch_npu has more, so an unknown key is a warning here, not an error).
     ///
     /// # Errors
     /// [`ConfigError`] for a value PyTorch refuses: `max_split_size_mb` or `max_non_split_rounding_mb`
     /// below 20, a threshold outside `(0, 1)`, divisions or intervals that are not powers of two, a
-    /// malformed list, a boolean that is not `True`/`False`, a missing `:`.
+    /// malformed list, a boolean that is not `True`/`False`, an unknown backend, a missing `:`.
     pub fn from_env(conf: &str, device_capacity: u64) -> Result<(CachingConfig, Vec<ConfigWarning>), ConfigError> {
         let mut cfg = CachingConfig::new(device_capacity);
         let mut warnings = Vec::new();
         let toks = lex(conf);
         let mut i = 0;
-        let bad = |m: String| ConfigError(m);
         while i < toks.len() {
             let key = toks[i].clone();
             if toks.get(i + 1).map(String::as_str) != Some(":") {
-                return Err(bad(format!("expected `:` after `{key}`")));
+                return Err(ConfigError(format!("expected `:` after `{key}`")));
             }
-            i += 2;
-            let value = |i: usize| toks.get(i).cloned().ok_or_else(|| bad(format!("`{key}` has no value")));
-            let mb = |v: &str| -> Result<u64, ConfigError> {
-                let n: u64 = v.parse().map_err(|_| bad(format!("`{key}` = `{v}` is not a whole number of MB")))?;
-                if n < LARGE_BUFFER / MIB {
-                    return Err(bad(format!("`{key}` = {n} is too small, must be >= 20")));
-                }
-                Ok(n.min(u64::MAX / MIB) * MIB)
+            let (last, reason) = match options::find(&key) {
+                Some(row) => row.parse(&toks, i + 2, &mut cfg)?,
+                None => (value_end(&toks, i + 2)?, Some(UNKNOWN)),
             };
-            let boolean = |v: &str| match v {
-                "True" => Ok(true),
-                "False" => Ok(false),
-                _ => Err(bad(format!("`{key}` expects True or False, got `{v}`"))),
-            };
-            match key.as_str() {
-                "max_split_size_mb" => cfg.max_split_size = mb(&value(i)?)?,
-                "max_non_split_rounding_mb" => cfg.max_non_split_rounding = mb(&value(i)?)?,
-                "garbage_collection_threshold" => {
-                    let v = value(i)?;
-                    let f: f64 = v.parse().map_err(|_| bad(format!("`{key}` = `{v}` is not a number")))?;
-                    if !(f > 0.0 && f < 1.0) {
-                        return Err(bad(format!("`{key}` = {v} is not in (0.0, 1.0)")));
-                    }
-                    cfg.garbage_collection_threshold = f;
-                }
-                "per_process_memory_fraction" => {
-                    let v = value(i)?;
-                    let f: f64 = v.parse().map_err(|_| bad(format!("`{key}` = `{v}` is not a number")))?;
-                    if !(f > 0.0 && f <= 1.0) {
-                        return Err(bad(format!("`{key}` = {v} is not in (0.0, 1.0]")));
-                    }
-                    cfg.memory_fraction = Some(f);
-                }
-                "expandable_segments" => cfg.expandable_segments = boolean(&value(i)?)?,
-                "base_addr_aligned_kb" => {
-                    let v = value(i)?;
-                    let kb: u64 = v.parse().map_err(|_| bad(format!("`{key}` = `{v}` is not a whole number")))?;
-                    if kb > 16 {
-                        return Err(bad(format!("`{key}` = {kb} is above 16")));
-                    }
-                    cfg.base_addr_align = kb << 10;
-                }
-                "roundup_power2_divisions" => {
-                    i = parse_divisions(&toks, i, &mut cfg.roundup_power2_divisions)?;
-                }
-                _ => {
-                    let v = value(i)?;
-                    let reason = match key.as_str() {
-                        "backend" if v == "native" => "the native caching allocator is the one modelled",
-                        "backend" => "cudaMallocAsync is not modelled: the replay uses the native caching allocator",
-                        "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
-                            "a locking detail: no effect on where memory goes"
-                        }
-                        k if k.starts_with("pinned_") => "host pinned memory: no effect on device memory",
-                        _ => "not modelled (unknown to the model)",
-                    };
-                    if key == "backend" && v != "native" && v != "cudaMallocAsync" {
-                        return Err(bad(format!("unknown allocator backend `{v}` (native or cudaMallocAsync)")));
-                    }
-                    warnings.push(ConfigWarning { option: key.clone(), value: v, reason: reason.into() });
-                }
+            if let Some(reason) = reason {
+                let value = toks[i + 2..=last].concat();
+                warnings.push(ConfigWarning { option: key.clone(), value, reason: reason.into() });
             }
-            i += 1;
+            i = last + 1;
             match toks.get(i).map(String::as_str) {
                 None => {}
                 Some(",") => i += 1,
-                Some(t) => return Err(bad(format!("expected `,` after `{key}`, found `{t}`"))),
+                Some(t) => return Err(ConfigError(format!("expected `,` after `{key}`, found `{t}`"))),
             }
         }
         Ok((cfg, warnings))
@@ -269,10 +219,12 @@ impl CachingConfig {
     /// bytes, with a warning for every option the model does not implement and for settings that have no
     /// effect as recorded (a `garbage_collection_threshold` without a memory fraction).
     ///
-    /// The recorded `PYTORCH_CUDA_ALLOC_CONF` string is parsed first (for options only it names, such as
-    /// `max_non_split_rounding_mb`); the structured fields (`max_split_size` in bytes, −1 = unlimited;
-    /// `garbage_collection_threshold`; `expandable_segments`; `roundup_power2_divisions` keyed by interval
-    /// start in MiB) then take precedence, as they are what the allocator used.
+    /// The recorded `PYTORCH_CUDA_ALLOC_CONF` string is parsed first ([`CachingConfig::from_env`], for
+    /// options only it names, such as `max_non_split_rounding_mb`); the structured fields (`max_split_size`
+    /// in bytes, −1 = unlimited; `garbage_collection_threshold`; `expandable_segments`;
+    /// `roundup_power2_divisions` keyed by interval start in MiB) then take precedence, as they are what the
+    /// allocator used. Every other recorded key goes through its row of [`OPTIONS`]: a modelled one is
+    /// applied, the others are warnings with the row's reason.
     pub fn from_settings(s: &AllocatorSettings, device_capacity: u64) -> (CachingConfig, Vec<ConfigWarning>) {
         let mut warnings = Vec::new();
         let mut cfg = CachingConfig::new(device_capacity);
@@ -315,17 +267,20 @@ impl CachingConfig {
             cfg.roundup_power2_divisions = d;
         }
         for (k, v) in &s.other {
-            let reason = match k.as_str() {
-                "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
-                    "a locking detail: no effect on where memory goes"
+            let reason = match options::find(k) {
+                Some(row) if row.support == Support::Modelled => {
+                    let toks = lex(&format!("{k}:{v}"));
+                    match row.parse(&toks, 2, &mut cfg) {
+                        Ok((_, None)) => continue,
+                        Ok((_, Some(r))) => r.to_string(),
+                        Err(e) => format!("recorded in a form the model does not read ({e}): not applied"),
+                    }
                 }
-                k if k.starts_with("pinned_") => "host pinned memory: no effect on device memory",
-                "graph_capture_record_stream_reuse" => "CUDA graph capture is not modelled",
-                "roundup_power2_divisions" => "recorded in a form the reader does not know: not applied",
-                _ => "not modelled (unknown to the model)",
+                Some(AllocOption { support: Support::NotModelled(r), .. }) => r.to_string(),
+                _ => UNKNOWN.to_string(),
             };
             if !warnings.iter().any(|w| &w.option == k) {
-                warnings.push(ConfigWarning { option: k.clone(), value: v.clone(), reason: reason.into() });
+                warnings.push(ConfigWarning { option: k.clone(), value: v.clone(), reason });
             }
         }
         if cfg.garbage_collection_threshold > 0.0 && cfg.memory_fraction.is_none() {
@@ -341,128 +296,14 @@ impl CachingConfig {
         (cfg, warnings)
     }
 
-    /// The `PYTORCH_CUDA_ALLOC_CONF` value that sets this configuration (defaults left out; "" for all
-    /// defaults). A memory fraction is not an environment option in PyTorch's CUDA allocator (it is
-    /// `torch.cuda.set_per_process_memory_fraction`); it is printed as torch_npu's
-    /// `per_process_memory_fraction`. [`CachingConfig::from_env`] of the result gives `self` back.
+    /// The `PYTORCH_CUDA_ALLOC_CONF` value that sets this configuration: each row of [`OPTIONS`] that is
+    /// not at its default, in table order ("" for all defaults). A memory fraction is printed as
+    /// `per_process_memory_fraction`, which PyTorch reads since 2.10 and torch_npu reads too (older PyTorch
+    /// releases need `torch.cuda.set_per_process_memory_fraction`: [`AllocOption::pytorch_support`]).
+    /// [`CachingConfig::from_env`] of the result gives `self` back.
     pub fn to_env(&self) -> String {
-        let mut parts = Vec::new();
-        if self.expandable_segments {
-            parts.push("expandable_segments:True".to_string());
-        }
-        if self.max_split_size != u64::MAX {
-            parts.push(format!("max_split_size_mb:{}", self.max_split_size / MIB));
-        }
-        if self.max_non_split_rounding != LARGE_BUFFER {
-            parts.push(format!("max_non_split_rounding_mb:{}", self.max_non_split_rounding / MIB));
-        }
-        let d = &self.roundup_power2_divisions;
-        if d.iter().any(|&x| x != 0) {
-            parts.push(format!("roundup_power2_divisions:{}", divisions_to_env(d)));
-        }
-        if self.garbage_collection_threshold > 0.0 {
-            parts.push(format!("garbage_collection_threshold:{}", self.garbage_collection_threshold));
-        }
-        if let Some(f) = self.memory_fraction {
-            parts.push(format!("per_process_memory_fraction:{f}"));
-        }
-        if self.base_addr_align != 0 {
-            parts.push(format!("base_addr_aligned_kb:{}", self.base_addr_align >> 10));
-        }
-        parts.join(",")
+        OPTIONS.iter().filter_map(|o| o.to_env(self)).collect::<Vec<_>>().join(",")
     }
-}
-
-/// `AllocatorConfig::lexArgs`: `,` `:` `[` `]` are tokens of their own, spaces are dropped.
-fn lex(s: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut buf = String::new();
-    for c in s.chars() {
-        if matches!(c, ',' | ':' | '[' | ']') {
-            if !buf.is_empty() {
-                out.push(std::mem::take(&mut buf));
-            }
-            out.push(c.to_string());
-        } else if c != ' ' {
-            buf.push(c);
-        }
-    }
-    if !buf.is_empty() {
-        out.push(buf);
-    }
-    out
-}
-
-/// `AllocatorConfig::parseRoundUpPower2Divisions` from token `i` (the value); returns the index of the
-/// last token used. Quirks kept: the first `interval:div` also fills every interval below it, and `>`
-/// fills from the last named interval *inclusive* (`[256:1,512:2,>:4]` sets 512 MiB to 4).
-fn parse_divisions(toks: &[String], mut i: usize, d: &mut [u64; ROUNDUP_INTERVALS]) -> Result<usize, ConfigError> {
-    let bad = |m: &str| ConfigError(format!("roundup_power2_divisions: {m}"));
-    let num = |t: Option<&String>| -> Result<u64, ConfigError> {
-        let t = t.ok_or_else(|| bad("missing value"))?;
-        t.parse::<u64>().map_err(|_| bad(&format!("`{t}` is not a whole number")))
-    };
-    if toks.get(i).map(String::as_str) != Some("[") {
-        let v = num(toks.get(i))?;
-        if !v.is_power_of_two() {
-            return Err(bad(&format!("divisions {v} is not a power of two")));
-        }
-        *d = [v; ROUNDUP_INTERVALS];
-        return Ok(i);
-    }
-    let (mut first, mut last_index) = (true, 0usize);
-    loop {
-        i += 1;
-        match toks.get(i).map(String::as_str) {
-            None => return Err(bad("missing `]`")),
-            Some("]") => return Ok(i),
-            _ => {}
-        }
-        let key = toks[i].clone();
-        if toks.get(i + 1).map(String::as_str) != Some(":") {
-            return Err(bad(&format!("expected `:` after `{key}`")));
-        }
-        i += 2;
-        let v = num(toks.get(i))?;
-        if v != 0 && !v.is_power_of_two() {
-            return Err(bad(&format!("divisions {v} is not a power of two or 0")));
-        }
-        if key == ">" {
-            d[last_index..].iter_mut().for_each(|x| *x = v);
-        } else {
-            let mb: u64 = key.parse().map_err(|_| bad(&format!("interval `{key}` is not a number")))?;
-            if !mb.is_power_of_two() {
-                return Err(bad(&format!("interval {mb} is not a power of two")));
-            }
-            let idx = ((63 - mb.leading_zeros()) as usize).min(ROUNDUP_INTERVALS - 1);
-            if first {
-                d[..idx].iter_mut().for_each(|x| *x = v);
-                first = false;
-            }
-            d[idx] = v;
-            last_index = idx;
-        }
-        match toks.get(i + 1).map(String::as_str) {
-            Some("]") => {}
-            Some(",") => i += 1,
-            _ => return Err(bad("expected `,` or `]`")),
-        }
-    }
-}
-
-/// The shortest form that [`parse_divisions`] reads back as `d`.
-fn divisions_to_env(d: &[u64; ROUNDUP_INTERVALS]) -> String {
-    if d.iter().all(|&x| x == d[0]) {
-        return d[0].to_string();
-    }
-    let lead_end = d.iter().position(|&x| x != d[0]).unwrap_or(ROUNDUP_INTERVALS) - 1;
-    let tail_start = (0..ROUNDUP_INTERVALS).rev().take_while(|&i| d[i] == d[ROUNDUP_INTERVALS - 1]).last().unwrap_or(0);
-    let mut items: Vec<String> = (lead_end..tail_start).map(|i| format!("{}:{}", 1u64 << i, d[i])).collect();
-    items.push(format!("{}:{}", 1u64 << tail_start, d[tail_start]));
-    if tail_start < ROUNDUP_INTERVALS - 1 {
-        items.push(format!(">:{}", d[tail_start]));
-    }
-    format!("[{}]", items.join(","))
 }
 
 #[cfg(test)]
@@ -535,5 +376,81 @@ mod tests {
         assert_eq!(names, ["release_lock_on_cudamalloc", "garbage_collection_threshold"]);
         assert!(!c.gc_active());
         assert!(c.memory_fraction(Some(0.9)).gc_active());
+        // A recorded key the model implements is applied through its row; one it does not, warned about.
+        let s = AllocatorSettings {
+            garbage_collection_threshold: Some(0.6),
+            other: vec![
+                ("per_process_memory_fraction".into(), "0.5".into()),
+                ("graph_capture_record_stream_reuse".into(), "False".into()),
+                ("some_future_key".into(), "1".into()),
+            ],
+            ..AllocatorSettings::default()
+        };
+        let (c, w) = CachingConfig::from_settings(&s, 1 << 34);
+        assert_eq!(c.memory_fraction, Some(0.5));
+        assert!(c.gc_active());
+        let reasons: Vec<(&str, &str)> = w.iter().map(|w| (w.option.as_str(), w.reason.as_str())).collect();
+        assert_eq!(
+            reasons,
+            [("graph_capture_record_stream_reuse", "CUDA graph capture is not modelled"), ("some_future_key", UNKNOWN)]
+        );
+    }
+
+    /// Every key goes through its row: PyTorch's checks of keys the model does not implement, list values
+    /// of any key, the memory fraction PyTorch reads since 2.10, and one reason per key whether it comes
+    /// from the variable or from the snapshot's structured settings.
+    #[test]
+    fn env_keys_go_through_the_option_table() {
+        let (c, w) = CachingConfig::from_env(
+            "per_process_memory_fraction:0.5,expandable_segments_reserve_by_class:[a:0.5,b:40G],\
+             graph_capture_record_stream_reuse:True,other_key:[1,2]",
+            1 << 34,
+        )
+        .unwrap();
+        assert_eq!(c.memory_fraction, Some(0.5));
+        assert_eq!(c.to_env(), "per_process_memory_fraction:0.5");
+        let got: Vec<(&str, &str)> = w.iter().map(|w| (w.option.as_str(), w.value.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("expandable_segments_reserve_by_class", "[a:0.5,b:40G]"),
+                ("graph_capture_record_stream_reuse", "True"),
+                ("other_key", "[1,2]")
+            ]
+        );
+        assert_eq!(w[1].reason, "CUDA graph capture is not modelled");
+        let (_, w) = CachingConfig::from_env("release_lock_on_hipmalloc:False", 1 << 34).unwrap();
+        assert_eq!(w[0].reason, "a locking detail: no effect on where memory goes");
+        // Any string of keys, values and separators parses or is refused, never panics.
+        let alphabet = [
+            "max_split_size_mb",
+            "roundup_power2_divisions",
+            "other_key",
+            "backend",
+            ":",
+            ",",
+            "[",
+            "]",
+            ">",
+            "20",
+            "True",
+            "0.5",
+        ];
+        let mut rng = crate::bench::SplitMix64::new(7);
+        for _ in 0..20_000 {
+            let n = rng.next_u64() % 9;
+            let s: String = (0..n).map(|_| alphabet[(rng.next_u64() % alphabet.len() as u64) as usize]).collect();
+            let _ = CachingConfig::from_env(&s, 1 << 34);
+        }
+        for bad in [
+            "release_lock_on_cudamalloc:1",
+            "pinned_num_register_threads:3",
+            "pinned_reserve_segment_size_mb:0",
+            "per_process_memory_fraction:1.5",
+            "per_process_memory_fraction",
+            "other_key:[1,2",
+        ] {
+            assert!(CachingConfig::from_env(bad, 1 << 34).is_err(), "{bad}");
+        }
     }
 }
