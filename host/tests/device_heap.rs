@@ -201,6 +201,62 @@ fn exhaustion_returns_null_then_free_all_then_other_sizes_reuse_at_least_95_perc
     }
 }
 
+/// At most this many searches per null in an exhausted heap under many
+/// concurrent failing leaders (DESIGN.md §2.2: a null costs about as much
+/// as a success). A failing request makes no claim and holds no transit
+/// mark, so with nothing freed meanwhile each null makes exactly one; the
+/// bound leaves room for one repeat.
+const SEARCHES_PER_NULL: f64 = 2.0;
+
+/// The out-of-memory path under many concurrent failing leaders (issue 19,
+/// item 2): a heap filled with 4 KiB slots, then every size class and a
+/// large size requested at once by many warps whose groups each have a
+/// leader, on an oversubscribed worker pool (sequential mode: every thread
+/// is its own leader, 64 blocks on 64 OS threads at once) or with 32-lane
+/// warps (lockstep and independent mode: blocks of 8 warps of ten groups
+/// each, the independent mode interleaving their leaders at every atomic).
+/// Every request fails, and the
+/// heap's statistics show at most `SEARCHES_PER_NULL` searches per null.
+/// (With a transit mark held through a failing search, as before, the
+/// concurrent leaders keep each other's checks from ever being quiet and
+/// each null runs its scan bound.)
+#[test]
+fn many_concurrent_failing_leaders_make_one_search_per_null() {
+    for b in common::backends("many_concurrent_failing_leaders_make_one_search_per_null") {
+        let what = format!("{b:?}");
+        let lanes = common::has_thread_per_lane(&b);
+        let cap = 1 << 20; // 16 pages
+        let heap = DeviceHeap::new(&b, cap).unwrap();
+        let (batches, ok) = fill_until_null(&b, &heap, 4096, if lanes { 64 } else { 256 });
+        assert_eq!(ok, cap / 4096, "{what}: the heap holds exactly its 4 KiB slots");
+        let before = heap.stats().unwrap();
+        // Ten groups per warp: lane `l < 27` asks for class `l % 9`, lanes
+        // 27..32 for a large block each (a group of one).
+        let threads: u64 = if lanes { 512 } else { 1 << 14 };
+        let sizes: Vec<u64> = (0..threads).map(|i| if i % 32 >= 27 { 1 << 16 } else { 16 << ((i % 32) % 9) }).collect();
+        let failing = || ops::malloc_batch(&b, &heap, &Sizes::PerThread(sizes.clone()), threads, false).unwrap();
+        let batch = if lanes {
+            failing()
+        } else {
+            rayon::ThreadPoolBuilder::new().num_threads(64).build().unwrap().install(failing)
+        };
+        assert!(batch.read_ptrs().unwrap().iter().all(|&p| p == 0), "{what}: an exhausted heap gave a block");
+        let s = heap.stats().unwrap();
+        let nulls = s.failed_requests - before.failed_requests;
+        let searches = s.failed_searches - before.failed_searches;
+        assert_eq!(nulls, threads, "{what}: every request is counted as failed");
+        let per_null = searches as f64 / nulls as f64;
+        eprintln!("{what}: {nulls} nulls, {searches} searches ({per_null:.3} per null)");
+        assert!(per_null >= 1.0, "{what}: every null follows at least one search");
+        assert!(per_null <= SEARCHES_PER_NULL, "{what}: {per_null:.3} searches per null");
+        assert_eq!(s.transit_in_flight, 0, "{what}");
+        for bt in batches {
+            ops::free_batch(&b, &heap, bt, 3).unwrap();
+        }
+        check_fully_free(&b, &heap, &what);
+    }
+}
+
 #[test]
 fn frees_in_a_later_kernel_by_other_threads_make_memory_reusable() {
     for b in common::backends("frees_in_a_later_kernel_by_other_threads_make_memory_reusable") {

@@ -57,10 +57,10 @@
  * checked against every build by examples/cuda-cpp/link.py (scripts/test),
  * which also rewrites them (--update-header):
  */
-#define GPUHEAP_REGISTERS_SM80 148
-#define GPUHEAP_MAX_BLOCK_THREADS_SM80 416
-#define GPUHEAP_REGISTERS_SM90 156
-#define GPUHEAP_MAX_BLOCK_THREADS_SM90 384
+#define GPUHEAP_REGISTERS_SM80 118
+#define GPUHEAP_MAX_BLOCK_THREADS_SM80 544
+#define GPUHEAP_REGISTERS_SM90 117
+#define GPUHEAP_MAX_BLOCK_THREADS_SM90 544
 /*
  * gpuheap_malloc is the largest of the five. To launch larger blocks, cap the
  * registers at link time (nvJitLink or nvcc -maxrregcount=N): the allocator

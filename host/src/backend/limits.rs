@@ -18,10 +18,12 @@
 //! * **Warps and blocks**: at most `max_threads_per_sm / 32` warps and `max_blocks_per_sm`
 //!   blocks per SM.
 //!
-//! So `gpuheap_heap_malloc` at 93 registers (sm_90, ptxas 12.9) is allocated 96 per thread, 3,072
-//! per warp: a block of 21 warps (672 threads) rounds up to 24 warps, 73,728 registers, and is
-//! refused; 640 threads (20 warps) is the largest block. A GPU reports the same figure for each
-//! kernel as `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`, which the GPU backend reads at module load
+//! So `gpuheap_heap_malloc` at 54 registers (sm_90, ptxas 12.9) is allocated 56 per thread, 1,792
+//! per warp: a block of 32 warps (1,024 threads) needs 57,344 registers and launches, and an SM
+//! holds 36 of its warps (9 per sub-partition). A kernel at 93 registers is allocated 96, 3,072 per
+//! warp: a block of 21 warps (672 threads) rounds up to 24 warps, 73,728 registers, and is refused;
+//! 640 threads (20 warps) is its largest block. A GPU reports the same figure for each
+//! //! kernel as `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`, which the GPU backend reads at module load
 //! and checks before each launch ([`KernelInfo::check`]), so an oversized launch fails with a
 //! [`BackendError::LaunchLimit`] naming the kernel, the limit and the request instead of the
 //! driver's bare `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`.
@@ -273,8 +275,9 @@ pub fn ptx_entries(ptx: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
-    /// Register figures of ptxas 12.9 for the project's kernels (the PTX check's table) and the
-    /// largest block CUDA's occupancy arithmetic gives for each.
+    /// Register figures of ptxas 12.9 for the project's kernels (the PTX check's table, and those
+    /// of the nested heap design before, 90 / 93) and the largest block CUDA's occupancy
+    /// arithmetic gives for each.
     #[test]
     fn largest_block_follows_the_register_allocation() {
         for arch in [Arch::SM80, Arch::SM90] {
@@ -286,9 +289,16 @@ mod tests {
             assert_eq!(arch.max_block_threads(90), 640);
             assert_eq!(arch.max_block_threads(110), 512); // 112 × 32 = 3584: 16 warps
             assert_eq!(arch.max_block_threads(104), 512); // 3328: 19 warps round up to 20 = 66560
+            assert_eq!(arch.max_block_threads(96), 640); // compact_move on sm_80
             assert_eq!(arch.max_block_threads(80), 768); // 2560: 24 warps = 61440
             assert_eq!(arch.max_block_threads(64), 1024); // 2048: 32 warps = 65536 exactly
             assert_eq!(arch.max_block_threads(65), 896); // 2304 (72 rounded): 28 warps = 64512
+            // malloc (52 / 54), churn (59 / 57), loop (54): 1792 or 2048 per warp, 32 warps fit.
+            assert_eq!(arch.regs_per_warp(54), 1792);
+            assert_eq!(arch.regs_per_warp(59), 2048);
+            for regs in [52, 54, 57, 59] {
+                assert_eq!(arch.max_block_threads(regs), 1024, "{regs} registers");
+            }
             assert_eq!(arch.max_block_threads(56), 1024);
             assert_eq!(arch.max_block_threads(39), 1024);
             assert_eq!(arch.max_block_threads(255), 256); // 8192 per warp: 8 warps
@@ -300,9 +310,14 @@ mod tests {
     #[test]
     fn occupancy_matches_the_audit_figures_on_an_h200() {
         let a = Arch::SM90;
-        // malloc at 256 threads: 5 warps per sub-partition, 20 per SM, 2 blocks of 8 warps.
+        // malloc (54 registers) at 256 threads: 9 warps per sub-partition, 36 per SM, 4 blocks of
+        // 8 warps; the nested design's 93: 5 per sub-partition, 20 per SM, 2 blocks.
+        let o = a.occupancy(54, 0, 256, 0);
+        assert_eq!((o.blocks_per_sm, o.warps_per_sm, o.limited_by), (4, 32, Limiter::Registers));
         let o = a.occupancy(93, 0, 256, 0);
         assert_eq!((o.blocks_per_sm, o.warps_per_sm, o.limited_by), (2, 16, Limiter::Registers));
+        // malloc at 1024 threads: one block of 32 warps.
+        assert_eq!(a.occupancy(54, 0, 1024, 0).blocks_per_sm, 1);
         // free: 40 registers, 12 warps per sub-partition, 48 per SM: 6 blocks.
         assert_eq!(a.occupancy(39, 0, 256, 0).warps_per_sm, 48);
         // compact_move: 80 registers and 32 KiB: registers allow 3 blocks, shared memory 6.
@@ -340,19 +355,27 @@ mod tests {
 
     #[test]
     fn an_oversized_launch_is_refused_naming_kernel_limit_and_request() {
-        let k = KernelInfo::computed("gpuheap_heap_malloc", &Arch::SM90, 93, 0);
-        assert_eq!(k.max_threads_per_block, 640);
         let cfg = |block, shared_bytes| LaunchConfig { grid: 4, block, shared_bytes };
+        // malloc at 54 registers launches at every block size up to 1,024 threads.
+        let k = KernelInfo::computed("gpuheap_heap_malloc", &Arch::SM90, 54, 0);
+        assert_eq!(k.max_threads_per_block, 1024);
+        for block in [256, 768, 1024] {
+            assert!(k.check(&cfg(block, 0)).is_ok(), "{block} threads");
+        }
+        assert!(matches!(k.check(&cfg(1056, 0)), Err(BackendError::LaunchLimit { limit: 1024, .. })));
+        // A kernel at 96 registers (compact_move on sm_80; the nested malloc's 93 likewise): 640.
+        let k = KernelInfo::computed("gpuheap_compact_move", &Arch::SM80, 96, 0);
+        assert_eq!(k.max_threads_per_block, 640);
         assert!(k.check(&cfg(256, 0)).is_ok());
         assert!(k.check(&cfg(640, 0)).is_ok());
         for block in [672, 768, 1024] {
             match k.check(&cfg(block, 0)) {
                 Err(e @ BackendError::LaunchLimit { .. }) => {
                     let BackendError::LaunchLimit { ref kernel, requested, limit, .. } = e else { unreachable!() };
-                    assert_eq!((kernel.as_str(), requested, limit), ("gpuheap_heap_malloc", block as u64, 640));
+                    assert_eq!((kernel.as_str(), requested, limit), ("gpuheap_compact_move", block as u64, 640));
                     let m = e.to_string();
-                    assert!(m.contains("gpuheap_heap_malloc") && m.contains(&block.to_string()), "{m}");
-                    assert!(m.contains("at most 640") && m.contains("93 registers"), "{m}");
+                    assert!(m.contains("gpuheap_compact_move") && m.contains(&block.to_string()), "{m}");
+                    assert!(m.contains("at most 640") && m.contains("96 registers"), "{m}");
                 }
                 r => panic!("{block} threads: {r:?}"),
             }

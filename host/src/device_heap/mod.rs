@@ -93,11 +93,22 @@ pub struct HeapStats {
     pub free_bytes: u64,
     /// `malloc` calls that returned null for a non-zero size.
     pub failed_requests: u64,
+    /// Searches made by the requests that returned null: each one a pass
+    /// over the class's available pages and the buddy (or, for a large
+    /// request, over the buddy levels) followed by a check of the transit
+    /// counter (`gpuheap_kernels::heap::transit`). A request that fails in
+    /// an exhausted heap makes one; a search is repeated only when
+    /// concurrent operations may have hidden memory from it. Divided by
+    /// [`failed_requests`](Self::failed_requests):
+    /// [`searches_per_failure`](Self::searches_per_failure).
+    pub failed_searches: u64,
     /// Double frees detected (counted with the `debug-free` feature only).
     pub double_frees: u64,
     /// Invalid frees detected (counted with the `debug-free` feature only).
     pub invalid_frees: u64,
-    /// Buddy splits/merges in flight (0 when no kernel runs).
+    /// Operations in flight that hide free memory (buddy splits and
+    /// merges, page formats and retirements; summed over the transit
+    /// counter's shards; 0 when no kernel runs).
     pub transit_in_flight: u32,
     /// Bytes of the movable region (taken out of the buddy for handle blocks,
     /// see [`DeviceHeap::with_movable`]; 0 without one).
@@ -108,6 +119,17 @@ impl HeapStats {
     /// Bytes handed out: slots of every class plus large blocks.
     pub fn bytes_in_use(&self) -> u64 {
         self.classes.iter().map(|c| c.bytes_in_use).sum::<u64>() + self.large_bytes
+    }
+
+    /// Searches per null result (`failed_searches / failed_requests`; 0
+    /// when no request failed): the cost of an out-of-memory answer in
+    /// passes over the heap. 1 in an exhausted heap with nothing in flight.
+    pub fn searches_per_failure(&self) -> f64 {
+        if self.failed_requests == 0 {
+            0.0
+        } else {
+            self.failed_searches as f64 / self.failed_requests as f64
+        }
     }
 
     /// Slab pages in total.
@@ -306,7 +328,7 @@ impl DeviceHeap {
                 let cs = &mut classes[c as usize];
                 cs.pages += 1;
                 let used: u64 = (0..class_words(c) as u64)
-                    .map(|w| m.u64(h.bits_off, p * WORDS_PER_PAGE + w).count_ones() as u64)
+                    .map(|w| m.u32(h.bits_off, p * WORDS_PER_PAGE + w).count_ones() as u64)
                     .sum();
                 cs.slots_in_use += used;
             }
@@ -318,9 +340,9 @@ impl DeviceHeap {
         let mut free_bytes = 0;
         for k in 0..=h.max_order as u32 {
             let off = m.u64(0, (CTRL_LEVELS as u32 + k) as u64);
-            let words = level_bits(h.units, k).div_ceil(64);
+            let words = level_bits(h.units, k).div_ceil(WORD_BITS as u64);
             for w in 0..words {
-                free_bytes += m.u64(h.buddy_off, off + w).count_ones() as u64 * (UNIT << k);
+                free_bytes += m.u32(h.buddy_off, off + w).count_ones() as u64 * (UNIT << k);
             }
         }
         Ok(HeapStats {
@@ -330,9 +352,12 @@ impl DeviceHeap {
             large_bytes: live.iter().map(|b| b.size).sum(),
             free_bytes,
             failed_requests: m.u64(0, CTRL_FAILED as u64),
+            failed_searches: m.u64(0, CTRL_FAILED_SEARCHES as u64),
             double_frees: m.u64(0, CTRL_DOUBLE_FREES as u64),
             invalid_frees: m.u64(0, CTRL_INVALID_FREES as u64),
-            transit_in_flight: m.u64(0, CTRL_TRANSIT as u64) as u32,
+            transit_in_flight: (0..TRANSIT_SHARDS as usize)
+                .map(|s| m.u64(0, (CTRL_TRANSIT + s * TRANSIT_STRIDE) as u64) as u32)
+                .sum(),
             movable_bytes: h.movable_bytes,
         })
     }
@@ -368,20 +393,24 @@ impl DeviceHeap {
         let h = self.handle;
         let mut ctrl = vec![0u8; CTRL_WORDS as usize * 8];
         self.meta.read_into(0, &mut ctrl)?;
-        let mut buddy = vec![0u8; h.buddy_words as usize * 8];
+        let mut buddy = vec![0u8; h.buddy_words as usize * 4];
         self.meta.read_into(h.buddy_off as usize, &mut buddy)?;
         let word = |v: &[u8], i: u64| -> u64 {
             let o = i as usize * 8;
             v.get(o..o + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
         };
+        let word32 = |v: &[u8], i: u64| -> u32 {
+            let o = i as usize * 4;
+            v.get(o..o + 4).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+        };
         let mut out = Vec::new();
         for k in 0..=h.max_order as u32 {
             let off = word(&ctrl, (CTRL_LEVELS as u32 + k) as u64);
             let n = level_bits(h.units, k);
-            for w in 0..n.div_ceil(64) {
-                let mut v = word(&buddy, off + w);
+            for w in 0..n.div_ceil(WORD_BITS as u64) {
+                let mut v = word32(&buddy, off + w);
                 while v != 0 {
-                    let i = w * 64 + v.trailing_zeros() as u64;
+                    let i = w * WORD_BITS as u64 + v.trailing_zeros() as u64;
                     if i < n {
                         out.push(((i << k) << UNIT_SHIFT, UNIT << k));
                     }
@@ -453,7 +482,9 @@ impl DeviceHeap {
             tags[4 * u..4 * u + 4].copy_from_slice(&(b.order() + 1).to_le_bytes());
         }
         self.meta.write_at(h.tags_off as usize, &tags)?;
-        self.meta.write_at(CTRL_TRANSIT * 8, &0u64.to_le_bytes())?;
+        for s in 0..TRANSIT_SHARDS as usize {
+            self.meta.write_at((CTRL_TRANSIT + s * TRANSIT_STRIDE) * 8, &0u64.to_le_bytes())?;
+        }
         Ok(())
     }
 }

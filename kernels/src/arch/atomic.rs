@@ -2,8 +2,15 @@
 //!
 //! On `nvptx64` every operation is one inline-PTX instruction with `.gpu`
 //! scope and the semantics you name (`atom.acq_rel.gpu.add.u32`,
-//! `ld.acquire.gpu.u32`, `fence.acq_rel.gpu`, …) on a *generic* address, so
-//! the same cell works in global and shared memory. We do not use
+//! `ld.acquire.gpu.u32`, `fence.acq_rel.gpu`, …). [`AtomicU32`] and
+//! [`AtomicU64`] take a *generic* address, so the same cell works in global
+//! and shared memory; ptxas then emits, for every operation, a test of the
+//! address space with a shared-memory emulation (`ATOMS.CAST.SPIN`) and a
+//! local-memory path beside the global atomic. [`GlobalU32`] and
+//! [`GlobalU64`] are the same API for cells known to be in global memory
+//! (`atom.*.gpu.global`, the address converted with `cvta.to.global`, which
+//! costs nothing): one instruction each, no fallback paths. The device heap's
+//! metadata is always global memory and uses them. We do not use
 //! `core::sync::atomic` there: rustc/LLVM drops the ordering of every
 //! read-modify-write except compare-and-swap and makes every ordered access
 //! system-scoped (rust-lang/rust#136480; see
@@ -13,9 +20,10 @@
 //! `--cfg loom`, to `shuttle` under `--cfg shuttle`), whose C++20 model is at
 //! least as strong as PTX's scoped model for a single `.gpu` scope.
 //!
-//! [`AtomicU32`] and [`AtomicU64`] have the layout of `u32` / `u64` (except
-//! under loom or shuttle), so a kernel can view device memory as atomics with
-//! [`AtomicU32::from_ptr`].
+//! All four have the layout of `u32` / `u64` (except under loom or shuttle),
+//! so a kernel can view device memory as atomics with [`AtomicU32::from_ptr`]
+//! (or [`GlobalU64::from_ptr`], whose contract adds: the cell is in global
+//! memory).
 
 /// Memory semantics of an atomic operation (PTX `.relaxed`, `.acquire`,
 /// `.release`, `.acq_rel`; all with `.gpu` scope on the device).
@@ -72,22 +80,31 @@ impl Ordering {
 }
 
 /// Emits `$asm` with the semantics suffix chosen by `$ord` (a constant after
-/// inlining, so only one arm survives).
+/// inlining, so only one arm survives). `$space` is `generic` (a generic
+/// address) or `global`; a global access first converts the generic pointer
+/// operand `{p}` with `cvta.to.global` (free) into the block-local register
+/// `%g`, which the instruction addresses either way.
 #[cfg(target_arch = "nvptx64")]
 macro_rules! by_sem {
-    ($ord:expr, $pre:literal, $post:expr, $($args:tt)*) => {
+    ($space:ident, $ord:expr, $pre:literal, $post:expr, $($args:tt)*) => {
         match $ord {
-            Ordering::Relaxed => core::arch::asm!(concat!($pre, ".relaxed.gpu", $post), $($args)*),
-            Ordering::Acquire => core::arch::asm!(concat!($pre, ".acquire.gpu", $post), $($args)*),
-            Ordering::Release => core::arch::asm!(concat!($pre, ".release.gpu", $post), $($args)*),
-            Ordering::AcqRel => core::arch::asm!(concat!($pre, ".acq_rel.gpu", $post), $($args)*),
+            Ordering::Relaxed => by_sem!(@one $space, $pre, ".relaxed.gpu", $post, $($args)*),
+            Ordering::Acquire => by_sem!(@one $space, $pre, ".acquire.gpu", $post, $($args)*),
+            Ordering::Release => by_sem!(@one $space, $pre, ".release.gpu", $post, $($args)*),
+            Ordering::AcqRel => by_sem!(@one $space, $pre, ".acq_rel.gpu", $post, $($args)*),
         }
+    };
+    (@one generic, $pre:literal, $sem:literal, $post:expr, $($args:tt)*) => {
+        core::arch::asm!(concat!("{{ .reg .b64 %g; mov.b64 %g, {p}; ", $pre, $sem, $post, " }}"), $($args)*)
+    };
+    (@one global, $pre:literal, $sem:literal, $post:expr, $($args:tt)*) => {
+        core::arch::asm!(concat!("{{ .reg .b64 %g; cvta.to.global.u64 %g, {p}; ", $pre, $sem, ".global", $post, " }}"), $($args)*)
     };
 }
 
 macro_rules! atomic_int {
-    ($name:ident, $int:ty, $host:ident, $reg:ident, $b:literal, $u:literal) => {
-        #[doc = concat!("A `", stringify!($int), "` updated with GPU-scoped atomics (see the [module docs](self)).")]
+    ($name:ident, $int:ty, $host:ident, $reg:ident, $b:literal, $u:literal, $space:ident, $what:literal, $where:literal) => {
+        #[doc = concat!("A `", stringify!($int), "` updated with GPU-scoped atomics on a ", $what, " address (see the [module docs](self)).")]
         #[cfg_attr(not(any(loom, shuttle)), repr(transparent))]
         pub struct $name {
             #[cfg(target_arch = "nvptx64")]
@@ -121,7 +138,7 @@ macro_rules! atomic_int {
             ///
             /// # Safety
             #[doc = concat!("`p` is non-null, aligned to `align_of::<", stringify!($int), ">()`, valid for reads and")]
-            /// writes for `'a`, and every concurrent access to it is atomic.
+            #[doc = concat!("writes for `'a`, ", $where, "and every concurrent access to it is atomic.")]
             #[cfg(not(any(loom, shuttle)))]
             #[inline(always)]
             pub unsafe fn from_ptr<'a>(p: *mut $int) -> &'a Self {
@@ -145,7 +162,7 @@ macro_rules! atomic_int {
                     let p = self.ptr();
                     let ord = match ord { Ordering::Relaxed => Ordering::Relaxed, _ => Ordering::Acquire };
                     // SAFETY: `p` points to this live, aligned cell.
-                    unsafe { by_sem!(ord, "ld", concat!(".", $u, " {r}, [{p}];"), r = out($reg) r, p = in(reg64) p, options(nostack)) };
+                    unsafe { by_sem!($space, ord, "ld", concat!(".", $u, " {r}, [%g];"), r = out($reg) r, p = in(reg64) p, options(nostack)) };
                     r
                 }
                 #[cfg(not(target_arch = "nvptx64"))]
@@ -164,7 +181,7 @@ macro_rules! atomic_int {
                     let p = self.ptr();
                     let ord = match ord { Ordering::Relaxed => Ordering::Relaxed, _ => Ordering::Release };
                     // SAFETY: `p` points to this live, aligned cell.
-                    unsafe { by_sem!(ord, "st", concat!(".", $u, " [{p}], {v};"), p = in(reg64) p, v = in($reg) v, options(nostack)) };
+                    unsafe { by_sem!($space, ord, "st", concat!(".", $u, " [%g], {v};"), p = in(reg64) p, v = in($reg) v, options(nostack)) };
                 }
                 #[cfg(not(target_arch = "nvptx64"))]
                 {
@@ -174,12 +191,12 @@ macro_rules! atomic_int {
                 }
             }
 
-            atomic_int!(@rmw $int, $reg, fetch_add, "add", $u, "Adds `v` (wrapping); returns the previous value.");
-            atomic_int!(@rmw $int, $reg, fetch_or, "or", $b, "Bitwise or with `v`; returns the previous value.");
-            atomic_int!(@rmw $int, $reg, fetch_and, "and", $b, "Bitwise and with `v`; returns the previous value.");
-            atomic_int!(@rmw $int, $reg, fetch_max, "max", $u, "Unsigned maximum with `v`; returns the previous value.");
-            atomic_int!(@rmw $int, $reg, fetch_min, "min", $u, "Unsigned minimum with `v`; returns the previous value.");
-            atomic_int!(@rmw $int, $reg, swap, "exch", $b, "Stores `v`; returns the previous value.");
+            atomic_int!(@rmw $space, $int, $reg, fetch_add, "add", $u, "Adds `v` (wrapping); returns the previous value.");
+            atomic_int!(@rmw $space, $int, $reg, fetch_or, "or", $b, "Bitwise or with `v`; returns the previous value.");
+            atomic_int!(@rmw $space, $int, $reg, fetch_and, "and", $b, "Bitwise and with `v`; returns the previous value.");
+            atomic_int!(@rmw $space, $int, $reg, fetch_max, "max", $u, "Unsigned maximum with `v`; returns the previous value.");
+            atomic_int!(@rmw $space, $int, $reg, fetch_min, "min", $u, "Unsigned minimum with `v`; returns the previous value.");
+            atomic_int!(@rmw $space, $int, $reg, swap, "exch", $b, "Stores `v`; returns the previous value.");
 
             /// Subtracts `v` (wrapping); returns the previous value.
             #[inline(always)]
@@ -198,7 +215,7 @@ macro_rules! atomic_int {
                     let r: $int;
                     let p = self.ptr();
                     // SAFETY: `p` points to this live, aligned cell.
-                    unsafe { by_sem!(ord, "atom", concat!(".cas.", $b, " {r}, [{p}], {c}, {n};"), r = out($reg) r, p = in(reg64) p, c = in($reg) current, n = in($reg) new, options(nostack)) };
+                    unsafe { by_sem!($space, ord, "atom", concat!(".cas.", $b, " {r}, [%g], {c}, {n};"), r = out($reg) r, p = in(reg64) p, c = in($reg) current, n = in($reg) new, options(nostack)) };
                     if r == current { Ok(r) } else { Err(r) }
                 }
                 #[cfg(not(target_arch = "nvptx64"))]
@@ -210,7 +227,7 @@ macro_rules! atomic_int {
             }
         }
     };
-    (@rmw $int:ty, $reg:ident, $fn:ident, $op:literal, $ty:literal, $doc:literal) => {
+    (@rmw $space:ident, $int:ty, $reg:ident, $fn:ident, $op:literal, $ty:literal, $doc:literal) => {
         #[doc = $doc]
         #[inline(always)]
         pub fn $fn(&self, v: $int, ord: Ordering) -> $int {
@@ -219,7 +236,7 @@ macro_rules! atomic_int {
                 let r: $int;
                 let p = self.ptr();
                 // SAFETY: `p` points to this live, aligned cell.
-                unsafe { by_sem!(ord, "atom", concat!(".", $op, ".", $ty, " {r}, [{p}], {v};"), r = out($reg) r, p = in(reg64) p, v = in($reg) v, options(nostack)) };
+                unsafe { by_sem!($space, ord, "atom", concat!(".", $op, ".", $ty, " {r}, [%g], {v};"), r = out($reg) r, p = in(reg64) p, v = in($reg) v, options(nostack)) };
                 r
             }
             #[cfg(not(target_arch = "nvptx64"))]
@@ -232,8 +249,30 @@ macro_rules! atomic_int {
     };
 }
 
-atomic_int!(AtomicU32, u32, AtomicU32, reg32, "b32", "u32");
-atomic_int!(AtomicU64, u64, AtomicU64, reg64, "b64", "u64");
+atomic_int!(AtomicU32, u32, AtomicU32, reg32, "b32", "u32", generic, "generic (global or shared)", "");
+atomic_int!(AtomicU64, u64, AtomicU64, reg64, "b64", "u64", generic, "generic (global or shared)", "");
+atomic_int!(
+    GlobalU32,
+    u32,
+    AtomicU32,
+    reg32,
+    "b32",
+    "u32",
+    global,
+    "global-memory",
+    "in global memory (device memory from the driver's allocator), "
+);
+atomic_int!(
+    GlobalU64,
+    u64,
+    AtomicU64,
+    reg64,
+    "b64",
+    "u64",
+    global,
+    "global-memory",
+    "in global memory (device memory from the driver's allocator), "
+);
 
 /// A memory fence with `.gpu` scope: `fence.acq_rel.gpu` for every ordering
 /// but `Relaxed`, which emits nothing.

@@ -141,6 +141,19 @@ pub fn global_thread_id_reread() -> u64 {
 pub fn grid_threads() -> u64 {
     grid_dim_x() as u64 * block_dim_x() as u64
 }
+/// [`global_warp_id`] read again from the special registers (see
+/// [`global_thread_id_reread`]).
+#[inline(always)]
+pub fn global_warp_id_reread() -> u64 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        global_thread_id_reread() / super::WARP_SIZE as u64
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        global_warp_id()
+    }
+}
 /// Global warp index (`global_thread_id / 32` for full warps; on the host in
 /// sequential mode every thread is its own warp).
 #[inline(always)]

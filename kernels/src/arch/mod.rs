@@ -45,3 +45,38 @@ pub fn opaque_u32(x: u32) -> u32 {
     #[cfg(not(target_arch = "nvptx64"))]
     x
 }
+
+/// 1, computed as `popc(%lanemask_eq)` so that `ptxas` cannot prove it the
+/// same on every lane. `ptxas` warp-aggregates an atomic add whose address
+/// and value it can prove warp-uniform (a vote, a leader, a population count
+/// and a shuffle of the result around the one atomic): right for code that
+/// all lanes execute, pure overhead (registers and instructions) in code
+/// that one lane executes, like the device heap's slow paths. Scaling such
+/// an add's constant by this value keeps it a single atomic. Two
+/// instructions on the GPU; 1 on the host.
+#[inline(always)]
+pub fn nonuniform_one() -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let m: u32;
+        // SAFETY: reads a special register; no memory is touched.
+        unsafe { core::arch::asm!("mov.u32 {m}, %lanemask_eq;", m = out(reg32) m, options(pure, nomem, nostack)) };
+        m.count_ones()
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    1
+}
+
+/// [`opaque_u32`] for a `u64`.
+#[inline(always)]
+pub fn opaque_u64(x: u64) -> u64 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let mut x = x;
+        // SAFETY: a register move; no memory is touched.
+        unsafe { core::arch::asm!("mov.b64 {x}, {x};", x = inout(reg64) x, options(nomem, nostack)) };
+        x
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    x
+}

@@ -86,7 +86,7 @@
 
 use super::handle::{make_handle, split_handle, DeviceHandleTable, HandleEntry, ENTRY_LIVE, ENTRY_PINNED};
 use super::GRANULE;
-use crate::arch::atomic::{AtomicU64, Ordering};
+use crate::arch::atomic::{GlobalU64, Ordering};
 use crate::arch::index::{global_thread_id, lane_id};
 use crate::arch::warp::{active_mask, ballot, lanemask_lt, match_any, shfl, shfl_u64};
 use crate::fill::pattern;
@@ -139,10 +139,10 @@ pub fn table(heap: &Heap) -> DeviceHandleTable {
 /// # Safety
 /// `heap` has a live movable region; `i < MOVABLE_CTRL_BYTES / 8`.
 #[inline(always)]
-unsafe fn ctrl<'a>(heap: &Heap, i: u64) -> &'a AtomicU64 {
+unsafe fn ctrl<'a>(heap: &Heap, i: u64) -> &'a GlobalU64 {
     // SAFETY: the control block is 64 bytes of 8-byte aligned words in a
-    // live buffer (caller).
-    unsafe { AtomicU64::from_ptr((heap.movable_ctrl + 8 * i) as *mut u64) }
+    // live device buffer (global memory; caller).
+    unsafe { GlobalU64::from_ptr((heap.movable_ctrl + 8 * i) as *mut u64) }
 }
 
 /// Address of entry `i` of the table.
@@ -156,10 +156,11 @@ fn entry_ptr(heap: &Heap, i: u32) -> *mut HandleEntry {
 /// # Safety
 /// `heap` has a live movable region; `i < max_handles`.
 #[inline(always)]
-unsafe fn state<'a>(heap: &Heap, i: u32) -> &'a AtomicU64 {
-    // SAFETY: entries are 24 bytes at an 8-byte aligned table; `flags` and
+unsafe fn state<'a>(heap: &Heap, i: u32) -> &'a GlobalU64 {
+    // SAFETY: entries are 24 bytes at an 8-byte aligned table in the
+    // movable region's device buffer (global memory); `flags` and
     // `generation` are the third 8-byte word (offset 16).
-    unsafe { AtomicU64::from_ptr((entry_ptr(heap, i) as *mut u64).add(2)) }
+    unsafe { GlobalU64::from_ptr((entry_ptr(heap, i) as *mut u64).add(2)) }
 }
 
 /// Allocates a movable block of `size` bytes (it occupies `size` rounded up
@@ -427,7 +428,8 @@ pub struct HandleTouchParams {
 ///
 /// # Safety
 /// `heap` is live; `handles` addresses `threads` `u64`s, distinct live
-/// handles owned by their threads for this launch; `counters` two `u64`s.
+/// handles owned by their threads for this launch; `counters` two `u64`s of
+/// device (global) memory.
 pub unsafe fn handle_touch_kernel(p: &HandleTouchParams) {
     let i = global_thread_id();
     if i >= p.threads {
@@ -440,8 +442,8 @@ pub unsafe fn handle_touch_kernel(p: &HandleTouchParams) {
     }
     // SAFETY: the caller guarantees a live heap.
     let Some(e) = (unsafe { entry(&p.heap, h) }) else {
-        // SAFETY: the caller provides two counters.
-        unsafe { AtomicU64::from_ptr((p.counters as *mut u64).add(1)) }.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller provides two counters in a device buffer.
+        unsafe { GlobalU64::from_ptr((p.counters as *mut u64).add(1)) }.fetch_add(1, Ordering::Relaxed);
         return;
     };
     let base = (p.heap.base + p.heap.movable_off + e.offset) as *mut u32;
@@ -466,8 +468,8 @@ pub unsafe fn handle_touch_kernel(p: &HandleTouchParams) {
         w += 1;
     }
     if bad != 0 {
-        // SAFETY: the caller provides two counters.
-        unsafe { AtomicU64::from_ptr(p.counters as *mut u64) }.fetch_add(bad, Ordering::Relaxed);
+        // SAFETY: the caller provides two counters in a device buffer.
+        unsafe { GlobalU64::from_ptr(p.counters as *mut u64) }.fetch_add(bad, Ordering::Relaxed);
     }
 }
 

@@ -28,181 +28,118 @@
 //! CAS sees the first bit and merges. There are no lost merges, so memory freed
 //! as 64 B slots is reusable as one 1 GiB block once everything is free.
 //!
-//! # Bounded failure without spurious out-of-memory: the transit counter
+//! # Bounded failure without spurious out-of-memory
 //!
-//! Splits and merges *hide* free memory for a moment (a block claimed at
-//! level `j` is free again only once its halves are set). A search that runs
-//! during such a window could see every level empty and return null while
-//! memory is free (BL-10(a): 17 threads, 16 blocks, one top block being
-//! split). So every hiding operation is bracketed by the control word
-//! `CTRL_TRANSIT`: `+1` before hiding (low half: in flight), `+2^32 - 1`
-//! after republishing (high half: completions). A search that found nothing
-//! is trusted only if the counter showed nothing in flight at its end and no
-//! completion since its start; otherwise it backs off and searches again, at
-//! most [`ALLOC_ATTEMPTS`] times.
+//! A split hides the claimed block until its halves are set, a merge hides
+//! the buddy until the parent is set: both are bracketed by the transit
+//! counter ([`super::transit`]), whose module docs give the argument. A
+//! search (`take`) is one pass over the levels `k..=max_order`; the caller
+//! (`slab::acquire`, the allocator's one search loop) trusts a pass that
+//! found nothing only if the counter was quiet around it, else searches
+//! again (at most `slab::FINAL_SCANS` passes).
+//! A claim attempt holds a mark only when a success would hide memory (a
+//! split, or a page for a slab class, hidden until formatted) and cancels
+//! it when the claim fails, so an exhausted heap, where every top word is
+//! zero, answers null after one pass with no mark held: about as fast as a
+//! success (BL-11), and it never spins: every loop is bounded.
 //!
-//! Ordering argument: the hiding claim is an `AcqRel` RMW after the `+1` in
-//! program order, so a searcher whose `Acquire` load saw the claimed word
-//! (or a later RMW of it) also sees the `+1` or a later value in its final
-//! `Acquire` load of the counter. A completion's `AcqRel` `+2^32-1` comes after
-//! the halves are published, so a searcher that starts after it (reads the
-//! incremented high half) sees the halves.
+//! # Memory ordering
 //!
-//! A genuine failure costs one descent per level (a top-word load each:
-//! `max_order + 1` loads), so an exhausted heap answers null about as fast
-//! as it answers a success (BL-11), and never spins: every loop is bounded.
+//! The block's history travels with its bit: `free`'s `set_or_take_buddy`
+//! CAS (`AcqRel`) and the split's `Hb::set` (`Release`) publish it, the
+//! claim's `fetch_and` (`Acquire`) takes it. Everything else here is
+//! `Relaxed` (the transit counter carries its own edges).
 
 use super::bitmap::Hb;
-use super::layout::{level_bits, HeapMem, MetaSection, MetaSection32, CTRL_LEVELS, CTRL_TRANSIT, MAX_ORDER_LIMIT};
-use crate::arch::atomic::Ordering;
-use crate::arch::time::backoff;
+use super::layout::{level_offset_of, HeapMem, MetaSection32};
+use super::transit;
+use crate::arch::opaque_u32;
 
-/// Searches of an allocation that keep finding nothing while other threads
-/// split or merge (each one follows a completed or in-flight transit).
-pub const ALLOC_ATTEMPTS: u32 = 256;
-
-const TRANSIT_BEGIN: u64 = 1;
-const TRANSIT_END: u64 = (1 << 32) - 1;
-
-/// The hierarchical bitmap of buddy level `k`.
+/// The hierarchical bitmap of buddy level `k` (at a closed-form offset:
+/// [`level_offset_of`]).
 #[inline(always)]
 pub(crate) fn level<M: HeapMem>(m: &M, k: u32) -> Hb {
-    let g = m.geom();
-    let off = m.word(MetaSection::Ctrl, (CTRL_LEVELS as u32 + k) as u64).load(Ordering::Relaxed);
-    Hb { section: MetaSection::Buddy, off, n: level_bits(g.units, k) }
+    Hb { section: MetaSection32::Buddy, off: level_offset_of(m.max_order(), k) as u32, n: ((m.units() - 1) >> k) + 1 }
 }
 
-/// Marks the start of an operation that hides free memory from searchers
-/// (see the module docs); its program-order-next RMW does the hiding.
+/// One pass: claims a block of `UNIT << k` bytes (level `k` first, then the
+/// lowest non-empty level above it, split down: one claim site) and returns
+/// its first unit, or `None` when no level `k..=max_order` had a block to
+/// claim. `hint` spreads concurrent callers over the leaf words.
+///
+/// Each claim attempt holds a transit mark: from before the claim, which
+/// may hide the block (a split: until its halves are set; a page for a
+/// slab class: until it is formatted), to the caller's [`transit::end`]
+/// once the block is published or handed out. A failed attempt hid nothing
+/// and its mark is cancelled here (ended when its summary clean-up hid a
+/// bit for a moment). Levels whose top word is zero are skipped without a
+/// mark: an exhausted heap makes no claim and holds no mark.
 #[inline(always)]
-pub(crate) fn transit_begin<M: HeapMem>(m: &M) {
-    m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).fetch_add(TRANSIT_BEGIN, Ordering::Relaxed);
-}
-
-/// Marks the end of a hiding operation whose memory is published again.
-#[inline(always)]
-pub(crate) fn transit_end<M: HeapMem>(m: &M) {
-    m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).fetch_add(TRANSIT_END, Ordering::AcqRel);
-}
-
-/// Withdraws a [`transit_begin`] whose operation hid nothing.
-#[inline(always)]
-pub(crate) fn transit_cancel<M: HeapMem>(m: &M) {
-    m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).fetch_sub(TRANSIT_BEGIN, Ordering::Relaxed);
-}
-
-/// The transit counter's value (`Acquire`): a search that found nothing is
-/// trusted only if [`transit_quiet`] holds between the value read before it
-/// and the value read after it.
-#[inline(always)]
-pub(crate) fn transit_now<M: HeapMem>(m: &M) -> u64 {
-    m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).load(Ordering::Acquire)
-}
-
-/// `true` when, between counter values `t0` (read before a search) and `t1`
-/// (read after it), no hiding operation completed and none other than the
-/// caller's own `own` ones was in flight at the end.
-#[inline(always)]
-pub(crate) fn transit_quiet(t0: u64, t1: u64, own: u32) -> bool {
-    t1 as u32 == own && t1 >> 32 == t0 >> 32
-}
-
-/// Allocates a block of `UNIT << k` bytes; returns its first unit, or `None`
-/// when no block of that order can be made (after the transit check).
-/// `hint` spreads concurrent callers over the leaf words.
-pub(crate) fn alloc<M: HeapMem>(m: &M, k: u32, hint: u64) -> Option<u64> {
-    alloc_in_transit(m, k, hint, 0)
-}
-
-/// [`alloc`] for a caller that holds `own` transit marks of its own (a slab
-/// page taken for formatting is hidden until its class publishes it), which
-/// the final check must not wait for.
-pub(crate) fn alloc_in_transit<M: HeapMem>(m: &M, k: u32, hint: u64, own: u32) -> Option<u64> {
-    let max = m.geom().max_order as u32;
-    if k > max || k > MAX_ORDER_LIMIT {
-        return None;
-    }
-    let mut t0 = transit_now(m);
-    let hint = hint & 63;
-    let mut attempt = 0;
-    while attempt < ALLOC_ATTEMPTS {
-        // Level `k` first (no bracket: a claim there hides nothing), then
-        // the lowest non-empty level above it, split down: one claim site.
-        // `max_order`, the transit counter's address and each level's
-        // geometry are re-read where used, not kept live across the loops
-        // (fewer registers, DESIGN.md §4.1).
-        let mut j = k;
-        while j <= m.geom().max_order as u32 {
-            let lv = level(m, j);
-            if j == k || !lv.is_empty(m) {
-                if j > k {
-                    transit_begin(m);
+pub(crate) fn take<M: HeapMem>(m: &M, k: u32, hint: u32) -> Option<u32> {
+    let mut j = k;
+    while j <= m.max_order() {
+        // Through the barrier, so that what is derived from them is
+        // computed where it is used (DESIGN.md §4.1).
+        let (k, hint) = (opaque_u32(k), opaque_u32(hint));
+        let lv = level(m, j);
+        if !lv.is_empty(m) {
+            transit::begin(m);
+            let (got, restored) = lv.claim(m, hint);
+            if let Some(b) = got {
+                // Split: keep the leftmost order-k piece, free the right halves.
+                let mut b = b;
+                let mut i = j;
+                while i > k {
+                    i = opaque_u32(i - 1);
+                    b <<= 1;
+                    level(m, i).set(m, b | 1);
                 }
-                if let Some(b) = lv.claim(m, hint) {
-                    // Split: keep the leftmost order-k piece, free the right halves.
-                    let mut b = b;
-                    let mut i = j;
-                    while i > k {
-                        i -= 1;
-                        b <<= 1;
-                        level(m, i).set(m, b | 1);
-                    }
-                    if j > k {
-                        transit_end(m);
-                    }
-                    return Some(b << k);
-                }
-                if j > k {
-                    // Nothing hidden: undo the in-flight mark only.
-                    transit_cancel(m);
-                }
+                return Some(b << k);
             }
-            j += 1;
+            if restored {
+                transit::end(m);
+            } else {
+                transit::cancel(m);
+            }
         }
-        let t1 = transit_now(m);
-        if transit_quiet(t0, t1, own) {
-            return None;
-        }
-        t0 = t1;
-        backoff(attempt.min(6));
-        attempt += 1;
+        j = opaque_u32(j + 1);
     }
     None
 }
 
 /// Frees the block of order `k` starting at `unit`, merging with free
-/// buddies as far up as they go.
+/// buddies as far up as they go, inside a transit mark of its own.
 ///
 /// # Contract
-/// The block was returned by [`alloc`] with the same `k` and is not freed
-/// twice (the callers check this with the tags or page headers).
-pub(crate) fn free<M: HeapMem>(m: &M, unit: u64, k: u32) {
-    let max = m.geom().max_order as u32;
-    let transit = m.word(MetaSection::Ctrl, CTRL_TRANSIT as u64);
-    transit.fetch_add(TRANSIT_BEGIN, Ordering::Relaxed);
+/// The block was returned by [`take`] with the same `k` and is
+/// not freed twice (the callers check this with the tags or page headers).
+#[inline(always)]
+pub(crate) fn free<M: HeapMem>(m: &M, unit: u32, k: u32) {
+    transit::begin(m);
+    free_marked(m, unit, k);
+    transit::end(m);
+}
+
+/// `free` for a caller that holds a transit mark (ended after this
+/// returns): each taken buddy is hidden until the merged block is set.
+#[inline(always)]
+pub(crate) fn free_marked<M: HeapMem>(m: &M, unit: u32, k: u32) {
     let mut b = unit >> k;
     let mut i = k;
-    loop {
-        let lv = level(m, i);
-        if i == max {
-            lv.set(m, b);
-            break;
-        }
-        if lv.set_or_take_buddy(m, b) {
-            b >>= 1;
-            i += 1;
-        } else {
-            break;
-        }
+    // At `max_order` no buddy is ever set (the second block of that level
+    // sticks out of the data region), so the step there always sets: the
+    // loop ends at the top at the latest.
+    while level(m, i).set_or_take_buddy(m, b) {
+        b >>= 1;
+        i += 1;
     }
-    transit.fetch_add(TRANSIT_END, Ordering::AcqRel);
 }
 
 /// The large-block tag of `unit` (`order + 1` while a large block starting
 /// there is live, else 0).
 #[inline(always)]
-pub(crate) fn tag<M: HeapMem>(m: &M, unit: u64) -> &crate::arch::atomic::AtomicU32 {
-    m.word32(MetaSection32::Tags, unit)
+pub(crate) fn tag<M: HeapMem>(m: &M, unit: u32) -> &crate::arch::atomic::GlobalU32 {
+    m.word32(MetaSection32::Tags, unit as u64)
 }
 
 /// Host-side: the free blocks as `(first unit, order)`, in address order
@@ -212,7 +149,7 @@ pub(crate) fn tag<M: HeapMem>(m: &M, unit: u64) -> &crate::arch::atomic::AtomicU
 pub(crate) fn free_blocks<M: HeapMem>(m: &M) -> std::vec::Vec<(u64, u32)> {
     let mut v = std::vec::Vec::new();
     for k in 0..=m.geom().max_order as u32 {
-        level(m, k).for_each_set(m, |b| v.push((b << k, k)));
+        level(m, k).for_each_set(m, |b| v.push(((b as u64) << k, k)));
     }
     v.sort_unstable();
     v

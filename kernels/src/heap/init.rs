@@ -9,7 +9,7 @@
 //! ranges that are *not* live, it recreates a valid buddy state over them.
 
 use super::buddy;
-use super::layout::{HeapMem, MetaSection, CTRL_GEOM, CTRL_LEVELS, CTRL_MAGIC, MAGIC};
+use super::layout::{HeapMem, MetaSection, CTRL_LEVELS, CTRL_MAGIC, MAGIC};
 use crate::arch::atomic::Ordering;
 
 /// Writes the control block (magic, buddy level table) and sets all of
@@ -20,14 +20,11 @@ pub(crate) fn init<M: HeapMem>(m: &M) {
     free_runs(m, core::iter::once((0, units)));
 }
 
-/// Writes the magic, the buddy level table and the copy of the handle
-/// (`CTRL_GEOM`) into the control block.
+/// Writes the magic and the buddy level table (for the host's decoding;
+/// device code reads the geometry from the handle) into the control block.
 pub(crate) fn write_ctrl<M: HeapMem>(m: &M) {
     let g = *m.geom();
     m.word(MetaSection::Ctrl, CTRL_MAGIC as u64).store(MAGIC, Ordering::Relaxed);
-    for (i, w) in bytemuck::cast_slice::<_, u64>(bytemuck::bytes_of(&g)).iter().enumerate() {
-        m.word(MetaSection::Ctrl, (CTRL_GEOM + i) as u64).store(*w, Ordering::Relaxed);
-    }
     for k in 0..=g.max_order as u32 {
         m.word(MetaSection::Ctrl, CTRL_LEVELS as u64 + k as u64).store(g.level_offset(k), Ordering::Relaxed);
     }
@@ -49,7 +46,7 @@ pub(crate) fn free_runs<M: HeapMem>(m: &M, runs: impl Iterator<Item = (u64, u64)
             while k > 0 && (u % (1 << k) != 0 || u + (1 << k) > end) {
                 k -= 1;
             }
-            buddy::level(m, k).set(m, u >> k);
+            buddy::level(m, k).set(m, (u >> k) as u32);
             u += 1 << k;
         }
     }

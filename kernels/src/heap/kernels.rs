@@ -7,7 +7,7 @@
 //! once); device addresses travel as `u64`.
 
 use super::Heap;
-use crate::arch::atomic::{AtomicU64, Ordering};
+use crate::arch::atomic::{GlobalU64, Ordering};
 use crate::arch::index::{global_thread_id, global_thread_id_reread};
 use crate::fill::pattern;
 
@@ -142,7 +142,9 @@ unsafe fn touch(p: u64, bytes: u64, seed: u64, verify: bool) -> u64 {
             // SAFETY: as above.
             unsafe { q.write_volatile(v) };
         }
-        w += 1;
+        // Through the barrier: LLVM would unroll the loop by 8 and keep
+        // eight patterns in flight, more registers than `malloc` itself.
+        w = crate::arch::opaque_u64(w + 1);
     }
     bad
 }
@@ -151,6 +153,7 @@ unsafe fn touch(p: u64, bytes: u64, seed: u64, verify: bool) -> u64 {
 ///
 /// # Safety
 /// `heap` is live; `sizes` (if non-zero) and `out` address `threads` `u64`s.
+#[inline(always)]
 pub unsafe fn malloc_kernel(p: &MallocParams) {
     let i = global_thread_id();
     if i >= p.threads {
@@ -184,6 +187,7 @@ pub unsafe fn malloc_kernel(p: &MallocParams) {
 /// # Safety
 /// `heap` is live; `ptrs` addresses `threads` `u64`s, each null or a live
 /// allocation of `heap` freed by no one else.
+#[inline(always)]
 pub unsafe fn free_kernel(p: &FreeParams) {
     let i = global_thread_id();
     if i >= p.threads {
@@ -222,7 +226,7 @@ pub unsafe fn touch_kernel(p: &TouchParams) {
     let bad = unsafe { touch(ptr, size, p.seed ^ i, p.verify != 0) };
     if bad != 0 {
         // SAFETY: `errors` is an aligned `u64` used only atomically.
-        unsafe { AtomicU64::from_ptr(p.errors as *mut u64) }.fetch_add(bad, Ordering::Relaxed);
+        unsafe { GlobalU64::from_ptr(p.errors as *mut u64) }.fetch_add(bad, Ordering::Relaxed);
     }
 }
 
@@ -235,54 +239,104 @@ pub unsafe fn touch_kernel(p: &TouchParams) {
 /// # Safety
 /// `heap` is live; `live`/`live_sizes` address `threads * CHURN_LIVE` zeroed
 /// `u64`s; `counters` addresses three `u64`s.
+#[inline(always)]
 pub unsafe fn churn_kernel(p: &ChurnParams) {
-    let i = global_thread_id();
-    if i >= p.threads {
+    if global_thread_id() >= p.threads {
         return;
     }
-    // SAFETY: `counters` addresses three aligned u64s used only atomically.
-    let counter = |k: usize| unsafe { AtomicU64::from_ptr((p.counters as *mut u64).add(k)) };
-    let span = p.max_size.saturating_sub(p.min_size) + 1;
+    // Only the round is kept across `malloc`: the thread index, its ring
+    // slot and the request size are recomputed after it (a kernel that
+    // calls `malloc` pays `malloc`'s registers plus what it keeps live
+    // across the call; DESIGN.md §4.1).
     let mut r = 0;
     while r < p.rounds + if p.free_at_end != 0 { CHURN_LIVE } else { 0 } {
-        let j = (i * CHURN_LIVE + r % CHURN_LIVE) as usize;
-        let slot = (p.live as *mut u64).wrapping_add(j);
-        let slot_size = (p.live_sizes as *mut u64).wrapping_add(j);
-        // SAFETY: `j < threads * CHURN_LIVE`, this thread's ring.
-        let old = unsafe { slot.read() };
-        if old != 0 {
-            // SAFETY: our block, of the recorded size.
-            let (bytes, seed) = unsafe { (slot_size.read(), p.seed ^ (i << 24) ^ (r - CHURN_LIVE)) };
-            // SAFETY: the block is ours until the free below.
-            let bad = unsafe { touch(old, bytes, seed, true) };
-            if bad != 0 {
-                counter(2).fetch_add(bad, Ordering::Relaxed);
-            }
-            // SAFETY: a live allocation of this heap, freed once.
-            unsafe { super::free(&p.heap, old as *mut u8) };
-            // SAFETY: our ring slot.
-            unsafe { slot.write(0) };
-        }
+        // SAFETY: forwarded contract (this thread's ring, a live heap).
+        unsafe { churn_free(p, r) };
         // Every thread calls malloc every round (warp-uniform); the final
         // drain rounds ask for 0 bytes.
-        let size = if r < p.rounds { p.min_size + hash(p.seed ^ (i << 24) ^ r) % span } else { 0 };
         // SAFETY: live heap.
-        let ptr = unsafe { super::malloc(&p.heap, size) } as u64;
-        if size != 0 {
-            if ptr == 0 {
-                counter(1).fetch_add(1, Ordering::Relaxed);
-            } else {
-                counter(0).fetch_add(1, Ordering::Relaxed);
-                // SAFETY: a fresh block of `size` bytes, ours.
-                unsafe { touch(ptr, size, p.seed ^ (i << 24) ^ r, false) };
-                // SAFETY: our ring slot.
-                unsafe {
-                    slot.write(ptr);
-                    slot_size.write(size);
-                }
-            }
-        }
+        let ptr = unsafe { super::malloc(&p.heap, churn_size(p, r)) } as u64;
+        // SAFETY: as above.
+        unsafe { churn_keep(p, r, ptr) };
         r += 1;
+    }
+}
+
+/// The request of churn round `r` of this thread (0 in the drain rounds).
+#[inline(always)]
+fn churn_size(p: &ChurnParams, r: u64) -> u64 {
+    let i = global_thread_id_reread();
+    let span = p.max_size.saturating_sub(p.min_size) + 1;
+    if r < p.rounds {
+        p.min_size + hash(p.seed ^ (i << 24) ^ r) % span
+    } else {
+        0
+    }
+}
+
+/// This thread's ring slot of round `r`: the pointer and the size words.
+#[inline(always)]
+fn churn_slot(p: &ChurnParams, r: u64) -> (*mut u64, *mut u64) {
+    let j = (global_thread_id_reread() * CHURN_LIVE + r % CHURN_LIVE) as usize;
+    ((p.live as *mut u64).wrapping_add(j), (p.live_sizes as *mut u64).wrapping_add(j))
+}
+
+#[inline(always)]
+fn churn_counter(p: &ChurnParams, k: usize) -> &GlobalU64 {
+    // SAFETY: `counters` addresses three aligned u64s used only atomically.
+    unsafe { GlobalU64::from_ptr((p.counters as *mut u64).add(k)) }
+}
+
+/// Churn round `r`, before its `malloc`: verifies and frees the block the
+/// ring slot holds from `CHURN_LIVE` rounds ago.
+///
+/// # Safety
+/// As for [`churn_kernel`].
+#[inline(always)]
+unsafe fn churn_free(p: &ChurnParams, r: u64) {
+    let (slot, slot_size) = churn_slot(p, r);
+    // SAFETY: `j < threads * CHURN_LIVE`, this thread's ring.
+    let old = unsafe { slot.read() };
+    if old != 0 {
+        let i = global_thread_id_reread();
+        // SAFETY: our block, of the recorded size.
+        let (bytes, seed) = unsafe { (slot_size.read(), p.seed ^ (i << 24) ^ (r - CHURN_LIVE)) };
+        // SAFETY: the block is ours until the free below.
+        let bad = unsafe { touch(old, bytes, seed, true) };
+        if bad != 0 {
+            churn_counter(p, 2).fetch_add(bad, Ordering::Relaxed);
+        }
+        // SAFETY: a live allocation of this heap, freed once.
+        unsafe { super::free(&p.heap, old as *mut u8) };
+        // SAFETY: our ring slot.
+        unsafe { slot.write(0) };
+    }
+}
+
+/// Churn round `r`, after its `malloc` returned `ptr`: counts it, writes the
+/// pattern over the block and keeps it in the ring slot.
+///
+/// # Safety
+/// As for [`churn_kernel`].
+#[inline(always)]
+unsafe fn churn_keep(p: &ChurnParams, r: u64, ptr: u64) {
+    let size = churn_size(p, r);
+    if size == 0 {
+        return;
+    }
+    if ptr == 0 {
+        churn_counter(p, 1).fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    churn_counter(p, 0).fetch_add(1, Ordering::Relaxed);
+    let i = global_thread_id_reread();
+    // SAFETY: a fresh block of `size` bytes, ours.
+    unsafe { touch(ptr, size, p.seed ^ (i << 24) ^ r, false) };
+    let (slot, slot_size) = churn_slot(p, r);
+    // SAFETY: our ring slot.
+    unsafe {
+        slot.write(ptr);
+        slot_size.write(size);
     }
 }
 
@@ -292,41 +346,52 @@ pub unsafe fn churn_kernel(p: &ChurnParams) {
 ///
 /// # Safety
 /// `heap` is live; `counters` addresses six `u64`s (the sixth is the limit).
+#[inline(always)]
 pub unsafe fn loop_kernel(p: &LoopParams) {
-    let i = global_thread_id();
-    if i >= p.threads {
+    if global_thread_id() >= p.threads {
         return;
     }
-    // SAFETY: `counters` addresses six aligned u64s used only atomically.
-    let counter = |k: usize| unsafe { AtomicU64::from_ptr((p.counters as *mut u64).add(k)) };
-    let limit = counter(5).load(Ordering::Relaxed);
+    // Only the iteration count is kept across `malloc`; the thread index
+    // and the limit are read again after it (see `churn_kernel`).
     let mut n = 0;
     while n < p.iters {
         // SAFETY: live heap.
         let ptr = unsafe { super::malloc(&p.heap, p.size) } as u64;
-        if ptr == 0 {
-            counter(4).fetch_add(1, Ordering::Relaxed);
-        } else {
-            counter(3).fetch_add(1, Ordering::Relaxed);
-            let out = counter(0).fetch_add(1, Ordering::AcqRel) + 1;
-            counter(1).fetch_max(out, Ordering::Relaxed);
-            let stamp = (ptr as *mut u64, i + 1);
-            // SAFETY: a fresh block of at least 8 bytes, ours.
-            unsafe { stamp.0.write_volatile(stamp.1) };
-            crate::arch::time::nanosleep(0);
-            // SAFETY: as above.
-            let seen = unsafe { stamp.0.read_volatile() };
-            if out > limit || seen != stamp.1 {
-                counter(2).fetch_add(1, Ordering::Relaxed);
-            }
-            if counter(0).fetch_sub(1, Ordering::AcqRel) == 0 {
-                counter(2).fetch_add(1, Ordering::Relaxed);
-            }
-            // SAFETY: our live block, freed once.
-            unsafe { super::free(&p.heap, ptr as *mut u8) };
-        }
+        // SAFETY: forwarded contract.
+        unsafe { loop_check(p, ptr) };
         n += 1;
     }
+}
+
+/// One iteration of [`loop_kernel`] after its `malloc` returned `ptr`.
+///
+/// # Safety
+/// As for [`loop_kernel`].
+#[inline(always)]
+unsafe fn loop_check(p: &LoopParams, ptr: u64) {
+    // SAFETY: `counters` addresses six aligned u64s used only atomically.
+    let counter = |k: usize| unsafe { GlobalU64::from_ptr((p.counters as *mut u64).add(k)) };
+    if ptr == 0 {
+        counter(4).fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    counter(3).fetch_add(1, Ordering::Relaxed);
+    let out = counter(0).fetch_add(1, Ordering::AcqRel) + 1;
+    counter(1).fetch_max(out, Ordering::Relaxed);
+    let stamp = (ptr as *mut u64, global_thread_id_reread() + 1);
+    // SAFETY: a fresh block of at least 8 bytes, ours.
+    unsafe { stamp.0.write_volatile(stamp.1) };
+    crate::arch::time::nanosleep(0);
+    // SAFETY: as above.
+    let seen = unsafe { stamp.0.read_volatile() };
+    if out > counter(5).load(Ordering::Relaxed) || seen != stamp.1 {
+        counter(2).fetch_add(1, Ordering::Relaxed);
+    }
+    if counter(0).fetch_sub(1, Ordering::AcqRel) == 0 {
+        counter(2).fetch_add(1, Ordering::Relaxed);
+    }
+    // SAFETY: our live block, freed once.
+    unsafe { super::free(&p.heap, ptr as *mut u8) };
 }
 
 /// Does nothing: the launch floor of a grid (benchmarks).

@@ -8,7 +8,7 @@
 //!   size uses 100 % of its block (the survey's out-of-memory test uses powers
 //!   of two; the worst case for other sizes is the usual buddy 2x).
 //! * **Page = 64 KiB** (buddy order 4) is what a size class carves. A page of
-//!   16-byte slots has 4096 of them, which is 64 `u64` bitmap words; a page of
+//!   16-byte slots has 4096 of them, which is 128 `u32` bitmap words; a page of
 //!   4 KiB slots has 16. Gallatin uses 4096 slices per block and a block size
 //!   that grows with the slice size; a fixed page keeps one bitmap stride and
 //!   one header per page, and makes `ptr -> page` a shift.
@@ -20,7 +20,7 @@
 //!   the blocks: the allocator never touches it, so a failing request writes
 //!   nothing into the heap (BL-11) and a page of 16-byte slots is 100 % usable.
 
-use crate::arch::atomic::{AtomicU32, AtomicU64};
+use crate::arch::atomic::{GlobalU32, GlobalU64};
 
 /// log2 of [`UNIT`].
 pub const UNIT_SHIFT: u32 = 12;
@@ -38,28 +38,29 @@ pub const MIN_CLASS_SHIFT: u32 = 4;
 pub const CLASSES: u32 = 9;
 /// Largest request served by a slab; larger ones go to the buddy allocator.
 pub const MAX_SMALL: u64 = 1 << (MIN_CLASS_SHIFT + CLASSES - 1);
-/// `u64` bitmap words per page (enough for 4096 slots of 16 B).
-pub const WORDS_PER_PAGE: u64 = (PAGE >> MIN_CLASS_SHIFT) / 64;
+/// Bits per bitmap word: every bitmap (slot bitmaps, available pages,
+/// buddy levels) is made of `u32` words, so a word, its masks and its old
+/// value each take one register, and one word holds a warp's worth of slots.
+pub const WORD_BITS: u32 = 32;
+/// `u32` bitmap words per page (enough for 4096 slots of 16 B).
+pub const WORDS_PER_PAGE: u64 = (PAGE >> MIN_CLASS_SHIFT) / WORD_BITS as u64;
 /// "Current page" slots per class. Warps pick one by SM id (a hint), so up to
 /// this many pages of one class are carved from concurrently (Gallatin pins
 /// one block per SM and class; an H200 has 132 SMs).
 pub const CURRENT_SLOTS: u32 = 128;
-/// Largest supported buddy order (2^40 units = 4 EiB; a bound for the level table).
-pub const MAX_ORDER_LIMIT: u32 = 40;
+/// `u32` words per "current page" entry: each entry has its own 32-byte L2
+/// sector, so the SMs that carve one class do not serialise on one line.
+pub const CURRENT_STRIDE: u32 = 8;
+/// Largest supported buddy order: the data region has fewer than 2^32 units
+/// (16 TiB), so every unit, page and bit index is a `u32`.
+pub const MAX_ORDER_LIMIT: u32 = 31;
 /// Alignment of every pointer `malloc` returns, bytes.
 pub const ALIGN: u64 = 16;
 
 /// Words of the control block at the start of the metadata.
-pub const CTRL_WORDS: u64 = 96;
-/// Control words `CTRL_GEOM ..`: a copy of the [`Heap`] handle (19 words),
-/// so that device code can carry one address (`DevHeap`) instead of the
-/// whole handle.
-pub const CTRL_GEOM: usize = 64;
+pub const CTRL_WORDS: u64 = 256;
 /// Control word: a magic number (`MAGIC`) written by the host at init.
 pub const CTRL_MAGIC: usize = 0;
-/// Control word: buddy transit counter (low 32 bits: operations in flight that
-/// hide free memory; high 32 bits: completed ones). See [`super::buddy`].
-pub const CTRL_TRANSIT: usize = 1;
 /// Control word: requests that returned null although their size was valid.
 pub const CTRL_FAILED: usize = 2;
 /// Control word: double frees detected (feature `debug-free`).
@@ -70,9 +71,24 @@ pub const CTRL_INVALID_FREES: usize = 4;
 /// hint that `super::slab::scavenge` has something to find; it is reset by
 /// each scavenge, so failing requests do not rescan for nothing).
 pub const CTRL_KEPT: usize = 5;
+/// Control word: searches made by requests that returned null (each one a
+/// complete pass over the class or buddy order followed by a check of the
+/// transit counter; see [`super::transit`]). Divided by [`CTRL_FAILED`], the
+/// cost of a null in searches.
+pub const CTRL_FAILED_SEARCHES: usize = 6;
 /// Control words `CTRL_LEVELS + k`: word offset of buddy level `k` in the
-/// buddy section (written by the host at init, read-only afterwards).
+/// buddy section ([`Heap::level_offset`], written by the host at init for
+/// the host's decoding; device code computes it).
 pub const CTRL_LEVELS: usize = 8;
+/// Control words of the transit counter's shards: shard `s` is word
+/// `CTRL_TRANSIT + s * TRANSIT_STRIDE` (low 32 bits: operations in flight
+/// that hide free memory; high 32 bits: completed ones). See
+/// [`super::transit`].
+pub const CTRL_TRANSIT: usize = 128;
+/// Shards of the transit counter (an operation uses the shard of its SM).
+pub const TRANSIT_SHARDS: u32 = 8;
+/// Words between two transit shards (one 128-byte line each).
+pub const TRANSIT_STRIDE: usize = 16;
 /// The value of `CTRL_MAGIC` in an initialised heap ("gpuheap1").
 pub const MAGIC: u64 = 0x3170_6165_6875_7067;
 
@@ -92,8 +108,8 @@ pub const fn class_slots(c: u32) -> u32 {
 #[inline(always)]
 pub const fn class_words(c: u32) -> u32 {
     let s = class_slots(c);
-    if s >= 64 {
-        s / 64
+    if s >= WORD_BITS {
+        s / WORD_BITS
     } else {
         1
     }
@@ -121,12 +137,12 @@ pub const fn order_of(size: u64) -> u32 {
     64 - (units - 1).leading_zeros()
 }
 
-/// Words of a hierarchical bitmap over `n` bits (see [`super::bitmap`]).
+/// `u32` words of a hierarchical bitmap over `n` bits (see [`super::bitmap`]).
 pub const fn hb_words(n: u64) -> u64 {
     let mut total = 0;
     let mut m = n;
     loop {
-        let w = if m == 0 { 1 } else { m.div_ceil(64) };
+        let w = if m == 0 { 1 } else { m.div_ceil(WORD_BITS as u64) };
         total += w;
         if w <= 1 {
             return total;
@@ -141,9 +157,35 @@ pub const fn level_bits(units: u64, k: u32) -> u64 {
     (units + (1 << k) - 1) >> k
 }
 
+/// log2 of the buddy section's level-0 slot, in words (see
+/// [`Heap::level_offset`]): `max(max_order, 8) - 3`.
+#[inline(always)]
+pub const fn level_slot_shift(max_order: u32) -> u32 {
+    (if max_order > 8 { max_order } else { 8 }) - 3
+}
+
+/// Word offset of buddy level `k` in the buddy section of a heap whose
+/// largest order is `max_order`: level `j` has a slot of `(P >> j) + 8`
+/// words with `P = 2^level_slot_shift(max_order)`, so the offset is a closed
+/// form, `2P - max(2P >> k, 1) + 8k` (device code computes it instead of
+/// reading a table). A slot holds its level: the level has
+/// `n = ceil(units / 2^k)` bits and `hb_words(n) <= n / 31 + depth + 1`
+/// words, with `units < 2^(max_order + 1) <= 16P` and `depth <= 7`.
+#[inline(always)]
+pub const fn level_offset_of(max_order: u32, k: u32) -> u64 {
+    // `u32` arithmetic (fewer registers on the device): `2P <= 2^30` and
+    // `k <= 32`; `k` may exceed 31 for the end of the last slot only.
+    let p2 = 2u32 << level_slot_shift(max_order);
+    let tail = if k < 32 { p2 >> k } else { 0 };
+    (p2 - if tail > 1 { tail } else { 1 } + 8 * k) as u64
+}
+
 /// The handle kernels receive: where the data region and the metadata are, and the
 /// geometry. Plain old data, `#[repr(C)]`, passed by value in a kernel's
-/// parameter struct (152 bytes).
+/// parameter struct (152 bytes). Device code reads the geometry from here
+/// (a kernel parameter lives in the constant bank: no memory traffic, no
+/// register, unaffected by the L1 invalidations of acquire operations),
+/// never from the metadata.
 ///
 /// Build it on the host with `gpuheap::device_heap::DeviceHeap::handle`; any
 /// other value is a contract violation for [`super::malloc`] and
@@ -163,21 +205,22 @@ pub struct Heap {
     pub pages: u64,
     /// Largest buddy order present (`floor(log2(units))`).
     pub max_order: u64,
-    /// `u32 current[CLASSES][CURRENT_SLOTS]`: page index + 1, 0 = none,
-    /// `u32::MAX` = being refilled.
+    /// `u32 current[CLASSES][CURRENT_SLOTS][CURRENT_STRIDE]` (word 0 of each
+    /// entry is used): page index + 1, 0 = none, `u32::MAX` = being refilled.
     pub current_off: u64,
     /// `u64 header[pages]` (see [`super::slab`] for the bit layout).
     pub hdr_off: u64,
-    /// `u64 bits[pages][WORDS_PER_PAGE]`: slot bitmaps, 1 = allocated.
+    /// `u32 bits[pages][WORDS_PER_PAGE]`: slot bitmaps, 1 = allocated.
     pub bits_off: u64,
-    /// `u64 avail[CLASSES][avail_stride]`: per class, a hierarchical bitmap of
+    /// `u32 avail[CLASSES][avail_stride]`: per class, a hierarchical bitmap of
     /// pages that may have free slots.
     pub avail_off: u64,
     /// Words per class in `avail` (`hb_words(pages)`).
     pub avail_stride: u64,
-    /// Buddy levels `0..=max_order`, each a hierarchical bitmap of free blocks.
+    /// Buddy levels `0..=max_order`, each a hierarchical bitmap of free
+    /// blocks, level `k` at word [`Heap::level_offset`]`(k)`.
     pub buddy_off: u64,
-    /// Words of the buddy section.
+    /// `u32` words of the buddy section.
     pub buddy_words: u64,
     /// `u32 tags[units]`: `order + 1` at the first unit of every live large
     /// block, 0 elsewhere. The live-block list for compaction.
@@ -205,7 +248,7 @@ const fn align8(x: u64) -> u64 {
 impl Heap {
     /// The geometry of a heap whose data region has `capacity` bytes (rounded down
     /// to a multiple of [`UNIT`]), with `base` and `meta` left at 0. `None`
-    /// when fewer than one unit remains.
+    /// when fewer than one unit remains, or 2^32 units (16 TiB) or more.
     pub const fn layout(capacity: u64) -> Option<Heap> {
         let units = capacity >> UNIT_SHIFT;
         if units == 0 {
@@ -217,18 +260,13 @@ impl Heap {
             return None;
         }
         let current_off = CTRL_WORDS * 8;
-        let hdr_off = align8(current_off + (CLASSES * CURRENT_SLOTS) as u64 * 4);
+        let hdr_off = align8(current_off + (CLASSES * CURRENT_SLOTS * CURRENT_STRIDE) as u64 * 4);
         let bits_off = hdr_off + pages * 8;
-        let avail_off = bits_off + pages * WORDS_PER_PAGE * 8;
+        let avail_off = bits_off + pages * WORDS_PER_PAGE * 4;
         let avail_stride = hb_words(pages);
-        let buddy_off = avail_off + CLASSES as u64 * avail_stride * 8;
-        let mut buddy_words = 0;
-        let mut k = 0;
-        while k <= max_order as u32 {
-            buddy_words += hb_words(level_bits(units, k));
-            k += 1;
-        }
-        let tags_off = buddy_off + buddy_words * 8;
+        let buddy_off = align8(avail_off + CLASSES as u64 * avail_stride * 4);
+        let buddy_words = level_offset_of(max_order as u32, max_order as u32 + 1);
+        let tags_off = buddy_off + buddy_words * 4;
         let meta_bytes = align8(tags_off + units * 4);
         Some(Heap {
             base: 0,
@@ -254,107 +292,97 @@ impl Heap {
     }
 
     /// Word offset of buddy level `k` inside the buddy section (the value the
-    /// host stores in control word `CTRL_LEVELS + k`).
+    /// host stores in control word `CTRL_LEVELS + k`; [`level_offset_of`]).
     pub const fn level_offset(&self, k: u32) -> u64 {
-        let mut off = 0;
-        let mut j = 0;
-        while j < k {
-            off += hb_words(level_bits(self.units, j));
-            j += 1;
-        }
-        off
+        level_offset_of(self.max_order as u32, k)
     }
 }
 
-/// The device-side [`HeapMem`]: just the metadata address. The geometry is
-/// read from the copy of the handle in the control block.
+/// The device-side [`HeapMem`]: a reference to the [`Heap`] handle, which
+/// device code reads from where the kernel received it.
 ///
-/// Why not the [`Heap`] handle itself: protocol functions that are not
-/// inlined take `&M`, and a reference to a 152-byte kernel parameter makes
-/// the compiler copy the parameter to local memory (a stack frame, which the
-/// PTX budget forbids). An 8-byte struct is passed in a register instead.
+/// When the handle is a field of the kernel's parameter struct (the usual
+/// `heap::malloc(&p.heap, n)`), every geometry read is a constant-bank
+/// operand: no load, no register, untouched by the L1 invalidations that
+/// acquire operations cause. That holds because every protocol function
+/// over it is inlined into the kernel: a reference to a kernel parameter
+/// passed to a function that is not inlined makes the compiler copy the
+/// parameter into local memory (a stack frame, which the PTX check
+/// forbids), so the heap has no `#[inline(never)]` function.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct DevHeap {
-    meta: u64,
+pub(crate) struct DevHeap<'a> {
+    #[cfg_attr(any(loom, shuttle), allow(dead_code))] // the model checks use `VecHeap`
+    heap: &'a Heap,
 }
 
-impl DevHeap {
+impl<'a> DevHeap<'a> {
     /// The device view of `heap`.
     ///
     /// # Safety
-    /// `heap` is the handle of a live, initialised heap (its metadata holds a
-    /// copy of `heap` at control word [`CTRL_GEOM`]).
+    /// `heap` is the handle of a live, initialised heap.
     #[inline(always)]
-    pub(crate) unsafe fn new(heap: &Heap) -> Self {
-        DevHeap { meta: heap.meta }
+    pub(crate) unsafe fn new(heap: &'a Heap) -> Self {
+        DevHeap { heap }
     }
 }
 
-// SAFETY: `DevHeap::new`'s contract: `meta` is the metadata of a live,
-// initialised heap whose layout is the copy of the handle at `CTRL_GEOM`.
+// SAFETY: `DevHeap::new`'s contract: `heap` describes the metadata of a live,
+// initialised heap, and the handle does not change while kernels run.
 #[cfg(not(any(loom, shuttle)))]
-unsafe impl HeapMem for DevHeap {
+unsafe impl HeapMem for DevHeap<'_> {
     #[inline(always)]
     fn geom(&self) -> &Heap {
-        // SAFETY: `new`'s contract: the control block holds a `Heap` (8-byte
-        // aligned, never written while kernels run).
-        unsafe { &*((self.meta + CTRL_GEOM as u64 * 8) as *const Heap) }
+        self.heap
     }
 
     #[inline(always)]
-    fn word(&self, r: MetaSection, i: u64) -> &AtomicU64 {
-        let g = self.geom();
+    fn word(&self, r: MetaSection, i: u64) -> &GlobalU64 {
+        let g = self.heap;
         let off = match r {
             MetaSection::Ctrl => 0,
             MetaSection::Hdr => g.hdr_off,
-            MetaSection::Bits => g.bits_off,
-            MetaSection::Avail => g.avail_off,
-            MetaSection::Buddy => g.buddy_off,
         };
         // SAFETY: as for `Heap`'s implementation: indices are inside their
-        // sections by construction, the metadata is live.
-        unsafe { AtomicU64::from_ptr((self.meta + off + i * 8) as *mut u64) }
+        // sections by construction, the metadata is live device memory.
+        unsafe { GlobalU64::from_ptr((crate::arch::opaque_u64(g.meta) + off + i * 8) as *mut u64) }
     }
 
     #[inline(always)]
-    fn word32(&self, r: MetaSection32, i: u64) -> &AtomicU32 {
-        let g = self.geom();
+    fn word32(&self, r: MetaSection32, i: u64) -> &GlobalU32 {
+        let g = self.heap;
         let off = match r {
             MetaSection32::Current => g.current_off,
             MetaSection32::Tags => g.tags_off,
+            MetaSection32::Bits => g.bits_off,
+            MetaSection32::Avail => g.avail_off,
+            MetaSection32::Buddy => g.buddy_off,
         };
         // SAFETY: as for `word`.
-        unsafe { AtomicU32::from_ptr((self.meta + off + i * 4) as *mut u32) }
+        unsafe { GlobalU32::from_ptr((crate::arch::opaque_u64(g.meta) + off + i * 4) as *mut u32) }
     }
 }
 
 // SAFETY: never returns (model-checking builds do not use device handles).
 #[cfg(any(loom, shuttle))]
-unsafe impl HeapMem for DevHeap {
+unsafe impl HeapMem for DevHeap<'_> {
     fn geom(&self) -> &Heap {
         unreachable!("device handles are not used in model-checking builds; use VecHeap")
     }
-    fn word(&self, _: MetaSection, _: u64) -> &AtomicU64 {
+    fn word(&self, _: MetaSection, _: u64) -> &GlobalU64 {
         unreachable!("device handles are not used in model-checking builds; use VecHeap")
     }
-    fn word32(&self, _: MetaSection32, _: u64) -> &AtomicU32 {
+    fn word32(&self, _: MetaSection32, _: u64) -> &GlobalU32 {
         unreachable!("device handles are not used in model-checking builds; use VecHeap")
     }
 }
 
-/// The metadata sections a protocol addresses (`HeapMem::word`).
+/// The 64-bit metadata sections (`HeapMem::word`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MetaSection {
     /// The control block.
     Ctrl,
     /// Page headers.
     Hdr,
-    /// Slot bitmaps.
-    Bits,
-    /// Per-class available-page bitmaps.
-    Avail,
-    /// Buddy levels.
-    Buddy,
 }
 
 /// The 32-bit metadata sections (`HeapMem::word32`).
@@ -364,6 +392,12 @@ pub enum MetaSection32 {
     Current,
     /// Large-block tags per unit.
     Tags,
+    /// Slot bitmaps.
+    Bits,
+    /// Per-class available-page bitmaps.
+    Avail,
+    /// Buddy levels.
+    Buddy,
 }
 
 /// Where the protocols find their atomics.
@@ -386,7 +420,7 @@ pub enum MetaSection32 {
 /// `word(r, i)` and `word32(r, i)` return a reference to a live atomic for
 /// every `i` inside section `r` (`Ctrl`: `CTRL_WORDS`; `Hdr`: `g.pages`;
 /// `Bits`: `g.pages * WORDS_PER_PAGE`; `Avail`: `CLASSES * g.avail_stride`;
-/// `Buddy`: `g.buddy_words`; `Current`: `CLASSES * CURRENT_SLOTS`; `Tags`:
+/// `Buddy`: `g.buddy_words`; `Current`: `CLASSES * CURRENT_SLOTS * CURRENT_STRIDE`; `Tags`:
 /// `g.units`), shared by every thread using the same heap, and that `geom()`
 /// does not change while the heap is in use. The protocols only pass
 /// indices inside those ranges.
@@ -394,9 +428,37 @@ pub(crate) unsafe trait HeapMem {
     /// The geometry (and, on the device, the addresses).
     fn geom(&self) -> &Heap;
     /// Word `i` of section `r`.
-    fn word(&self, r: MetaSection, i: u64) -> &AtomicU64;
+    fn word(&self, r: MetaSection, i: u64) -> &GlobalU64;
     /// Word `i` of 32-bit section `r`.
-    fn word32(&self, r: MetaSection32, i: u64) -> &AtomicU32;
+    fn word32(&self, r: MetaSection32, i: u64) -> &GlobalU32;
+
+    /// The geometry's largest buddy order, through an optimisation barrier
+    /// (as every geometry value below): computed where it is used, not once
+    /// and kept in a register across the allocator (DESIGN.md §4.1).
+    #[inline(always)]
+    fn max_order(&self) -> u32 {
+        crate::arch::opaque_u64(self.geom().max_order) as u32
+    }
+    /// Units in the data region (fewer than 2^32, see [`MAX_ORDER_LIMIT`]).
+    #[inline(always)]
+    fn units(&self) -> u32 {
+        crate::arch::opaque_u64(self.geom().units) as u32
+    }
+    /// Pages in the data region.
+    #[inline(always)]
+    fn pages(&self) -> u32 {
+        crate::arch::opaque_u64(self.geom().pages) as u32
+    }
+    /// Words per class of the available bitmaps.
+    #[inline(always)]
+    fn avail_stride(&self) -> u32 {
+        crate::arch::opaque_u64(self.geom().avail_stride) as u32
+    }
+    /// Device address of the data region.
+    #[inline(always)]
+    fn base(&self) -> u64 {
+        crate::arch::opaque_u64(self.geom().base)
+    }
 }
 
 /// Heap metadata in host `Vec`s: the model checkers' `HeapMem`, and the
@@ -406,13 +468,13 @@ pub struct VecHeap {
     /// Geometry; `base` is an arbitrary address (the allocator never
     /// dereferences the data region), `meta` is 0.
     pub heap: Heap,
-    ctrl: std::vec::Vec<AtomicU64>,
-    hdr: std::vec::Vec<AtomicU64>,
-    bits: std::vec::Vec<AtomicU64>,
-    avail: std::vec::Vec<AtomicU64>,
-    buddy: std::vec::Vec<AtomicU64>,
-    current: std::vec::Vec<AtomicU32>,
-    tags: std::vec::Vec<AtomicU32>,
+    ctrl: std::vec::Vec<GlobalU64>,
+    hdr: std::vec::Vec<GlobalU64>,
+    bits: std::vec::Vec<GlobalU32>,
+    avail: std::vec::Vec<GlobalU32>,
+    buddy: std::vec::Vec<GlobalU32>,
+    current: std::vec::Vec<GlobalU32>,
+    tags: std::vec::Vec<GlobalU32>,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -423,15 +485,15 @@ impl VecHeap {
     pub fn new(capacity: u64, base: u64) -> Option<Self> {
         let mut heap = Heap::layout(capacity)?;
         heap.base = base;
-        let v64 = |n: u64| (0..n).map(|_| AtomicU64::new(0)).collect::<std::vec::Vec<_>>();
-        let v32 = |n: u64| (0..n).map(|_| AtomicU32::new(0)).collect::<std::vec::Vec<_>>();
+        let v64 = |n: u64| (0..n).map(|_| GlobalU64::new(0)).collect::<std::vec::Vec<_>>();
+        let v32 = |n: u64| (0..n).map(|_| GlobalU32::new(0)).collect::<std::vec::Vec<_>>();
         let h = VecHeap {
             ctrl: v64(CTRL_WORDS),
             hdr: v64(heap.pages),
-            bits: v64(heap.pages * WORDS_PER_PAGE),
-            avail: v64(CLASSES as u64 * heap.avail_stride),
-            buddy: v64(heap.buddy_words),
-            current: v32((CLASSES * CURRENT_SLOTS) as u64),
+            bits: v32(heap.pages * WORDS_PER_PAGE),
+            avail: v32(CLASSES as u64 * heap.avail_stride),
+            buddy: v32(heap.buddy_words),
+            current: v32((CLASSES * CURRENT_SLOTS * CURRENT_STRIDE) as u64),
             tags: v32(heap.units),
             heap,
         };
@@ -445,7 +507,7 @@ impl VecHeap {
         use crate::arch::atomic::Ordering::Relaxed;
         let h = &self.heap;
         let mut out = std::vec![0u8; h.meta_bytes as usize];
-        let mut put64 = |off: u64, v: &[AtomicU64]| {
+        let mut put64 = |off: u64, v: &[GlobalU64]| {
             for (i, w) in v.iter().enumerate() {
                 let x = w.load(Relaxed);
                 if x != 0 {
@@ -456,10 +518,7 @@ impl VecHeap {
         };
         put64(0, &self.ctrl);
         put64(h.hdr_off, &self.hdr);
-        put64(h.bits_off, &self.bits);
-        put64(h.avail_off, &self.avail);
-        put64(h.buddy_off, &self.buddy);
-        let mut put32 = |off: u64, v: &[AtomicU32]| {
+        let mut put32 = |off: u64, v: &[GlobalU32]| {
             for (i, w) in v.iter().enumerate() {
                 let x = w.load(Relaxed);
                 if x != 0 {
@@ -470,6 +529,9 @@ impl VecHeap {
         };
         put32(h.current_off, &self.current);
         put32(h.tags_off, &self.tags);
+        put32(h.bits_off, &self.bits);
+        put32(h.avail_off, &self.avail);
+        put32(h.buddy_off, &self.buddy);
         out
     }
 }
@@ -481,20 +543,20 @@ unsafe impl HeapMem for VecHeap {
     fn geom(&self) -> &Heap {
         &self.heap
     }
-    fn word(&self, r: MetaSection, i: u64) -> &AtomicU64 {
+    fn word(&self, r: MetaSection, i: u64) -> &GlobalU64 {
         let v = match r {
             MetaSection::Ctrl => &self.ctrl,
             MetaSection::Hdr => &self.hdr,
-            MetaSection::Bits => &self.bits,
-            MetaSection::Avail => &self.avail,
-            MetaSection::Buddy => &self.buddy,
         };
         &v[i as usize]
     }
-    fn word32(&self, r: MetaSection32, i: u64) -> &AtomicU32 {
+    fn word32(&self, r: MetaSection32, i: u64) -> &GlobalU32 {
         let v = match r {
             MetaSection32::Current => &self.current,
             MetaSection32::Tags => &self.tags,
+            MetaSection32::Bits => &self.bits,
+            MetaSection32::Avail => &self.avail,
+            MetaSection32::Buddy => &self.buddy,
         };
         &v[i as usize]
     }
@@ -507,10 +569,10 @@ unsafe impl HeapMem for VecHeap {
 pub struct InitImage {
     /// Geometry.
     pub heap: Heap,
-    ctrl: std::vec::Vec<AtomicU64>,
-    buddy: std::vec::Vec<AtomicU64>,
-    current: std::vec::Vec<AtomicU32>,
-    tags: std::vec::Vec<AtomicU32>,
+    ctrl: std::vec::Vec<GlobalU64>,
+    buddy: std::vec::Vec<GlobalU32>,
+    current: std::vec::Vec<GlobalU32>,
+    tags: std::vec::Vec<GlobalU32>,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -525,10 +587,11 @@ impl InitImage {
     /// exactly the unit ranges `runs` (see `super::init::free_runs`): the
     /// rebuild step after a compaction.
     pub fn with_free_runs(heap: Heap, runs: impl Iterator<Item = (u64, u64)>) -> Self {
-        let v64 = |n: u64| (0..n).map(|_| AtomicU64::new(0)).collect::<std::vec::Vec<_>>();
+        let v64 = |n: u64| (0..n).map(|_| GlobalU64::new(0)).collect::<std::vec::Vec<_>>();
+        let v32 = |n: u64| (0..n).map(|_| GlobalU32::new(0)).collect::<std::vec::Vec<_>>();
         let img = InitImage {
             ctrl: v64(CTRL_WORDS),
-            buddy: v64(heap.buddy_words),
+            buddy: v32(heap.buddy_words),
             current: std::vec::Vec::new(),
             tags: std::vec::Vec::new(),
             heap,
@@ -540,16 +603,12 @@ impl InitImage {
 
     /// Little-endian bytes of the control block (offset 0 of the metadata).
     pub fn ctrl_bytes(&self) -> std::vec::Vec<u8> {
-        Self::bytes(&self.ctrl)
+        self.ctrl.iter().flat_map(|w| w.load(crate::arch::atomic::Ordering::Relaxed).to_le_bytes()).collect()
     }
 
     /// Little-endian bytes of the buddy section (offset `heap.buddy_off`).
     pub fn buddy_bytes(&self) -> std::vec::Vec<u8> {
-        Self::bytes(&self.buddy)
-    }
-
-    fn bytes(v: &[AtomicU64]) -> std::vec::Vec<u8> {
-        v.iter().flat_map(|w| w.load(crate::arch::atomic::Ordering::Relaxed).to_le_bytes()).collect()
+        self.buddy.iter().flat_map(|w| w.load(crate::arch::atomic::Ordering::Relaxed).to_le_bytes()).collect()
     }
 }
 
@@ -559,17 +618,18 @@ unsafe impl HeapMem for InitImage {
     fn geom(&self) -> &Heap {
         &self.heap
     }
-    fn word(&self, r: MetaSection, i: u64) -> &AtomicU64 {
+    fn word(&self, r: MetaSection, i: u64) -> &GlobalU64 {
         match r {
             MetaSection::Ctrl => &self.ctrl[i as usize],
-            MetaSection::Buddy => &self.buddy[i as usize],
-            _ => unreachable!("initialisation writes only the control block and the buddy levels"),
+            MetaSection::Hdr => unreachable!("initialisation writes only the control block and the buddy levels"),
         }
     }
-    fn word32(&self, r: MetaSection32, i: u64) -> &AtomicU32 {
+    fn word32(&self, r: MetaSection32, i: u64) -> &GlobalU32 {
         match r {
+            MetaSection32::Buddy => &self.buddy[i as usize],
             MetaSection32::Current => &self.current[i as usize],
             MetaSection32::Tags => &self.tags[i as usize],
+            _ => unreachable!("initialisation writes only the control block and the buddy levels"),
         }
     }
 }
@@ -602,16 +662,39 @@ mod tests {
         assert_eq!(order_of(u64::MAX), 52);
     }
 
+    /// The closed-form buddy level offsets (`level_offset_of`): every level
+    /// fits its slot, for every heap size class of the allocator (small
+    /// counts exhaustively, then both sides of every power of two).
+    #[test]
+    fn every_buddy_level_fits_its_closed_form_slot() {
+        let units = (1u64..4200).chain((12..32).flat_map(|b| [(1u64 << b) - 1, 1 << b, (1 << b) + 1, (3 << b) / 2]));
+        for u in units.filter(|&u| u < 1 << 32) {
+            let h = Heap::layout(u << UNIT_SHIFT).unwrap();
+            for k in 0..=h.max_order as u32 {
+                let need = hb_words(level_bits(u, k));
+                let slot = h.level_offset(k + 1) - h.level_offset(k);
+                assert!(need <= slot, "units {u}, level {k}: {need} words in a slot of {slot}");
+            }
+        }
+    }
+
     #[test]
     fn layout_sections_do_not_overlap() {
         for cap in [4096u64, 3 * 4096, 2 * PAGE, (1 << 20) + 12345, 1 << 30] {
             let h = Heap::layout(cap).unwrap();
-            assert!(h.hdr_off >= h.current_off + (CLASSES * CURRENT_SLOTS) as u64 * 4);
+            assert!(h.hdr_off >= h.current_off + (CLASSES * CURRENT_SLOTS * CURRENT_STRIDE) as u64 * 4);
+            for k in 0..=h.max_order as u32 {
+                let n = level_bits(h.units, k);
+                assert!(h.level_offset(k) + hb_words(n) <= h.level_offset(k + 1), "level {k} fits its slot");
+            }
+            assert_eq!(h.level_offset(h.max_order as u32 + 1), h.buddy_words);
             assert!(h.bits_off >= h.hdr_off + h.pages * 8);
             assert!(h.tags_off + h.units * 4 <= h.meta_bytes);
             assert!(1u64 << h.max_order <= h.units);
             assert!(2 * (1u64 << h.max_order) > h.units);
         }
         assert!(Heap::layout(4095).is_none());
+        assert!(Heap::layout(((1u64 << 32) - 1) << UNIT_SHIFT).is_some());
+        assert!(Heap::layout(1u64 << 44).is_none(), "2^32 units do not fit u32 indices");
     }
 }

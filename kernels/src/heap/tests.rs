@@ -18,6 +18,12 @@ fn fresh_free_blocks(bytes: u64) -> Vec<(u64, u32)> {
     buddy::free_blocks(&heap(bytes))
 }
 
+/// A buddy block of order `k` through the allocator's search (the large
+/// request path of `slab::acquire`): its first unit.
+fn alloc_block(h: &VecHeap, k: u32) -> Option<u32> {
+    slab::acquire(h, slab::LARGE + k, 0, 1).ok().map(|g| g.page())
+}
+
 fn check_summaries(h: &VecHeap) {
     for k in 0..=h.heap.max_order as u32 {
         buddy::level(h, k).check_summary(h).unwrap();
@@ -70,7 +76,7 @@ fn small_allocations_are_disjoint_aligned_and_all_return() {
     // Every page went back and everything merged (no current page kept,
     // because retirement skips only current pages, and scavenge is not
     // needed: check what is left).
-    slab::scavenge(&h);
+    slab::scavenge_all(&h);
     assert_eq!(buddy::free_blocks(&h), fresh_free_blocks(bytes));
     check_summaries(&h);
 }
@@ -106,7 +112,7 @@ fn exhaustion_returns_null_then_memory_is_reusable_at_other_sizes() {
         for p in b {
             free_in(&h, p);
         }
-        slab::scavenge(&h);
+        slab::scavenge_all(&h);
         assert_eq!(buddy::free_blocks(&h), fresh_free_blocks(bytes));
     }
     check_summaries(&h);
@@ -140,7 +146,7 @@ fn double_and_invalid_frees_do_not_corrupt() {
     free_in(&h, BASE - 16); // outside
     free_in(&h, BASE + (1 << 30)); // outside
     free_in(&h, b);
-    slab::scavenge(&h);
+    slab::scavenge_all(&h);
     assert_eq!(buddy::free_blocks(&h), fresh_free_blocks(1 << 20));
     let ctrl = |w: usize| h.word(MetaSection::Ctrl, w as u64).load(crate::arch::atomic::Ordering::Relaxed);
     if cfg!(feature = "debug-free") {
@@ -157,12 +163,9 @@ fn buddy_split_and_merge_restore_the_initial_state() {
     let h = heap(bytes);
     let mut got = Vec::new();
     for k in [0u32, 3, 1, 0, 2, 4, 0] {
-        let u = buddy::alloc(&h, k, 0).unwrap();
+        let u = alloc_block(&h, k).unwrap() as u64;
         assert_eq!(u % (1 << k), 0, "blocks are aligned to their size");
         got.push((u, k));
-    }
-    for w in got.windows(2) {
-        let _ = w;
     }
     let mut sorted = got.clone();
     sorted.sort();
@@ -170,9 +173,8 @@ fn buddy_split_and_merge_restore_the_initial_state() {
         assert!(w[0].0 + (1 << w[0].1) <= w[1].0, "{w:?} overlap");
     }
     for (u, k) in got.into_iter().rev() {
-        buddy::free(&h, u, k);
+        buddy::free(&h, u as u32, k);
     }
     assert_eq!(buddy::free_blocks(&h), [(0, 6)]);
-    let t = h.word(MetaSection::Ctrl, CTRL_TRANSIT as u64).load(crate::arch::atomic::Ordering::Relaxed);
-    assert_eq!(t as u32, 0, "nothing in flight");
+    assert_eq!(transit::in_flight(&h), 0, "nothing in flight");
 }

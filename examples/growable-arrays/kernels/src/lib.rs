@@ -51,11 +51,15 @@ pub fn checksum(i: u64, n: u64) -> u64 {
     s | 1
 }
 
-/// The kernel body.
+/// The kernel body. `#[inline(always)]`: a body that calls `malloc` is
+/// inlined into its entry, so that the heap's geometry is read from the
+/// kernel parameter (a body that is not inlined receives the parameters
+/// through local memory: a stack frame).
 ///
 /// # Safety
 /// `heap` is a live heap; `checksums` and `capacities` address `threads`
 /// writable `u64`s.
+#[inline(always)]
 pub unsafe fn grow(p: &GrowParams) {
     let i = global_thread_id();
     if i >= p.threads {

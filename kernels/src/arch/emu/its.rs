@@ -50,7 +50,7 @@ pub(super) static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 /// a lane that spins instead of arriving. Counted per missing lane, so the
 /// bound does not shrink as the block grows (a 1,024-thread block shares
 /// its steps among 1,024 threads; a leader doing bounded work, such as
-/// [`ALLOC_ATTEMPTS`](crate::heap::buddy::ALLOC_ATTEMPTS) buddy retries
+/// [`FINAL_SCANS`](crate::heap::slab::FINAL_SCANS) searches
 /// under contention, must not be mistaken for a livelock).
 pub const LANE_TURNS: u64 = 200_000;
 
