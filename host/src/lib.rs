@@ -23,9 +23,15 @@
 //! * [`mod@bench`]: the suites behind `gpuheap bench`.
 #![warn(missing_docs)]
 
+// The command line's modules (`cli`, the binary's until it moved here) name the library `gpuheap::`.
+#[cfg(feature = "cli")]
+extern crate self as gpuheap;
+
 pub mod analysis;
 pub mod backend;
 pub mod bench;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod compaction;
 pub mod device_heap;
 pub mod explain;

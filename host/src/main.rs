@@ -1,7 +1,5 @@
-//! The `gpuheap` command-line tool. See `gpuheap --help` and README.md.
-
-mod cli;
+//! The `gpuheap` command-line tool: [`gpuheap::cli::main`]. See `gpuheap --help` and README.md.
 
 fn main() -> std::process::ExitCode {
-    cli::main()
+    gpuheap::cli::main(std::env::args_os())
 }

@@ -24,6 +24,8 @@ use gpuheap::replay::compare::{compare, CompareOptions};
 use gpuheap::replay::{self, CompactPolicy, ReplayError, ReplayOptions, ReplayReport};
 use gpuheap::trace::{self, DeviceTrace, Trace};
 
+#[cfg(feature = "cli")]
+mod cli;
 mod explain;
 
 pyo3::import_exception!(gpuheap._errors, TraceError);
@@ -342,6 +344,8 @@ fn _gpuheap(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(explain::tune_json, m)?)?;
     m.add_function(wrap_pyfunction!(strategies, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
+    #[cfg(feature = "cli")]
+    m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -13,6 +13,7 @@ mod info;
 mod replay;
 mod tune;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -89,8 +90,19 @@ pub enum CliError {
     Runtime(String),
 }
 
-pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// Runs the command line `args` (the program name first, as [`std::env::args_os`] gives them): parses
+/// them, runs the command, and writes its output on stdout and any error as one line on stderr.
+/// Returns the exit code (see the [module docs](self)).
+pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            // Usage errors on stderr (exit 2), `--help` and `--version` on stdout (exit 0), as clap's
+            // own `parse` does.
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
     let r = match cli.command {
         Command::Info(a) => info::run(a),
         Command::Check(a) => check::run(a),
