@@ -53,7 +53,7 @@ fn bench_caching_model(c: &mut Criterion) {
         if dev.events.len() < 1000 {
             continue;
         }
-        let peak = gpuheap::replay::pytorch_series(dev).peak;
+        let peak = gpuheap::facts::pytorch_series(dev).peak;
         let (cfg, _) = config_for_trace(dev, peak.div_ceil(1 << 30).max(1) << 30);
         g.throughput(Throughput::Elements(dev.events.len() as u64));
         g.bench_function(p.file_stem().unwrap().to_string_lossy().as_ref(), |b| b.iter(|| fidelity(dev, cfg).unwrap()));

@@ -34,7 +34,7 @@ fn measured_runs(trace: &Trace, dev: &DeviceTrace, name: &str, runs: usize) -> u
 
 fn one(trace: &Trace, dev: &DeviceTrace, name: &str) -> usize {
     if name == "caching_model" {
-        let peak = gpuheap::replay::pytorch_series(dev).peak;
+        let peak = gpuheap::facts::pytorch_series(dev).peak;
         let (cfg, _) = config_for_trace(dev, peak.div_ceil(1 << 30).max(1) << 30);
         black_box(fidelity(dev, cfg).expect("fidelity replay")).events
     } else {

@@ -8,7 +8,8 @@
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gpuheap::explain::{capacity_from_evidence, tune::tune};
+use gpuheap::explain::tune::tune;
+use gpuheap::facts::capacity_from_evidence;
 use gpuheap::trace::read_trace;
 
 fn bench(c: &mut Criterion) {

@@ -1,45 +1,53 @@
 //! # gpuheap
 //!
-//! The host side of gpuheap (see README.md for the overview), one module per
-//! layer:
+//! The host side of gpuheap (see README.md for the overview).
 //!
-//! * [`backend`]: where kernels run: the GPU (CUDA driver through `cudarc`)
-//!   or the CPU emulation of the same kernel code; device buffers, launches;
-//! * [`ptx`]: the embedded PTX of `gpuheap-kernels`;
-//! * [`ops`]: safe host wrappers of the basic kernels (fill/verify, bump);
-//! * [`device_heap`]: the device allocator (`malloc`/`free` inside kernels):
-//!   creation, statistics, live blocks, reset, the movable region of handles;
-//! * [`compaction`]: relocatable blocks (handles) and in-place compaction;
+//! **The front door** is [`app`]: the commands `replay`, `compare`, `explain` and `tune` as functions
+//! over a read trace and one [`app::Options`], each returning the JSON, text and HTML the command line
+//! prints; errors are [`Error`], of an [`ErrorKind`]. The command line ([`cli`], feature `cli`) and the
+//! Python package only map their arguments onto it.
+//!
+//! Below it, one module per layer, each using only those listed after it:
+//!
+//! * [`explain`]: recorded OOMs explained from the trace itself, and the allocator-settings search
+//!   ([`explain::tune`]); [`html`]: self-contained HTML reports (interactive timeline, tables,
+//!   parameters) from a small data model of their own;
+//! * [`replay`]: trace replay through the strategies and the compaction
+//!   kernel, reports, their text pages and plots;
+//! * [`facts`]: what a trace records, for every caller: the devices and the one reported, peaks and
+//!   PyTorch's reserved bytes, the GPU's memory from the evidence, the allocator state at a moment;
+//! * [`analysis`]: fragmentation metrics and OOM diagnosis;
 //! * [`mod@reference`]: host reference allocators (first-fit, best-fit, buddy,
 //!   TLSF, slab, tiered, PyTorch-style caching) and the reference compaction;
-//! * [`analysis`]: fragmentation metrics and OOM diagnosis;
-//! * [`explain`]: recorded OOMs explained from the trace itself, device and capacity from the
-//!   evidence, and the allocator-settings search ([`explain::tune`]);
-//! * [`trace`]: allocation trace readers;
-//! * [`replay`]: trace replay through the strategies and the compaction
-//!   kernel, reports and plots;
-//! * [`html`]: self-contained HTML reports (interactive timeline, tables,
-//!   parameters) from a small data model of their own;
-//! * [`mod@bench`]: the suites behind `gpuheap bench`.
+//! * [`trace`]: allocation trace readers, one row of [`trace::FORMATS`] per format;
+//! * [`compaction`]: relocatable blocks (handles) and in-place compaction;
+//!   [`device_heap`]: the device allocator (`malloc`/`free` inside kernels): creation, statistics, live
+//!   blocks, reset, the movable region of handles; [`ops`]: safe host wrappers of the basic kernels
+//!   (fill/verify, bump); [`mod@bench`]: the suites behind `gpuheap bench`;
+//! * [`backend`]: where kernels run: the GPU (CUDA driver through `cudarc`)
+//!   or the CPU emulation of the same kernel code; device buffers, launches; [`ptx`]: the embedded PTX of
+//!   `gpuheap-kernels`;
+//! * [`units`]: byte counts, durations, percentages and rates as people read and write them.
 #![warn(missing_docs)]
 
-// The command line's modules (`cli`, the binary's until it moved here) name the library `gpuheap::`.
-#[cfg(feature = "cli")]
-extern crate self as gpuheap;
-
 pub mod analysis;
+pub mod app;
 pub mod backend;
 pub mod bench;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod compaction;
 pub mod device_heap;
+mod error;
 pub mod explain;
+pub mod facts;
 pub mod html;
 pub mod ops;
 pub mod ptx;
 pub mod reference;
 pub mod replay;
 pub mod trace;
+pub mod units;
 
 pub use backend::{Backend, BackendChoice, BackendError, DeviceBuffer, LaunchConfig, LaunchTiming};
+pub use error::{Error, ErrorKind};

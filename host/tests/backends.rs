@@ -98,10 +98,52 @@ fn gpu_backend_without_a_gpu_is_an_error_not_a_panic() {
     match Backend::gpu() {
         Ok(b) => eprintln!("a GPU is present ({}): nothing to check here", b.describe()),
         Err(e) => {
+            assert!(!common::gpu_required(), "GPUHEAP_REQUIRE_GPU=1 but there is no usable GPU: {e}");
             assert!(common::is_no_gpu(&e), "unexpected error: {e}");
             assert!(!e.to_string().is_empty());
             // `auto` falls back to the CPU.
             assert!(!Backend::select(BackendChoice::Auto).unwrap().is_gpu());
+        }
+    }
+}
+
+/// On a GPU: every kernel's largest block as the driver reports it after the JIT equals the
+/// occupancy arithmetic's figure for the registers it reports, and a launch over a kernel's limit
+/// is refused by name before the driver sees it (the arithmetic itself is unit-tested in
+/// `backend::limits`).
+#[test]
+fn gpu_kernel_limits_follow_the_registers_and_oversized_launches_are_refused() {
+    let Some(b) = common::backends("gpu_kernel_limits").into_iter().find(Backend::is_gpu) else { return };
+    let Backend::Gpu(g) = &b else { unreachable!() };
+    let arch = g.arch().unwrap();
+    let module = g.builtin().unwrap();
+    for k in module.kernels() {
+        assert_eq!(arch.max_block_threads(k.registers), k.max_threads_per_block, "{k:?} on {arch:?}");
+        assert_eq!(k.local_bytes, 0, "{}: spills or stack after the driver's JIT", k.name);
+    }
+    let malloc = module.kernel("gpuheap_heap_malloc").unwrap();
+    let heap = gpuheap::device_heap::DeviceHeap::new(&b, 1 << 20).unwrap();
+    // An empty request (no thread takes part): only the launch itself is tested.
+    let p = gpuheap_kernels::heap::kernels::MallocParams {
+        heap: heap.handle(),
+        sizes: 0,
+        size: 16,
+        threads: 0,
+        out: 0,
+        warp_mode: 0,
+    };
+    let k = &gpuheap_kernels::heap::kernels::HEAP_MALLOC;
+    let fits = LaunchConfig { grid: 1, block: malloc.max_threads_per_block, shared_bytes: 0 };
+    // SAFETY: no thread takes part (`threads` is 0), so no address is used.
+    unsafe { b.launch(k, fits, &p) }.unwrap();
+    if malloc.max_threads_per_block < 1024 {
+        let over = LaunchConfig { block: 1024, ..fits };
+        // SAFETY: as above.
+        match unsafe { b.launch(k, over, &p) } {
+            Err(BackendError::LaunchLimit { kernel, requested, limit, .. }) => {
+                assert_eq!((kernel.as_str(), requested, limit), ("gpuheap_heap_malloc", 1024, malloc.max_threads_per_block as u64))
+            }
+            r => panic!("a 1024-thread malloc launch: {r:?}"),
         }
     }
 }

@@ -13,9 +13,10 @@ use common::workspace;
 use std::path::{Path, PathBuf};
 
 use common::pickle::{block, pickle, V};
+use gpuheap::facts::pytorch_series;
 use gpuheap::reference::caching::{capacity_at_oom, config_for_trace, fidelity, CachingConfig, Fidelity};
-use gpuheap::replay::{fmt_bytes, pytorch_series};
 use gpuheap::trace::{parse_trace, read_trace, DeviceTrace, EventKind};
+use gpuheap::units::fmt_bytes;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;

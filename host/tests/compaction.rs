@@ -481,29 +481,30 @@ fn tile_wait_ranges_cover_every_overwritten_source() {
             off += size;
         }
         let (new_offset, _) = slide(&layout, off);
-        let mut stream_pos = Vec::new();
-        let mut m = 0;
-        for (b, &d) in layout.iter().zip(&new_offset) {
-            stream_pos.push(m);
-            if d != b.offset {
-                m += b.size;
+        // The tiles cover the destinations from the first hole to the last block's end.
+        let mut start = 0;
+        for b in &layout {
+            if b.offset != start {
+                break;
             }
+            start = b.offset + b.size;
         }
+        let end = off.max(start);
         let tile = 16 * (1 + rng.below(64));
         let p = MoveParams {
             region: 0,
             blocks: layout.as_ptr() as u64,
             new_offset: new_offset.as_ptr() as u64,
-            stream_pos: stream_pos.as_ptr() as u64,
             count: layout.len() as u64,
-            total: 0,
+            start,
+            end,
             tile_bytes: tile,
             flags: 0,
             tile_counter: 0,
             epoch: 1,
             reserved: 0,
         };
-        // Per stream position (16-byte granules): source and destination.
+        // Per moving 16-byte granule: source and destination.
         let mut src = Vec::new();
         let mut dst = Vec::new();
         for (b, &d) in layout.iter().zip(&new_offset) {
@@ -514,16 +515,17 @@ fn tile_wait_ranges_cover_every_overwritten_source() {
                 }
             }
         }
-        let tiles = m.div_ceil(tile);
-        let tile_of = |pos: usize| pos as u64 * 16 / tile;
+        assert!(dst.iter().all(|&d| (start..end).contains(&d)), "seed {seed}: a destination outside the tiles");
+        let tiles = (end - start).div_ceil(tile);
+        let tile_of = |d: u64| (d - start) / tile;
         for t in 0..tiles {
             // SAFETY: `p` points at live host vectors holding a valid plan.
-            let (lo, hi) = unsafe { wait_range(&p, m, t) };
+            let (lo, hi) = unsafe { wait_range(&p, t) };
             assert!(hi <= t + 1, "seed {seed}: tile {t} waits for a later tile ({lo}..{hi})");
             let writes: std::collections::HashSet<u64> =
-                (0..src.len()).filter(|&i| tile_of(i) == t).map(|i| dst[i]).collect();
+                dst.iter().copied().filter(|&d| tile_of(d) == t).collect();
             for (i, s) in src.iter().enumerate() {
-                let u = tile_of(i);
+                let u = tile_of(dst[i]);
                 if u != t && writes.contains(s) {
                     assert!(
                         (lo..hi).contains(&u),
@@ -542,7 +544,7 @@ fn tile_wait_ranges_cover_every_overwritten_source() {
 fn bench_layouts_from_trace_snapshots_compact_like_the_reference() {
     use gpuheap::bench::compact::{measure_trace, trace_layout, TraceMode};
     use gpuheap::compaction::{CompactTuning, Compactor, BLOCK_PINNED};
-    let mut paths = vec![common::workspace().join("data/1.3b_snapshot.pickle")];
+    let mut paths = vec![common::data_file("1.3b_snapshot.pickle")];
     paths.extend(common::shared("traces/memory_ctx512_fullstep_.pickle"));
     let backend = Backend::cpu();
     let mut compactor = Compactor::new(CompactTuning::for_backend(&backend));

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use gpuheap::explain::{self, CapacitySource, DeviceReason, Moment, Verdict};
+use gpuheap::explain::{self, Moment, Verdict};
+use gpuheap::facts::{self, CapacitySource, DeviceReason};
 use gpuheap::trace::{parse_trace, read_trace, Trace};
 
 mod common;
@@ -197,13 +198,13 @@ fn explain_and_tune_refuse_a_given_capacity_outside_the_modelled_range() {
     let trace = read_trace(&path).unwrap();
     for c in [0, 1, 4095, (1u64 << 48) + 1, u64::MAX] {
         let m = match explain::explain(&trace, None, Some(c)) {
-            Err(explain::ExplainError::Input(m)) => m,
+            Err(e @ explain::ExplainError::Capacity(_)) => e.to_string(),
             Err(e) => panic!("explain at {c} B: {e}"),
             Ok(_) => panic!("explain at {c} B was answered"),
         };
         assert!(m.contains(&format!("capacity {c} B is outside [4096 B, 2^48 B]")), "{m}");
         let m = match explain::tune::tune_page(&trace, None, Some(c), &|| {}) {
-            Err(explain::ExplainError::Input(m)) => m,
+            Err(e @ explain::ExplainError::Capacity(_)) => e.to_string(),
             Err(e) => panic!("tune_page at {c} B: {e}"),
             Ok(_) => panic!("tune_page at {c} B was answered"),
         };
@@ -217,9 +218,9 @@ fn expandable_mapping_counted_once() {
     // Issue 9's smallest input: 20 MiB reserved at the peak, not 40.
     let bytes = expandable_snapshot();
     let trace = parse("exp.pickle", &bytes);
-    let s = &explain::summarize(&trace)[0];
+    let s = &facts::summarize(&trace)[0];
     assert_eq!((s.peak_reserved, s.peak_allocated), (Some(20 * MIB), Some(4 * MIB)));
-    let st = explain::state_after(&trace.devices[0], Some(1)).unwrap();
+    let st = facts::state_after(&trace.devices[0], Some(1)).unwrap();
     assert_eq!((st.reserved, st.allocated, st.hole_bytes, st.segments.len()), (20 * MIB, 4 * MIB, 16 * MIB, 1));
     assert!(st.segments[0].expandable);
 }
@@ -315,8 +316,8 @@ fn explain_bad_input_exits_2() {
 fn bl19_default_device_has_allocations() {
     let path = workspace().join("host/tests/inputs/bl19_annotations_on_dev0.pickle");
     let trace = read_trace(&path).unwrap();
-    let sums = explain::summarize(&trace);
-    let choice = explain::choose_device(&trace, &sums, None).unwrap();
+    let sums = facts::summarize(&trace);
+    let choice = facts::choose_device(&trace, &sums, None).unwrap();
     assert_eq!((choice.device, choice.reason), (2, DeviceReason::MostAllocations));
     assert_eq!(choice.others, vec![0]);
     let s2 = sums.iter().find(|s| s.device == 2).unwrap();
@@ -349,9 +350,9 @@ fn bl23_huge_sizes_never_wrap() {
     );
     for p in [&one, &two] {
         let trace = read_trace(p).unwrap();
-        let err = explain::capacity_from_evidence(&trace, &trace.devices[0], None).unwrap_err().to_string();
+        let err = facts::capacity_from_evidence(&trace, &trace.devices[0], None).unwrap_err().to_string();
         assert!(err.contains("line 2") && err.contains("--capacity"), "{err}");
-        let s = &explain::summarize(&trace)[0];
+        let s = &facts::summarize(&trace)[0];
         let expect = if p == &one { Some(u64::MAX) } else { None };
         assert_eq!(s.peak_allocated, expect, "a sum beyond 2^64 - 1 is not representable, never wrapped");
         for cmd in ["explain", "tune", "compare", "replay"] {
@@ -402,12 +403,12 @@ fn real_snapshots_agree_with_their_records() {
         let trace = read_trace(&p).unwrap();
         let dev = &trace.devices[0];
         let e = explain::explain(&trace, None, None).unwrap();
-        let pt = gpuheap::replay::pytorch_series(dev);
+        let pt = facts::pytorch_series(dev);
         assert_eq!(e.moment, Moment::PeakReserved, "{f}");
         assert_eq!(e.reserved, pt.peak, "{f}: reserved at the moment = PyTorch's peak reserved");
         assert_eq!(e.capacity.bytes, pt.peak, "{f}");
         // At the end the rebuilt state equals the snapshot's own segments.
-        let end = explain::state_after(dev, dev.events.len().checked_sub(1)).unwrap();
+        let end = facts::state_after(dev, dev.events.len().checked_sub(1)).unwrap();
         let fin = dev.final_state.as_ref().unwrap();
         assert_eq!((end.reserved, end.segments.len()), (fin.reserved_bytes(), fin.segment_count()), "{f}");
         assert_eq!(
@@ -449,8 +450,8 @@ fn expandable_snapshot() -> Vec<u8> {
     pickle(&V::Dict(vec![("segments", V::List(vec![seg])), ("device_traces", V::List(vec![V::List(events)]))]))
 }
 
-/// One reserved-bytes series: explain's peaks ([`explain::summarize`]), the replay's PyTorch series
-/// (`replay::pytorch_series`) and the caching model's fidelity run (`caching::fidelity`, which also
+/// One reserved-bytes series: the peaks of the facts ([`facts::summarize`]), the replay's PyTorch series
+/// (`facts::pytorch_series`) and the caching model's fidelity run (`caching::fidelity`, which also
 /// replays the model) agree on PyTorch's reserved bytes, expandable segments counted once (issue 9's
 /// smallest input: 0 at the start, 20 MiB at the peak and the end), and the model matches them.
 #[test]
@@ -469,8 +470,8 @@ fn one_reserved_series_for_explain_replay_and_model() {
     }
     for (name, trace) in &traces {
         let dev = &trace.devices[0];
-        let s = &explain::summarize(trace)[0];
-        let pt = gpuheap::replay::pytorch_series(dev);
+        let s = &facts::summarize(trace)[0];
+        let pt = facts::pytorch_series(dev);
         let cap = 1u64 << 40;
         let f = caching::fidelity(dev, caching::config_for_trace(dev, cap).0).unwrap();
         assert_eq!(s.peak_reserved, Some(pt.peak), "{name}: explain = replay's series");

@@ -8,12 +8,11 @@
 use std::path::{Path, PathBuf};
 
 use gpuheap::backend::Backend;
+use gpuheap::facts::{demand_peak, pytorch_series};
 use gpuheap::reference::StrategyKind;
-use gpuheap::replay::{
-    self, default_capacity, demand_peak, parse_bytes, pytorch_series, CompactPolicy, MeasureOutcome, ReplayOptions,
-    ReplayReport,
-};
+use gpuheap::replay::{self, default_capacity, CompactPolicy, MeasureOutcome, ReplayOptions, ReplayReport};
 use gpuheap::trace::{read_trace, Trace};
+use gpuheap::units::parse_bytes;
 
 mod common;
 use common::workspace;

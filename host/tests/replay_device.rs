@@ -5,10 +5,9 @@
 //! classified, scaling labelled.
 
 use gpuheap::backend::Backend;
+use gpuheap::facts::demand_peak;
 use gpuheap::replay::device::{DEVICE_HEAP, POLICY_NA};
-use gpuheap::replay::{
-    alignment_for, default_capacity, demand_peak, replay_device, DeviceReplayOptions, ReplayError, ReplayReport,
-};
+use gpuheap::replay::{alignment_for, default_capacity, replay_device, DeviceReplayOptions, ReplayError, ReplayReport};
 use gpuheap::trace::{read_trace, EventKind, Trace};
 
 mod common;
@@ -47,7 +46,7 @@ fn check_common(trace: &Trace, r: &ReplayReport, scale: u64) {
     } else {
         assert_eq!(r.strategy, format!("{DEVICE_HEAP} (scaled 1/{scale})"));
         assert!(dh.scale_reason.as_deref().unwrap().contains("device-heap limit"));
-        assert!(r.capacity.source.contains(&format!("scaled 1/{scale}")), "{}", r.capacity.source);
+        assert!(r.capacity.describe().contains(&format!("scaled 1/{scale}")), "{}", r.capacity.describe());
     }
     assert_eq!(dh.heap_capacity, dh.trace_capacity / scale / 4096 * 4096, "capacity divided by the scale");
     assert_eq!(r.capacity.bytes, dh.heap_capacity);

@@ -1,73 +1,46 @@
-//! `gpuheap._gpuheap`: the native half of the `gpuheap` Python package (PyO3, abi3).
+//! `gpuheap._gpuheap`: the native half of the `gpuheap` Python package (PyO3, abi3): the front door
+//! `gpuheap::app` with typed keyword arguments, mapped onto `app::Options` and nothing else.
 //!
 //! This module is private: the public API is the pure-Python package `gpuheap` (python/python/gpuheap),
-//! which checks and converts its arguments and calls the functions here. Every function here:
+//! which checks the types of its arguments and calls the functions here. Every function here:
 //!
 //! * releases the GIL for the work (reading, replaying), so other Python threads run meanwhile;
-//! * returns reports as the same JSON text the command line prints with `--json` (same serialisation,
-//!   so the Python numbers and the CLI's are the same by construction);
-//! * raises only the exceptions of `gpuheap._errors` (all subclasses of `gpuheap.Error`): `TraceError`
-//!   for an input that cannot be read, `ConfigError` for an option that does not fit, `BackendError`
-//!   for a run-time failure (a kernel, the driver, a failed compaction check), and `InternalError` for a
-//!   panic in the Rust code, which is caught so that it never takes the interpreter down.
+//! * returns the command's `Output` (the JSON `--json` prints, the text page, the HTML page, the
+//!   title): the same function computes them for the command line, so both agree by construction;
+//! * raises only the exceptions of `gpuheap._errors`, mapped from `gpuheap::Error`'s kind: `TraceError`
+//!   for a trace that cannot be read, `ConfigError` for an option that does not fit, `BackendError` for
+//!   a run-time failure, and `InternalError` for a bug, a panic included (caught, so that it never takes
+//!   the interpreter down).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::Arc;
 
+use gpuheap::app::{self, options as opt, OptionError, Options, Quiet};
+use gpuheap::{BackendChoice, Error, ErrorKind};
 use pyo3::prelude::*;
-use serde::Serialize;
-
-use gpuheap::backend::{Backend, BackendChoice};
-use gpuheap::reference::StrategyKind;
-use gpuheap::replay::compare::{compare, CompareOptions};
-use gpuheap::replay::{self, CompactPolicy, ReplayError, ReplayOptions, ReplayReport};
-use gpuheap::trace::{self, DeviceTrace, Trace};
 
 #[cfg(feature = "cli")]
 mod cli;
-mod explain;
 
 pyo3::import_exception!(gpuheap._errors, TraceError);
 pyo3::import_exception!(gpuheap._errors, ConfigError);
 pyo3::import_exception!(gpuheap._errors, BackendError);
 pyo3::import_exception!(gpuheap._errors, InternalError);
 
-/// Why a call failed, before it becomes a Python exception (built without the GIL).
-#[derive(Debug)]
-enum Failure {
-    /// The input cannot be read (`gpuheap.TraceError`; the CLI's exit code 2).
-    Trace(String),
-    /// An option does not fit the input (`gpuheap.ConfigError`; exit code 2).
-    Config(String),
-    /// A run-time failure (`gpuheap.BackendError`; exit code 1).
-    Backend(String),
-}
-
-impl From<Failure> for PyErr {
-    fn from(f: Failure) -> PyErr {
-        match f {
-            Failure::Trace(m) => TraceError::new_err(m),
-            Failure::Config(m) => ConfigError::new_err(m),
-            Failure::Backend(m) => BackendError::new_err(m),
-        }
-    }
-}
-
-impl From<ReplayError> for Failure {
-    fn from(e: ReplayError) -> Failure {
-        if e.is_input() {
-            Failure::Config(e.to_string())
-        } else {
-            Failure::Backend(e.to_string())
-        }
+/// The Python exception of a front-door error.
+fn py_err(e: Error) -> PyErr {
+    match e.kind() {
+        ErrorKind::Input if e.is_trace() => TraceError::new_err(e.to_string()),
+        ErrorKind::Input => ConfigError::new_err(e.to_string()),
+        ErrorKind::Runtime => BackendError::new_err(e.to_string()),
+        _ => InternalError::new_err(e.to_string()),
     }
 }
 
 /// Runs `f` without the GIL, catching a panic as `gpuheap.InternalError`.
-fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Send) -> PyResult<T> {
+fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Error> + Send) -> PyResult<T> {
     match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
-        Ok(r) => r.map_err(PyErr::from),
+        Ok(r) => r.map_err(py_err),
         Err(payload) => {
             let what = payload
                 .downcast_ref::<&str>()
@@ -81,268 +54,254 @@ fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Se
     }
 }
 
-/// A trace read into memory: a PyTorch memory snapshot, a minimalloc CSV or an RMM log.
-///
-/// Made by `gpuheap.load`; immutable, and shared (not copied) by every call that takes it.
+/// A trace read into memory (`gpuheap::app::Snapshot`); made by `gpuheap.load`, immutable and shared.
 #[pyclass(frozen, module = "gpuheap", name = "Snapshot")]
-struct Snapshot {
-    trace: Arc<Trace>,
-    /// The bytes a snapshot pickle was parsed from (`explain` reads the stack frames from them; a
-    /// file is not read twice). `None` for the CSV formats, which record no frames.
-    bytes: Option<Arc<[u8]>>,
-}
+struct Snapshot(app::Snapshot);
 
 #[pymethods]
 impl Snapshot {
     /// Where it was read from: the file path, `<bytes>` or `<dict>`.
     #[getter]
     fn source(&self) -> String {
-        self.trace.source.display().to_string()
+        self.0.trace().source.display().to_string()
     }
-
     /// The format, as the CLI names it (e.g. "PyTorch memory snapshot").
     #[getter]
     fn format(&self) -> String {
-        self.trace.format.to_string()
+        self.0.trace().format.to_string()
     }
-
     /// The device ordinals in the trace, ascending.
     #[getter]
     fn devices(&self) -> Vec<i64> {
-        self.trace.devices.iter().map(|d| d.device).collect()
+        self.0.trace().devices.iter().map(|d| d.device).collect()
     }
-
     /// Number of events over all devices.
     #[getter]
     fn event_count(&self) -> usize {
-        self.trace.event_count()
+        self.0.trace().event_count()
     }
-
     fn __repr__(&self) -> String {
-        format!(
-            "<gpuheap.Snapshot {:?}: {}, devices {:?}, {} events>",
-            self.source(),
-            self.format(),
-            self.devices(),
-            self.event_count()
-        )
+        let (s, f, d, n) = (self.source(), self.format(), self.devices(), self.event_count());
+        format!("<gpuheap.Snapshot {s:?}: {f}, devices {d:?}, {n} events>")
     }
 }
 
-impl Snapshot {
-    fn new(trace: Trace, bytes: Option<Arc<[u8]>>) -> Self {
-        Snapshot { trace: Arc::new(trace), bytes }
+/// What a command produced (`gpuheap::app::Output`).
+#[pyclass(frozen, module = "gpuheap", name = "Output", get_all)]
+struct Output {
+    title: String,
+    json: String,
+    text: String,
+    html: Option<String>,
+    tune_table: Option<String>,
+}
+
+impl From<app::Output> for Output {
+    fn from(o: app::Output) -> Self {
+        Output { title: o.title, json: o.json, text: o.text, html: o.html, tune_table: o.tune_table }
     }
+}
+
+/// A byte count as Python gives it: an int, a float (`1.5e9`) or a str with a unit (`"80GiB"`).
+#[derive(FromPyObject)]
+enum Size {
+    Int(u64),
+    Float(f64),
+    Str(String),
+}
+
+/// The tiered strategy's thresholds: `(SMALL_MAX, LARGE_MIN)` or `"SMALL_MAX,LARGE_MIN"`.
+#[derive(FromPyObject)]
+enum Tiers {
+    Pair(Size, Size),
+    Str(String),
+}
+
+type Check = fn(u64) -> Result<u64, OptionError>;
+type Parse = fn(&str) -> Result<u64, OptionError>;
+
+/// The byte-valued option `name` through its checker (a number) or its parser (a str).
+fn size(name: &str, v: Option<Size>, check: Check, parse: Parse) -> PyResult<Option<u64>> {
+    let bad = |e: OptionError| ConfigError::new_err(format!("{name}: {e}"));
+    v.map(|v| match v {
+        Size::Int(n) => check(n).map_err(bad),
+        Size::Float(f) => gpuheap::units::bytes_of_float(f)
+            .ok_or_else(|| bad(gpuheap::units::ParseError::OutOfRange(f.to_string()).into()))
+            .and_then(|n| check(n).map_err(bad)),
+        Size::Str(s) => parse(&s).map_err(bad),
+    })
+    .transpose()
+}
+
+/// A text option `name` through its parser.
+fn text<T>(name: &str, v: Option<&str>, parse: fn(&str) -> Result<T, OptionError>) -> PyResult<Option<T>> {
+    v.map(|s| parse(s).map_err(|e| ConfigError::new_err(format!("{name}: {e}")))).transpose()
+}
+
+/// The options every command shares, from the keyword arguments of the Python functions.
+#[allow(clippy::too_many_arguments, reason = "the commands' keyword arguments, one each")]
+fn options(
+    capacity: Option<Size>,
+    align: Option<Size>,
+    tiers: Option<Tiers>,
+    compact: Option<&str>,
+    backend: Option<&str>,
+    device: Option<i64>,
+    materialize_limit: Option<Size>,
+    device_heap_limit: Option<Size>,
+) -> PyResult<Options> {
+    let mut o = Options::default();
+    o.capacity = size("capacity", capacity, opt::check_capacity, opt::parse_capacity)?;
+    o.align = size("align", align, opt::check_align, opt::parse_align)?;
+    o.tiers = match tiers {
+        Some(Tiers::Pair(a, b)) => {
+            let (a, b) = (size("tiers", Some(a), Ok, opt::parse_bytes)?, size("tiers", Some(b), Ok, opt::parse_bytes)?);
+            let tiers = a.zip(b).map(|(a, b)| opt::check_tiers(a, b));
+            tiers.transpose().map_err(|e| ConfigError::new_err(format!("tiers: {e}")))?
+        }
+        Some(Tiers::Str(s)) => text("tiers", Some(&s), opt::parse_tiers)?,
+        None => None,
+    };
+    o.policy = text("compact", compact, opt::parse_policy)?.unwrap_or(o.policy);
+    o.backend = match text("backend", backend, opt::parse_backend)? {
+        Some(b) => b,
+        None => BackendChoice::from_env().map_err(|e| ConfigError::new_err(format!("GPUHEAP_BACKEND: {e}")))?,
+    };
+    o.device = device;
+    o.materialize_limit = size("materialize_limit", materialize_limit, Ok, opt::parse_bytes)?;
+    o.device_heap_limit = size("device_heap_limit", device_heap_limit, Ok, opt::parse_bytes)?;
+    o.html = true;
+    Ok(o)
 }
 
 /// Reads the trace file at `path` (format detected from the content).
 #[pyfunction]
 fn load_path(py: Python<'_>, path: PathBuf) -> PyResult<Snapshot> {
-    detached(py, move || {
-        let (t, bytes) = trace::read_trace_and_bytes(&path).map_err(|e| Failure::Trace(e.to_string()))?;
-        let keep = matches!(t.format, trace::TraceFormat::PytorchSnapshot(_));
-        Ok(Snapshot::new(t, keep.then(|| Arc::from(bytes))))
-    })
+    detached(py, move || app::Snapshot::read(&path).map(Snapshot))
 }
 
 /// Parses trace bytes (a pickle or a CSV); `name` stands for the file in messages (`<bytes>`, `<dict>`).
 #[pyfunction]
 fn load_bytes(py: Python<'_>, data: &[u8], name: &str) -> PyResult<Snapshot> {
     let name = PathBuf::from(name);
-    detached(py, move || {
-        let t = trace::parse_trace(&name, data).map_err(|e| Failure::Trace(e.to_string()))?;
-        Ok(Snapshot::new(t, Some(Arc::from(data))))
-    })
+    detached(py, move || app::Snapshot::parse(&name, data).map(Snapshot))
 }
 
-/// Parses a byte count as the CLI does (`80GiB`, `1.5e9`, `1048576`).
+/// `gpuheap replay`: one strategy over one device of the trace.
 #[pyfunction]
-fn parse_bytes(s: &str) -> PyResult<u64> {
-    replay::parse_bytes(s).map_err(ConfigError::new_err)
-}
-
-/// The options that `replay` and `compare` share with the CLI's `Common` arguments, parsed.
-struct Common {
-    capacity: Option<u64>,
-    align: Option<u64>,
-    tiers: Option<(u64, u64)>,
-    policy: CompactPolicy,
-    backend: BackendChoice,
-    device: Option<i64>,
-    materialize_limit: Option<u64>,
-}
-
-impl Common {
-    #[allow(clippy::too_many_arguments, reason = "the CLI's shared options, one argument each")]
-    fn parse(
-        capacity: Option<&str>,
-        align: Option<&str>,
-        tiers: Option<&str>,
-        compact: &str,
-        backend: Option<&str>,
-        device: Option<i64>,
-        materialize_limit: Option<&str>,
-    ) -> Result<Common, Failure> {
-        let config = |what: &'static str| move |e: String| Failure::Config(format!("{what}: {e}"));
-        let bytes = |what: &str, s: Option<&str>| {
-            s.map(|s| replay::parse_bytes(s).map_err(|e| Failure::Config(format!("{what}: {e}")))).transpose()
-        };
-        let backend = match backend {
-            Some(b) => b.parse(),
-            None => BackendChoice::from_env(),
-        }
-        .map_err(|e| Failure::Config(e.to_string()))?;
-        Ok(Common {
-            capacity: bytes("capacity", capacity)?,
-            align: align.map(replay::parse_align).transpose().map_err(config("align"))?,
-            tiers: tiers.map(replay::parse_tiers).transpose().map_err(config("tiers"))?,
-            policy: compact.parse().map_err(Failure::Config)?,
-            backend,
-            device,
-            materialize_limit: bytes("materialize_limit", materialize_limit)?,
-        })
-    }
-
-    /// The device to replay, as the CLI picks it ([`gpuheap::explain::choose_device`]): the one asked
-    /// for, else the one with a recorded OOM, else the one with the most allocation events. A trace
-    /// with nothing to report, or a device it lacks, is a `ConfigError` (as in `explain`).
-    fn device<'t>(&self, trace: &'t Trace) -> Result<&'t DeviceTrace, Failure> {
-        let summaries = gpuheap::explain::summarize(trace);
-        let choice = gpuheap::explain::choose_device(trace, &summaries, self.device).map_err(Failure::Config)?;
-        Ok(&trace.devices[choice.index])
-    }
-
-    /// The backend for compaction measurements: none when the policy never compacts, unless a GPU was
-    /// asked for explicitly (so that a missing GPU is an error, as in the CLI).
-    fn measuring_backend(&self) -> Result<Option<Backend>, Failure> {
-        if self.policy == CompactPolicy::Never && self.backend != BackendChoice::Gpu {
-            return Ok(None);
-        }
-        self.backend().map(Some)
-    }
-
-    fn backend(&self) -> Result<Backend, Failure> {
-        Backend::select(self.backend).map_err(|e| Failure::Backend(e.to_string()))
-    }
-
-    fn replay(
-        &self,
-        trace: &Trace,
-        dev: &DeviceTrace,
-        strategy: StrategyKind,
-        backend: Option<&Backend>,
-    ) -> Result<ReplayReport, Failure> {
-        Ok(replay::replay(trace, dev, &self.options(strategy), backend, &mut |_| {})?)
-    }
-
-    fn options(&self, strategy: StrategyKind) -> ReplayOptions {
-        ReplayOptions {
-            capacity: self.capacity,
-            align: self.align,
-            tiers: self.tiers,
-            policy: self.policy,
-            materialize_limit: self.materialize_limit,
-            ..ReplayOptions::new(strategy)
-        }
-    }
-}
-
-fn to_json(v: &impl Serialize) -> Result<String, Failure> {
-    serde_json::to_string(v).map_err(|e| Failure::Backend(format!("cannot serialise the report: {e}")))
-}
-
-/// `gpuheap replay --json`: one strategy over one device of the trace; the report as JSON text.
-#[pyfunction]
-#[pyo3(signature = (snapshot, strategy, capacity, align, tiers, compact, backend, device, materialize_limit))]
-#[allow(clippy::too_many_arguments, reason = "the CLI's options, one argument each")]
-fn replay_json(
+#[pyo3(signature = (snapshot, strategy, *, capacity=None, align=None, tiers=None, compact="never", backend=None,
+    device=None, materialize_limit=None))]
+#[allow(clippy::too_many_arguments, reason = "the command's keyword arguments, one each")]
+fn replay(
     py: Python<'_>,
     snapshot: &Snapshot,
     strategy: &str,
-    capacity: Option<&str>,
-    align: Option<&str>,
-    tiers: Option<&str>,
+    capacity: Option<Size>,
+    align: Option<Size>,
+    tiers: Option<Tiers>,
     compact: &str,
     backend: Option<&str>,
     device: Option<i64>,
-    materialize_limit: Option<&str>,
-) -> PyResult<String> {
-    let trace = Arc::clone(&snapshot.trace);
-    let strategy: StrategyKind =
-        strategy.parse().map_err(|e: gpuheap::reference::UnknownStrategy| ConfigError::new_err(e.to_string()))?;
-    let common = Common::parse(capacity, align, tiers, compact, backend, device, materialize_limit)?;
-    detached(py, move || {
-        let dev = common.device(&trace)?;
-        let backend = common.measuring_backend()?;
-        to_json(&common.replay(&trace, dev, strategy, backend.as_ref())?)
-    })
+    materialize_limit: Option<Size>,
+) -> PyResult<Output> {
+    let mut o = options(capacity, align, tiers, Some(compact), backend, device, materialize_limit, None)?;
+    o.strategy = text("strategy", Some(strategy), opt::parse_strategy)?;
+    let snap = snapshot.0.clone();
+    detached(py, move || app::run_replay(&snap, &o, &Quiet).map(Output::from))
 }
 
-/// `gpuheap compare --json`: every host strategy, then the device allocator, over the same device of
-/// the trace; a contender that cannot take the options is listed under `not_run` with the reason.
+/// `gpuheap compare`: every host strategy, then the device allocator, over the same device.
 #[pyfunction]
-#[pyo3(signature = (snapshot, capacity, align, tiers, compact, backend, device, materialize_limit, device_heap_limit))]
-#[allow(clippy::too_many_arguments, reason = "the CLI's options, one argument each")]
-fn compare_json(
+#[pyo3(signature = (snapshot, *, capacity=None, align=None, tiers=None, compact="never", backend=None,
+    device=None, materialize_limit=None, device_heap_limit=None))]
+#[allow(clippy::too_many_arguments, reason = "the command's keyword arguments, one each")]
+fn compare(
     py: Python<'_>,
     snapshot: &Snapshot,
-    capacity: Option<&str>,
-    align: Option<&str>,
-    tiers: Option<&str>,
+    capacity: Option<Size>,
+    align: Option<Size>,
+    tiers: Option<Tiers>,
     compact: &str,
     backend: Option<&str>,
     device: Option<i64>,
-    materialize_limit: Option<&str>,
-    device_heap_limit: Option<&str>,
-) -> PyResult<String> {
-    let trace = Arc::clone(&snapshot.trace);
-    let common = Common::parse(capacity, align, tiers, compact, backend, device, materialize_limit)?;
-    let heap_limit = device_heap_limit
-        .map(|s| replay::parse_bytes(s).map_err(|e| ConfigError::new_err(format!("device_heap_limit: {e}"))))
-        .transpose()?;
-    detached(py, move || {
-        let dev = common.device(&trace)?;
-        let backend = common.measuring_backend()?;
-        // The device allocator's row always runs on a backend, whatever the compaction policy.
-        let owned;
-        let device_backend = match &backend {
-            Some(b) => b,
-            None => {
-                owned = common.backend()?;
-                &owned
-            }
-        };
-        let opts = CompareOptions::new(common.options(StrategyKind::BestFit), heap_limit);
-        let cmp =
-            compare(&trace, dev, |c| c.replay(&trace, dev, &opts, backend.as_ref(), device_backend, &mut |_| {}))?;
-        to_json(&cmp)
-    })
+    materialize_limit: Option<Size>,
+    device_heap_limit: Option<Size>,
+) -> PyResult<Output> {
+    let o = options(capacity, align, tiers, Some(compact), backend, device, materialize_limit, device_heap_limit)?;
+    let snap = snapshot.0.clone();
+    detached(py, move || app::run_compare(&snap, &o, &Quiet).map(Output::from))
+}
+
+/// `gpuheap explain` (`tune=False`: `--no-tune`).
+#[pyfunction]
+#[pyo3(signature = (snapshot, *, capacity=None, device=None, tune=true))]
+fn explain(
+    py: Python<'_>,
+    snapshot: &Snapshot,
+    capacity: Option<Size>,
+    device: Option<i64>,
+    tune: bool,
+) -> PyResult<Output> {
+    let mut o = options(capacity, None, None, None, None, device, None, None)?;
+    o.tune = tune;
+    let snap = snapshot.0.clone();
+    detached(py, move || app::run_explain(&snap, &o, &Quiet).map(Output::from))
+}
+
+/// `gpuheap tune`; `settings`: keep only the rows with these labels.
+#[pyfunction]
+#[pyo3(signature = (snapshot, *, capacity=None, device=None, settings=None))]
+fn tune(
+    py: Python<'_>,
+    snapshot: &Snapshot,
+    capacity: Option<Size>,
+    device: Option<i64>,
+    settings: Option<Vec<String>>,
+) -> PyResult<Output> {
+    let mut o = options(capacity, None, None, None, None, device, None, None)?;
+    o.settings = settings;
+    let snap = snapshot.0.clone();
+    detached(py, move || app::run_tune(&snap, &o, &Quiet).map(Output::from))
 }
 
 /// The strategy names `replay` accepts, in the CLI's order.
 #[pyfunction]
 fn strategies() -> Vec<&'static str> {
-    StrategyKind::ALL.iter().map(|k| k.as_str()).collect()
+    gpuheap::reference::StrategyKind::ALL.iter().map(|k| k.as_str()).collect()
+}
+
+/// Bytes in the largest fitting binary unit, as every page prints them (`7.09 GiB`).
+#[pyfunction]
+fn fmt_bytes(b: u64) -> String {
+    gpuheap::units::fmt_bytes(b)
+}
+
+/// Parses a byte count as the CLI does (`80GiB`, `1.5e9`, `1048576`).
+#[pyfunction]
+fn parse_bytes(s: &str) -> PyResult<u64> {
+    gpuheap::units::parse_bytes(s).map_err(|e| ConfigError::new_err(e.to_string()))
 }
 
 /// Only for the tests of the panic guard: panics inside the guarded, GIL-free section.
 #[pyfunction]
 fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
-    detached(py, || -> Result<(), Failure> { panic!("test panic") })
+    detached(py, || -> Result<(), Error> { panic!("test panic") })
 }
 
 /// The native module `gpuheap._gpuheap`.
 #[pymodule]
 fn _gpuheap(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Snapshot>()?;
+    m.add_class::<Output>()?;
     m.add_function(wrap_pyfunction!(load_path, m)?)?;
     m.add_function(wrap_pyfunction!(load_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(replay_json, m)?)?;
-    m.add_function(wrap_pyfunction!(compare_json, m)?)?;
-    m.add_function(wrap_pyfunction!(explain::explain_json, m)?)?;
-    m.add_function(wrap_pyfunction!(explain::tune_json, m)?)?;
+    m.add_function(wrap_pyfunction!(replay, m)?)?;
+    m.add_function(wrap_pyfunction!(compare, m)?)?;
+    m.add_function(wrap_pyfunction!(explain, m)?)?;
+    m.add_function(wrap_pyfunction!(tune, m)?)?;
     m.add_function(wrap_pyfunction!(strategies, m)?)?;
+    m.add_function(wrap_pyfunction!(fmt_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     #[cfg(feature = "cli")]
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;

@@ -2,16 +2,18 @@
 //!
 //! `cudarc`'s `CudaContext::new` panics when `libcuda.so` is missing, so
 //! [`GpuBackend::new`] checks, in order, that the library loads, that the
-//! driver reports a device, and only then creates the context.
+//! driver reports a device, and only then creates the context. It loads
+//! gpuheap's own PTX at once, with the JIT log ([`KernelModule`]), and
+//! checks every launch against the kernel's limits ([`super::limits`]).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, PushKernelArg};
+use cudarc::driver::sys::CUdevice_attribute as Dev;
+use cudarc::driver::{CudaContext, CudaStream, DriverError};
 use gpuheap_kernels::Kernel;
 
+use super::limits::Arch;
+use super::module::{self, KernelModule};
 use super::{BackendError, DeviceBuffer, LaunchConfig, LaunchTiming, Result};
 
 pub(crate) fn driver(call: &'static str, e: DriverError) -> BackendError {
@@ -27,29 +29,22 @@ pub fn driver_present() -> bool {
     present.unwrap_or(false)
 }
 
-/// A loaded PTX module.
-#[derive(Clone)]
-pub struct KernelModule {
-    module: Arc<CudaModule>,
+/// Why the built-in module is not usable (kept to answer each later request with a fresh error).
+#[derive(Clone, Debug)]
+enum BuiltinError {
+    /// The build had no PTX.
+    Missing(String),
+    /// Loading failed: the error and the JIT log (empty when the JIT did not run).
+    Refused { error: String, log: String },
 }
 
 /// The GPU backend: one device, its primary context and one stream.
 pub struct GpuBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    builtin: std::result::Result<KernelModule, String>,
-    functions: Mutex<HashMap<(usize, &'static str), CudaFunction>>,
+    builtin: std::result::Result<KernelModule, BuiltinError>,
     name: String,
 }
-
-/// A kernel parameter struct passed by value.
-#[repr(transparent)]
-struct PodArg<P>(P);
-
-// SAFETY: `P: Pod` is plain bytes without pointers to host memory or padding,
-// laid out `repr(C)` exactly as the PTX `.param` aggregate of the same Rust
-// struct compiled for nvptx64 (both targets are 64-bit little-endian).
-unsafe impl<P: bytemuck::Pod> DeviceRepr for PodArg<P> {}
 
 impl GpuBackend {
     /// Device `ordinal`, or why it is not usable.
@@ -68,10 +63,14 @@ impl GpuBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        let builtin = crate::ptx::kernels_ptx()
-            .map_err(|e| e.to_string())
-            .and_then(|src| load(&ctx, src).map_err(|e| e.to_string()));
-        Ok(Self { ctx, stream, builtin, functions: Mutex::new(HashMap::new()), name })
+        let builtin = match crate::ptx::kernels_ptx() {
+            Err(e) => Err(BuiltinError::Missing(e.to_string())),
+            Ok(src) => module::load(&ctx, src).map_err(|e| match e {
+                BackendError::ModuleLoad { error, log } => BuiltinError::Refused { error, log },
+                e => BuiltinError::Refused { error: e.to_string(), log: String::new() },
+            }),
+        };
+        Ok(Self { ctx, stream, builtin, name })
     }
 
     /// The context (for callers that need raw cudarc access).
@@ -102,8 +101,44 @@ impl GpuBackend {
     /// Number of streaming multiprocessors.
     pub fn sm_count(&self) -> Result<i32> {
         self.ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .attribute(Dev::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| driver("cuDeviceGetAttribute", e))
+    }
+
+    /// The device's per-SM and per-block resources: the driver's attributes, with the allocation
+    /// units of [`Arch::for_compute_capability`] (those of sm_90 for an architecture it does not
+    /// list).
+    pub fn arch(&self) -> Result<Arch> {
+        let (major, minor) = self.compute_capability()?;
+        let (major, minor) = (major.max(0) as u32, minor.max(0) as u32);
+        let base = Arch::for_compute_capability(major, minor)
+            .unwrap_or(Arch { compute_capability: (major, minor), ..Arch::SM90 });
+        let a = |attr: Dev| {
+            self.ctx.attribute(attr).map(|v| v.max(0) as u32).map_err(|e| driver("cuDeviceGetAttribute", e))
+        };
+        Ok(Arch {
+            regs_per_sm: a(Dev::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)?,
+            regs_per_block: a(Dev::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK)?,
+            max_threads_per_block: a(Dev::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            max_threads_per_sm: a(Dev::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
+            max_blocks_per_sm: a(Dev::CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR)?,
+            shared_per_sm: a(Dev::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+            shared_per_block: a(Dev::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
+            shared_reserved_per_block: a(Dev::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?,
+            ..base
+        })
+    }
+
+    /// gpuheap's own module as the driver loaded it (its JIT log, its kernels' attributes).
+    ///
+    /// # Errors
+    /// [`BackendError::NoPtx`] when the build had no PTX; [`BackendError::ModuleLoad`] with the
+    /// JIT's log when the driver refused it.
+    pub fn builtin(&self) -> Result<&KernelModule> {
+        self.builtin.as_ref().map_err(|e| match e.clone() {
+            BuiltinError::Missing(reason) => BackendError::NoPtx { reason, install: crate::ptx::INSTALL_COMMAND },
+            BuiltinError::Refused { error, log } => BackendError::ModuleLoad { error, log },
+        })
     }
 
     pub(super) fn describe(&self) -> String {
@@ -113,14 +148,8 @@ impl GpuBackend {
         format!("GPU {} ({cc}, {mem})", self.name)
     }
 
-    pub(super) fn builtin_module(&self) -> Result<&KernelModule> {
-        self.builtin
-            .as_ref()
-            .map_err(|reason| BackendError::NoPtx { reason: reason.clone(), install: crate::ptx::INSTALL_COMMAND })
-    }
-
     pub(super) fn load_module(&self, ptx: &str) -> Result<KernelModule> {
-        load(&self.ctx, ptx)
+        module::load(&self.ctx, ptx)
     }
 
     pub(super) fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer> {
@@ -132,18 +161,8 @@ impl GpuBackend {
         self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
     }
 
-    fn function(&self, m: &KernelModule, name: &'static str) -> Result<CudaFunction> {
-        let key = (Arc::as_ptr(&m.module) as usize, name);
-        let mut cache = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = cache.get(&key) {
-            return Ok(f.clone());
-        }
-        let f = m.module.load_function(name).map_err(|e| driver("cuModuleGetFunction", e))?;
-        cache.insert(key, f.clone());
-        Ok(f)
-    }
-
-    /// Launches `k` from module `m`, waits, and times it with CUDA events.
+    /// Launches `k` from module `m` after checking `cfg` against the kernel's limits, waits, and
+    /// times it with CUDA events.
     ///
     /// # Safety
     /// As for [`super::Backend::launch`].
@@ -154,29 +173,26 @@ impl GpuBackend {
         cfg: LaunchConfig,
         params: &P,
     ) -> Result<LaunchTiming> {
-        let f = self.function(m, k.name())?;
-        let arg = PodArg(*params);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&arg);
-        b.record_kernel_launch(CUevent_flags::CU_EVENT_DEFAULT);
-        let c = cudarc::driver::LaunchConfig {
-            grid_dim: (cfg.grid, 1, 1),
-            block_dim: (cfg.block, 1, 1),
-            shared_mem_bytes: cfg.shared_bytes,
-        };
-        // SAFETY: the parameter struct matches the kernel's (same Rust type on
-        // both sides); the caller vouches for the addresses inside it.
-        let events = unsafe { b.launch(c) }.map_err(|e| driver("cuLaunchKernel", e))?;
-        self.synchronize()?;
-        let ms = match events {
-            Some((start, end)) => start.elapsed_ms(&end).map_err(|e| driver("cuEventElapsedTime", e))?,
-            None => 0.0,
-        };
-        Ok(LaunchTiming { elapsed: Duration::from_secs_f64(ms as f64 / 1e3) })
+        // SAFETY: forwarded contract.
+        let elapsed = unsafe { m.launch(&self.stream, k.name(), cfg, params, true)? };
+        Ok(LaunchTiming { elapsed })
     }
-}
 
-fn load(ctx: &Arc<CudaContext>, ptx: &str) -> Result<KernelModule> {
-    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| driver("cuModuleLoadData", e))?;
-    Ok(KernelModule { module })
+    /// Like [`launch`](Self::launch) on the built-in module, without gpuheap's own launch-limit
+    /// check: the driver alone decides. Only the launch-limit probe uses it, to compare the
+    /// driver's verdict with [`KernelInfo::check`](super::limits::KernelInfo::check)'s.
+    ///
+    /// # Safety
+    /// As for [`super::Backend::launch`].
+    pub(crate) unsafe fn launch_unchecked<P: bytemuck::Pod>(
+        &self,
+        k: &Kernel<P>,
+        cfg: LaunchConfig,
+        params: &P,
+    ) -> Result<LaunchTiming> {
+        cfg.validate()?;
+        // SAFETY: forwarded contract.
+        let elapsed = unsafe { self.builtin()?.launch(&self.stream, k.name(), cfg, params, false)? };
+        Ok(LaunchTiming { elapsed })
+    }
 }

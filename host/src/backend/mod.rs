@@ -14,10 +14,17 @@
 //! Memory is a [`DeviceBuffer`]: device memory on the GPU, a 256-byte aligned
 //! host allocation on the CPU. Kernels see it through its device address
 //! ([`DeviceBuffer::device_ptr`]), a `u64` in their parameter struct.
+//!
+//! On the GPU every launch is first checked against the kernel's limits as
+//! the driver reported them at module load ([`limits`]): a block the
+//! kernel's registers cannot fit is a [`BackendError::LaunchLimit`], not the
+//! driver's `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`.
 
 mod buffer;
 pub mod cpu;
 pub mod gpu;
+pub mod limits;
+mod module;
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,7 +32,9 @@ use std::time::Duration;
 
 pub use buffer::DeviceBuffer;
 pub use cpu::{CpuBackend, CpuMode};
-pub use gpu::{GpuBackend, KernelModule};
+pub use gpu::GpuBackend;
+pub use limits::{Arch, KernelInfo, Limiter, Occupancy};
+pub use module::{KernelModule, ModuleLoad};
 use gpuheap_kernels::Kernel;
 
 /// Errors of the backends.
@@ -60,6 +69,29 @@ pub enum BackendError {
         kernel: &'static str,
         /// The panic message.
         message: String,
+    },
+    /// A launch that the kernel's resources cannot fit (checked before the driver would refuse it
+    /// with `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`; see [`KernelInfo::check`]).
+    #[error("kernel {kernel} cannot launch: {requested} {resource} requested, at most {limit} ({reason})")]
+    LaunchLimit {
+        /// Kernel name.
+        kernel: String,
+        /// What is over the limit (`threads per block`, `bytes of dynamic shared memory per block`).
+        resource: &'static str,
+        /// What the launch asked for.
+        requested: u64,
+        /// The kernel's limit.
+        limit: u64,
+        /// Where the limit comes from.
+        reason: String,
+    },
+    /// The driver refused a PTX module.
+    #[error("{error}; JIT log: {}", if log.is_empty() { "(empty)" } else { log })]
+    ModuleLoad {
+        /// The driver call and its error.
+        error: String,
+        /// The JIT's error log (or its info log when the error log is empty).
+        log: String,
     },
     /// A launch or copy was given an invalid argument.
     #[error("invalid argument: {0}")]
@@ -130,7 +162,7 @@ impl LaunchConfig {
         self.grid as u64 * self.block as u64
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if self.grid == 0 || self.block == 0 || self.block > 1024 {
             return Err(BackendError::InvalidArgument(format!(
                 "launch of {} blocks x {} threads (need grid >= 1, 1 <= block <= 1024)",
@@ -276,7 +308,7 @@ impl Backend {
             // SAFETY: forwarded contract.
             Backend::Cpu(c) => unsafe { c.launch(k, cfg, params) },
             // SAFETY: forwarded contract.
-            Backend::Gpu(g) => unsafe { g.launch(g.builtin_module()?, k, cfg, params) },
+            Backend::Gpu(g) => unsafe { g.launch(g.builtin()?, k, cfg, params) },
         }
     }
 

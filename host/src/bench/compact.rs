@@ -2,7 +2,7 @@
 //! same bytes, on the same backend, in the same run.
 //!
 //! For each synthetic layout the benchmark builds a region, then alternates
-//! `reps` times: one compaction (the two plan launches and the move launch of
+//! `reps` times: one compaction (the plan launch and the move launch of
 //! [`Compactor::compact`], kernel time) and one plain copy of the same `M`
 //! moved bytes between two other buffers with the copy kernel
 //! ([`Compactor::copy`]: the same persistent warps, chunk size and 16-byte
@@ -83,7 +83,10 @@ fn build(
     SyntheticLayout { name, capacity: off, blocks }
 }
 
-/// The synthetic layouts: about 256 MiB each (32 MiB with `quick`).
+/// The names of [`layouts`], in order.
+pub const LAYOUT_NAMES: [&str; 5] = ["uniform", "power-law", "tiny", "huge", "hole-at-start"];
+
+/// The synthetic layouts: about 256 MiB each (32 MiB with `quick`), named as [`LAYOUT_NAMES`].
 ///
 /// * `uniform`: sizes uniform in 16 B–64 KiB, a hole (uniform, same range)
 ///   before half the blocks;
@@ -210,18 +213,30 @@ pub fn default_traces() -> Vec<PathBuf> {
     v
 }
 
+/// Why [`trace_layout`] has no layout for a file. `Display` is one line naming it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceLayoutError {
+    /// The file cannot be read as a trace.
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
+    /// It records no segments.
+    #[error("{}: no snapshot segments (not a PyTorch snapshot with a final state)", .0.display())]
+    NoSegments(PathBuf),
+}
+
 /// The layout of the final state recorded in the PyTorch snapshot at `path` (every device's segments),
 /// compacted as `mode` says, scaled to at most `limit` bytes (see the [module docs](self)).
 ///
 /// # Errors
-/// A one-line message when the file cannot be read, is not a PyTorch snapshot with a final state, or has
+/// [`TraceLayoutError`] when the file cannot be read, is not a PyTorch snapshot with a final state, or has
 /// no segments.
-pub fn trace_layout(path: &Path, limit: u64, mode: TraceMode) -> Result<TraceLayout, String> {
-    let trace = read_trace(path).map_err(|e| e.to_string())?;
+pub fn trace_layout(path: &Path, limit: u64, mode: TraceMode) -> Result<TraceLayout, TraceLayoutError> {
+    let trace = read_trace(path)?;
     let mut segs: Vec<_> =
         trace.devices.iter().filter_map(|d| d.final_state.as_ref()).flat_map(|f| &f.segments).collect();
     if segs.is_empty() {
-        return Err(format!("{}: no snapshot segments (not a PyTorch snapshot with a final state)", path.display()));
+        return Err(TraceLayoutError::NoSegments(path.to_path_buf()));
     }
     segs.sort_by_key(|s| s.addr);
     let full_bytes: u64 = segs.iter().map(|s| s.size).sum();
@@ -298,7 +313,7 @@ pub struct CompactBenchRow {
     pub live_bytes: u64,
     /// Bytes moved by the compaction (`M`).
     pub bytes_moved: u64,
-    /// Median kernel time of the plan (two launches), ms.
+    /// Median kernel time of the plan launch, ms.
     pub plan_ms: f64,
     /// Median kernel time of the move launch, ms.
     pub move_ms: f64,
@@ -326,8 +341,10 @@ pub struct CompactBenchReport {
     pub tile_bytes: u32,
     /// Threads per block.
     pub block_threads: u32,
-    /// Blocks in the grid.
+    /// Blocks in the grid of the move and copy kernels.
     pub grid: u32,
+    /// Blocks in the grid of the plan kernel.
+    pub plan_grid: u32,
     /// Repetitions per layout (medians reported).
     pub reps: usize,
     /// Rows, one per layout: the synthetic ones, then those from traces.
@@ -430,7 +447,7 @@ fn measure_blocks(
     })
 }
 
-/// Runs every layout of [`layouts`], then the two layouts of each trace in `traces` ([`trace_layout`]
+/// Runs every layout of [`layouts`] (those named in `only`, when it is not empty), then the two layouts of each trace in `traces` ([`trace_layout`]
 /// per segment and as one region, limited by [`trace_limit`]), on `backend` (`reps` repetitions each; 0 picks 3 with `quick`, else 7),
 /// with `tile_bytes` overriding the backend's default tile size when given. A trace that cannot be read
 /// or has no segments is a note in the report, not an error.
@@ -442,6 +459,7 @@ pub fn run(
     quick: bool,
     reps: usize,
     tile_bytes: Option<u32>,
+    only: &[String],
     traces: &[PathBuf],
 ) -> Result<CompactBenchReport, CompactionError> {
     let mut tuning = CompactTuning::for_backend(backend);
@@ -458,15 +476,18 @@ pub fn run(
     } else {
         reps
     };
-    let mut rows =
-        layouts(quick).iter().map(|l| measure(backend, &mut compactor, l, reps)).collect::<Result<Vec<_>, _>>()?;
+    let mut rows = layouts(quick)
+        .iter()
+        .filter(|l| only.is_empty() || only.iter().any(|n| n == l.name))
+        .map(|l| measure(backend, &mut compactor, l, reps))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut trace_notes = Vec::new();
     for t in traces {
         for mode in [TraceMode::PerSegment, TraceMode::OneRegion] {
             match trace_layout(t, trace_limit(backend, quick), mode) {
                 Ok(l) => rows.push(measure_trace(backend, &mut compactor, &l, reps)?),
                 Err(e) => {
-                    trace_notes.push(e);
+                    trace_notes.push(e.to_string());
                     break;
                 }
             }
@@ -477,6 +498,7 @@ pub fn run(
         tile_bytes: tuning.tile_bytes,
         block_threads: tuning.block_threads,
         grid: tuning.grid,
+        plan_grid: tuning.plan_grid,
         reps,
         rows,
         trace_notes,
@@ -486,8 +508,8 @@ pub fn run(
 /// The report as a Markdown table.
 pub fn table(r: &CompactBenchReport) -> String {
     let mut s = format!(
-        "backend: {}\ntile {} B, {} threads x {} blocks, median of {} runs\n\n",
-        r.backend, r.tile_bytes, r.block_threads, r.grid, r.reps
+        "backend: {}\ntile {} B, {} threads x {} blocks (plan: x {} blocks), median of {} runs\n\n",
+        r.backend, r.tile_bytes, r.block_threads, r.grid, r.plan_grid, r.reps
     );
     s += "| layout | blocks | moved MiB | plan ms | move ms | compact ms | compact GB/s | copy ms | copy GB/s | compact/copy | memmove ms |\n";
     s += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";

@@ -5,9 +5,14 @@
 //!   on a GPU, CUDA's device `malloc` measured side by side in the same run.
 //! * [`compact`]: compaction throughput against a plain copy of the same
 //!   bytes on the same backend.
+//! * [`oom`]: the out-of-memory latency of the device heap against a success.
+//! * [`launch`]: the launch-limit probe (GPU only): gpuheap's launch check
+//!   against the driver's verdict.
 
 pub mod alloc;
 pub mod compact;
+pub mod launch;
+pub mod oom;
 
 /// SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
 /// generators", OOPSLA 2014): the small seeded generator behind every

@@ -1,15 +1,17 @@
 //! `gpuheap bench alloc [--quick] [--json]`: runs
-//! [`gpuheap::bench::alloc`] and prints its table (or JSON).
+//! [`crate::bench::alloc`] and prints its table (or JSON).
 
 use std::path::PathBuf;
 
-use gpuheap::bench::alloc::{self, AllocBenchConfig};
+use crate::bench::alloc::{self, AllocBenchConfig};
 
-use super::{backend_error, BackendArgs, CliError};
+use super::args::BackendArgs;
+use super::output;
+use crate::Error;
 
 /// Arguments of `gpuheap bench alloc`.
 #[derive(clap::Args, Debug, Clone)]
-pub struct Args {
+pub(crate) struct Args {
     /// Fewer sizes and iterations (fewer than 50: a smoke run).
     #[arg(long)]
     pub quick: bool,
@@ -35,11 +37,10 @@ pub struct Args {
 /// An option the suite cannot run or an `--out` path that cannot take a file (exit code 2, before the
 /// run); backend failures and a write of `--out` that fails after the run (exit code 1, the report
 /// printed first).
-pub fn run(args: &Args) -> Result<(), CliError> {
-    let rt = |e: &dyn std::fmt::Display| CliError::Runtime(e.to_string());
+pub(crate) fn run(args: &Args) -> Result<(), Error> {
     // An `--out` that cannot be written is refused before the run, not after it (the report was lost).
-    args.out.as_deref().map(super::replay::check_output_path).transpose()?;
-    let backend = args.backend.backend()?;
+    args.out.as_deref().map(output::check_output_path).transpose()?;
+    let backend = args.backend.select()?;
     let mut cfg = AllocBenchConfig::for_backend(&backend, args.quick);
     if let Some(i) = args.iterations {
         cfg.iterations = i.max(1);
@@ -52,8 +53,8 @@ pub fn run(args: &Args) -> Result<(), CliError> {
     let report = alloc::run(&backend, &cfg, |r| {
         eprintln!("  {} {} {} x{} {}: {:.4} ms", r.workload, r.allocator, r.size, r.threads, r.state, r.alloc_ms)
     })
-    .map_err(backend_error)?;
-    let json = serde_json::to_string_pretty(&report).map_err(|e| rt(&e))?;
+    .map_err(Error::from)?;
+    let json = serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?;
     // The report is printed before the file is written, so that a write that fails anyway loses nothing.
     if args.json {
         println!("{json}");
@@ -61,9 +62,7 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         print!("{}", report.table());
     }
     if let Some(p) = &args.out {
-        super::replay::write_atomically(p, |tmp| {
-            std::fs::write(tmp, &json).map_err(|e| format!("{}: cannot write: {e}", p.display()))
-        })?;
+        output::write_file(p, json.as_bytes())?;
     }
     Ok(())
 }

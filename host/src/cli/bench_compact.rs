@@ -1,14 +1,15 @@
-//! `gpuheap bench compact [--quick] [--json] [--backend B] [--reps N] [--tile-bytes N] [--trace FILE]...`.
+//! `gpuheap bench compact [--quick] [--json] [--backend B] [--reps N] [--tile-bytes N] [--layout NAME]... [--trace FILE]...`.
 
-use gpuheap::bench::compact;
+use crate::bench::compact;
 
-use gpuheap::compaction::CompactionError;
+use crate::compaction::CompactionError;
 
-use super::{backend_error, BackendArgs, CliError};
+use super::args::BackendArgs;
+use crate::Error;
 
 /// Arguments of `gpuheap bench compact`.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Smaller layouts (32 MiB instead of 256 MiB) and 3 runs.
     #[arg(long)]
     pub quick: bool,
@@ -24,8 +25,13 @@ pub struct Args {
     /// backend's, see `CompactTuning::for_backend`).
     #[arg(long)]
     pub tile_bytes: Option<u32>,
-    /// PyTorch snapshot whose final segments give one more layout (repeatable). Default: the shipped
-    /// data/1.3b_snapshot.pickle and ../shared/traces/memory_ctx512_fullstep_.pickle when present.
+    /// Only this synthetic layout (repeatable: uniform, power-law, tiny, huge, hole-at-start); the
+    /// default traces are then left out (name them with --trace).
+    #[arg(long = "layout")]
+    pub layouts: Vec<String>,
+    /// PyTorch snapshot whose final segments give one more layout (repeatable). Default (without
+    /// --layout): the shipped data/1.3b_snapshot.pickle and
+    /// ../shared/traces/memory_ctx512_fullstep_.pickle when present.
     #[arg(long = "trace")]
     pub traces: Vec<std::path::PathBuf>,
 }
@@ -35,17 +41,23 @@ pub struct Args {
 /// # Errors
 /// A `--tile-bytes` the kernels cannot run with (exit code 2); backend and compaction errors (exit
 /// code 1).
-pub fn run(a: &Args) -> Result<(), CliError> {
-    let backend = a.backend.backend()?;
-    let traces = if a.traces.is_empty() { compact::default_traces() } else { a.traces.clone() };
-    let report = compact::run(&backend, a.quick, a.reps, a.tile_bytes, &traces).map_err(|e| match e {
+pub(crate) fn run(a: &Args) -> Result<(), Error> {
+    if let Some(n) = a.layouts.iter().find(|n| !compact::LAYOUT_NAMES.contains(&n.as_str())) {
+        return Err(Error::input(format!("--layout {n:?}: expected one of {}", compact::LAYOUT_NAMES.join(", "))));
+    }
+    let backend = a.backend.select()?;
+    let traces = match (a.traces.is_empty(), a.layouts.is_empty()) {
+        (true, true) => compact::default_traces(),
+        _ => a.traces.clone(),
+    };
+    let report = compact::run(&backend, a.quick, a.reps, a.tile_bytes, &a.layouts, &traces).map_err(|e| match e {
         // A `--tile-bytes` the kernels cannot run with is bad input.
-        CompactionError::InvalidTuning(_) => CliError::Input(format!("--tile-bytes: {e}")),
-        CompactionError::Backend(b) => backend_error(b),
-        e => CliError::Runtime(e.to_string()),
+        CompactionError::InvalidTuning(_) => Error::input(format!("--tile-bytes: {e}")),
+        CompactionError::Backend(b) => b.into(),
+        e => Error::runtime(e),
     })?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| CliError::Runtime(e.to_string()))?);
+        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?);
     } else {
         print!("{}", compact::table(&report));
     }

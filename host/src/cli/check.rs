@@ -1,11 +1,12 @@
 //! `gpuheap check`: runs the basic kernels and checks their results.
 
-use gpuheap::ops;
+use crate::ops;
 
-use super::{backend_error, BackendArgs, CliError};
+use super::args::BackendArgs;
+use crate::Error;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     #[command(flatten)]
     backend: BackendArgs,
     /// Buffer size for fill/verify, bytes.
@@ -16,14 +17,14 @@ pub struct Args {
     threads: u64,
 }
 
-pub fn run(a: Args) -> Result<(), CliError> {
+pub(crate) fn run(a: Args) -> Result<(), Error> {
     let size = 16;
     // The bump allocator's region holds `threads` blocks of `size` bytes.
     let region = a.threads.checked_mul(size).ok_or_else(|| {
-        CliError::Input(format!("--threads {}: a bump region of {} × {size} B exceeds 2^64 B", a.threads, a.threads))
+        Error::input(format!("--threads {}: a bump region of {} × {size} B exceeds 2^64 B", a.threads, a.threads))
     })?;
-    let b = a.backend.backend()?;
-    let rt = backend_error;
+    let b = a.backend.select()?;
+    let rt = Error::from;
     println!("backend: {}", b.describe());
     let buf = b.alloc_zeroed(a.bytes).map_err(rt)?;
     let t_fill = ops::fill(&b, &buf, 1).map_err(rt)?;
@@ -49,7 +50,7 @@ pub fn run(a: Args) -> Result<(), CliError> {
         a.threads as f64 / (run.timing.ms() * 1e-3) / 1e6
     );
     if r.mismatches != 0 || failed != 0 || !disjoint {
-        return Err(CliError::Runtime("self-check failed".into()));
+        return Err(Error::runtime("self-check failed"));
     }
     println!("ok");
     Ok(())

@@ -1,23 +1,35 @@
-//! Command-line interface: one module per subcommand.
+//! The command line (feature `cli`): the arguments of each command, mapped onto the front door
+//! ([`crate::app`]: `replay`, `compare`, `explain`, `tune`) or onto the kernel and benchmark suites
+//! (`info`, `check`, `bench`), and the outputs written. [`main`] is the whole program: the `gpuheap`
+//! binary (`host/src/main.rs`) is one call of it, so any other launcher (a Python console command)
+//! prints the same `--help` and behaves the same.
 //!
-//! Exit codes: 0 success; 1 a run-time failure (a kernel, the driver, a
-//! failed self-check); 2 bad input or usage (clap's own usage errors are 2 too).
+//! One file per command (argument mapping only; no command uses another); `args` holds the arguments
+//! that several commands share, `output` the checks and atomic writes of output files, `progress`
+//! the notes and progress bars on stderr.
+//!
+//! Exit codes: 0 success; 1 a run-time failure (a kernel, the driver, a failed self-check); 2 bad
+//! input or usage (clap's own usage errors are 2 too): [`crate::Error::exit_code`].
 
+mod args;
 mod bench_alloc;
 mod bench_compact;
+mod bench_launch;
+mod bench_oom;
 mod check;
 mod compare;
 mod explain;
-mod html;
 mod info;
+mod output;
+mod progress;
 mod replay;
+mod trace;
 mod tune;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use gpuheap::backend::{Backend, BackendChoice};
 
 /// gpuheap: GPU memory allocation, compaction and fragmentation analysis.
 #[derive(Parser)]
@@ -46,6 +58,9 @@ enum Command {
     /// Replays a trace under a grid of PYTORCH_CUDA_ALLOC_CONF settings and every strategy: the least
     /// GPU memory each needs, ranked; the best setting as an env line.
     Tune(tune::Args),
+    /// Makes trace files: `trace repeat` repeats a snapshot's history as a run of N steps.
+    #[command(subcommand)]
+    Trace(trace::Command),
 }
 
 #[derive(Subcommand)]
@@ -55,39 +70,12 @@ enum Bench {
     Alloc(bench_alloc::Args),
     /// Compaction throughput against a plain copy of the same bytes.
     Compact(bench_compact::Args),
-}
-
-/// Options shared by every command that runs kernels.
-#[derive(clap::Args, Clone, Copy, Debug)]
-pub struct BackendArgs {
-    /// Where kernels run: auto (the GPU when usable), cpu or gpu.
-    #[arg(long, value_enum, env = "GPUHEAP_BACKEND", default_value = "auto")]
-    pub backend: BackendChoice,
-}
-
-impl BackendArgs {
-    /// The selected backend (an error for `gpu` without a usable GPU).
-    pub fn backend(&self) -> Result<Backend, CliError> {
-        Backend::select(self.backend).map_err(|e| CliError::Runtime(e.to_string()))
-    }
-}
-
-/// A backend error as a command's failure: an invalid argument (a size, count or tuning that the
-/// options gave) is bad input (exit 2), anything else a run-time failure (exit 1).
-pub fn backend_error(e: gpuheap::BackendError) -> CliError {
-    match e {
-        gpuheap::BackendError::InvalidArgument(_) => CliError::Input(e.to_string()),
-        e => CliError::Runtime(e.to_string()),
-    }
-}
-
-/// A command's failure, mapped to the exit code.
-#[derive(Debug)]
-pub enum CliError {
-    /// Bad input: exit code 2.
-    Input(String),
-    /// Run-time failure: exit code 1.
-    Runtime(String),
+    /// Out-of-memory latency: a launch whose every request fails on a dry heap, beside the same
+    /// launch succeeding.
+    Oom(bench_oom::Args),
+    /// Whether `malloc`'s kernel launches at large blocks, and whether gpuheap's launch check
+    /// agrees with the driver (GPU only).
+    LaunchLimit(bench_launch::Args),
 }
 
 /// Runs the command line `args` (the program name first, as [`std::env::args_os`] gives them): parses
@@ -108,20 +96,19 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         Command::Check(a) => check::run(a),
         Command::Bench(Bench::Alloc(a)) => bench_alloc::run(&a),
         Command::Bench(Bench::Compact(a)) => bench_compact::run(&a),
+        Command::Bench(Bench::Oom(a)) => bench_oom::run(&a),
+        Command::Bench(Bench::LaunchLimit(a)) => bench_launch::run(&a),
         Command::Replay(a) => replay::run(&a),
         Command::Compare(a) => compare::run(&a),
         Command::Explain(a) => explain::run(&a),
         Command::Tune(a) => tune::run(&a),
+        Command::Trace(c) => trace::run(&c),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(CliError::Input(m)) => {
-            eprintln!("gpuheap: error: {m}");
-            ExitCode::from(2)
-        }
-        Err(CliError::Runtime(m)) => {
-            eprintln!("gpuheap: error: {m}");
-            ExitCode::from(1)
+        Err(e) => {
+            eprintln!("gpuheap: error: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use gpuheap_kernels::compact::mover::{CopyParams, MoveParams, COPY, MOVE};
-use gpuheap_kernels::compact::plan::{PlanParams, MODE_DST, MODE_STREAM, PLAN};
+use gpuheap_kernels::compact::plan::{PlanParams, PLAN};
 use gpuheap_kernels::compact::{LiveBlock, GRANULE};
 
 use super::{oracle, CompactionError};
@@ -19,8 +19,11 @@ pub const MAX_SHARED_BYTES: u32 = 48 * 1024;
 pub struct CompactTuning {
     /// Threads per block (a multiple of 32).
     pub block_threads: u32,
-    /// Blocks in the grid (the kernels are persistent: any number ≥ 1 works).
+    /// Blocks in the grid of the move and copy kernels (the kernels are persistent: any number
+    /// ≥ 1 works; more than are resident at once only adds blocks that find no tile left).
     pub grid: u32,
+    /// Blocks in the grid of the plan kernel (persistent too).
+    pub plan_grid: u32,
     /// Bytes per move tile and per copy chunk (a multiple of 16). Each warp
     /// stages one tile in shared memory.
     pub tile_bytes: u32,
@@ -29,26 +32,39 @@ pub struct CompactTuning {
 }
 
 impl CompactTuning {
-    /// Defaults for `backend`: on the GPU 256 threads, 4 blocks per SM,
-    /// 4 KiB tiles (32 KiB of shared memory per block), 8 items per lane; on
-    /// the CPU in sequential mode one 32-thread block per worker thread and
-    /// 256 KiB tiles (one-lane warps stage whole tiles in cache); in lockstep
-    /// and independent mode (32-lane warps) 2 blocks of 64 threads and 16 KiB tiles.
+    /// Defaults for `backend`. On the GPU: 256 threads, 4 KiB tiles (32 KiB of shared memory per
+    /// block), 8 items per lane, and grids of exactly the blocks that are resident at once: the
+    /// SMs times `cuOccupancyMaxActiveBlocksPerMultiprocessor` of the move kernel with its shared
+    /// memory (for the move and copy grids) and of the plan kernel (for the plan grid), so that no
+    /// block starts after the tiles are gone (one block per SM when the module is not loaded). On
+    /// the CPU in sequential mode one 32-thread block per worker thread and 256 KiB tiles
+    /// (one-lane warps stage whole tiles in cache); in lockstep and independent mode (32-lane
+    /// warps) 2 blocks of 64 threads and 16 KiB tiles.
     pub fn for_backend(backend: &Backend) -> Self {
         match backend {
             Backend::Gpu(g) => {
-                let sms = g.sm_count().unwrap_or(132).max(1) as u32;
-                Self { block_threads: 256, grid: sms * 4, tile_bytes: 4096, items_per_lane: 8 }
+                let sms = g.sm_count().unwrap_or(1).max(1) as u32;
+                let (block_threads, tile_bytes) = (256, 4096);
+                let shared = tile_bytes * block_threads / 32;
+                let resident = |kernel: &str, shared: u32| {
+                    let per_sm = g.builtin().and_then(|m| m.max_active_blocks(kernel, block_threads, shared));
+                    sms * per_sm.unwrap_or(1).max(1)
+                };
+                Self {
+                    block_threads,
+                    grid: resident(MOVE.name(), shared),
+                    plan_grid: resident(PLAN.name(), 0),
+                    tile_bytes,
+                    items_per_lane: 8,
+                }
             }
             Backend::Cpu(c) if c.mode().warp_lanes() > 1 => {
-                Self { block_threads: 64, grid: 2, tile_bytes: 16 << 10, items_per_lane: 256 }
+                Self { block_threads: 64, grid: 2, plan_grid: 2, tile_bytes: 16 << 10, items_per_lane: 256 }
             }
-            Backend::Cpu(_) => Self {
-                block_threads: 32,
-                grid: rayon::current_num_threads().max(1) as u32,
-                tile_bytes: 256 << 10,
-                items_per_lane: 4096,
-            },
+            Backend::Cpu(_) => {
+                let grid = rayon::current_num_threads().max(1) as u32;
+                Self { block_threads: 32, grid, plan_grid: grid, tile_bytes: 256 << 10, items_per_lane: 1024 }
+            }
         }
     }
 
@@ -62,8 +78,8 @@ impl CompactTuning {
         if self.block_threads == 0 || !self.block_threads.is_multiple_of(32) || self.block_threads > 1024 {
             return bad(format!("block_threads {} is not a multiple of 32 in 32..=1024", self.block_threads));
         }
-        if self.grid == 0 || self.items_per_lane == 0 {
-            return bad("grid and items_per_lane must be ≥ 1".into());
+        if self.grid == 0 || self.plan_grid == 0 || self.items_per_lane == 0 {
+            return bad("grid, plan_grid and items_per_lane must be ≥ 1".into());
         }
         if self.tile_bytes == 0 || !(self.tile_bytes as u64).is_multiple_of(GRANULE) {
             return bad(format!("tile_bytes {} is not a nonzero multiple of 16", self.tile_bytes));
@@ -78,6 +94,10 @@ impl CompactTuning {
     fn config(&self, shared_bytes: u32) -> LaunchConfig {
         LaunchConfig { grid: self.grid, block: self.block_threads, shared_bytes }
     }
+
+    fn plan_config(&self) -> LaunchConfig {
+        LaunchConfig { grid: self.plan_grid, block: self.block_threads, shared_bytes: 0 }
+    }
 }
 
 /// What one run of the kernels did.
@@ -85,7 +105,7 @@ impl CompactTuning {
 pub struct LayoutCompaction {
     /// New offset of each block of the layout.
     pub new_offsets: Vec<u64>,
-    /// Time of the two plan launches.
+    /// Time of the plan launch.
     pub plan_time: Duration,
     /// Time of the move launch.
     pub move_time: Duration,
@@ -99,7 +119,6 @@ pub struct Compactor {
     tuning: CompactTuning,
     blocks: Option<DeviceBuffer>,
     new_offset: Option<DeviceBuffer>,
-    stream_pos: Option<DeviceBuffer>,
     status: Option<DeviceBuffer>,
     flags: Option<DeviceBuffer>,
     control: Option<DeviceBuffer>,
@@ -119,8 +138,8 @@ fn ensure<'a>(
     Ok(buf.as_mut().expect("checked"))
 }
 
-// Control words: [scan counter 0, scan counter 1, move counter, total M].
-const CONTROL_WORDS: usize = 4;
+// Control words: [plan tile counter, move tile counter] (the copy uses the first).
+const CONTROL_WORDS: usize = 2;
 
 impl Compactor {
     /// A compactor with `tuning` (see [`CompactTuning::for_backend`]).
@@ -129,7 +148,6 @@ impl Compactor {
             tuning,
             blocks: None,
             new_offset: None,
-            stream_pos: None,
             status: None,
             flags: None,
             control: None,
@@ -206,14 +224,23 @@ impl Compactor {
         if k == 0 {
             return Ok(LayoutCompaction::default());
         }
-        let movable: u64 = layout.iter().filter(|b| !b.pinned()).map(|b| b.size).sum();
-        let move_tiles = movable.div_ceil(t.tile_bytes as u64) as usize;
+        // The move's tiles cover the destinations from the first hole (blocks
+        // before it stay put) to the end of the last block (nothing after it
+        // moves).
+        let mut start = 0;
+        for b in layout {
+            if b.offset != start {
+                break;
+            }
+            start = b.offset + b.size;
+        }
+        let end = layout.last().map_or(0, |b| b.offset + b.size).max(start);
+        let move_tiles = (end - start).div_ceil(t.tile_bytes as u64) as usize;
         let scan_tiles = k.div_ceil(t.items_per_lane as usize) + 1;
 
         ensure(backend, &mut self.blocks, std::mem::size_of_val(layout))?.write(layout)?;
         let new_offset = ensure(backend, &mut self.new_offset, k * 8)?.device_ptr();
-        let stream_pos = ensure(backend, &mut self.stream_pos, k * 8)?.device_ptr();
-        let status = ensure(backend, &mut self.status, 2 * scan_tiles * 8)?;
+        let status = ensure(backend, &mut self.status, scan_tiles * 8)?;
         status.zero()?;
         let status = status.device_ptr();
         let control = ensure(backend, &mut self.control, CONTROL_WORDS * 8)?;
@@ -234,52 +261,45 @@ impl Compactor {
         let blocks = self.blocks.as_ref().expect("ensured").device_ptr();
         let (table_ptr, table_len) = table.map_or((0, 0), |(b, at, n)| (b.device_ptr() + at, n as u64));
 
-        let mut p = PlanParams {
+        let p = PlanParams {
             blocks,
             count: k as u64,
             new_offset,
-            stream_pos,
             tile_status: status,
             tile_counter: control,
             table: table_ptr,
             table_len,
-            total: control + 24,
-            mode: MODE_DST,
             items_per_lane: t.items_per_lane,
+            reserved: 0,
         };
         // SAFETY: every address in `p` is a live buffer of `backend` sized as
-        // `PlanParams` documents: `k` blocks and offsets, `scan_tiles` status
-        // words per pass (≥ ceil(k / items_per_lane)), the control words, the
+        // `PlanParams` documents: `k` blocks and offsets, `scan_tiles` zeroed
+        // status words (≥ ceil(k / items_per_lane)), a zeroed counter, the
         // handle table of `table_len` entries; the launch is synchronous.
-        let a = unsafe { backend.launch(&PLAN, t.config(0), &p)? };
-        p.mode = MODE_STREAM;
-        p.tile_status = status + scan_tiles as u64 * 8;
-        p.tile_counter = control + 8;
-        // SAFETY: as above (the second half of the status words, zeroed).
-        let b = unsafe { backend.launch(&PLAN, t.config(0), &p)? };
+        let plan = unsafe { backend.launch(&PLAN, t.plan_config(), &p)? };
         let m = MoveParams {
             region: buffer.device_ptr() + at,
             blocks,
             new_offset,
-            stream_pos,
             count: k as u64,
-            total: control + 24,
+            start,
+            end,
             tile_bytes: t.tile_bytes as u64,
             flags,
-            tile_counter: control + 16,
+            tile_counter: control + 8,
             epoch: self.epoch,
             reserved: 0,
         };
-        // SAFETY: the region holds the validated layout; the plan wrote
-        // `new_offset`, `stream_pos` and the total; `flags` holds a flag for
-        // each of the ≤ ceil(movable / tile_bytes) tiles, none equal to the
-        // fresh epoch; shared memory holds one tile per warp; the region lies
-        // inside `buffer` (checked), which is borrowed mutably, so nothing
-        // else touches it.
-        let c = unsafe { backend.launch(&MOVE, t.config(t.shared_bytes() as u32), &m)? };
+        // SAFETY: the region holds the validated layout, `start` is its first
+        // hole and `end` its last block's end; the plan wrote `new_offset`;
+        // `flags` holds a flag for each of the ceil((end - start) / tile_bytes)
+        // tiles, none equal to the fresh epoch; shared memory holds one tile
+        // per warp; the region lies inside `buffer` (checked), which is
+        // borrowed mutably, so nothing else touches it.
+        let moved = unsafe { backend.launch(&MOVE, t.config(t.shared_bytes() as u32), &m)? };
         let mut new_offsets = vec![0u64; k];
         self.new_offset.as_ref().expect("ensured").read_into(0, bytemuck::cast_slice_mut(&mut new_offsets))?;
-        Ok(LayoutCompaction { new_offsets, plan_time: a.elapsed + b.elapsed, move_time: c.elapsed, launches: 3 })
+        Ok(LayoutCompaction { new_offsets, plan_time: plan.elapsed, move_time: moved.elapsed, launches: 2 })
     }
 
     /// The plain-copy baseline: copies `bytes` (a multiple of 16) from `src`

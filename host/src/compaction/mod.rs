@@ -155,7 +155,7 @@ pub struct CompactionReport {
     pub blocks_moved: u64,
     /// Bytes that changed address (`M`; the kernels read and write each once).
     pub bytes_moved: u64,
-    /// Kernel time of the two plan launches.
+    /// Kernel time of the plan launch.
     pub plan_time: Duration,
     /// Kernel time of the move launch.
     pub move_time: Duration,

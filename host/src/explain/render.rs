@@ -5,11 +5,10 @@
 use std::fmt::{self, Write as _};
 
 use super::tune::{RowKind, TunePage, TuneReport};
-use super::{
-    Capacity, CapacitySource, DeviceChoice, DeviceReason, DeviceSummary, Explanation, Moment, OomExplanation, Verdict,
-};
+use super::{Explanation, Moment, OomExplanation, Verdict};
+use crate::facts::{Capacity, CapacitySource, DeviceChoice, DeviceReason, DeviceSummary};
 use crate::reference::caching::{options, ConfigWarning};
-use crate::replay::fmt_bytes;
+use crate::units::{fmt_bytes, pct_of as pct};
 
 /// One line per [`ConfigWarning`] of the snapshot's allocator settings ("" without any).
 pub fn warnings_text(warnings: &[ConfigWarning]) -> String {
@@ -83,14 +82,6 @@ fn plural(n: usize, noun: &str) -> String {
         format!("1 {noun}")
     } else {
         format!("{n} {noun}s")
-    }
-}
-
-fn pct(part: u64, whole: u64) -> String {
-    if whole == 0 {
-        "0.0 %".into()
-    } else {
-        format!("{:.1} %", part as f64 * 100.0 / whole as f64)
     }
 }
 

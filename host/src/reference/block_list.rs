@@ -592,7 +592,7 @@ impl<I: FreeIndex> BlockList<I> {
 }
 
 /// Generates a public newtype over `BlockList<$index>` implementing [`super::SubAllocator`]; with an index
-/// constructor (`granule -> index`) also its `new`, `with_granule` and `granule`.
+/// constructor (`(capacity, granule) -> index`) also its `new`, `with_granule` and `granule`.
 macro_rules! block_list_strategy {
     ($ty:ident, $name:literal, $index:expr) => {
         impl $ty {
@@ -612,8 +612,8 @@ macro_rules! block_list_strategy {
             /// [`AllocError::InvalidConfig`](crate::reference::AllocError::InvalidConfig) for a bad granule or
             /// capacity.
             pub fn with_granule(capacity: u64, granule: u64) -> Result<Self, $crate::reference::AllocError> {
-                let index: fn(u64) -> _ = $index;
-                Ok($ty($crate::reference::block_list::BlockList::new(capacity, granule, index(granule))?))
+                let index: fn(u64, u64) -> _ = $index;
+                Ok($ty($crate::reference::block_list::BlockList::new(capacity, granule, index(capacity, granule))?))
             }
 
             /// Granule in bytes.
@@ -828,7 +828,7 @@ mod churn_tests {
 
     #[test]
     fn best_fit_churn_is_exact() {
-        churn(BlockList::new(1 << 22, 64, BestFitIndex::new(64)).unwrap(), true);
+        churn(BlockList::new(1 << 22, 64, BestFitIndex::new(1 << 22, 64)).unwrap(), true);
     }
 
     #[test]
@@ -865,7 +865,7 @@ mod churn_tests {
 
     #[test]
     fn handles_survive_relocation() {
-        let mut a = BlockList::new(1 << 20, 64, BestFitIndex::new(64)).unwrap();
+        let mut a = BlockList::new(1 << 20, 64, BestFitIndex::new(1 << 20, 64)).unwrap();
         let v: Vec<Allocation> = (0..6).map(|i| a.alloc(100 * (i + 1), 1).unwrap()).collect();
         a.free(v[1]).unwrap();
         a.free(v[3]).unwrap();

@@ -1,49 +1,50 @@
 //! An exact-ordered index of free blocks by TLSF size class: per class, the blocks' packed `u128` keys
 //! `(size - 1, offset, record)` in sorted chunks of at most [`CHUNK`] keys, and a two-level bitmap over the
-//! non-empty classes. Used by best-fit ([`best_fit`](super::best_fit), one index over the range) and by the
-//! caching model ([`caching`](super::caching), one index per pool and stream).
+//! non-empty classes. Used by the caching model ([`caching`](super::caching), one index per pool and
+//! stream) and by best-fit for its blocks of a megabyte and more ([`best_fit`](super::best_fit), whose
+//! smaller blocks are in exact-size buckets).
 //!
 //! A block of `size` bytes belongs to one size class `(fl, sl)` (the caller's [`size_class`] of its size,
 //! 32 classes per power of two), and within the class the keys order exactly by `(size, offset)`, so the
-//! first key at or above `key(size, 0, 0)` in the request's class, else the first key of the next
+//! first key at or above `key(size, 0, 0)` in the request's class, else the smallest key of the next
 //! non-empty class, is the best fit (smallest block, then lowest offset) over all classes.
 //!
-//! A class ([`ClassSet`]) keeps its keys in sorted chunks of at most [`CHUNK`] keys (512 bytes) behind a
-//! directory of the chunks' first keys (no tree nodes): a lookup binary-searches the directory, then one
-//! chunk, and an update is a memmove inside one chunk. A full chunk splits in halves; a removal that leaves
-//! two neighbouring chunks with at most `CHUNK / 2` keys together merges them. Emptied chunk buffers are kept
-//! for reuse (`spare`), so splits and new classes do not allocate in steady state. A search whose start is
-//! at or below the class's first key (every class above the request's, and every single-size class)
-//! reads that first key without any binary search.
+//! A class keeps its keys in chunks of at most [`CHUNK`] keys (512 bytes) from a shared slab, behind a
+//! directory of the chunks' smallest keys (no tree nodes), all in *descending* order: the class's smallest
+//! key, the one a best-fit search takes, is the last key of the last chunk. A best fit takes that key far
+//! more often than any other, and freed blocks go in near it (in the strategies benchmark, of best-fit's
+//! insertions among more than 16 free blocks of the same size, 37 % went in below all of them and 73 %
+//! among the lowest 16): so the last chunk is tried before any binary search, and taking or putting back
+//! the smallest key moves no key. Elsewhere a lookup binary-searches the directory, then one chunk, and an
+//! update moves keys inside one chunk. A full chunk splits in halves (a key below the whole class opens a
+//! new last chunk instead); a removal that leaves two neighbouring chunks with at most `CHUNK / 2` keys
+//! together merges them. Emptied chunks go back to the slab (`spare`), so splits and new classes do not
+//! allocate in steady state.
 //!
 //! # Why chunks
-//! Both users replaced a `BTreeSet`/`BTreeMap` per class with these chunks in session 5 (callgrind, per
-//! alloc+free pair at 100k live blocks, `host/benches/strategies_icount.rs`): best-fit 1300.6 → 1077.9
-//! instructions and 20.31 → 17.33 D1 misses (chunks of 16 and 64 measured worse: 1086.6 / 17.82 and
-//! 1122.1 / 19.74; a directory of first keys beside each chunk beat a separate first-key array, 1194.6 /
-//! 18.30), see `bench/results/2026-12-01-cpu-2core-no-gpu-best-fit-session5.md`; the caching model
-//! 1472.3 → 1205.9 instructions with its chunked classes (then 1172.8 without its start-offset hash), see
-//! `bench/results/2026-12-01-cpu-2core-no-gpu-caching-session5.md` (there: a slab of fixed chunks with
-//! keys and record ids in two arrays, a flat array of chunk maxima, no merging). The two designs were
-//! merged here on best-fit's chunks with the caching model's positions ([`Pos`]); against main 2b82db6,
-//! same recipe, same day: best-fit 1077.9 → 1023.2 instructions and 17.40 → 17.39 D1 misses per pair,
-//! caching 1178.1 → 964.6 and 18.89 → 15.02 (DESIGN.md §4.4, "One size-class index").
+//! Both users replaced a `BTreeSet`/`BTreeMap` per class with ascending chunks (callgrind, per alloc+free
+//! pair at 100k live blocks, `host/benches/strategies_icount.rs`: best-fit 1300.6 → 1077.9 instructions,
+//! the caching model 1472.3 → 1205.9; chunks of 16 and 64 keys measured worse than 32), see the 2026-12-01
+//! files in `bench/results/`. The descending layout with its fast paths took the caching model from 964.4
+//! to 820.2 instructions per pair and from 14.99 to 12.46 D1 misses, with the same placements, see
+//! `bench/results/2026-12-01-best-fit-index.md`.
 //!
 //! # Invariants
 //! - A key is in the class the caller filed it under, once; `sl_bitmap[fl]` bit `sl` is set iff class
 //!   `(fl, sl)` is non-empty, and `fl_bitmap` bit `fl` iff `sl_bitmap[fl] != 0`.
-//! - In a class, every chunk holds 1 to [`CHUNK`] keys in ascending order, every key of a chunk is below
-//!   every key of the next chunk, the directory entry of a chunk is its first key, and any two neighbouring
-//!   chunks hold more than `CHUNK / 2` keys together (so a class of k keys has at most `4k / CHUNK + 1`
-//!   chunks).
+//! - In a class, every chunk holds 1 to [`CHUNK`] keys in descending order, every key of a chunk is above
+//!   every key of the next chunk, a directory entry holds its chunk's length and smallest (last) key, and
+//!   any two neighbouring chunks hold more than `CHUNK / 2` keys together (so a class of k keys has at most
+//!   `4k / CHUNK + 1` chunks). A chunk of the slab is in one directory or in `spare`, never both.
 //! - A [`Pos`] is valid until the next change to the index.
 //!
 //! # Time complexity (k keys in the class, n in the index)
-//! - `insert`, `remove`: O(log k) compares (directory and chunk binary searches) plus a memmove of at most
-//!   [`CHUNK`] keys; a chunk split or merge moves O(k / [`CHUNK`]) directory entries (rare: only a full
-//!   chunk splits, only two neighbours with at most `CHUNK / 2` keys together merge). `remove_at`: the
-//!   same without the searches.
-//! - `first_at_least`: one class lookup, O(log k), and O(1) to find the next non-empty class.
+//! - `insert`, `remove`: O(1) at the class's smallest keys (the last chunk); elsewhere O(log k) compares
+//!   (directory and chunk binary searches) plus a move of at most [`CHUNK`] keys; a chunk split or merge
+//!   moves O(k / [`CHUNK`]) directory entries (rare: only a full chunk splits, only two neighbours with at
+//!   most `CHUNK / 2` keys together merge). `remove_at`: the same without the searches.
+//! - `first_at_least`: O(1) when the class's smallest key is large enough (always in a class of one size),
+//!   else one class lookup, O(log k); and O(1) to find the next non-empty class.
 //! - `last` (the largest key): O(1). `class_from`, `class_first_where`, `keys`: O(1) per key visited
 //!   (plus O(classes) for `keys`).
 
@@ -81,23 +82,32 @@ pub(crate) fn key_record(k: u128) -> u32 {
 /// Most keys in one chunk of a class: 32 keys of 16 bytes, 8 cache lines.
 pub(crate) const CHUNK: usize = 32;
 
-/// A run of a class's keys: `first == keys[0]`, kept beside the buffer so that the directory search reads
-/// no chunk until it has picked one.
-#[derive(Debug)]
-struct Chunk {
-    first: u128,
-    keys: Vec<u128>,
+/// The keys of one chunk, in descending order in `0[..len]` (`len` is in the chunk's directory entry).
+#[derive(Clone, Debug)]
+struct Keys([u128; CHUNK]);
+
+/// A chunk in its class's directory: its smallest key, its slot in the slab, its length.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    min: u128,
+    id: u32,
+    len: u32,
 }
 
-/// The keys of one size class in exact order, as a directory of sorted chunks (see the
-/// [module docs](self) for the invariants).
-#[derive(Debug, Default)]
-pub(crate) struct ClassSet {
-    chunks: Vec<Chunk>,
+/// The chunk of a class directory `dir` (non-empty) that holds `k` or would hold it: the first whose
+/// smallest key is at most `k`, else the last. The last chunk is tried before any binary search.
+#[inline(always)]
+fn chunk_of(dir: &[Entry], k: u128) -> usize {
+    let n = dir.len();
+    if n == 1 || dir[n - 2].min > k {
+        n - 1
+    } else {
+        dir[..n - 1].partition_point(|e| e.min > k)
+    }
 }
 
-/// Where a key lies in a [`ClassIndex`]: class `class` (`fl * SL_COUNT + sl`), chunk `chunk` of the class,
-/// entry `at` of the chunk. Valid until the next change to the index.
+/// Where a key lies in a [`ClassIndex`]: class `class` (`fl * SL_COUNT + sl`), chunk `chunk` of the class's
+/// directory, entry `at` of the chunk. Valid until the next change to the index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Pos {
     class: usize,
@@ -105,140 +115,19 @@ pub(crate) struct Pos {
     at: usize,
 }
 
-impl ClassSet {
-    /// The chunk that holds `k` or would hold it: the last whose first key is at most `k` (0 if none).
-    #[inline]
-    fn chunk_of(&self, k: u128) -> usize {
-        if self.chunks.len() <= 1 {
-            0
-        } else {
-            self.chunks.partition_point(|c| c.first <= k).saturating_sub(1)
-        }
-    }
-
-    /// Chunk and entry of the first key at or above `from` (the entry may be one past its chunk's end).
-    #[inline]
-    fn start(&self, from: u128) -> (usize, usize) {
-        match self.chunks.first() {
-            // Most searches start before the first key (every key of a higher class, and an exact class).
-            Some(head) if from > head.first => {
-                let c = self.chunk_of(from);
-                (c, self.chunks[c].keys.partition_point(|&x| x < from))
-            }
-            _ => (0, 0),
-        }
-    }
-
-    #[inline]
-    fn insert(&mut self, k: u128, spare: &mut Vec<Vec<u128>>) {
-        if self.chunks.is_empty() {
-            let mut keys = spare.pop().unwrap_or_else(|| Vec::with_capacity(CHUNK));
-            keys.push(k);
-            self.chunks.push(Chunk { first: k, keys });
-            return;
-        }
-        let c = self.chunk_of(k);
-        let ch = &mut self.chunks[c];
-        let i = ch.keys.partition_point(|&x| x < k);
-        if ch.keys.len() < CHUNK {
-            ch.keys.insert(i, k);
-            if i == 0 {
-                ch.first = k;
-            }
-            return;
-        }
-        // A full chunk splits in halves; `k` goes into the half that covers it.
-        let mut upper = spare.pop().unwrap_or_else(|| Vec::with_capacity(CHUNK));
-        upper.extend_from_slice(&ch.keys[CHUNK / 2..]);
-        ch.keys.truncate(CHUNK / 2);
-        if i <= CHUNK / 2 {
-            ch.keys.insert(i, k);
-            if i == 0 {
-                ch.first = k;
-            }
-        } else {
-            upper.insert(i - CHUNK / 2, k);
-        }
-        self.chunks.insert(c + 1, Chunk { first: upper[0], keys: upper });
-    }
-
-    /// Chunk and entry of `k`, if present.
-    #[inline]
-    fn find(&self, k: u128) -> Option<(usize, usize)> {
-        let c = self.chunk_of(k);
-        let i = self.chunks.get(c)?.keys.binary_search(&k).ok()?;
-        Some((c, i))
-    }
-
-    /// Removes entry `i` of chunk `c`; true if the class is now empty.
-    #[inline]
-    fn remove_at(&mut self, c: usize, i: usize, spare: &mut Vec<Vec<u128>>) -> bool {
-        let ch = &mut self.chunks[c];
-        ch.keys.remove(i);
-        let len = ch.keys.len();
-        if len == 0 {
-            spare.push(self.chunks.remove(c).keys);
-            return self.chunks.is_empty();
-        }
-        if i == 0 {
-            ch.first = ch.keys[0];
-        }
-        // Keep any two neighbours above half a chunk together: merge `c` with a light neighbour.
-        if c + 1 < self.chunks.len() && len + self.chunks[c + 1].keys.len() <= CHUNK / 2 {
-            self.merge_next(c, spare);
-        } else if c > 0 && self.chunks[c - 1].keys.len() + len <= CHUNK / 2 {
-            self.merge_next(c - 1, spare);
-        }
-        false
-    }
-
-    /// Appends chunk `c + 1` to chunk `c` and drops it.
-    fn merge_next(&mut self, c: usize, spare: &mut Vec<Vec<u128>>) {
-        let mut next = self.chunks.remove(c + 1).keys;
-        self.chunks[c].keys.extend_from_slice(&next);
-        next.clear();
-        spare.push(next);
-    }
-
-    /// The keys at or above `from`, in order.
-    #[inline]
-    fn from(&self, from: u128) -> impl Iterator<Item = u128> + '_ {
-        let (c, i) = self.start(from);
-        let head = self.chunks.get(c).map_or(&[][..], |ch| &ch.keys[i..]);
-        let rest = self.chunks.get(c + 1..).unwrap_or(&[]);
-        head.iter().chain(rest.iter().flat_map(|ch| &ch.keys)).copied()
-    }
-
-    /// The first key at or above `from` that passes `pred`.
-    #[inline]
-    fn first_where(&self, from: u128, mut pred: impl FnMut(u128) -> bool) -> Option<u128> {
-        let (c, i) = self.start(from);
-        // The first chunk as a plain slice: in most searches its first candidate passes.
-        if let Some(&k) = self.chunks.get(c)?.keys[i..].iter().find(|&&k| pred(k)) {
-            return Some(k);
-        }
-        self.chunks[c + 1..].iter().flat_map(|ch| &ch.keys).copied().find(|&k| pred(k))
-    }
-
-    fn clear(&mut self, spare: &mut Vec<Vec<u128>>) {
-        for mut ch in self.chunks.drain(..) {
-            ch.keys.clear();
-            spare.push(ch.keys);
-        }
-    }
-}
-
-/// Free-block keys by TLSF size class (`FL_COUNT * SL_COUNT` classes), each class an exact-ordered
-/// [`ClassSet`], with a two-level bitmap over the non-empty classes. The caller picks each key's class
-/// (`(fl, sl)`, from [`size_class`] of the block's size in its own unit) and must remove a key from the
-/// class it filed it under.
+/// Free-block keys by TLSF size class (`FL_COUNT * SL_COUNT` classes), each class a directory of
+/// descending chunks, with a two-level bitmap over the non-empty classes (see the [module docs](self) for
+/// the invariants). The caller picks each key's class (`(fl, sl)`, from [`size_class`] of the block's size
+/// in its own unit) and must remove a key from the class it filed it under.
 #[derive(Debug)]
 pub(crate) struct ClassIndex {
     fl_bitmap: u64,
     sl_bitmap: [u32; FL_COUNT],
-    classes: Vec<ClassSet>,
-    /// Emptied chunk buffers (capacity [`CHUNK`]) for reuse, so splits and new classes do not allocate.
-    spare: Vec<Vec<u128>>,
+    /// The directory of each class, by `fl * SL_COUNT + sl`: `dirs[c][0]` holds the class's largest keys.
+    dirs: Vec<Vec<Entry>>,
+    /// The chunk slab of all classes; `spare` lists the unused chunks.
+    chunks: Vec<Keys>,
+    spare: Vec<u32>,
 }
 
 impl Default for ClassIndex {
@@ -246,7 +135,8 @@ impl Default for ClassIndex {
         ClassIndex {
             fl_bitmap: 0,
             sl_bitmap: [0; FL_COUNT],
-            classes: (0..FL_COUNT * SL_COUNT).map(|_| ClassSet::default()).collect(),
+            dirs: (0..FL_COUNT * SL_COUNT).map(|_| Vec::new()).collect(),
+            chunks: Vec::new(),
             spare: Vec::new(),
         }
     }
@@ -259,35 +149,224 @@ impl ClassIndex {
         self.fl_bitmap == 0
     }
 
+    /// An unused chunk of the slab.
+    #[inline(always)]
+    fn new_chunk(&mut self) -> u32 {
+        match self.spare.pop() {
+            Some(id) => id,
+            None => self.grow_slab(),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow_slab(&mut self) -> u32 {
+        self.chunks.push(Keys([0; CHUNK]));
+        (self.chunks.len() - 1) as u32
+    }
+
     /// Files `k` (not present) in class `(fl, sl)`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, (fl, sl): (usize, usize), k: u128) {
-        self.classes[fl * SL_COUNT + sl].insert(k, &mut self.spare);
-        self.sl_bitmap[fl] |= 1 << sl;
-        self.fl_bitmap |= 1 << fl;
+        let class = fl * SL_COUNT + sl;
+        let n = self.dirs[class].len();
+        if n == 0 {
+            let id = self.new_chunk();
+            self.chunks[id as usize].0[0] = k;
+            self.dirs[class].push(Entry { min: k, id, len: 1 });
+            self.sl_bitmap[fl] |= 1 << sl;
+            self.fl_bitmap |= 1 << fl;
+            return;
+        }
+        let dir = &mut self.dirs[class];
+        // Most insertions go into the last chunk (the class's smallest keys), at or near its end.
+        if (n == 1 || dir[n - 2].min > k) && (dir[n - 1].len as usize) < CHUNK {
+            let e = &mut dir[n - 1];
+            let len = e.len as usize;
+            let keys = &mut self.chunks[e.id as usize].0;
+            e.len += 1;
+            if e.min > k {
+                keys[len] = k;
+                e.min = k;
+            } else {
+                let i = keys[..len - 1].partition_point(|&x| x > k);
+                keys.copy_within(i..len, i + 1);
+                keys[i] = k;
+            }
+            return;
+        }
+        self.insert_slow(class, k);
+    }
+
+    /// [`ClassIndex::insert`] into a chunk other than the last, or into a full one.
+    #[inline(never)]
+    fn insert_slow(&mut self, class: usize, k: u128) {
+        let dir = &mut self.dirs[class];
+        let c = chunk_of(dir, k);
+        let e = &mut dir[c];
+        let len = e.len as usize;
+        let keys = &mut self.chunks[e.id as usize].0;
+        let i = keys[..len].partition_point(|&x| x > k);
+        if len < CHUNK {
+            keys.copy_within(i..len, i + 1);
+            keys[i] = k;
+            e.len += 1;
+            if i == len {
+                e.min = k;
+            }
+        } else {
+            self.insert_split(class, c, i, k);
+        }
+    }
+
+    /// Inserts `k` at entry `i` of the full chunk `c` of `class`: below the class's smallest key a new
+    /// last chunk takes it; otherwise the chunk splits in halves and `k` goes into the half that covers it.
+    #[cold]
+    #[inline(never)]
+    fn insert_split(&mut self, class: usize, c: usize, i: usize, k: u128) {
+        let id = self.new_chunk();
+        let dir = &mut self.dirs[class];
+        if i == CHUNK {
+            debug_assert_eq!(c, dir.len() - 1);
+            self.chunks[id as usize].0[0] = k;
+            dir.push(Entry { min: k, id, len: 1 });
+            return;
+        }
+        let old = dir[c].id as usize;
+        let (lo, hi) = if old < id as usize {
+            let (a, b) = self.chunks.split_at_mut(id as usize);
+            (&mut a[old].0, &mut b[0].0)
+        } else {
+            let (a, b) = self.chunks.split_at_mut(old);
+            (&mut b[0].0, &mut a[id as usize].0)
+        };
+        // `lo` keeps the larger half, `hi` (the new chunk after it) takes the smaller.
+        hi[..CHUNK / 2].copy_from_slice(&lo[CHUNK / 2..]);
+        let (mut upper, mut lower) = (CHUNK / 2, CHUNK / 2);
+        if i <= CHUNK / 2 {
+            lo.copy_within(i..CHUNK / 2, i + 1);
+            lo[i] = k;
+            upper += 1;
+        } else {
+            let j = i - CHUNK / 2;
+            hi.copy_within(j..CHUNK / 2, j + 1);
+            hi[j] = k;
+            lower += 1;
+        }
+        let (lo_min, hi_min) = (lo[upper - 1], hi[lower - 1]);
+        dir[c].min = lo_min;
+        dir[c].len = upper as u32;
+        dir.insert(c + 1, Entry { min: hi_min, id, len: lower as u32 });
     }
 
     /// Removes `k` from class `(fl, sl)`; false (and no change) if it is not there.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn remove(&mut self, (fl, sl): (usize, usize), k: u128) -> bool {
         let class = fl * SL_COUNT + sl;
-        let Some((chunk, at)) = self.classes[class].find(k) else {
+        let dir = &self.dirs[class];
+        // Most removals take the class's smallest key: the last key of the last chunk.
+        if let Some(e) = dir.last() {
+            if e.min == k {
+                let pos = Pos { class, chunk: dir.len() - 1, at: e.len as usize - 1 };
+                self.remove_at(pos);
+                return true;
+            }
+        }
+        self.remove_slow(class, k)
+    }
+
+    /// [`ClassIndex::remove`] of a key other than the class's smallest.
+    #[inline(never)]
+    fn remove_slow(&mut self, class: usize, k: u128) -> bool {
+        let dir = &self.dirs[class];
+        if dir.is_empty() {
             return false;
-        };
-        self.remove_at(Pos { class, chunk, at });
-        true
+        }
+        let chunk = chunk_of(dir, k);
+        let e = dir[chunk];
+        let keys = &self.chunks[e.id as usize].0[..e.len as usize];
+        match keys.binary_search_by(|x| k.cmp(x)) {
+            Ok(at) => {
+                self.remove_at(Pos { class, chunk, at });
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// Removes the key at `pos` (from [`ClassIndex::first_at_least`], with no change to the index since).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn remove_at(&mut self, Pos { class, chunk, at }: Pos) {
-        if self.classes[class].remove_at(chunk, at, &mut self.spare) {
+        let dir = &mut self.dirs[class];
+        let n = dir.len();
+        let len = dir[chunk].len as usize - 1;
+        if len == 0 && n == 1 {
+            // The class empties.
+            self.spare.push(dir[0].id);
+            dir.clear();
             let (fl, sl) = (class / SL_COUNT, class % SL_COUNT);
             self.sl_bitmap[fl] &= !(1 << sl);
             if self.sl_bitmap[fl] == 0 {
                 self.fl_bitmap &= !(1 << fl);
             }
+            return;
         }
+        // The chunk keeps keys and stays heavy enough with its neighbours: no merge.
+        let stays = len != 0
+            && (len >= CHUNK / 2
+                || ((chunk + 1 == n || len + dir[chunk + 1].len as usize > CHUNK / 2)
+                    && (chunk == 0 || dir[chunk - 1].len as usize + len > CHUNK / 2)));
+        if stays {
+            let e = &mut dir[chunk];
+            let keys = &mut self.chunks[e.id as usize].0;
+            e.len = len as u32;
+            if at < len {
+                keys.copy_within(at + 1..len + 1, at);
+            } else {
+                e.min = keys[len - 1];
+            }
+            return;
+        }
+        self.remove_at_slow(class, chunk, at);
+    }
+
+    /// [`ClassIndex::remove_at`] when the chunk empties (the class keeping others) or merges with a
+    /// neighbour.
+    #[inline(never)]
+    fn remove_at_slow(&mut self, class: usize, chunk: usize, at: usize) {
+        let dir = &mut self.dirs[class];
+        let e = &mut dir[chunk];
+        let len = e.len as usize - 1;
+        let keys = &mut self.chunks[e.id as usize].0;
+        keys.copy_within(at + 1..len + 1, at);
+        e.len = len as u32;
+        if len == 0 {
+            self.spare.push(e.id);
+            dir.remove(chunk);
+            return;
+        }
+        if at == len {
+            e.min = keys[len - 1];
+        }
+        // Keep any two neighbours above half a chunk together: merge with a light neighbour.
+        if chunk + 1 < dir.len() && len + dir[chunk + 1].len as usize <= CHUNK / 2 {
+            self.merge_next(class, chunk);
+        } else if chunk > 0 && dir[chunk - 1].len as usize + len <= CHUNK / 2 {
+            self.merge_next(class, chunk - 1);
+        }
+    }
+
+    /// Appends chunk `c + 1` of `class` (smaller keys) to chunk `c` and drops it.
+    fn merge_next(&mut self, class: usize, c: usize) {
+        let dir = &mut self.dirs[class];
+        let next = dir.remove(c + 1);
+        let e = &mut dir[c];
+        let (len, add) = (e.len as usize, next.len as usize);
+        let moved = self.chunks[next.id as usize].0;
+        self.chunks[e.id as usize].0[len..len + add].copy_from_slice(&moved[..add]);
+        e.len = (len + add) as u32;
+        e.min = next.min;
+        self.spare.push(next.id);
     }
 
     /// The next non-empty class at or above `(fl, sl)` (in `(fl, sl)` order; `sl` may be `SL_COUNT`).
@@ -296,30 +375,79 @@ impl ClassIndex {
         first_class_at_or_above(self.fl_bitmap, &self.sl_bitmap, fl, sl)
     }
 
+    /// The smallest key of the non-empty class `class` and its position.
+    #[inline(always)]
+    fn class_min(&self, class: usize) -> (u128, Pos) {
+        let dir = &self.dirs[class];
+        let chunk = dir.len() - 1;
+        let e = dir[chunk];
+        (e.min, Pos { class, chunk, at: e.len as usize - 1 })
+    }
+
     /// The best fit for `from` filed in class `(fl, sl)`: the first key at or above `from` in that class,
     /// else the first key of the next non-empty class; with its position.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn first_at_least(&self, (fl, sl): (usize, usize), from: u128) -> Option<(u128, Pos)> {
         if self.sl_bitmap[fl] & (1 << sl) != 0 {
-            let class = fl * SL_COUNT + sl;
-            let set = &self.classes[class];
-            let (chunk, at) = set.start(from);
-            if let Some(&k) = set.chunks[chunk].keys.get(at) {
-                return Some((k, Pos { class, chunk, at }));
+            let found = self.class_min(fl * SL_COUNT + sl);
+            if from <= found.0 {
+                return Some(found);
             }
-            if let Some(ch) = set.chunks.get(chunk + 1) {
-                return Some((ch.first, Pos { class, chunk: chunk + 1, at: 0 }));
+        }
+        self.first_at_least_slow(fl, sl, from)
+    }
+
+    /// [`ClassIndex::first_at_least`] when the class is empty or its smallest key is below `from`.
+    #[inline(never)]
+    fn first_at_least_slow(&self, fl: usize, sl: usize, from: u128) -> Option<(u128, Pos)> {
+        if self.sl_bitmap[fl] & (1 << sl) != 0 {
+            let class = fl * SL_COUNT + sl;
+            let dir = &self.dirs[class];
+            let chunk = chunk_of(dir, from);
+            let e = dir[chunk];
+            let keys = &self.chunks[e.id as usize].0[..e.len as usize];
+            let j = keys.partition_point(|&x| x >= from);
+            if j > 0 {
+                return Some((keys[j - 1], Pos { class, chunk, at: j - 1 }));
+            }
+            if chunk > 0 {
+                let p = dir[chunk - 1];
+                return Some((p.min, Pos { class, chunk: chunk - 1, at: p.len as usize - 1 }));
             }
         }
         let (nfl, nsl) = self.class_at_or_above(fl, sl + 1)?;
-        let class = nfl * SL_COUNT + nsl;
-        Some((self.classes[class].chunks[0].first, Pos { class, chunk: 0, at: 0 }))
+        Some(self.class_min(nfl * SL_COUNT + nsl))
+    }
+
+    /// Where the keys of `class` at or above `from` start: the chunk that holds the smallest of them and
+    /// how many keys of that chunk are at or above `from` (they come first in it).
+    #[inline]
+    fn start(&self, class: usize, from: u128) -> (usize, usize) {
+        let dir = &self.dirs[class];
+        if dir.is_empty() {
+            return (0, 0);
+        }
+        let c = chunk_of(dir, from);
+        let keys = &self.chunks[dir[c].id as usize].0[..dir[c].len as usize];
+        (c, keys.partition_point(|&x| x >= from))
+    }
+
+    /// The keys of class `class` at or above `from`, in ascending order.
+    fn from(&self, class: usize, from: u128) -> impl Iterator<Item = u128> + '_ {
+        let dir = &self.dirs[class];
+        let (c, j) = self.start(class, from);
+        let head = dir.get(c).map_or(&[][..], |e| &self.chunks[e.id as usize].0[..j]);
+        let rest = dir[..c.min(dir.len())]
+            .iter()
+            .rev()
+            .flat_map(move |e| self.chunks[e.id as usize].0[..e.len as usize].iter().rev());
+        head.iter().rev().chain(rest).copied()
     }
 
     /// The keys of class `(fl, sl)` at or above `from`, in order.
     #[inline]
     pub(crate) fn class_from(&self, (fl, sl): (usize, usize), from: u128) -> impl Iterator<Item = u128> + '_ {
-        self.classes[fl * SL_COUNT + sl].from(from)
+        self.from(fl * SL_COUNT + sl, from)
     }
 
     /// The first key of class `(fl, sl)` at or above `from` that passes `pred` (a search that skips
@@ -329,9 +457,19 @@ impl ClassIndex {
         &self,
         (fl, sl): (usize, usize),
         from: u128,
-        pred: impl FnMut(u128) -> bool,
+        mut pred: impl FnMut(u128) -> bool,
     ) -> Option<u128> {
-        self.classes[fl * SL_COUNT + sl].first_where(from, pred)
+        let class = fl * SL_COUNT + sl;
+        let dir = &self.dirs[class];
+        let (c, j) = self.start(class, from);
+        let mut run = &self.chunks[dir.get(c)?.id as usize].0[..j];
+        for e in dir[..c].iter().rev() {
+            if let Some(&k) = run.iter().rev().find(|&&k| pred(k)) {
+                return Some(k);
+            }
+            run = &self.chunks[e.id as usize].0[..e.len as usize];
+        }
+        run.iter().rev().copied().find(|&k| pred(k))
     }
 
     /// Every key, class by class in `(fl, sl)` order, each class in key order.
@@ -341,10 +479,10 @@ impl ClassIndex {
     /// classes of each made a trace with thousands of streams take minutes.
     pub(crate) fn keys(&self) -> impl Iterator<Item = u128> + '_ {
         std::iter::successors(self.class_at_or_above(0, 0), move |&(fl, sl)| self.class_at_or_above(fl, sl + 1))
-            .flat_map(move |(fl, sl)| self.classes[fl * SL_COUNT + sl].from(0))
+            .flat_map(move |(fl, sl)| self.from(fl * SL_COUNT + sl, 0))
     }
 
-    /// The last key of the highest non-empty class (the largest block), if any.
+    /// The largest key of the highest non-empty class (the largest block), if any.
     #[inline]
     pub(crate) fn last(&self) -> Option<u128> {
         if self.fl_bitmap == 0 {
@@ -352,28 +490,33 @@ impl ClassIndex {
         }
         let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
         let sl = 31 - self.sl_bitmap[fl].leading_zeros() as usize;
-        self.classes[fl * SL_COUNT + sl].chunks.last().and_then(|ch| ch.keys.last().copied())
+        let e = self.dirs[fl * SL_COUNT + sl].first()?;
+        Some(self.chunks[e.id as usize].0[0])
     }
 
-    /// Removes every key (chunk buffers are kept for reuse).
+    /// Removes every key (the slab's chunks are kept for reuse).
     pub(crate) fn clear(&mut self) {
+        let mut at = self.class_at_or_above(0, 0);
+        while let Some((fl, sl)) = at {
+            self.dirs[fl * SL_COUNT + sl].clear();
+            at = self.class_at_or_above(fl, sl + 1);
+        }
         self.fl_bitmap = 0;
         self.sl_bitmap = [0; FL_COUNT];
-        for set in &mut self.classes {
-            set.clear(&mut self.spare);
-        }
+        self.spare.clear();
+        self.spare.extend((0..self.chunks.len() as u32).rev());
     }
 
     /// The number of chunks of the most crowded class (tests only).
     #[cfg(test)]
     pub(crate) fn most_chunks(&self) -> usize {
-        self.classes.iter().map(|s| s.chunks.len()).max().unwrap_or(0)
+        self.dirs.iter().map(Vec::len).max().unwrap_or(0)
     }
 
     /// The number of chunks in all classes (tests only).
     #[cfg(test)]
     pub(crate) fn chunk_count(&self) -> usize {
-        self.classes.iter().map(|s| s.chunks.len()).sum()
+        self.dirs.iter().map(Vec::len).sum()
     }
 
     /// Panics unless every class keeps the chunk invariants of the [module docs](self), the bitmaps mirror
@@ -382,16 +525,21 @@ impl ClassIndex {
     #[cfg(test)]
     pub(crate) fn check(&self, class_of: impl Fn(u128) -> (usize, usize)) -> usize {
         let mut count = 0;
-        for (i, set) in self.classes.iter().enumerate() {
-            for (c, ch) in set.chunks.iter().enumerate() {
-                let len = ch.keys.len();
+        let mut used = vec![false; self.chunks.len()];
+        for &id in &self.spare {
+            assert!(!std::mem::replace(&mut used[id as usize], true), "spare chunk {id} listed twice");
+        }
+        for (i, dir) in self.dirs.iter().enumerate() {
+            for (c, e) in dir.iter().enumerate() {
+                let len = e.len as usize;
                 assert!(len > 0 && len <= CHUNK, "class {i}: chunk {c} of {len} keys");
-                assert_eq!(ch.first, ch.keys[0], "class {i}: directory of chunk {c}");
+                assert!(!std::mem::replace(&mut used[e.id as usize], true), "class {i}: chunk {c} shared");
+                assert_eq!(e.min, self.chunks[e.id as usize].0[len - 1], "class {i}: directory of chunk {c}");
                 if c > 0 {
-                    assert!(set.chunks[c - 1].keys.len() + len > CHUNK / 2, "class {i}: light chunks {c}");
+                    assert!(dir[c - 1].len as usize + len > CHUNK / 2, "class {i}: light chunks {c}");
                 }
             }
-            let keys: Vec<u128> = set.from(0).collect();
+            let keys: Vec<u128> = self.from(i, 0).collect();
             assert!(keys.is_sorted_by(|a, b| a < b), "class {i}: unsorted");
             let (fl, sl) = (i / SL_COUNT, i % SL_COUNT);
             assert_eq!(keys.is_empty(), self.sl_bitmap[fl] & (1 << sl) == 0, "class {i}: bitmap");
@@ -400,6 +548,7 @@ impl ClassIndex {
                 count += 1;
             }
         }
+        assert!(used.iter().all(|&u| u), "a chunk is neither in a directory nor spare");
         for fl in 0..FL_COUNT {
             assert_eq!(self.sl_bitmap[fl] != 0, self.fl_bitmap & (1 << fl) != 0, "fl bitmap {fl}");
         }

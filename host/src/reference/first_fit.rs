@@ -490,7 +490,7 @@ impl FreeIndex for AddressIndex {
 #[derive(Debug)]
 pub struct FirstFit(pub(crate) BlockList<AddressIndex>);
 
-block_list_strategy!(FirstFit, "first-fit", |_| AddressIndex::new(u64::MAX));
+block_list_strategy!(FirstFit, "first-fit", |_, _| AddressIndex::new(u64::MAX));
 
 #[cfg(test)]
 mod tests {

@@ -198,7 +198,7 @@ impl FreeIndex for TlsfIndex {
 #[derive(Debug)]
 pub struct Tlsf(pub(crate) BlockList<TlsfIndex>);
 
-block_list_strategy!(Tlsf, "tlsf", TlsfIndex::new);
+block_list_strategy!(Tlsf, "tlsf", |_, granule| TlsfIndex::new(granule));
 
 #[cfg(test)]
 mod tests {

@@ -9,8 +9,9 @@
 
 use serde::Serialize;
 
-use super::{replay, replay_device, DeviceReplayOptions, PytorchReserved, ReplayError, ReplayOptions, ReplayReport};
+use super::{replay, replay_device, DeviceReplayOptions, Refusal, ReplayError, ReplayOptions, ReplayReport};
 use crate::backend::Backend;
+use crate::facts::PytorchReserved;
 use crate::reference::StrategyKind;
 use crate::trace::{DeviceTrace, Trace};
 
@@ -130,13 +131,12 @@ pub fn compare(
     for c in contenders() {
         match run(c) {
             Ok(r) => strategies.push(r),
-            Err(ReplayError::Config(reason)) => not_run.push(NotRun { strategy: c.name(), reason }),
+            Err(e @ ReplayError::Config(_)) => not_run.push(NotRun { strategy: c.name(), reason: e.to_string() }),
             Err(e) => return Err(e),
         }
     }
     if strategies.is_empty() {
-        let why: Vec<String> = not_run.iter().map(|n| format!("{}: {}", n.strategy, n.reason)).collect();
-        return Err(ReplayError::Config(why.join("; ")));
+        return Err(Refusal::NoneRan(not_run).into());
     }
     Ok(Comparison {
         trace: trace.source.display().to_string(),

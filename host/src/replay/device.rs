@@ -67,15 +67,17 @@ use gpuheap_kernels::fill::pattern;
 use gpuheap_kernels::heap::layout::{class_of, class_size, order_of, PAGE, UNIT};
 use serde::Serialize;
 
-use super::capacity::{choose_capacity_and_demand_peak, CapacityChoice};
+use super::capacity::choose_capacity_and_demand_peak;
 use super::engine::{self, Ledger, ReplayTarget, Request, Setup, TargetSummary};
 use super::options::{choose_alignment, round_request, DEFAULT_TIMELINE_POINTS};
-use super::report::{fmt_bytes, FailedRequest, ReplayReport};
-use super::ReplayError;
+use super::report::{FailedRequest, ReplayReport};
+use super::{DeviceFailure, Refusal, ReplayError};
 use crate::analysis::{self, external_ratio, FailureClass, Fragmentation};
 use crate::backend::{Backend, BackendError};
 use crate::device_heap::{ops, DeviceHeap, Sizes, MIN_HEAP_BYTES};
+use crate::facts::{Capacity, CapacitySource};
 use crate::trace::{DeviceTrace, Trace};
+use crate::units::fmt_bytes;
 
 /// Default largest heap data region (bytes) the device replay creates on the CPU backend: 8 GiB. A larger
 /// capacity is replayed scaled (see the [module docs](self)). The CPU backend's buffers are lazily
@@ -211,8 +213,14 @@ fn unit_end(off: u64, block: u64) -> u64 {
     }
 }
 
-fn dev_err(event: Option<usize>, e: impl std::fmt::Display) -> ReplayError {
-    ReplayError::Device { event, message: e.to_string() }
+/// A failed launch, read-back or write of the device heap at `event`.
+fn dev_err(event: Option<usize>, e: BackendError) -> ReplayError {
+    ReplayError::Device { event, source: DeviceFailure::Backend(e) }
+}
+
+/// A returned block that failed a check at `event`.
+fn check_err(event: Option<usize>, what: String) -> ReplayError {
+    ReplayError::Device { event, source: DeviceFailure::Check(what) }
 }
 
 /// The replay target of a [`DeviceHeap`]: requests batched into `malloc` / `free` launches.
@@ -222,7 +230,7 @@ struct DeviceTarget<'a> {
     align: u64,
     scale: u64,
     scale_reason: Option<String>,
-    capacity: CapacityChoice,
+    capacity: Capacity,
     slots: Vec<Slot>,
     /// Live blocks: start offset -> end offset.
     extents: BTreeMap<u64, u64>,
@@ -256,7 +264,7 @@ impl DeviceTarget<'_> {
         self.heap.data().read_into(base, &mut got).map_err(|e| dev_err(event, e))?;
         if got != Self::pattern_bytes(id, s.size) {
             let at = got.iter().zip(Self::pattern_bytes(id, s.size)).position(|(a, b)| *a != b).unwrap_or(0);
-            return Err(dev_err(
+            return Err(check_err(
                 event,
                 format!("block {id} at data-region offset {}: byte {at} was overwritten while it was live", s.off),
             ));
@@ -293,7 +301,7 @@ impl DeviceTarget<'_> {
             }
             let block = block_of(r.size);
             let off = ptr.wrapping_sub(base);
-            let bad = |m: String| dev_err(r.event, format!("malloc({}) returned {ptr:#x}: {m}", r.size));
+            let bad = |m: String| check_err(r.event, format!("malloc({}) returned {ptr:#x}: {m}", r.size));
             if ptr < base || off.checked_add(block).is_none_or(|e| e > cap) {
                 return Err(bad(format!("its {block}-byte block is not inside the data region [{base:#x}, +{cap})")));
             }
@@ -452,7 +460,7 @@ impl ReplayTarget for DeviceTarget<'_> {
                 let page = off / PAGE * PAGE;
                 let k = pages.partition_point(|p| p.0 < page);
                 if pages.get(k) != Some(&(page, block)) {
-                    return Err(dev_err(
+                    return Err(check_err(
                         event,
                         format!("the live {block}-byte slot at offset {off} is not in a slab page of its class"),
                     ));
@@ -461,7 +469,7 @@ impl ReplayTarget for DeviceTarget<'_> {
         }
         let meta_large: Vec<(u64, u64)> = live.iter().map(|b| (b.offset, b.size)).collect();
         if meta_large != host_large {
-            return Err(dev_err(
+            return Err(check_err(
                 event,
                 format!(
                     "the heap's metadata lists {} live large blocks, the replay holds {}",
@@ -471,7 +479,7 @@ impl ReplayTarget for DeviceTarget<'_> {
             ));
         }
         if stats.bytes_in_use() != self.in_use {
-            return Err(dev_err(
+            return Err(check_err(
                 event,
                 format!(
                     "the heap counts {} bytes in use, the replay's blocks add up to {}",
@@ -509,7 +517,7 @@ impl ReplayTarget for DeviceTarget<'_> {
         let source = if scale == 1 {
             self.capacity.source.clone()
         } else {
-            format!("{} ({}), scaled 1/{scale}", fmt_bytes(self.capacity.bytes), self.capacity.source)
+            CapacitySource::Scaled { of: Box::new(self.capacity.clone()), by: scale }
         };
         let end = DeviceHeapEnd {
             backend: self.backend.describe(),
@@ -531,7 +539,7 @@ impl ReplayTarget for DeviceTarget<'_> {
         };
         Ok(TargetSummary {
             strategy,
-            capacity: CapacityChoice { bytes: heap_capacity, source },
+            capacity: Capacity { bytes: heap_capacity, source },
             policy: POLICY_NA.to_string(),
             caching_end: None,
             device_heap: Some(end),
@@ -560,9 +568,7 @@ fn make_heap(backend: &Backend, capacity: u64, limit: u64) -> Result<(DeviceHeap
     }
     loop {
         if capacity / n < MIN_HEAP_BYTES {
-            return Err(ReplayError::Config(format!(
-                "capacity {capacity} B scaled by 1/{n} is below the device heap's minimum of {MIN_HEAP_BYTES} B"
-            )));
+            return Err(Refusal::HeapScaledTooSmall { capacity, scale: n }.into());
         }
         match DeviceHeap::new(backend, capacity / n) {
             Ok(h) => return Ok((h, n, reason)),
@@ -570,7 +576,10 @@ fn make_heap(backend: &Backend, capacity: u64, limit: u64) -> Result<(DeviceHeap
                 reason = Some(format!("the backend refused a heap of {}: {e}", fmt_bytes(capacity / n)));
                 n *= 2;
             }
-            Err(e) => return Err(dev_err(None, format!("cannot create a device heap of {} B: {e}", capacity / n))),
+            Err(source) => {
+                let bytes = capacity / n;
+                return Err(ReplayError::Device { event: None, source: DeviceFailure::Create { bytes, source } });
+            }
         }
     }
 }
@@ -592,12 +601,9 @@ pub fn replay_device(
 ) -> Result<ReplayReport, ReplayError> {
     let (capacity, demand_peak_event) = choose_capacity_and_demand_peak(trace, dev, opts.capacity)?;
     if capacity.bytes < MIN_HEAP_BYTES {
-        return Err(ReplayError::Config(format!(
-            "capacity {} B is below the device heap's minimum of {MIN_HEAP_BYTES} B",
-            capacity.bytes
-        )));
+        return Err(Refusal::HeapTooSmall(capacity.bytes).into());
     }
-    let align = choose_alignment(trace, opts.align).map_err(ReplayError::Config)?;
+    let align = choose_alignment(trace, opts.align).map_err(Refusal::Alignment)?;
     let limit = opts.heap_limit.unwrap_or_else(|| default_heap_limit(backend));
     let (heap, scale, scale_reason) = make_heap(backend, capacity.bytes, limit)?;
     let mut target = DeviceTarget {

@@ -15,13 +15,13 @@
 
 use std::time::Instant;
 
-use super::capacity::CapacityChoice;
 use super::device::DeviceHeapEnd;
 use super::report::{CachingEnd, CompactionRecord, FailedRequest, ReplayReport, Sample, TierStats};
-use super::seeding::SeriesTracker;
 use super::ReplayError;
 use crate::analysis::Fragmentation;
 use crate::analysis::PeakTracker;
+use crate::facts::peaks::SeriesTracker;
+use crate::facts::Capacity;
 use crate::trace::{DeviceTrace, Event, EventKind, Trace};
 
 /// One allocation request of the trace.
@@ -84,7 +84,7 @@ pub(crate) struct TargetSummary {
     /// Row name (strategy name, `device heap (scaled 1/N)`).
     pub strategy: String,
     /// Capacity used.
-    pub capacity: CapacityChoice,
+    pub capacity: Capacity,
     /// Compaction policy, as text.
     pub policy: String,
     /// The caching model's end state.
@@ -157,7 +157,7 @@ pub(crate) struct Setup<'a> {
     /// Whether PyTorch's own reserved series is comparable with this replay (a snapshot replayed at full
     /// size): it is then reported and sampled into the timeline.
     pub pytorch_comparable: bool,
-    /// The event of the demand peak ([`demand_peak`](super::demand_peak)'s event, computed by the caller with the capacity).
+    /// The event of the demand peak ([`crate::facts::demand_peak`]'s event, computed by the caller with the capacity).
     pub demand_peak_event: Option<usize>,
 }
 
@@ -205,7 +205,7 @@ pub(crate) fn run(
     // per event).
     let mut next_stride_sample = stride - 1;
     for (i, e) in dev.events.iter().enumerate() {
-        pt.event(i, e.kind, e.size);
+        pt.event(i, e);
         match e.kind {
             EventKind::Alloc => {
                 allocs += 1;
@@ -238,7 +238,7 @@ pub(crate) fn run(
         l.bucket.allocated = l.bucket.allocated.max(l.allocated);
         l.bucket.footprint = l.bucket.footprint.max(l.footprint);
         if has_segments {
-            l.bucket.pytorch_reserved = Some(l.bucket.pytorch_reserved.unwrap_or(0).max(pt.reserved));
+            l.bucket.pytorch_reserved = Some(l.bucket.pytorch_reserved.unwrap_or(0).max(pt.reserved()));
         }
         if at_peak_event {
             let t = Instant::now();

@@ -6,12 +6,13 @@
 //!
 //! * **Requests.** Every `alloc` event becomes `alloc(size rounded up to align, align)`
 //!   ([`round_request`]). The alignment is [`ReplayOptions::align`] when given, else the format's own
-//!   ([`alignment_for`]): for PyTorch snapshots [`PYTORCH_ALIGN`] = 512 B, like PyTorch's CUDA caching
-//!   allocator (`kMinBlockSize`), so every strategy sees the block sizes PyTorch itself would carve; for
-//!   minimalloc CSV files [`CSV_ALIGN`] = 1 B (instances are defined at byte granularity, so a feasible
-//!   instance is not made infeasible by rounding); for RMM logs [`DEFAULT_ALIGN`] = 256 B (`cudaMalloc`'s
-//!   and RMM's alignment). A zero-byte request is sent as one byte. The report states the alignment and
-//!   where it came from. The *allocated* series counts the requested (unrounded) bytes of the trace.
+//!   ([`alignment_for`], from the format table [`crate::trace::FORMATS`]): for PyTorch snapshots
+//!   512 B, like PyTorch's CUDA caching allocator (`kMinBlockSize`), so every strategy sees the block
+//!   sizes PyTorch itself would carve; for minimalloc CSV files 1 B (instances are defined at byte
+//!   granularity, so a feasible instance is not made infeasible by rounding); for RMM logs 256 B
+//!   (`cudaMalloc`'s and RMM's alignment). A zero-byte request is sent as one byte. The report states
+//!   the alignment and where it came from. The *allocated* series counts the requested (unrounded) bytes
+//!   of the trace.
 //! * **Frees.** `free_completed` (RMM `free`, CSV end of lifetime) frees the block with the same dense
 //!   id ([`crate::trace::Event::id`]) through the handle API: the replay keeps each id's [`Allocation`]
 //!   and gives it back to [`SubAllocator::free`] (no offset lookup). `free_requested` is only counted. A
@@ -57,11 +58,11 @@
 //! One driver (`engine`: the event loop, timeline, peaks and report builder) runs every target: a
 //! host strategy or the caching model (`strategy`, [`replay`]) and the device heap on a backend
 //! ([`device`], [`replay_device`]). [`options`] holds the options and the request rounding rule,
-//! [`capacity`] the one default-capacity rule, [`mod@compare`] every contender over one trace, [`seeding`] the PyTorch snapshot seeding and series,
-//! [`report`] the report types.
+//! [`capacity`] the one default-capacity rule, [`mod@compare`] every contender over one trace,
+//! `seeding` the caching model seeded from a snapshot, [`report`] the report types and `render` their
+//! text pages ([`ReplayReport::render_text`], [`compare::Comparison::render_text`]).
 
 use crate::backend::Backend;
-use crate::reference::AllocError;
 #[allow(unused_imports)] // Named in the module docs.
 use crate::reference::{Allocation, SubAllocator};
 use crate::trace::{DeviceTrace, Trace, TraceFormat};
@@ -70,68 +71,28 @@ pub mod capacity;
 pub mod compare;
 pub mod device;
 mod engine;
+mod error;
 pub mod materialize;
 pub mod options;
 #[cfg(feature = "cli")]
 pub mod plot;
+pub(crate) mod render;
 pub mod report;
-pub mod seeding;
+mod seeding;
 mod strategy;
 
-pub use capacity::{choose_capacity, default_capacity, demand_peak, CapacityChoice, MIN_CAPACITY};
+pub use capacity::{choose_capacity, default_capacity};
 pub use device::{replay_device, DeviceHeapEnd, DeviceReplayOptions};
+pub use error::{CompactionFailure, DeviceFailure, Refusal, Refused, ReplayError};
 pub use materialize::{MeasureOutcome, Measured};
 pub use options::{
-    alignment_for, alignment_source, choose_alignment, default_strategy, parse_align, parse_bytes, parse_tiers,
-    round_request, CompactPolicy, ReplayOptions, CSV_ALIGN, DEFAULT_ALIGN, DEFAULT_MATERIALIZE_LIMIT_CPU,
-    DEFAULT_TIMELINE_POINTS, PYTORCH_ALIGN,
+    alignment_for, alignment_source, choose_alignment, default_strategy, round_request, CompactPolicy, PolicyError,
+    ReplayOptions, DEFAULT_MATERIALIZE_LIMIT_CPU, DEFAULT_TIMELINE_POINTS,
 };
 pub use report::{
-    fmt_bytes, fmt_ns, CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel,
-    Fragmentation, ReplayReport, Sample, TierStats,
+    CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, FragLevel, Fragmentation,
+    ReplayReport, Sample, TierStats,
 };
-pub use seeding::{pytorch_series, PytorchReserved};
-
-/// Errors of [`replay`] and [`replay_device`].
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    /// The options do not fit the trace (a capacity the strategy cannot use...): bad input.
-    #[error("{0}")]
-    Config(String),
-    /// A compaction failed or its check failed: a run-time failure.
-    #[error("compaction at event {event}: {message}")]
-    Compaction {
-        /// Event index.
-        event: usize,
-        /// What went wrong.
-        message: String,
-    },
-    /// The device heap failed ([`device::replay_device`]): it could not be created, a launch or a
-    /// read-back failed, or a returned block failed a check (outside the data region, misaligned, overlapping a
-    /// live block, disagreeing with the heap's metadata, bytes overwritten): a run-time failure.
-    #[error("device heap{}: {message}", event.map_or_else(String::new, |e| format!(" at event {e}")))]
-    Device {
-        /// Event index (`None`: before the first event or not tied to one).
-        event: Option<usize>,
-        /// What went wrong.
-        message: String,
-    },
-    /// The strategy refused an operation the trace makes valid (a bug in the strategy).
-    #[error("event {event}: the strategy refused a valid operation: {source}")]
-    Strategy {
-        /// Event index.
-        event: usize,
-        /// Its error.
-        source: AllocError,
-    },
-}
-
-impl ReplayError {
-    /// `true` for bad input (exit code 2), `false` for run-time failures (exit code 1).
-    pub fn is_input(&self) -> bool {
-        matches!(self, ReplayError::Config(_))
-    }
-}
 
 /// Replays `dev` (a device of `trace`) with `opts` through a host strategy or the caching model.
 /// Compactions run their kernel measurement on `backend` (none: compactions are planned and applied, but
@@ -149,21 +110,12 @@ pub fn replay(
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
     let (capacity, demand_peak_event) = capacity::choose_capacity_and_demand_peak(trace, dev, opts.capacity)?;
-    let align = choose_alignment(trace, opts.align).map_err(ReplayError::Config)?;
+    let align = choose_alignment(trace, opts.align).map_err(Refusal::Alignment)?;
     let pytorch_snapshot = matches!(trace.format, TraceFormat::PytorchSnapshot(_));
     // A capacity the strategy cannot use names the file and, when derived, where the capacity came from
     // (a snapshot's OOM on a GPU another process fills derives 1 MiB, below the caching model's least).
     let mut target = strategy::StrategyTarget::new(dev, opts, capacity.clone(), align, pytorch_snapshot, backend)
-        .map_err(|e| match e {
-            ReplayError::Config(m) if opts.capacity.is_none() => ReplayError::Config(format!(
-                "{}: {m}; the capacity, {}, is derived: {}",
-                trace.source.display(),
-                fmt_bytes(capacity.bytes),
-                capacity.source
-            )),
-            ReplayError::Config(m) => ReplayError::Config(format!("{}: {m}", trace.source.display())),
-            e => e,
-        })?;
+        .map_err(|e| e.in_file(&trace.source, opts.capacity.is_none().then_some(&capacity)))?;
     let setup = engine::Setup {
         trace,
         dev,

@@ -7,15 +7,9 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::reference::StrategyKind;
-use crate::trace::{Trace, TraceFormat};
+use crate::trace::{Recorder, Trace};
+use crate::units::{check_align, ParseError};
 
-/// Alignment (bytes) of replayed PyTorch requests: PyTorch's `kMinBlockSize`.
-pub const PYTORCH_ALIGN: u64 = 512;
-/// Alignment (bytes) of replayed requests of RMM logs (`cudaMalloc`'s and RMM's 256 B).
-pub const DEFAULT_ALIGN: u64 = 256;
-/// Alignment (bytes) of replayed minimalloc CSV requests: minimalloc instances are defined at byte
-/// granularity, so a feasible instance stays feasible.
-pub const CSV_ALIGN: u64 = 1;
 /// Default number of timeline samples (the timeline is downsampled to at most this many points).
 pub const DEFAULT_TIMELINE_POINTS: usize = 2000;
 /// Default materialisation limit on the CPU backend, bytes (1 GiB).
@@ -43,90 +37,36 @@ impl fmt::Display for CompactPolicy {
     }
 }
 
+/// A compaction policy that cannot be parsed ([`CompactPolicy::from_str`]). `Display` is one line
+/// naming the value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// Not `never`, `on-oom` nor `threshold=F`.
+    #[error("unknown compaction policy `{0}` (expected never, on-oom or threshold=F)")]
+    Unknown(String),
+    /// A threshold that is not a fraction in `[0, 1]`.
+    #[error("compaction threshold `{0}` is not a fraction in [0, 1]")]
+    Threshold(String),
+}
+
 impl FromStr for CompactPolicy {
-    type Err = String;
+    type Err = PolicyError;
     /// `never`, `on-oom` or `threshold=F` with `F` in `[0, 1]`.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, PolicyError> {
         let t = s.trim().to_ascii_lowercase().replace('_', "-");
         match t.as_str() {
             "never" | "none" => Ok(CompactPolicy::Never),
             "on-oom" | "oom" => Ok(CompactPolicy::OnOom),
             _ => {
-                let v = t.strip_prefix("threshold=").ok_or_else(|| {
-                    format!("unknown compaction policy `{s}` (expected never, on-oom or threshold=F)")
-                })?;
+                let v = t.strip_prefix("threshold=").ok_or_else(|| PolicyError::Unknown(s.to_string()))?;
                 match v.parse::<f64>() {
                     Ok(f) if (0.0..=1.0).contains(&f) => Ok(CompactPolicy::Threshold(f)),
-                    _ => Err(format!("compaction threshold `{v}` is not a fraction in [0, 1]")),
+                    _ => Err(PolicyError::Threshold(v.to_string())),
                 }
             }
         }
     }
-}
-
-/// Parses a byte count: plain bytes (`1048576`), a float (`1.5e9`), or a number with a unit
-/// (`80GiB`, `512 MiB`, `2GB`, `4k`; binary units KiB/MiB/GiB/TiB and K/M/G/T = powers of 1024,
-/// decimal units kB/MB/GB/TB = powers of 1000). The result is rounded down to whole bytes.
-///
-/// Used by the CLI and the Python bindings for every byte-valued option.
-///
-/// # Errors
-/// A one-line message for an empty, negative, non-finite or unparsable value or one above 2^64 − 1.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
-    // `1e9` has an `e` that is part of the number; a unit never starts with `e`.
-    let (num, unit) = t.split_at(split);
-    let unit = unit.trim().to_ascii_lowercase();
-    let mult: u64 = match unit.as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return Err(format!("unknown unit `{}` in byte count `{s}`", unit)),
-    };
-    // A whole number is exact (a float has 53 bits: 18446744073709551614 would round to 2^64).
-    if let Ok(n) = num.trim().parse::<u64>() {
-        return n.checked_mul(mult).ok_or_else(|| format!("byte count `{s}` is above 2^64 - 1"));
-    }
-    let v: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a byte count (e.g. 80GiB, 1.5e9, 1048576)"))?;
-    let bytes = v * mult as f64;
-    if !bytes.is_finite() || !(0.0..18_446_744_073_709_551_615.0).contains(&bytes) {
-        return Err(format!("byte count `{s}` is negative or out of range"));
-    }
-    Ok(bytes as u64)
-}
-
-/// Parses a request alignment ([`ReplayOptions::align`]): a byte count as for [`parse_bytes`] that is a
-/// power of two from 1 B to 1 GiB.
-///
-/// # Errors
-/// A one-line message naming the value.
-pub fn parse_align(s: &str) -> Result<u64, String> {
-    match parse_bytes(s)? {
-        a if a.is_power_of_two() && a <= 1 << 30 => Ok(a),
-        a => Err(format!("alignment {a} B is not a power of two between 1 B and 1 GiB")),
-    }
-}
-
-/// Parses the tiered strategy's thresholds ([`ReplayOptions::tiers`]): `SMALL_MAX,LARGE_MIN`, each a byte
-/// count as for [`parse_bytes`], `SMALL_MAX` a power of two below `LARGE_MIN`. (A `LARGE_MIN` above the
-/// capacity is refused by the replay, which knows the capacity.)
-///
-/// # Errors
-/// A one-line message naming the value.
-pub fn parse_tiers(s: &str) -> Result<(u64, u64), String> {
-    let (a, b) = s.split_once(',').ok_or_else(|| format!("`{s}` is not SMALL_MAX,LARGE_MIN (e.g. 1KiB,1MiB)"))?;
-    let (small, large) = (parse_bytes(a)?, parse_bytes(b)?);
-    if !small.is_power_of_two() || large <= small {
-        return Err(format!("tiers `{s}`: SMALL_MAX must be a power of two and below LARGE_MIN"));
-    }
-    Ok((small, large))
 }
 
 /// Options of [`super::replay`] (a host strategy or the caching model).
@@ -167,37 +107,30 @@ impl ReplayOptions {
     }
 }
 
-/// The strategy a replay of `trace` uses when none is given: the PyTorch caching model for PyTorch
-/// snapshots (the allocator that produced them), best-fit otherwise (it runs at any capacity; the caching
-/// model needs at least one 2 MiB segment).
+/// The strategy a replay of `trace` uses when none is given: the model of the allocator the format
+/// records when gpuheap has one (the PyTorch caching model for PyTorch snapshots,
+/// [`Recorder::PytorchCaching`]), best-fit otherwise (it runs at any capacity; the caching model needs at
+/// least one 2 MiB segment).
 pub fn default_strategy(trace: &Trace) -> StrategyKind {
-    if matches!(trace.format, TraceFormat::PytorchSnapshot(_)) {
-        StrategyKind::Caching
-    } else {
-        StrategyKind::BestFit
+    match trace.format.row().recorder {
+        Recorder::PytorchCaching => StrategyKind::Caching,
+        _ => StrategyKind::BestFit,
     }
 }
 
-/// The natural alignment (bytes) of `trace`'s requests: [`PYTORCH_ALIGN`] for PyTorch snapshots,
-/// [`CSV_ALIGN`] for minimalloc (buffer-lifetime) CSV files, [`DEFAULT_ALIGN`] for RMM logs.
+/// The natural alignment (bytes) of `trace`'s requests, its format's ([`crate::trace::FormatRow::align`]):
+/// [`PYTORCH_ALIGN`](crate::trace::PYTORCH_ALIGN) for PyTorch snapshots, [`CSV_ALIGN`](crate::trace::CSV_ALIGN) for minimalloc (buffer-lifetime) CSV files,
+/// [`DEFAULT_ALIGN`](crate::trace::DEFAULT_ALIGN) for RMM logs.
 pub fn alignment_for(trace: &Trace) -> u64 {
-    match trace.format {
-        TraceFormat::PytorchSnapshot(_) => PYTORCH_ALIGN,
-        TraceFormat::LifetimeCsv => CSV_ALIGN,
-        _ => DEFAULT_ALIGN,
-    }
+    trace.format.row().align
 }
 
 /// The alignment a replay uses: `given` when set, else [`alignment_for`] the trace.
 ///
 /// # Errors
-/// A message when `given` is zero, not a power of two, or above 1 GiB.
-pub fn choose_alignment(trace: &Trace, given: Option<u64>) -> Result<u64, String> {
-    match given {
-        None => Ok(alignment_for(trace)),
-        Some(a) if a.is_power_of_two() && a <= 1 << 30 => Ok(a),
-        Some(a) => Err(format!("alignment {a} B is not a power of two between 1 B and 1 GiB")),
-    }
+/// [`ParseError::Alignment`] when `given` is zero, not a power of two, or above 1 GiB.
+pub fn choose_alignment(trace: &Trace, given: Option<u64>) -> Result<u64, ParseError> {
+    given.map_or(Ok(alignment_for(trace)), check_align)
 }
 
 /// Where the alignment of a replay comes from, for the report: `given`, or the format's default and why.
@@ -205,13 +138,7 @@ pub fn alignment_source(trace: &Trace, given: Option<u64>) -> String {
     if given.is_some() {
         return "given".into();
     }
-    match trace.format {
-        TraceFormat::PytorchSnapshot(_) => "the PyTorch default, kMinBlockSize".into(),
-        TraceFormat::LifetimeCsv if alignment_for(trace) == CSV_ALIGN => {
-            "the minimalloc default: instances are defined at byte granularity".into()
-        }
-        _ => "the default of cudaMalloc and RMM".into(),
-    }
+    trace.format.row().align_source.into()
 }
 
 /// The block a request of `requested` bytes is sent as: zero counts as one byte, rounded up to `align`

@@ -49,16 +49,28 @@ pub enum PlotFormat {
     Png,
 }
 
+/// Why a plot cannot be written. `Display` is one line.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlotError {
+    /// The path's extension names no format.
+    #[error("{}: plot file must end in .svg or .png", .0.display())]
+    Extension(std::path::PathBuf),
+    /// Drawing or writing failed (plotters' error, as text: its errors are not `Send`).
+    #[error("cannot draw the plot: {0}")]
+    Draw(String),
+}
+
 impl PlotFormat {
     /// The format of `path` from its extension (`svg`, `png`; case-insensitive).
     ///
     /// # Errors
-    /// A one-line message for any other extension.
-    pub fn of(path: &Path) -> Result<Self, String> {
+    /// [`PlotError::Extension`] for any other extension.
+    pub fn of(path: &Path) -> Result<Self, PlotError> {
         match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
             Some("svg") => Ok(PlotFormat::Svg),
             Some("png") => Ok(PlotFormat::Png),
-            _ => Err(format!("{}: plot file must end in .svg or .png", path.display())),
+            _ => Err(PlotError::Extension(path.to_path_buf())),
         }
     }
 }
@@ -82,20 +94,20 @@ const KIB: f64 = 1024.0;
 /// (the extension of `path` is not consulted). Returns a note when the plot had to be drawn without text.
 ///
 /// # Errors
-/// A one-line message when drawing or writing fails.
+/// [`PlotError::Draw`] when drawing or writing fails.
 pub fn write_timeline(
     path: &Path,
     format: PlotFormat,
     title: &str,
     reports: &[&ReplayReport],
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, PlotError> {
     let size = (1200, 800);
     let text = font_available();
     let r = match format {
         PlotFormat::Svg => draw(SVGBackend::new(path, size).into_drawing_area(), title, reports, text),
         PlotFormat::Png => draw(BitMapBackend::new(path, size).into_drawing_area(), title, reports, text),
     };
-    r.map_err(|e| format!("cannot draw the plot: {e}"))?;
+    r.map_err(|e| PlotError::Draw(e.to_string()))?;
     Ok((!text).then(|| "no TrueType font found (see FONT_PATHS): the plot has no text".to_string()))
 }
 

@@ -7,10 +7,9 @@ use serde::Serialize;
 
 pub use crate::analysis::{FailureClass, FragLevel, Fragmentation};
 
-use super::capacity::CapacityChoice;
 use super::device::DeviceHeapEnd;
 use super::materialize::MeasureOutcome;
-use super::seeding::PytorchReserved;
+use crate::facts::{Capacity, PytorchReserved};
 
 /// A request the strategy could not serve.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -152,8 +151,10 @@ pub struct ReplayReport {
     pub device: i64,
     /// Strategy name.
     pub strategy: String,
-    /// Capacity used.
-    pub capacity: CapacityChoice,
+    /// Capacity used; serialised with its source in words (`{"bytes": N, "source": "..."}`,
+    /// [`Capacity::serialize_described`]).
+    #[serde(serialize_with = "Capacity::serialize_described")]
+    pub capacity: Capacity,
     /// Alignment of the requests, bytes.
     pub align: u64,
     /// Where `align` comes from (`given`, or the format's default and why).
@@ -202,31 +203,4 @@ pub struct ReplayReport {
     pub tiers: Option<Vec<TierStats>>,
     /// Timeline samples.
     pub timeline: Vec<Sample>,
-}
-
-/// Formats bytes with a binary unit (`58.52 GiB`).
-pub fn fmt_bytes(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", U[i])
-    }
-}
-
-/// A duration of `ns` nanoseconds for people: seconds, milliseconds or microseconds (`"3.21 ms"`).
-pub fn fmt_ns(ns: u64) -> String {
-    if ns >= 1_000_000_000 {
-        format!("{:.2} s", ns as f64 * 1e-9)
-    } else if ns >= 1_000_000 {
-        format!("{:.2} ms", ns as f64 * 1e-6)
-    } else {
-        format!("{:.1} µs", ns as f64 * 1e-3)
-    }
 }

@@ -10,15 +10,15 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Instant;
 
-use super::capacity::{CapacityChoice, MIN_CAPACITY};
 use super::engine::{Ledger, ReplayTarget, Request, TargetSummary};
 use super::materialize::{self, MeasureOutcome};
 use super::options::{round_request, CompactPolicy, ReplayOptions, DEFAULT_MATERIALIZE_LIMIT_CPU};
 use super::report::{CachingEnd, CompactionRecord, CompactionTrigger, FailedRequest, FailureClass, TierStats};
 use super::seeding::seed_caching;
-use super::ReplayError;
+use super::{CompactionFailure, Refusal, ReplayError};
 use crate::analysis::{self, external_ratio, Fragmentation};
 use crate::backend::Backend;
+use crate::facts::{Capacity, MIN_CAPACITY};
 use crate::reference::caching::{self, CachingAllocator, RecordedSegments};
 use crate::reference::compact::plan_slide;
 use crate::reference::{
@@ -189,13 +189,12 @@ fn make_model(
     tiers: Option<(u64, u64)>,
 ) -> Result<(Model, u64), ReplayError> {
     if !(MIN_CAPACITY..=crate::reference::MAX_BYTES).contains(&capacity) {
-        return Err(ReplayError::Config(format!("capacity {capacity} B is outside [{MIN_CAPACITY} B, 2^48 B]")));
+        return Err(Refusal::CapacityRange(capacity).into());
     }
     match kind {
         StrategyKind::Caching => {
             let (cfg, _) = caching::config_for_trace(dev, capacity);
-            let c = CachingAllocator::new(cfg)
-                .map_err(|e| ReplayError::Config(format!("caching allocator with {capacity} B: {e}")))?;
+            let c = CachingAllocator::new(cfg).map_err(|source| Refusal::Caching { capacity, source })?;
             Ok((Model::Caching(Box::new(c)), u64::MAX))
         }
         StrategyKind::Tiered => {
@@ -205,22 +204,16 @@ fn make_model(
                 // says the tiers are capped by the capacity (`--tiers 1,1e19` was accepted and reported a
                 // large tier starting at 8 EiB).
                 if large_min > capacity {
-                    return Err(ReplayError::Config(format!(
-                        "tiers {small_max} B, {large_min} B: LARGE_MIN is above the capacity of {capacity} B, \
-                         so no request could reach the large tier; give LARGE_MIN of at most the capacity"
-                    )));
+                    return Err(Refusal::TiersAboveCapacity { small_max, large_min, capacity }.into());
                 }
                 cfg.small_max = small_max;
                 cfg.large_min = large_min;
                 cfg.page_size = cfg.page_size.max(small_max.checked_next_power_of_two().unwrap_or(u64::MAX));
             }
-            let t = Tiered::with_config(capacity, cfg)
-                .map_err(|e| ReplayError::Config(format!("tiered allocator with {capacity} B: {e}")))?;
+            let t = Tiered::with_config(capacity, cfg).map_err(|source| Refusal::Tiered { capacity, source })?;
             Ok((Model::Strategy(Box::new(t)), cfg.large_min))
         }
-        _ if tiers.is_some() => {
-            Err(ReplayError::Config(format!("tiers apply to the tiered strategy only, not {kind}")))
-        }
+        _ if tiers.is_some() => Err(Refusal::TiersNotTiered(kind).into()),
         _ => Ok((Model::Strategy(build(kind, capacity)), u64::MAX)),
     }
 }
@@ -228,7 +221,7 @@ fn make_model(
 /// The replay target of one host strategy (or the caching model) over one device trace.
 pub(crate) struct StrategyTarget<'a> {
     kind: StrategyKind,
-    capacity: CapacityChoice,
+    capacity: Capacity,
     model: Model,
     slots: Vec<Slot>,
     high_water: HighWater,
@@ -255,7 +248,7 @@ impl<'a> StrategyTarget<'a> {
     pub(crate) fn new(
         dev: &DeviceTrace,
         opts: &ReplayOptions,
-        capacity: CapacityChoice,
+        capacity: Capacity,
         align: u64,
         pytorch_snapshot: bool,
         backend: Option<&'a Backend>,
@@ -345,21 +338,19 @@ impl<'a> StrategyTarget<'a> {
 
     /// Compacts now; `None` (nothing done) when the reference plan moves nothing.
     fn compact(&mut self, event: usize, trigger: CompactionTrigger) -> Result<Option<CompactionRecord>, ReplayError> {
-        let cerr = |message: String| ReplayError::Compaction { event, message };
+        let cerr = |e: CompactionFailure| ReplayError::Compaction { event, source: e };
         let before = self.model.stats();
         let footprint_before = self.footprint();
         let layout = self.model.compaction_layout();
-        let plan = plan_slide(&layout).map_err(|e| cerr(e.to_string()))?;
+        let plan = plan_slide(&layout).map_err(|e| cerr(e.into()))?;
         if plan.bytes_moved == 0 {
             return Ok(None);
         }
         let measurement = match self.backend {
-            Some(b) => {
-                materialize::measure(b, &layout, &plan, self.limit, event as u64).map_err(|e| cerr(e.to_string()))?
-            }
+            Some(b) => materialize::measure(b, &layout, &plan, self.limit, event as u64).map_err(|e| cerr(e.into()))?,
             None => MeasureOutcome::NotMeasured { reason: "no backend given".into() },
         };
-        self.model.apply_relocation(&plan).map_err(|e| cerr(e.to_string()))?;
+        self.model.apply_relocation(&plan).map_err(|e| cerr(e.into()))?;
         // Handles stay valid across a relocation; only the offsets move.
         for s in self.slots.iter_mut().filter(|s| s.state == LIVE) {
             if let Some(d) = plan.translate(s.alloc.offset) {

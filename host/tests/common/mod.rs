@@ -10,16 +10,53 @@ use gpuheap::backend::{Backend, BackendError};
 use gpuheap::compaction::{oracle, LiveBlock};
 use gpuheap::reference::compact::{plan_slide, CompactionPlan};
 
+/// `true` when `GPUHEAP_REQUIRE_GPU=1`: every "GPU part skipped" is a failure instead
+/// (`scripts/gpu-suite run` sets it, so a test that cannot create the GPU backend fails
+/// rather than passing without having launched anything).
+pub fn gpu_required() -> bool {
+    std::env::var("GPUHEAP_REQUIRE_GPU").is_ok_and(|v| v.trim() == "1")
+}
+
 /// The GPU backend, or `None` after printing why the GPU half of a test is
-/// skipped (no driver, no device, or no PTX).
+/// skipped (no driver, no device, or a build without PTX).
+///
+/// # Panics
+/// Instead of skipping, when [`gpu_required`]; always when the driver refuses
+/// gpuheap's PTX (a JIT failure on a GPU is a failure, not a missing GPU).
 pub fn gpu_or_skip(test: &str) -> Option<Backend> {
-    match Backend::gpu() {
+    let usable = Backend::gpu().and_then(|b| match &b {
+        Backend::Gpu(g) => g.builtin().map(|_| ()).map(|()| b),
+        Backend::Cpu(_) => unreachable!("Backend::gpu returned a CPU backend"),
+    });
+    match usable {
         Ok(b) => Some(b),
+        Err(e) if gpu_required() || !is_no_gpu(&e) => {
+            panic!("{test}: the GPU backend is not usable (GPUHEAP_REQUIRE_GPU={}): {e}", gpu_required() as u8)
+        }
         Err(e) => {
             eprintln!("{test}: GPU part skipped: {e}");
             None
         }
     }
+}
+
+/// A file the tests read from the project's `data/` folder, found without the build machine's
+/// path: `GPUHEAP_DATA_DIR`, else `data/` of the crate's workspace when cargo runs the test
+/// (`CARGO_MANIFEST_DIR` at run time), else a `data/` folder beside the test binary or one level
+/// up (the GPU bundle: `tests/NAME` and `data/`).
+///
+/// # Panics
+/// When the file is in none of them (a test whose input is missing must not pass).
+pub fn data_file(name: &str) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    dirs.extend(std::env::var_os("GPUHEAP_DATA_DIR").map(PathBuf::from));
+    dirs.extend(std::env::var_os("CARGO_MANIFEST_DIR").map(|d| Path::new(&d).join("../data")));
+    if let Ok(exe) = std::env::current_exe() {
+        dirs.extend(exe.ancestors().skip(1).take(2).map(|d| d.join("data")));
+    }
+    dirs.iter().map(|d| d.join(name)).find(|p| p.is_file()).unwrap_or_else(|| {
+        panic!("data file {name} not found in {dirs:?} (set GPUHEAP_DATA_DIR to the folder that holds it)")
+    })
 }
 
 /// Seeds of the independent-thread-scheduling backends of [`backends`]:
@@ -36,6 +73,9 @@ pub fn its_seeds() -> std::ops::Range<u64> {
     }
 }
 
+/// The names `GPUHEAP_TEST_BACKENDS` takes.
+pub const BACKEND_NAMES: [&str; 4] = ["sequential", "lockstep", "independent", "gpu"];
+
 /// Every backend to run a test on: the CPU in sequential and lockstep mode,
 /// in independent-thread-scheduling mode once per seed of [`its_seeds`],
 /// and the GPU when usable.
@@ -46,6 +86,9 @@ pub fn its_seeds() -> std::ops::Range<u64> {
 pub fn backends(test: &str) -> Vec<Backend> {
     let only = std::env::var("GPUHEAP_TEST_BACKENDS").unwrap_or_default();
     let want = |name: &str| only.trim().is_empty() || only.split(',').any(|s| s.trim() == name);
+    if let Some(bad) = only.split(',').map(str::trim).find(|s| !s.is_empty() && !BACKEND_NAMES.contains(s)) {
+        panic!("GPUHEAP_TEST_BACKENDS={only:?}: {bad:?} is not one of {BACKEND_NAMES:?}");
+    }
     let mut v = Vec::new();
     if want("sequential") {
         v.push(Backend::cpu());
@@ -102,11 +145,16 @@ pub fn gpuheap(args: &[&str]) -> Output {
         .expect("runs")
 }
 
-/// The project's shared folder: `$GPUHEAP_SHARED`, else `shared/` beside the checkout (the workspace's
-/// parent). It holds real snapshots (`traces/`) and bug-report inputs (`cases/inputs/`) that are test
-/// inputs but not shipped (their licences; `traces/SOURCES.md`).
+/// The project's shared folder: `$GPUHEAP_SHARED`, else `shared/` beside the checkout (the parent of
+/// the workspace whose `host/` cargo names in the run-time `CARGO_MANIFEST_DIR`; a test binary run
+/// outside cargo, as in the GPU bundle, has none and needs `GPUHEAP_SHARED`). It holds real snapshots
+/// (`traces/`) and bug-report inputs (`cases/inputs/`) that are test inputs but not shipped (their
+/// licences; `traces/SOURCES.md`).
 pub fn shared_dir() -> PathBuf {
-    std::env::var_os("GPUHEAP_SHARED").map_or_else(|| workspace().join("../shared"), PathBuf::from)
+    std::env::var_os("GPUHEAP_SHARED").map(PathBuf::from).unwrap_or_else(|| {
+        let manifest = std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(PathBuf::new, PathBuf::from);
+        manifest.join("../../shared")
+    })
 }
 
 /// `true` when a missing shared input must fail the test (`GPUHEAP_REQUIRE_SHARED=1`; `.ci/run` sets it).

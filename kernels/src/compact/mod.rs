@@ -43,50 +43,57 @@
 //! and sizes multiples of [`GRANULE`] (16 bytes; allocators round sizes up).
 //! So every copy moves whole 16-byte words (`ld/st .v4.u32` on the GPU).
 //!
-//! # Algorithm (three launches, no scratch buffer proportional to the heap)
+//! # Algorithm (two launches, no scratch buffer proportional to the heap)
 //!
-//! 1. **Plan** ([`plan::PLAN`], mode [`plan::MODE_DST`]): the new offset of
-//!    every block by a single-pass parallel *segmented* exclusive prefix sum
-//!    over the sizes in address order (decoupled look-back, Merrill & Garland,
-//!    "Single-pass Parallel Prefix Scan with Decoupled Look-back", NVIDIA
-//!    2016). A pinned block resets the running sum to its own end, so the
-//!    sums restart at each pinned block; a pinned block's new offset is its
-//!    old offset. The same pass writes the new offsets into the handle table.
-//! 2. **Stream positions** ([`plan::PLAN`], mode [`plan::MODE_STREAM`]): an
-//!    exclusive prefix sum of the *moving* bytes (size of each block whose new
-//!    offset differs from its old one). The moving blocks, in address order,
-//!    form the *destination stream* of `M` bytes; block `i` occupies stream
-//!    positions `[pos_i, pos_i + size_i)`. The total `M` stays on the device.
-//! 3. **Move** ([`mover::MOVE`]): the stream is cut into tiles of `T` bytes.
-//!    Each warp repeatedly takes the next tile id from an atomic counter
-//!    (dynamic tile ids), **loads** the tile's sources (gathered runs of
-//!    16-byte words) into its slot of shared memory, **publishes** "tile
+//! 1. **Plan** ([`plan::PLAN`]): the new offset of every block by a
+//!    single-pass parallel *segmented* exclusive prefix sum over the sizes in
+//!    address order (decoupled look-back, Merrill & Garland, "Single-pass
+//!    Parallel Prefix Scan with Decoupled Look-back", NVIDIA 2016). A pinned
+//!    block resets the running sum to its own end, so the sums restart at each
+//!    pinned block; a pinned block's new offset is its old offset. The same
+//!    pass writes the new offsets into the handle table. A block *moves* iff
+//!    its new offset differs from its offset.
+//! 2. **Move** ([`mover::MOVE`]): the destination addresses from the first
+//!    hole (no block before it moves) to the end of the last block are cut
+//!    into tiles of `T` bytes; tile `t` owns the moving bytes whose
+//!    destination lies in `[start + t·T, start + (t+1)·T)`. Each warp
+//!    repeatedly takes the next tile id from an atomic counter (dynamic tile
+//!    ids), finds the tile's first block by a binary search over the new
+//!    offsets (which ascend with the blocks) and walks the layout from there
+//!    (each later block's new offset follows from the layout by the plan's
+//!    own recurrence, so a block costs one 24-byte read), **loads** the
+//!    tile's sources (gathered runs of 16-byte words) into its slot of shared
+//!    memory at their destination's offset in the tile, **publishes** "tile
 //!    loaded" with a release store of the compaction's epoch into the tile's
-//!    flag, **waits** with acquire loads until every earlier tile whose source
-//!    overlaps this tile's destination has published, then **stores** the
-//!    tile to its destination (contiguous within a segment, coalesced). This
-//!    is the in-place select of CUB (`agent_select_if.cuh`,
-//!    `SelectPotentiallyInPlace`: "a store release when updating a tile state
-//!    ... a load acquire when reading those tile states").
+//!    flag, **waits** with acquire loads until every earlier tile whose
+//!    sources lie in this tile's destination range has published, then
+//!    **stores** the tile's runs to their destinations (contiguous within a
+//!    segment, coalesced). This is the in-place select of CUB
+//!    (`agent_select_if.cuh`, `SelectPotentiallyInPlace`: "a store release
+//!    when updating a tile state ... a load acquire when reading those tile
+//!    states").
 //!
 //! ## Correctness (hazards F1/F2 of DESIGN.md §3.1)
 //!
 //! Every moving byte `x` has `dst(x) ≤ src(x)`, and the moving blocks keep
 //! their order across the whole region: within a segment by the prefix sum;
 //! across segments because a block's destination ends before the pinned
-//! block that ends its segment, and every later block starts after it.
+//! block that ends its segment, and every later block starts after it. So
+//! `dst` is ascending in `src` over the moving bytes, and tiles, being
+//! slices of the destination addresses, take the moving bytes in address
+//! order.
 //!
-//! * **F1 (no read-after-write):** for stream bytes `y` before `x`,
+//! * **F1 (no read-after-write):** for moving bytes `y` before `x`,
 //!   `dst(y) ≤ src(y) < src(x)`: an earlier
 //!   byte's write never lands on a source that a later byte still has to
 //!   read; so a tile never waits for a *later* tile, and no tile waits for
 //!   any store (there is no second flag).
-//! * **F2 (write-after-read, backwards only):** tile `t` writes
-//!   `[dst_lo, dst_hi)`. The sources inside that address range belong to
-//!   stream positions `[q(dst_lo), q(dst_hi))`, where `q(a)` counts the
-//!   stream bytes whose source lies below `a` (a binary search over the
-//!   layout). Since the tile's last byte has `dst ≤ src`, `q(dst_hi) ≤` the
-//!   tile's stream end, so these positions belong to tiles `≤ t`. Tile `t`
+//! * **F2 (write-after-read, backwards only):** tile `t` writes inside
+//!   `[d0, d1)`. A moving byte whose source lies in that range goes below
+//!   `d1` (it moves down) and at or after the destination of the first block
+//!   byte at or after `d0` and at or before that of the last byte below `d1`
+//!   (`dst` ascends), two binary searches over the layout: so it belongs to a
+//!   tile in `[lo, hi)`, `hi ≤ t + 1` (`mover::wait_range`). Tile `t`
 //!   stores only after all those tiles other than itself have published
 //!   "loaded", i.e. after every byte it overwrites has been read into some
 //!   warp's shared memory. Self-overlap (a block, or a tile, whose new range
@@ -139,10 +146,12 @@
 //! ## Cost
 //!
 //! DRAM traffic is `2·M` bytes (the lower bound for a copying compaction),
-//! plus the layout (24 bytes per block read by each of the three passes, 16
-//! bytes per block written) and one flag per tile. Extra memory: one `u64`
-//! per block for each of the new offsets and the stream positions, one
-//! status word per scan tile, one `u32` flag per move tile.
+//! plus the layout (24 bytes per block read by each of the two passes, the
+//! new offsets written once) and one flag per tile. Extra memory: one `u64`
+//! per block for the new offsets, one status word per scan tile, one `u32`
+//! flag per move tile. Tiles span destination addresses, not moving bytes:
+//! a tile over a pinned block, or over a segment's unmoved prefix after one,
+//! holds nothing and costs its binary searches only.
 
 pub mod handle;
 pub mod movable;

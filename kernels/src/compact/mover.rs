@@ -23,20 +23,23 @@ pub struct MoveParams {
     pub region: u64,
     /// `count` [`LiveBlock`]s sorted by offset.
     pub blocks: u64,
-    /// `count` new offsets (from the plan, [`super::plan::MODE_DST`]).
+    /// `count` new offsets (from the plan, [`super::plan::PLAN`]).
     pub new_offset: u64,
-    /// `count` stream positions (from the plan, [`super::plan::MODE_STREAM`]).
-    pub stream_pos: u64,
     /// Number of blocks.
     pub count: u64,
-    /// A `u64` holding the total moving bytes `M` (written by the plan).
-    pub total: u64,
+    /// Start of the destination range the tiles cover: at or below the first
+    /// moving block's new offset (the host passes the first hole's offset), a
+    /// multiple of 16.
+    pub start: u64,
+    /// End of that range: at or above the end of the last moving block (the
+    /// host passes the end of the last block).
+    pub end: u64,
     /// Tile size in bytes (a multiple of 16). Dynamic shared memory must hold
     /// `tile_bytes` per warp of the block.
     pub tile_bytes: u64,
-    /// One `u32` flag per tile (at least `ceil(M / tile_bytes)`): a tile is
-    /// loaded when its flag equals `epoch`. Values other than `epoch` are
-    /// "not loaded", so the buffer is reused without clearing.
+    /// One `u32` flag per tile (at least `ceil((end - start) / tile_bytes)`): a
+    /// tile is loaded when its flag equals `epoch`. Values other than `epoch`
+    /// are "not loaded", so the buffer is reused without clearing.
     pub flags: u64,
     /// A `u64` tile counter, zeroed before the launch.
     pub tile_counter: u64,
@@ -47,113 +50,128 @@ pub struct MoveParams {
     pub reserved: u32,
 }
 
-/// Bytes of the moving block `i` (0 if it does not move).
-///
-/// # Safety
-/// `p` satisfies [`move_tiles`]' contract and `i < p.count`.
+/// The destination range `[d0, d1)` of tile `t`.
 #[inline(always)]
-unsafe fn moving(p: &MoveParams, i: u64) -> (LiveBlock, u64, u64, u64) {
-    // SAFETY: `i < count` (caller).
-    let (b, dst, pos) = unsafe {
-        (
-            (p.blocks as *const LiveBlock).add(i as usize).read(),
-            (p.new_offset as *const u64).add(i as usize).read(),
-            (p.stream_pos as *const u64).add(i as usize).read(),
-        )
-    };
-    let len = if dst != b.offset { b.size } else { 0 };
-    (b, dst, pos, len)
+fn tile_range(p: &MoveParams, t: u64) -> (u64, u64) {
+    let d0 = p.start + t * p.tile_bytes;
+    (d0, (d0 + p.tile_bytes).min(p.end))
 }
 
-/// Stream bytes whose source lies below region offset `a`.
+/// The new offset of the byte at source offset `a`, or of the first block
+/// byte after `a` when `a` lies in a hole (`u64::MAX` when no block lies at or
+/// after `a`). Monotone in `a`: every moving byte whose source is at or after
+/// `a` goes at or after it.
 ///
 /// # Safety
 /// `p` satisfies [`move_tiles`]' contract.
 #[inline(always)]
-unsafe fn stream_below(p: &MoveParams, a: u64) -> u64 {
+unsafe fn dst_of_source(p: &MoveParams, a: u64) -> u64 {
+    let blocks = p.blocks as *const LiveBlock;
+    // Blocks starting at or before `a`.
     // SAFETY: the caller's contract on `p`.
-    let j = unsafe { blocks_below(p.blocks as *const LiveBlock, p.count, a) };
-    if j == 0 {
-        return 0;
+    let j = unsafe { blocks_below(blocks, p.count, a + 1) };
+    // SAFETY: `j - 1 < count` and `j < count` where read.
+    unsafe {
+        if j > 0 {
+            let b = blocks.add(j as usize - 1).read();
+            if a < b.offset + b.size {
+                return (p.new_offset as *const u64).add(j as usize - 1).read() + (a - b.offset);
+            }
+        }
+        if j < p.count {
+            (p.new_offset as *const u64).add(j as usize).read()
+        } else {
+            u64::MAX
+        }
     }
-    // SAFETY: `j - 1 < count`.
-    let (b, _, pos, len) = unsafe { moving(p, j - 1) };
-    pos + (a - b.offset).min(len)
 }
 
-/// Calls `f(src_offset, dst_offset, tile_offset, bytes)` for the runs of the
-/// tile `[pos0, pos1)` of the stream, starting at block `i0`; consecutive
-/// pieces are merged while their sources (`by_src`) or their destinations
-/// (`!by_src`) are contiguous (contiguous sources imply contiguous
-/// destinations).
+/// Calls `f(src_offset, dst_offset, tile_offset, bytes)` for the runs of
+/// moving bytes whose destinations lie in tile `t`'s range `[d0, d1)`, in
+/// address order (`tile_offset = dst_offset - d0`); consecutive pieces are
+/// merged while their sources (`by_src`) or their destinations (`!by_src`) are
+/// contiguous (contiguous sources imply contiguous destinations).
+///
+/// Only the first block's new offset is read from the plan's array; the
+/// following blocks' are derived from the layout alone, by the recurrence the
+/// plan's scan computes (so each block costs one 24-byte read): the block
+/// after an unpinned block `i` goes to `new_offset[i] + size[i]`, the block
+/// after a pinned one to the pinned block's end; a pinned block stays at its
+/// offset; a block moves iff its new offset differs from its offset.
 ///
 /// # Safety
-/// `p` satisfies [`move_tiles`]' contract.
+/// `p` satisfies [`move_tiles`]' contract and `t` is one of its tiles.
 #[inline(always)]
-unsafe fn for_each_run(
-    p: &MoveParams,
-    i0: u64,
-    pos0: u64,
-    pos1: u64,
-    by_src: bool,
-    mut f: impl FnMut(u64, u64, u64, u64),
-) {
-    let mut i = i0;
-    let mut pos = pos0;
-    let (mut rs, mut rd, mut rt, mut rn) = (0u64, 0u64, 0u64, 0u64);
-    while pos < pos1 && i < p.count {
+unsafe fn for_each_run(p: &MoveParams, t: u64, by_src: bool, mut f: impl FnMut(u64, u64, u64, u64)) {
+    if p.count == 0 {
+        return;
+    }
+    let (d0, d1) = tile_range(p, t);
+    let blocks = p.blocks as *const LiveBlock;
+    let offsets = p.new_offset as *const u64;
+    // The last block whose new offset is at or below `d0` (the first block
+    // when none is): new offsets ascend with the blocks.
+    // SAFETY: `new_offset` holds `count` ascending entries.
+    let mut i = unsafe { upper_bound(offsets, p.count, d0) }.max(1) - 1;
+    // SAFETY: `i < count`.
+    let mut next_dst = unsafe { offsets.add(i as usize).read() };
+    let (mut rs, mut rd, mut rn) = (0u64, 0u64, 0u64);
+    while i < p.count {
         // SAFETY: `i < count`.
-        let (b, dst, bpos, len) = unsafe { moving(p, i) };
+        let b = unsafe { blocks.add(i as usize).read() };
+        let dst = if b.pinned() { b.offset } else { next_dst };
+        if dst >= d1 {
+            break;
+        }
+        next_dst = if b.pinned() { b.offset + b.size } else { dst + b.size };
         i += 1;
-        if len == 0 || bpos + len <= pos {
+        if dst == b.offset {
+            continue; // not moving
+        }
+        let lo = dst.max(d0);
+        let hi = (dst + b.size).min(d1);
+        if lo >= hi {
             continue;
         }
-        let a = pos - bpos;
-        let n = (len - a).min(pos1 - pos);
-        let (s, d, t) = (b.offset + a, dst + a, pos - pos0);
+        let (s, d, n) = (b.offset + (lo - dst), lo, hi - lo);
         let contiguous = if by_src { rs + rn == s } else { rd + rn == d };
         if rn != 0 && contiguous {
             rn += n;
         } else {
             if rn != 0 {
-                f(rs, rd, rt, rn);
+                f(rs, rd, rd - d0, rn);
             }
-            (rs, rd, rt, rn) = (s, d, t, n);
+            (rs, rd, rn) = (s, d, n);
         }
-        pos += n;
     }
     if rn != 0 {
-        f(rs, rd, rt, rn);
+        f(rs, rd, rd - d0, rn);
     }
 }
 
-/// The tiles `[lo, hi)` that tile `t` of a stream of `m` bytes must see
-/// loaded before it stores (itself excepted): every tile whose sources lie
-/// in the address range `[dst_lo, dst_hi)` that tile `t` writes. `hi ≤ t + 1`
-/// (hazard F2: a tile never waits for a later one).
+/// The tiles `[lo, hi)` that tile `t` must see loaded before it stores
+/// (itself excepted): every tile holding a moving byte whose source lies in
+/// the range `[d0, d1)` that tile `t` writes. `dst` ascends with the source,
+/// so such a byte goes at or after `dst_of_source(d0)` (the destination of the
+/// first block byte at or after `d0`) and at or before
+/// `dst_of_source(d1 - 1)`, and below `d1` (it moves down): `hi ≤ t + 1`
+/// (hazard F2: a tile never waits for a later one). `(0, 0)` when no source
+/// lies in the range. When the bytes move further than a tile, the range
+/// ends well before `t`: those tiles loaded long ago.
 ///
 /// # Safety
-/// The addresses in `p` are valid and hold a plan of `m` moving bytes;
-/// `t < ceil(m / p.tile_bytes)`.
+/// The addresses in `p` are valid and hold a plan; `t < ceil((p.end -
+/// p.start) / p.tile_bytes)`.
 #[inline(always)]
-pub unsafe fn wait_range(p: &MoveParams, m: u64, t: u64) -> (u64, u64) {
-    let tb = p.tile_bytes;
-    let pos0 = t * tb;
-    let pos1 = (pos0 + tb).min(m);
-    let sp = p.stream_pos as *const u64;
-    // SAFETY: `pos0 < pos1 ≤ m`, so both positions lie in moving blocks: the
-    // last block whose stream position is ≤ them.
-    let (lo, hi) = unsafe {
-        let (_, d0, b0, _) = moving(p, upper_bound(sp, p.count, pos0) - 1);
-        let (_, d1, b1, _) = moving(p, upper_bound(sp, p.count, pos1 - 1) - 1);
-        let dst_lo = d0 + (pos0 - b0);
-        let dst_hi = d1 + (pos1 - b1);
-        (stream_below(p, dst_lo), stream_below(p, dst_hi))
-    };
-    if hi <= lo {
+pub unsafe fn wait_range(p: &MoveParams, t: u64) -> (u64, u64) {
+    let (d0, d1) = tile_range(p, t);
+    // SAFETY: the caller's contract.
+    let (first, last) = unsafe { (dst_of_source(p, d0), dst_of_source(p, d1 - 1)) };
+    if first >= d1 {
         return (0, 0);
     }
-    (lo / tb, ((hi - 1) / tb).min(t) + 1)
+    let tile = |d: u64| d.saturating_sub(p.start) / p.tile_bytes;
+    (tile(first), tile(last).min(t) + 1)
 }
 
 /// The tile mover (see [`super`]).
@@ -173,9 +191,7 @@ pub unsafe fn move_tiles(p: &MoveParams) {
     }
     // SAFETY: `slot * tb + tb ≤ smem_len`.
     let stage = unsafe { smem.add((slot * tb) as usize) } as *mut Word16;
-    // SAFETY: written by the plan launch before this one.
-    let m = unsafe { (p.total as *const u64).read() };
-    let tiles = m.div_ceil(tb);
+    let tiles = p.end.saturating_sub(p.start).div_ceil(tb);
     // SAFETY: the caller provides the counter and the flags.
     let counter = unsafe { AtomicU64::from_ptr(p.tile_counter as *mut u64) };
     let flag = |t: u64| {
@@ -199,31 +215,29 @@ pub unsafe fn move_tiles(p: &MoveParams) {
         if t >= tiles {
             break;
         }
-        let pos0 = t * tb;
-        let pos1 = (pos0 + tb).min(m);
-        // The block holding stream position `pos0`: the last with pos ≤ pos0.
-        // SAFETY: `stream_pos` has `count` ascending entries; `pos0 < M`
-        // implies at least the first moving block has pos ≤ pos0.
-        let i0 = unsafe { upper_bound(p.stream_pos as *const u64, p.count, pos0) } - 1;
         // CPU emulator, one-lane warp: when every tile this one must wait for
         // has already loaded, copy straight from the sources to the
-        // destinations (no staging) and publish "loaded" afterwards. This is
-        // correct because (F1) no earlier tile writes this tile's sources,
-        // the tiles whose sources this tile overwrites have read them, and
-        // within the tile each run's destination ends at or below the next
-        // run's source, so an ascending memmove per run reads every byte
-        // before it is overwritten. Publishing later only delays waiters.
-        // (On a GPU the lanes of a warp copy in parallel, so a run that
-        // overlaps itself needs the stage.)
+        // destinations (no staging) and publish "loaded" afterwards (it then
+        // means "read and stored", all a waiter needs). This is correct
+        // because (F1) no earlier tile writes this tile's sources, the tiles
+        // whose sources this tile overwrites have read them, a later tile that
+        // overwrites this tile's sources waits for this tile, and within the
+        // tile each run's destination ends at or below the next run's source,
+        // so an ascending memmove per run reads every byte before it is
+        // overwritten. Otherwise the tile is staged as on a GPU, so that it
+        // publishes "loaded" before it waits and a chain of dependent tiles
+        // (one small hole before many blocks) still runs on every worker. (On
+        // a GPU the lanes of a warp copy in parallel, so a run that overlaps
+        // itself always needs the stage.)
         #[cfg(not(target_arch = "nvptx64"))]
         if w.lanes == 1 {
             // SAFETY: the plan is valid and `t < tiles`.
-            let (lo, hi) = unsafe { wait_range(p, m, t) };
+            let (lo, hi) = unsafe { wait_range(p, t) };
             if (lo..hi).all(|u| u == t || flag(u).load(Ordering::Acquire) == p.epoch) {
                 // SAFETY: runs lie inside moving blocks (sources) and their
                 // destinations, both inside the region; `copy` is a memmove.
                 unsafe {
-                    for_each_run(p, i0, pos0, pos1, true, |s, d, _, n| {
+                    for_each_run(p, t, true, |s, d, _, n| {
                         core::ptr::copy(region.add(s as usize), region.add(d as usize), n as usize)
                     })
                 };
@@ -234,7 +248,7 @@ pub unsafe fn move_tiles(p: &MoveParams) {
         // 1. Load the tile's sources into this warp's stage.
         // SAFETY: runs lie inside moving blocks (sources) and the tile (stage).
         unsafe {
-            for_each_run(p, i0, pos0, pos1, true, |s, _, t_off, n| {
+            for_each_run(p, t, true, |s, _, t_off, n| {
                 warp_copy(
                     &w,
                     stage.add((t_off / GRANULE) as usize),
@@ -252,7 +266,7 @@ pub unsafe fn move_tiles(p: &MoveParams) {
         // 3. Wait for the earlier tiles whose sources this tile overwrites.
         if w.is_leader() {
             // SAFETY: the plan is valid and `t < tiles`.
-            let (lo, hi) = unsafe { wait_range(p, m, t) };
+            let (lo, hi) = unsafe { wait_range(p, t) };
             let mut u = lo;
             while u < hi {
                 if u != t {
@@ -270,7 +284,7 @@ pub unsafe fn move_tiles(p: &MoveParams) {
         // 4. Store the tile to its destination.
         // SAFETY: runs lie inside the tile (stage) and the destinations.
         unsafe {
-            for_each_run(p, i0, pos0, pos1, false, |_, d, t_off, n| {
+            for_each_run(p, t, false, |_, d, t_off, n| {
                 warp_copy(
                     &w,
                     region.add(d as usize) as *mut Word16,

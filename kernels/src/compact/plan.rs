@@ -1,22 +1,18 @@
-//! The compaction plan: new offsets and destination-stream positions by a
-//! single-pass segmented exclusive prefix sum with decoupled look-back
-//! (Merrill & Garland, NVIDIA technical report NVR-2016-002; the pattern of
-//! CUB's `DeviceScan`).
+//! The compaction plan: the new offset of every block by a single-pass
+//! segmented exclusive prefix sum with decoupled look-back (Merrill & Garland,
+//! NVIDIA technical report NVR-2016-002; the pattern of CUB's `DeviceScan`).
 //!
 //! # Scan elements
 //!
 //! An element is a `u64`: bit [`RESET`] and a 61-bit value. The operator
 //! `a ⊕ b = b` if `b` has `RESET`, else `(a.reset, a.value + b.value)` is
 //! associative with identity 0, so a pinned block (element `RESET | end`)
-//! restarts the sums at its end: a *segmented* scan.
-//!
-//! * [`MODE_DST`]: element of an unpinned block = its size; of a pinned block
-//!   = `RESET | (offset + size)`. The exclusive prefix of an unpinned block is
-//!   its new offset; a pinned block keeps its offset. Writes `new_offset[i]`
-//!   and the handle table's offset of each block with a handle.
-//! * [`MODE_STREAM`]: element = the block's size if it moves (`new_offset[i]
-//!   != offset`), else 0. Writes the stream position `stream_pos[i]` and the
-//!   total `M` of moving bytes to `*total`.
+//! restarts the sums at its end: a *segmented* scan. The element of an
+//! unpinned block is its size, of a pinned block `RESET | (offset + size)`;
+//! the exclusive prefix of an unpinned block is its new offset, and a pinned
+//! block keeps its offset. The plan writes `new_offset[i]` and the handle
+//! table's offset of each block with a handle. (Which blocks move and where
+//! their bytes go follows from the new offsets alone: the mover derives it.)
 //!
 //! # Tiles and look-back
 //!
@@ -47,11 +43,6 @@ const STATUS_A: u64 = 1 << 62;
 const STATUS_P: u64 = 2 << 62;
 const ELEMENT: u64 = RESET | VALUE;
 
-/// [`PlanParams::mode`]: compute new offsets (and update the handle table).
-pub const MODE_DST: u32 = 0;
-/// [`PlanParams::mode`]: compute destination-stream positions and the total.
-pub const MODE_STREAM: u32 = 1;
-
 /// The scan operator (see the module docs).
 #[inline(always)]
 pub fn combine(a: u64, b: u64) -> u64 {
@@ -70,72 +61,49 @@ pub struct PlanParams {
     pub blocks: u64,
     /// Number of blocks.
     pub count: u64,
-    /// `count` `u64`: written in [`MODE_DST`], read in [`MODE_STREAM`].
+    /// `count` `u64`: the new offsets, written.
     pub new_offset: u64,
-    /// `count` `u64`: written in [`MODE_STREAM`].
-    pub stream_pos: u64,
     /// One `u64` status word per scan tile (at least `ceil(count /
     /// items_per_lane)`), zeroed before the launch.
     pub tile_status: u64,
     /// A `u64` tile counter, zeroed before the launch.
     pub tile_counter: u64,
-    /// [`HandleEntry`] array updated in [`MODE_DST`] (0: none).
+    /// [`HandleEntry`] array updated with the new offsets (0: none).
     pub table: u64,
     /// Entries in `table`.
     pub table_len: u64,
-    /// A `u64` receiving the total moving bytes in [`MODE_STREAM`].
-    pub total: u64,
-    /// [`MODE_DST`] or [`MODE_STREAM`].
-    pub mode: u32,
     /// Consecutive blocks per lane in a tile (≥ 1).
     pub items_per_lane: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
-/// The scan element of block `i` (its size, or a reset for a pinned block).
+/// Block `i` and its scan element (its size, or a reset for a pinned block).
 ///
 /// # Safety
 /// `p` satisfies [`plan`]'s contract and `i < p.count`.
 #[inline(always)]
-unsafe fn element(p: &PlanParams, i: u64) -> u64 {
+unsafe fn element(p: &PlanParams, i: u64) -> (LiveBlock, u64) {
     // SAFETY: `i < count` (caller).
     let b = unsafe { (p.blocks as *const LiveBlock).add(i as usize).read() };
-    if p.mode == MODE_DST {
-        if b.pinned() {
-            RESET | (b.offset + b.size)
-        } else {
-            b.size
-        }
-    } else {
-        // SAFETY: `i < count`.
-        let d = unsafe { (p.new_offset as *const u64).add(i as usize).read() };
-        if d != b.offset {
-            b.size
-        } else {
-            0
-        }
-    }
+    let e = if b.pinned() { RESET | (b.offset + b.size) } else { b.size };
+    (b, e)
 }
 
-/// Writes the outputs of block `i` whose exclusive prefix is `excl`.
+/// Writes the new offset of block `b` (index `i`) whose exclusive prefix is
+/// `excl`.
 ///
 /// # Safety
 /// `p` satisfies [`plan`]'s contract and `i < p.count`; block `i`'s outputs
 /// are written by this thread alone.
 #[inline(always)]
-unsafe fn output(p: &PlanParams, i: u64, excl: u64) {
-    if p.mode == MODE_DST {
-        // SAFETY: `i < count` (caller).
-        let b = unsafe { (p.blocks as *const LiveBlock).add(i as usize).read() };
-        let dst = if b.pinned() { b.offset } else { excl & VALUE };
-        // SAFETY: `i < count`; each block's slot is written by one lane.
-        unsafe { (p.new_offset as *mut u64).add(i as usize).write(dst) };
-        if p.table != 0 && b.handle != NO_HANDLE && (b.handle as u64) < p.table_len {
-            // SAFETY: in range; handles of distinct blocks are distinct.
-            unsafe { (*(p.table as *mut HandleEntry).add(b.handle as usize)).offset = dst };
-        }
-    } else {
-        // SAFETY: as above.
-        unsafe { (p.stream_pos as *mut u64).add(i as usize).write(excl & VALUE) };
+unsafe fn output(p: &PlanParams, i: u64, b: &LiveBlock, excl: u64) {
+    let dst = if b.pinned() { b.offset } else { excl & VALUE };
+    // SAFETY: `i < count`; each block's slot is written by one lane.
+    unsafe { (p.new_offset as *mut u64).add(i as usize).write(dst) };
+    if p.table != 0 && b.handle != NO_HANDLE && (b.handle as u64) < p.table_len {
+        // SAFETY: in range; handles of distinct blocks are distinct.
+        unsafe { (*(p.table as *mut HandleEntry).add(b.handle as usize)).offset = dst };
     }
 }
 
@@ -177,7 +145,7 @@ pub unsafe fn plan(p: &PlanParams) {
         let mut i = first;
         while i < end {
             // SAFETY: `i < count`.
-            agg = combine(agg, unsafe { element(p, i) });
+            agg = combine(agg, unsafe { element(p, i) }.1);
             i += 1;
         }
         // Inclusive warp scan of the lane aggregates (Hillis–Steele).
@@ -235,20 +203,12 @@ pub unsafe fn plan(p: &PlanParams) {
         while i < end {
             // SAFETY: `i < count`.
             unsafe {
-                let e = element(p, i);
-                output(p, i, run);
+                let (b, e) = element(p, i);
+                output(p, i, &b, run);
                 run = combine(run, e);
             }
             i += 1;
         }
-        if p.mode == MODE_STREAM && t == tiles - 1 && w.is_leader() {
-            // SAFETY: the caller provides `total`.
-            unsafe { (p.total as *mut u64).write(combine(prefix, tile_agg) & VALUE) };
-        }
-    }
-    if p.count == 0 && p.mode == MODE_STREAM && crate::arch::index::global_thread_id() == 0 {
-        // SAFETY: the caller provides `total`.
-        unsafe { (p.total as *mut u64).write(0) };
     }
 }
 

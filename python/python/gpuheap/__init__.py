@@ -23,8 +23,8 @@ from . import _gpuheap
 from ._convert import snapshot_dict_to_pickle, snapshot_list_to_pickle
 from ._explain import Explanation, TuneResult
 from ._errors import BackendError, ConfigError, Error, InternalError, TorchError, TraceError
-from ._gpuheap import Snapshot
-from ._reports import Comparison, ReplayReport, fmt_bytes
+from ._gpuheap import Snapshot, fmt_bytes, parse_bytes
+from ._reports import Comparison, ReplayReport
 
 __version__: str = _gpuheap.__version__
 
@@ -47,6 +47,7 @@ __all__ = [
     "TorchError",
     "InternalError",
     "fmt_bytes",
+    "parse_bytes",
 ]
 
 Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, dict, list, Snapshot]
@@ -98,23 +99,22 @@ def load(source: Source) -> Snapshot:
     )
 
 
-def _bytes_arg(name: str, v: Optional[Bytes]) -> Optional[str]:
+def _bytes_arg(name: str, v: Optional[Bytes]) -> Optional[Bytes]:
+    """A byte count as the native module takes it (an int, a float or a str with a unit); the value is
+    checked and parsed there, by the same rule as the CLI's."""
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ConfigError(f"{name}: expected bytes as int, float or str such as '80GiB', not {type(v).__qualname__}")
-    if isinstance(v, int) and v < 0:
-        raise ConfigError(f"{name}: {v} is negative")
-    return str(v)
+    return v
 
 
-def _tiers_arg(v: object) -> Optional[str]:
+def _tiers_arg(v: object) -> Optional[Union[str, Tuple[Bytes, Bytes]]]:
     """``(SMALL_MAX, LARGE_MIN)`` (each as for ``capacity``) or the CLI's ``"SMALL_MAX,LARGE_MIN"``."""
     if v is None or isinstance(v, str):
         return v
     if isinstance(v, (tuple, list)) and len(v) == 2:
-        small, large = (_bytes_arg("tiers", x) for x in v)
-        return f"{small},{large}"
+        return (_bytes_arg("tiers", v[0]), _bytes_arg("tiers", v[1]))
     raise ConfigError(f"tiers: expected (SMALL_MAX, LARGE_MIN) or 'SMALL_MAX,LARGE_MIN', not {v!r}")
 
 
@@ -133,6 +133,19 @@ def _device_arg(v: Optional[int]) -> Optional[int]:
         # A CUDA device ordinal; the extension takes a signed 64-bit int (beyond it: OverflowError).
         raise ConfigError(f"device: {v} does not fit in a signed 64-bit integer")
     return v
+
+
+def _replay_args(capacity, align, tiers, compact, backend, device, materialize_limit) -> dict:  # noqa: ANN001
+    """The keyword arguments :func:`replay` and :func:`compare` share, type-checked for the native module."""
+    return {
+        "capacity": _bytes_arg("capacity", capacity),
+        "align": _bytes_arg("align", align),
+        "tiers": _tiers_arg(tiers),
+        "compact": _str_arg("compact", compact),
+        "backend": None if backend is None else _str_arg("backend", backend),
+        "device": _device_arg(device),
+        "materialize_limit": _bytes_arg("materialize_limit", materialize_limit),
+    }
 
 
 def strategies() -> list[str]:
@@ -186,19 +199,9 @@ def replay(
             use.
         BackendError: a compaction kernel or its check failed, or ``backend="gpu"`` without a GPU.
     """
-    snap = load(snapshot)
-    out = _gpuheap.replay_json(
-        snap,
-        _str_arg("strategy", strategy),
-        _bytes_arg("capacity", capacity),
-        _bytes_arg("align", align),
-        _tiers_arg(tiers),
-        _str_arg("compact", compact),
-        None if backend is None else _str_arg("backend", backend),
-        _device_arg(device),
-        _bytes_arg("materialize_limit", materialize_limit),
-    )
-    return ReplayReport(json.loads(out))
+    common = _replay_args(capacity, align, tiers, compact, backend, device, materialize_limit)
+    out = _gpuheap.replay(load(snapshot), _str_arg("strategy", strategy), **common)
+    return ReplayReport(json.loads(out.json), out.text, out.html)
 
 
 def compare(
@@ -228,19 +231,9 @@ def compare(
         TraceError, ConfigError, BackendError: as for :func:`replay`; ConfigError also when no
         strategy at all can run.
     """
-    snap = load(snapshot)
-    out = _gpuheap.compare_json(
-        snap,
-        _bytes_arg("capacity", capacity),
-        _bytes_arg("align", align),
-        _tiers_arg(tiers),
-        _str_arg("compact", compact),
-        None if backend is None else _str_arg("backend", backend),
-        _device_arg(device),
-        _bytes_arg("materialize_limit", materialize_limit),
-        _bytes_arg("device_heap_limit", device_heap_limit),
-    )
-    return Comparison(json.loads(out))
+    common = _replay_args(capacity, align, tiers, compact, backend, device, materialize_limit)
+    out = _gpuheap.compare(load(snapshot), **common, device_heap_limit=_bytes_arg("device_heap_limit", device_heap_limit))
+    return Comparison(json.loads(out.json), out.text, out.html)
 
 
 def explain(
@@ -280,8 +273,8 @@ def explain(
     snap = load(snapshot)
     if not isinstance(tune, bool):
         raise ConfigError(f"tune: expected a bool, not {type(tune).__qualname__}")
-    out, text, tune_text, page = _gpuheap.explain_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), tune)
-    return Explanation(json.loads(out), text, tune_text, page)
+    out = _gpuheap.explain(snap, capacity=_bytes_arg("capacity", capacity), device=_device_arg(device), tune=tune)
+    return Explanation(json.loads(out.json), out.text, out.tune_table, out.html)
 
 
 def tune(
@@ -325,8 +318,8 @@ def tune(
         for i, x in enumerate(settings):
             if not isinstance(x, str):
                 raise ConfigError(f"settings[{i}]: expected a setting name (str), not {type(x).__qualname__}")
-    out, text, page = _gpuheap.tune_json(snap, _device_arg(device), _bytes_arg("capacity", capacity), settings)
-    return TuneResult(json.loads(out), text, page)
+    out = _gpuheap.tune(snap, capacity=_bytes_arg("capacity", capacity), device=_device_arg(device), settings=settings)
+    return TuneResult(json.loads(out.json), out.text, out.html)
 
 
 from . import torch  # noqa: E402  (imports no torch: see gpuheap.torch)

@@ -9,23 +9,11 @@ renderer for both interfaces. Byte figures are ``int`` bytes.
 from __future__ import annotations
 
 import copy
-import html
 from typing import Optional
 
-from ._reports import Report
+from ._reports import Report, _html
 
 __all__ = ["Explanation", "TuneResult"]
-
-
-def _html(title: str, text: str, page: Optional[str]) -> str:
-    """The notebook view: the CLI's ``--html`` page in a sandboxed ``iframe`` (its script and element ids
-    stay inside it, whatever else the notebook shows), else the text page."""
-    if page:
-        return (
-            f'<iframe title="{html.escape(title)}" sandbox="allow-scripts" srcdoc="{html.escape(page, quote=True)}" '
-            'style="width:100%;height:720px;border:0"></iframe>'
-        )
-    return f"<div><p><b>{html.escape(title)}</b></p><pre>{html.escape(text)}</pre></div>"
 
 
 class TuneResult(Report):

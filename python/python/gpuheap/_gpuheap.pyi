@@ -1,6 +1,6 @@
 """Type stubs of the native module gpuheap._gpuheap (private: use the functions of `gpuheap`)."""
 
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 __version__: str
 
@@ -29,44 +29,68 @@ def load_bytes(data: bytes, name: str) -> Snapshot:
 def parse_bytes(s: str) -> int:
     """A byte count as the CLI parses it ("80GiB", "1.5e9"). Raises gpuheap.ConfigError."""
 
-def replay_json(
+def fmt_bytes(b: int) -> str:
+    """Bytes in the largest fitting binary unit, as every page prints them ("7.09 GiB")."""
+
+Bytes = Union[int, float, str]
+
+class Output:
+    """What a command produced: the JSON of `--json`, the text page, the HTML page of `--html`, the
+    page's title, and (explain with the search) the settings table alone."""
+
+    @property
+    def title(self) -> str: ...
+    @property
+    def json(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def html(self) -> Optional[str]: ...
+    @property
+    def tune_table(self) -> Optional[str]: ...
+
+def replay(
     snapshot: Snapshot,
     strategy: str,
-    capacity: Optional[str],
-    align: Optional[str],
-    tiers: Optional[str],
-    compact: str,
-    backend: Optional[str],
-    device: Optional[int],
-    materialize_limit: Optional[str],
-) -> str:
-    """`gpuheap replay --json`. Raises gpuheap.ConfigError, TraceError, BackendError, InternalError."""
+    *,
+    capacity: Optional[Bytes] = None,
+    align: Optional[Bytes] = None,
+    tiers: Optional[Union[str, Tuple[Bytes, Bytes]]] = None,
+    compact: str = "never",
+    backend: Optional[str] = None,
+    device: Optional[int] = None,
+    materialize_limit: Optional[Bytes] = None,
+) -> Output:
+    """`gpuheap replay`. Raises gpuheap.ConfigError, TraceError, BackendError, InternalError."""
 
-def compare_json(
+def compare(
     snapshot: Snapshot,
-    capacity: Optional[str],
-    align: Optional[str],
-    tiers: Optional[str],
-    compact: str,
-    backend: Optional[str],
-    device: Optional[int],
-    materialize_limit: Optional[str],
-    device_heap_limit: Optional[str],
-) -> str:
-    """`gpuheap compare --json`. Raises gpuheap.ConfigError, TraceError, BackendError, InternalError."""
+    *,
+    capacity: Optional[Bytes] = None,
+    align: Optional[Bytes] = None,
+    tiers: Optional[Union[str, Tuple[Bytes, Bytes]]] = None,
+    compact: str = "never",
+    backend: Optional[str] = None,
+    device: Optional[int] = None,
+    materialize_limit: Optional[Bytes] = None,
+    device_heap_limit: Optional[Bytes] = None,
+) -> Output:
+    """`gpuheap compare`. Raises gpuheap.ConfigError, TraceError, BackendError, InternalError."""
 
-def explain_json(
-    snapshot: Snapshot, device: Optional[int], capacity: Optional[str], tune: bool
-) -> tuple[str, str, Optional[str], str]:
-    """`gpuheap explain --json` (`tune=False`: `--no-tune`): (JSON, the page, the settings table or None,
-    the HTML page of `--html`).
-    Raises TraceError, ConfigError, BackendError."""
+def explain(
+    snapshot: Snapshot, *, capacity: Optional[Bytes] = None, device: Optional[int] = None, tune: bool = True
+) -> Output:
+    """`gpuheap explain` (`tune=False`: `--no-tune`). Raises TraceError, ConfigError, BackendError."""
 
-def tune_json(
-    snapshot: Snapshot, device: Optional[int], capacity: Optional[str], settings: Optional[list[str]]
-) -> tuple[str, str, str]:
-    """`gpuheap tune --json` plus the trace's `format`, the page and the HTML page of `--html`; `settings`: keep
-    only these rows. Raises TraceError, ConfigError, BackendError (ConfigError for an unknown row)."""
+def tune(
+    snapshot: Snapshot,
+    *,
+    capacity: Optional[Bytes] = None,
+    device: Optional[int] = None,
+    settings: Optional[list[str]] = None,
+) -> Output:
+    """`gpuheap tune`; `settings`: keep only these rows. Raises TraceError, ConfigError (also for an
+    unknown row), BackendError."""
 
 def strategies() -> list[str]:
     """The strategy names replay accepts."""

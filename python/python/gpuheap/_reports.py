@@ -1,8 +1,9 @@
 """Report objects: read-only views of the JSON reports the command line prints with ``--json``.
 
-Each wraps the same JSON object the CLI prints for the same input and options (the Rust library
-serialises it once for both), so ``report.to_dict()`` equals ``json.loads`` of the CLI's output
-apart from run-time measurements (``replay_ns``, ``events_per_s``, kernel times).
+Each wraps the same JSON object the CLI prints for the same input and options, its text page and its
+HTML page (the Rust library's front door computes all three once for both interfaces), so
+``report.to_dict()`` equals ``json.loads`` of the CLI's output apart from run-time measurements
+(``replay_ns``, ``events_per_s``, kernel times), and ``str(report)`` is the CLI's page.
 Byte figures are ``int`` bytes; fractions are ``float`` in [0, 1].
 """
 
@@ -12,17 +13,20 @@ import copy
 import html
 from typing import Any, Iterator, Optional
 
-__all__ = ["fmt_bytes", "Report", "ReplayReport", "Comparison"]
+from ._gpuheap import fmt_bytes
+
+__all__ = ["Report", "ReplayReport", "Comparison"]
 
 
-def fmt_bytes(b: int) -> str:
-    """Bytes in the largest fitting binary unit, as the CLI prints them (``7.09 GiB``)."""
-    units = ["B", "KiB", "MiB", "GiB", "TiB"]
-    v, i = float(b), 0
-    while v >= 1024.0 and i < len(units) - 1:
-        v /= 1024.0
-        i += 1
-    return f"{b} B" if i == 0 else f"{v:.2f} {units[i]}"
+def _html(title: str, text: str, page: Optional[str]) -> str:
+    """The notebook view: the CLI's ``--html`` page in a sandboxed ``iframe`` (its script and element ids
+    stay inside it, whatever else the notebook shows), else the text page."""
+    if page:
+        return (
+            f'<iframe title="{html.escape(title)}" sandbox="allow-scripts" srcdoc="{html.escape(page, quote=True)}" '
+            'style="width:100%;height:720px;border:0"></iframe>'
+        )
+    return f"<div><p><b>{html.escape(title)}</b></p><pre>{html.escape(text)}</pre></div>"
 
 
 class Report:
@@ -69,9 +73,23 @@ class _TraceReport(Report):
 
 
 class ReplayReport(_TraceReport):
-    """One strategy replayed over one device of a trace (``gpuheap replay --json``)."""
+    """One strategy replayed over one device of a trace (``gpuheap replay --json``); ``str()`` is the
+    CLI's page."""
 
-    __slots__ = ()
+    __slots__ = ("_text", "_page")
+
+    def __init__(self, data: dict, text: Optional[str] = None, page: Optional[str] = None) -> None:
+        """``text``: the page the library rendered; ``page``: the HTML page of ``gpuheap replay --html``
+        (both ``None`` for a row of a :class:`Comparison`)."""
+        super().__init__(data)
+        self._text = text
+        self._page = page
+
+    @property
+    def html(self) -> Optional[str]:
+        """The self-contained HTML page of ``gpuheap replay --html`` (``None`` for a row of a
+        :class:`Comparison`, whose :attr:`Comparison.html` has every row)."""
+        return self._page
 
     @property
     def strategy(self) -> str:
@@ -140,31 +158,33 @@ class ReplayReport(_TraceReport):
             f"(capacity {fmt_bytes(d['capacity']['bytes'])})"
         )
 
+    def __str__(self) -> str:
+        """The CLI's ``gpuheap replay`` page (the one-line summary for a row of a :class:`Comparison`)."""
+        return self._text if self._text is not None else self.summary()
+
     def __repr__(self) -> str:
         return f"<gpuheap.ReplayReport {self.summary()}>"
 
-
-_COLUMNS = ("strategy", "peak alloc", "peak resv", "util", "J-W #4", "failed cap/frag", "compactions")
-
-
-def _row(r: dict) -> list[str]:
-    cap = sum(1 for f in r["failed"] if f["class"] == "capacity")
-    frag = sum(1 for f in r["failed"] if f["class"] == "fragmentation")
-    return [
-        r["strategy"],
-        fmt_bytes(r["peak_allocated"]),
-        fmt_bytes(r["peak_reserved"]),
-        f"{r['utilisation'] * 100:.1f} %",
-        f"{r['johnstone_wilson']:.3f}",
-        f"{cap}/{frag}",
-        "n/a" if r.get("device_heap") is not None else str(len(r["compactions"])),
-    ]
+    def _repr_html_(self) -> str:
+        return _html("gpuheap replay", str(self), self._page)
 
 
 class Comparison(_TraceReport):
-    """Every strategy over the same trace, side by side (``gpuheap compare --json``)."""
+    """Every strategy over the same trace, side by side (``gpuheap compare --json``); ``str()`` is the
+    CLI's table."""
 
-    __slots__ = ()
+    __slots__ = ("_text", "_page")
+
+    def __init__(self, data: dict, text: str = "", page: Optional[str] = None) -> None:
+        """``text``: the table the library rendered; ``page``: the HTML page of ``gpuheap compare --html``."""
+        super().__init__(data)
+        self._text = text
+        self._page = page
+
+    @property
+    def html(self) -> Optional[str]:
+        """The self-contained HTML page of ``gpuheap compare --html``."""
+        return self._page
 
     @property
     def strategies(self) -> list[ReplayReport]:
@@ -184,29 +204,14 @@ class Comparison(_TraceReport):
         return self._data[key]
 
     def table(self) -> str:
-        """The comparison as a plain-text table (a subset of the CLI's columns)."""
-        rows = [list(_COLUMNS)] + [_row(r) for r in self._data["strategies"]]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-        for n in self._data["not_run"]:
-            lines.append(f"{n['strategy']}: not run: {n['reason']}")
-        p = self._data.get("pytorch")
-        if p is not None:
-            lines.append(f"PyTorch (snapshot): peak reserved {fmt_bytes(p['peak'])}, {p['ooms']} oom")
-        return "\n".join(lines)
+        """The comparison as the CLI prints it (every column, PyTorch's own row, the compactions)."""
+        return self._text
+
+    def __str__(self) -> str:
+        return self._text
 
     def __repr__(self) -> str:
         return f"<gpuheap.Comparison {self.trace!r}, device {self.device}>\n{self.table()}"
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _row(r)) + "</tr>" for r in self._data["strategies"]
-        )
-        extra = "".join(
-            f"<p>{html.escape(n['strategy'])}: not run: {html.escape(n['reason'])}</p>" for n in self._data["not_run"]
-        )
-        return (
-            f"<div><p>gpuheap compare: {html.escape(self.trace)}, device {self.device}</p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{extra}</div>"
-        )
+        return _html("gpuheap compare", self._text, self._page)

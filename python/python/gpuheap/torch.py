@@ -38,7 +38,7 @@ Log = Union[logging.Logger, Callable[[str], Any], None]
 
 
 def _fmt(b: int) -> str:
-    from ._reports import fmt_bytes
+    from ._gpuheap import fmt_bytes
 
     return fmt_bytes(int(b))
 

@@ -5,13 +5,40 @@ use gpuheap::backend::Backend;
 use gpuheap::device_heap::DeviceHeap;
 use growable_arrays_kernels::{checksum, pushes};
 
+/// The CPU backend in sequential and lockstep mode and the GPU when usable; `GPUHEAP_TEST_BACKENDS`
+/// (a comma-separated subset of `sequential`, `lockstep`, `gpu`) keeps only those, and with
+/// `GPUHEAP_REQUIRE_GPU=1` a GPU that cannot run the example is a failure, not a skip (as in
+/// gpuheap's own tests, `host/tests/common`).
 fn backends() -> Vec<Backend> {
-    let mut v = vec![Backend::cpu(), Backend::cpu_lockstep()];
-    match Backend::gpu() {
-        Ok(g) if !growable_arrays::PTX.is_empty() => v.push(g),
-        Ok(_) => eprintln!("GPU part skipped: the example's PTX was not built"),
-        Err(e) => eprintln!("GPU part skipped: {e}"),
+    let only = std::env::var("GPUHEAP_TEST_BACKENDS").unwrap_or_default();
+    let want = |name: &str| only.trim().is_empty() || only.split(',').any(|s| s.trim() == name);
+    let required = std::env::var("GPUHEAP_REQUIRE_GPU").is_ok_and(|v| v.trim() == "1");
+    let mut v = Vec::new();
+    if want("sequential") {
+        v.push(Backend::cpu());
     }
+    if want("lockstep") {
+        v.push(Backend::cpu_lockstep());
+    }
+    if want("gpu") {
+        let why = match Backend::gpu() {
+            Ok(g) if !growable_arrays::PTX.is_empty() => {
+                v.push(g);
+                None
+            }
+            Ok(_) => Some("the example's PTX was not built".to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        match why {
+            Some(why) if required => panic!("GPUHEAP_REQUIRE_GPU=1 but the GPU part cannot run: {why}"),
+            Some(why) => eprintln!("GPU part skipped: {why}"),
+            None => {}
+        }
+    }
+    assert!(
+        !v.is_empty() || want("gpu"),
+        "GPUHEAP_TEST_BACKENDS={only:?} names no backend this test runs on (sequential, lockstep, gpu)"
+    );
     v
 }
 

@@ -32,67 +32,21 @@
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::{Capacity, DeviceChoice, DeviceSummary, ExplainError};
-use crate::reference::caching::config::{ConfigWarning, ROUNDUP_INTERVALS};
-use crate::reference::{CachingConfig, StrategyKind, MAX_BYTES};
-use crate::replay::{self, CompactPolicy, ReplayOptions, ReplayReport, MIN_CAPACITY};
-use crate::trace::{AllocatorSettings, DeviceTrace, EventKind, Trace};
+use super::ExplainError;
+use crate::facts::{self, Capacity, DeviceChoice, DeviceSummary, MIN_CAPACITY};
+use crate::reference::caching::config::ConfigWarning;
+use crate::reference::MAX_BYTES;
+use crate::trace::{DeviceTrace, Trace};
+
+mod grid;
+mod row;
+
+pub use grid::{grid, max_split_candidates, own_env, row_warnings, RowKind, Setting, GC_MEMORY_FRACTION};
+pub use row::RowTrace;
 
 /// Granularity of the minimum-capacity search: 2 MiB, the GPU's large page and PyTorch's segment
 /// rounding (`kRoundLarge`).
 pub const GRANULE: u64 = 2 << 20;
-
-/// What a grid row replays.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Setting {
-    /// PyTorch's caching allocator with these settings; `env` is the `PYTORCH_CUDA_ALLOC_CONF` value
-    /// that sets them ("" for the defaults).
-    Pytorch {
-        /// `PYTORCH_CUDA_ALLOC_CONF` value.
-        env: String,
-        /// The settings as the snapshot would record them.
-        settings: AllocatorSettings,
-    },
-    /// The caching model with the snapshot's own settings, compacting (sliding blocks within their
-    /// segments) when a request fails although the free bytes would hold it: what a compacting
-    /// allocator would do.
-    CompactingCaching,
-    /// A host reference strategy over one flat range of the capacity.
-    Host(StrategyKind),
-}
-
-/// The kind of a [`TuneRow`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RowKind {
-    /// A `PYTORCH_CUDA_ALLOC_CONF` setting.
-    Pytorch,
-    /// The caching model with compaction on OOM.
-    Compacting,
-    /// A host reference strategy.
-    Host,
-}
-
-impl Setting {
-    /// The row label: the env value (or "defaults"/"snapshot's own"), "caching + compaction on OOM", or
-    /// the strategy's name.
-    pub fn label(&self) -> String {
-        match self {
-            Setting::Pytorch { env, .. } if env.is_empty() => "(defaults)".into(),
-            Setting::Pytorch { env, .. } => env.clone(),
-            Setting::CompactingCaching => "caching + compaction on OOM".into(),
-            Setting::Host(k) => k.to_string(),
-        }
-    }
-
-    fn kind(&self) -> RowKind {
-        match self {
-            Setting::Pytorch { .. } => RowKind::Pytorch,
-            Setting::CompactingCaching => RowKind::Compacting,
-            Setting::Host(_) => RowKind::Host,
-        }
-    }
-}
 
 /// One row of the search. Bytes.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -146,142 +100,15 @@ pub struct TuneReport {
     /// Replays run in total.
     pub replays: usize,
     /// Options of the snapshot's own settings that the caching model does not implement or that have no
-    /// effect as recorded ([`CachingConfig::from_settings`]): the snapshot's own row replays without them.
+    /// effect as recorded ([`crate::reference::CachingConfig::from_settings`]): the snapshot's own row replays without them.
     pub warnings: Vec<ConfigWarning>,
 }
 
-/// The per-process memory fraction the garbage-collection rows set: 1.0, the whole GPU. PyTorch's
-/// `malloc` runs `garbage_collect_cached_blocks` only when `set_fraction &&
-/// garbage_collection_threshold() > 0` (`c10/cuda/CUDACachingAllocator.cpp`; the threshold is read in
-/// `c10/cuda/CUDAAllocatorConfig.cpp`, `parseGarbageCollectionThreshold`), and `set_fraction` becomes
-/// true only through `setMemoryFraction` (`torch.cuda.set_per_process_memory_fraction`): without it a
-/// threshold has no effect. With 1.0 the collector's limit (`threshold × allowed_memory_maximum`) is a
-/// fraction of the whole GPU, and no memory is withheld.
-pub const GC_MEMORY_FRACTION: f64 = 1.0;
-
-/// The configuration `settings` record (PyTorch's `CUDAAllocatorConfig` of the snapshot), for the
-/// `PYTORCH_CUDA_ALLOC_CONF` strings of the grid. The device capacity is set by each replay.
-fn base_config(settings: &AllocatorSettings) -> CachingConfig {
-    CachingConfig::from_settings(settings, 0).0
-}
-
-/// The snapshot's settings that [`CachingConfig::from_settings`] reads back as exactly `cfg`: the
-/// `PYTORCH_CUDA_ALLOC_CONF` string alone ([`CachingConfig::to_env`]), no structured field.
-fn settings_of(cfg: &CachingConfig) -> AllocatorSettings {
-    AllocatorSettings { alloc_conf: Some(cfg.to_env()), ..AllocatorSettings::default() }
-}
-
-/// The `PYTORCH_CUDA_ALLOC_CONF` value of the snapshot's own settings ([`super::settings_env`]; empty
-/// for PyTorch's defaults or when none are recorded).
-pub fn own_env(dev: &DeviceTrace) -> String {
-    super::settings_env(dev).unwrap_or_default()
-}
-
-/// `max_split_size_mb` values derived from the request sizes of `dev`: the smallest whole MiB above the
-/// quartiles (25, 50, 75, 100 %) of the distinct request sizes above 20 MiB (PyTorch refuses values
-/// ≤ 20), without duplicates, ascending.
-pub fn max_split_candidates(dev: &DeviceTrace) -> Vec<u64> {
-    let mib = 1u64 << 20;
-    let mut sizes: Vec<u64> = dev
-        .events
-        .iter()
-        .filter(|e| e.kind == EventKind::Alloc)
-        .map(|e| e.size)
-        .chain(dev.initial_blocks.iter().map(|b| b.size))
-        .filter(|&s| s > 20 * mib && s <= MAX_BYTES)
-        .collect();
-    sizes.sort_unstable();
-    sizes.dedup();
-    if sizes.is_empty() {
-        return Vec::new();
-    }
-    let mut v: Vec<u64> =
-        [1usize, 2, 3, 4].iter().map(|q| sizes[(sizes.len() * q).div_ceil(4) - 1] / mib + 1).collect();
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
-/// The settings of the search for `dev` (see the module docs), PyTorch rows first, the snapshot's own
-/// first of all. Every other PyTorch row is the snapshot's configuration ([`CachingConfig::from_settings`])
-/// changed with the [`CachingConfig`] builders; its `env` is [`CachingConfig::to_env`] of the result, and
-/// its replay reads exactly that string back. Rows whose configuration equals an earlier one are left out.
-pub fn grid(dev: &DeviceTrace) -> Vec<Setting> {
-    let own = dev.allocator_settings.clone().unwrap_or_default();
-    let base = base_config(&own);
-    let mut out = vec![Setting::Pytorch { env: base.to_env(), settings: own }];
-    let mut push = |cfg: CachingConfig| {
-        let env = cfg.to_env();
-        if !out.iter().any(|s| matches!(s, Setting::Pytorch { env: e, .. } if *e == env)) {
-            out.push(Setting::Pytorch { env, settings: settings_of(&cfg) });
-        }
-    };
-    let gc = |c: CachingConfig, t: f64| c.gc_threshold(t).memory_fraction(Some(GC_MEMORY_FRACTION));
-    push(base.expandable(true));
-    let splits = max_split_candidates(dev);
-    for &mb in &splits {
-        push(base.max_split(mb << 20));
-    }
-    for d in [1u64, 2, 4, 8, 16] {
-        push(base.roundup_divisions(d));
-    }
-    // `[256:1,512:2,1024:4,>:8]`, the example of PyTorch's documentation, as PyTorch parses it (the
-    // first interval also fills those below it; `>` fills from the last named interval inclusive).
-    let mut list = [1u64; ROUNDUP_INTERVALS];
-    list[9] = 2;
-    list[10..].iter_mut().for_each(|d| *d = 8);
-    push(base.roundup_divisions_per_interval(list));
-    for t in [0.6, 0.8] {
-        push(gc(base, t));
-    }
-    push(gc(base.expandable(true), 0.8));
-    if let Some(&mb) = splits.get(splits.len() / 2) {
-        push(gc(base.max_split(mb << 20), 0.8));
-    }
-    out.push(Setting::CompactingCaching);
-    out.extend(StrategyKind::ALL.iter().filter(|&&k| k != StrategyKind::Caching).map(|&k| Setting::Host(k)));
-    out
-}
-
-/// The [`ConfigWarning`]s of a PyTorch row: options its settings name that the caching model does not
-/// implement or that have no effect as set (a `garbage_collection_threshold` without a memory fraction).
-/// Only the snapshot's own row can have any: the other rows are built from [`CachingConfig`].
-pub fn row_warnings(setting: &Setting) -> Vec<ConfigWarning> {
-    match setting {
-        Setting::Pytorch { settings, .. } => CachingConfig::from_settings(settings, 0).1,
-        _ => Vec::new(),
-    }
-}
-
-/// The trace a row replays: the OOM requests tried where they failed ([`super::with_oom_requests`]),
-/// and for PyTorch rows the row's settings in place of the snapshot's.
-fn row_trace(dev: &DeviceTrace, setting: &Setting) -> DeviceTrace {
-    let mut d = super::with_oom_requests(dev).0;
-    if let Setting::Pytorch { settings, .. } = setting {
-        d.allocator_settings = Some(settings.clone());
-    }
-    d
-}
-
-/// One replay of `dev` (a [`row_trace`]) under `setting` at `capacity` bytes.
-fn run(trace: &Trace, dev: &DeviceTrace, setting: &Setting, capacity: u64) -> Result<ReplayReport, ExplainError> {
-    let (strategy, policy) = match setting {
-        Setting::Pytorch { .. } => (StrategyKind::Caching, CompactPolicy::Never),
-        Setting::CompactingCaching => (StrategyKind::Caching, CompactPolicy::OnOom),
-        Setting::Host(k) => (*k, CompactPolicy::Never),
-    };
-    let mut opts = ReplayOptions::new(strategy);
-    opts.capacity = Some(capacity);
-    opts.policy = policy;
-    opts.timeline_points = 1;
-    Ok(replay::replay(trace, dev, &opts, None, &mut |_| {})?)
-}
-
-/// Searches the least capacity (a multiple of [`GRANULE`]) at which `setting` replays `dev` without a
+/// Searches the least capacity (a multiple of [`GRANULE`]) at which `setting` replays `row` without a
 /// failed request. Returns it (`None`: none up to [`MAX_BYTES`]) and the replays run.
 fn min_capacity(
     trace: &Trace,
-    dev: &DeviceTrace,
+    row: &RowTrace,
     setting: &Setting,
     peak_live: u64,
     hint: u64,
@@ -290,12 +117,12 @@ fn min_capacity(
     let cap_max = MAX_BYTES / GRANULE * GRANULE;
     // A capacity the allocator cannot be built with (the caching model below 2 MiB) fails like an OOM.
     let ok = |c: u64| -> Result<bool, ExplainError> {
-        let r = run(trace, dev, setting, c);
+        let r = row.replay(trace, setting, c, 1);
         progress();
         match r {
             Ok(r) => Ok(r.failed.is_empty()),
             Err(e) if e.is_input() => Ok(false),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     };
     let mut replays = 0;
@@ -343,14 +170,12 @@ pub fn tune(
     progress: &(dyn Fn() + Sync),
 ) -> Result<TuneReport, ExplainError> {
     let settings = grid(dev);
-    let peak_live = super::peaks(dev).allocated.min(MAX_BYTES as u128) as u64;
-    let index_map = super::with_oom_requests(dev).1;
+    let peak_live = facts::peaks(dev).allocated.min(MAX_BYTES as u128) as u64;
     let rows: Vec<Result<TuneRow, ExplainError>> = settings
         .par_iter()
         .enumerate()
         .map(|(i, s)| {
-            let owned = row_trace(dev, s);
-            let dev = &owned;
+            let row_trace = RowTrace::new(dev, s);
             let row = |note: Option<String>| TuneRow {
                 setting: s.label(),
                 kind: s.kind(),
@@ -359,7 +184,7 @@ pub fn tune(
                     _ => None,
                 },
                 memory_fraction: match s {
-                    Setting::Pytorch { settings, .. } => base_config(settings).memory_fraction,
+                    Setting::Pytorch { settings, .. } => grid::base_config(settings).memory_fraction,
                     _ => None,
                 },
                 own: i == 0,
@@ -374,24 +199,25 @@ pub fn tune(
             // At the capacity; a capacity the row cannot use (below the caching model's 2 MiB) is its note,
             // and the search still runs.
             let mut r = row(None);
-            match run(trace, dev, s, capacity.bytes) {
+            match row_trace.replay(trace, s, capacity.bytes, 1) {
                 Ok(at) => {
                     r.peak_reserved = at.peak_reserved;
                     r.failed = at.failed.len();
-                    r.first_failure = at.failed.first().and_then(|f| f.event).and_then(|e| index_map.get(e).copied());
+                    r.first_failure =
+                        at.failed.first().and_then(|f| f.event).and_then(|e| row_trace.map.get(e).copied());
                 }
                 Err(e) if e.is_input() => r.note = Some(format!("cannot run at the capacity: {e}")),
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
             progress();
             // The unconstrained peak: a replay on the largest device modelled.
-            let free_run = run(trace, dev, s, MAX_BYTES / GRANULE * GRANULE);
+            let free_run = row_trace.replay(trace, s, MAX_BYTES / GRANULE * GRANULE, 1);
             progress();
             let hint = match &free_run {
                 Ok(x) if x.failed.is_empty() => x.peak_reserved,
                 _ => r.peak_reserved,
             };
-            let (min, replays) = match min_capacity(trace, dev, s, peak_live, hint, progress) {
+            let (min, replays) = match min_capacity(trace, &row_trace, s, peak_live, hint, progress) {
                 Ok(v) => v,
                 Err(e) if e.is_input() => {
                     r.note.get_or_insert_with(|| e.to_string());
@@ -439,15 +265,14 @@ impl TuneReport {
     /// the replay count are then among them.
     ///
     /// # Errors
-    /// [`ExplainError::Input`] naming the labels that are no row of the report (and listing the rows);
+    /// [`ExplainError::UnknownSettings`] naming the labels that are no row of the report (and listing the rows);
     /// the report is then unchanged.
     pub fn retain_settings(&mut self, settings: &[String]) -> Result<(), ExplainError> {
-        let unknown: Vec<&String> = settings.iter().filter(|s| !self.rows.iter().any(|r| &r.setting == *s)).collect();
+        let unknown: Vec<String> =
+            settings.iter().filter(|s| !self.rows.iter().any(|r| &r.setting == *s)).cloned().collect();
         if !unknown.is_empty() {
-            let labels: Vec<&str> = self.rows.iter().map(|r| r.setting.as_str()).collect();
-            return Err(ExplainError::Input(format!(
-                "settings: {unknown:?} are not rows of the grid (rows: {labels:?})"
-            )));
+            let rows = self.rows.iter().map(|r| r.setting.clone()).collect();
+            return Err(ExplainError::UnknownSettings { unknown, rows });
         }
         self.rows.retain(|r| settings.contains(&r.setting));
         self.rank();
@@ -481,25 +306,25 @@ pub struct TunePage {
     pub tune: TuneReport,
 }
 
-/// `gpuheap tune`: picks the device ([`super::choose_device`]; `device` given or not), the capacity from
-/// the evidence ([`super::capacity_from_evidence`]; `capacity` in bytes, given or not) and runs
+/// `gpuheap tune`: picks the device ([`facts::choose_device`]; `device` given or not), the capacity from
+/// the evidence ([`facts::capacity_from_evidence`]; `capacity` in bytes, given or not) and runs
 /// [`tune`] on it (`progress` as there).
 ///
 /// # Errors
-/// [`ExplainError::Input`] for a device the file lacks or a `capacity` outside the range the strategies
-/// model; [`ExplainError::Trace`] for sums that cannot be represented; those of [`tune`].
+/// [`ExplainError::Device`] for a device the file lacks, [`ExplainError::Capacity`] for a `capacity`
+/// outside the range the strategies model; [`ExplainError::Trace`] for sums that cannot be represented; those of [`tune`].
 pub fn tune_page(
     trace: &Trace,
     device: Option<i64>,
     capacity: Option<u64>,
     progress: &(dyn Fn() + Sync),
 ) -> Result<TunePage, ExplainError> {
-    super::check_given_capacity(capacity)?;
-    let devices = super::summarize(trace);
-    let choice = super::choose_device(trace, &devices, device).map_err(ExplainError::Input)?;
+    capacity.map(facts::check_capacity).transpose()?;
+    let devices = facts::summarize(trace);
+    let choice = facts::choose_device(trace, &devices, device)?;
     let dev = &trace.devices[choice.index];
-    let cap = super::capacity_from_evidence(trace, dev, capacity)?;
-    let gpu = super::gpu_capacity_at_oom(trace, dev)?.map(|c| c.bytes);
+    let cap = facts::capacity_from_evidence(trace, dev, capacity)?;
+    let gpu = facts::gpu_capacity_at_oom(trace, dev)?.map(|c| c.bytes);
     let t = std::time::Instant::now();
     let report = tune(trace, dev, &cap, progress)?;
     Ok(TunePage {

@@ -316,7 +316,9 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
                         {
                             Node::BigInt
                         }
-                        Err(_) => return Err(r.malformed(format!("bad integer literal {}", super::excerpt(text)))),
+                        Err(_) => {
+                            return Err(r.malformed(format!("bad integer literal {}", crate::trace::excerpt(text))))
+                        }
                     },
                 };
                 push!(node);

@@ -18,12 +18,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use super::pickle::{self, Node, NodeId, Pickle, PickleErrorKind};
+pub(crate) mod pickle;
+pub mod pickle_write;
+pub(super) mod settings;
+
 use super::validate::{seed_and_link, ValidationErrorKind};
 use super::{
     AddressKind, AllocatorSettings, BlockState, BlockStatus, DeviceTrace, Event, EventKind, Location, OomInfo, Pool,
     SegmentState, SnapshotLayout, SnapshotState, TimeUnit, Trace, TraceError, TraceFormat, NO_ID,
 };
+use pickle::{Node, NodeId, Pickle, PickleErrorKind};
 
 /// Parses the snapshot pickle `bytes` (the content of `path`, used in messages).
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {

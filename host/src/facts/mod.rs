@@ -1,0 +1,26 @@
+//! What a trace records, for every caller: computed from the trace itself, with no model of an
+//! allocator. The replay, the answers (`explain`, `tune`), the HTML pages and every front end take
+//! these facts from here, so each has one definition.
+//!
+//! * [`devices`]: per device, events, peaks and recorded OOMs ([`summarize`]), and the device a report
+//!   is about ([`choose_device`]);
+//! * [`peaks`](mod@peaks): the demand and reserved peaks ([`peaks()`]) and PyTorch's own reserved bytes
+//!   over the trace ([`pytorch_series`]), in one walk with one arithmetic;
+//! * [`capacity`]: the GPU's memory from the evidence ([`Capacity`] with its typed [`CapacitySource`]);
+//! * [`state`]: PyTorch's allocator state at one moment (segments, live blocks, holes).
+//!
+//! This layer sits on `trace` and on the rules of `reference` it quotes (PyTorch's block rounding, the
+//! largest device modelled); `replay` and everything above it use it, never the reverse.
+
+pub mod capacity;
+pub mod devices;
+pub mod peaks;
+pub mod state;
+
+pub use capacity::{
+    capacity_from_evidence, check_capacity, gpu_capacity_at_oom, oom_capacity, Capacity, CapacityRangeError,
+    CapacitySource, MIN_CAPACITY,
+};
+pub use devices::{choose_device, summarize, DeviceChoice, DeviceError, DeviceReason, DeviceSummary};
+pub use peaks::{demand_peak, peaks, pytorch_series, Peaks, PytorchReserved};
+pub use state::{final_state, state_after, HeapState, Hole, SegmentView, SnapshotBlock, StateError};
