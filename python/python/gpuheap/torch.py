@@ -27,7 +27,7 @@ PyTorch versions. The observer uses two private hooks of PyTorch's CUDA caching 
 * ``torch.cuda.memory._record_memory_history`` (optional: the events before the OOM): the form
   above (``max_entries=``) is PyTorch 2.1's and later's; PyTorch 2.0 takes
   ``_record_memory_history(True, trace_alloc_max_entries=100_000, trace_alloc_record_context=True)``
-  (the form 2.1 and later keep as ``_record_memory_history_legacy``).
+  (2.1 and later still take it: a ``bool`` first argument goes to ``_record_memory_history_legacy``).
 
 PyTorch calls the observer as ``observer(device, requested bytes, device total bytes (or the limit
 of set_per_process_memory_fraction), driver free bytes)`` (c10/cuda/CUDACachingAllocator.cpp,
