@@ -19,6 +19,9 @@ use gpuheap::app::{self, options as opt, OptionError, Options, Quiet};
 use gpuheap::{BackendChoice, Error, ErrorKind};
 use pyo3::prelude::*;
 
+#[cfg(feature = "cli")]
+mod cli;
+
 pyo3::import_exception!(gpuheap._errors, TraceError);
 pyo3::import_exception!(gpuheap._errors, ConfigError);
 pyo3::import_exception!(gpuheap._errors, BackendError);
@@ -300,6 +303,8 @@ fn _gpuheap(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fmt_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
+    #[cfg(feature = "cli")]
+    m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -22,20 +22,31 @@ from conftest import load_plain
 SNAPSHOT = Path(__file__).resolve().parents[2] / "data" / "1.3b_snapshot.pickle"
 
 
-def fake_torch(snapshot=None, hook: bool = True) -> types.ModuleType:  # noqa: ANN001
+def fake_torch(snapshot=None, hook: bool = True, cuda_init=None) -> types.ModuleType:  # noqa: ANN001
     torch = types.ModuleType("torch")
     torch.__version__ = "0.0-stand-in"
     torch.observers = []
     torch._C = types.SimpleNamespace()
     if hook:
-        torch._C._cuda_attach_out_of_memory_observer = torch.observers.append
+
+        def attach(observer) -> None:  # noqa: ANN001
+            torch.calls.append("attach")
+            torch.observers.append(observer)
+
+        torch._C._cuda_attach_out_of_memory_observer = attach
 
     def _snapshot():  # noqa: ANN202
         if isinstance(snapshot, Exception):
             raise snapshot
         return snapshot
 
-    torch.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(_snapshot=_snapshot))
+    def init() -> None:  # torch.cuda.init(): recorded, to check that it runs before the hook
+        if isinstance(cuda_init, Exception):
+            raise cuda_init
+        torch.calls.append("cuda.init")
+
+    torch.calls = []
+    torch.cuda = types.SimpleNamespace(init=init, memory=types.SimpleNamespace(_snapshot=_snapshot))
     return torch
 
 
@@ -136,3 +147,19 @@ def test_observer_explains_the_device_that_ran_out(monkeypatch: pytest.MonkeyPat
     assert obs.last_error is None, obs.last_error
     assert "device 1 is reported" in obs.last_report, obs.last_report
     assert "device 0 is reported" not in obs.last_report
+
+
+def test_cuda_is_initialised_before_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyTorch 2.0.x's hook crashes on an uninitialised allocator: torch.cuda.init() runs first."""
+    torch = fake_torch(load_plain(SNAPSHOT))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    gpuheap.torch.install_oom_observer(log=lambda _: None)
+    assert torch.calls == ["cuda.init", "attach"]
+
+
+def test_cuda_that_cannot_be_initialised_is_torch_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = fake_torch(cuda_init=RuntimeError("Found no NVIDIA driver on your system"))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    with pytest.raises(gpuheap.TorchError, match="CUDA cannot be initialised: Found no NVIDIA driver"):
+        gpuheap.torch.install_oom_observer()
+    assert torch.observers == []

@@ -37,7 +37,8 @@ class BackendError(Error, RuntimeError):
 
 class TorchError(Error, ImportError):
     """:mod:`gpuheap.torch` needs PyTorch: torch cannot be imported, or it lacks the hook
-    (``torch._C._cuda_attach_out_of_memory_observer``, present in CUDA builds of PyTorch 2.x)."""
+    (``torch._C._cuda_attach_out_of_memory_observer``, present in CUDA builds of PyTorch 2.0.0 and
+    later), or CUDA cannot be initialised."""
 
 
 class InternalError(Error, RuntimeError):

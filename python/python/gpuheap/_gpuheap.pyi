@@ -95,5 +95,10 @@ def tune(
 def strategies() -> list[str]:
     """The strategy names replay accepts."""
 
+def cli_main(argv: list[str]) -> int:
+    """Runs the `gpuheap` command line with `argv` (the program name first) on the process's stdout and
+    stderr; returns its exit code (0, 1 run-time failure, 2 bad input or usage, 101 a panic). Present
+    when the extension is built with the `cli` feature (every wheel is); used by `gpuheap.__main__`."""
+
 def _panic_for_test() -> None:
     """Panics inside the guarded section (tests of the panic guard): raises gpuheap.InternalError."""

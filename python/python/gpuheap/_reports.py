@@ -97,9 +97,29 @@ class ReplayReport(_TraceReport):
         return self._data["strategy"]
 
     @property
+    def format(self) -> str:
+        """The trace's format, as the CLI names it (e.g. ``PyTorch memory snapshot``)."""
+        return self._data["format"]
+
+    @property
     def capacity(self) -> int:
         """Managed capacity, bytes."""
         return self._data["capacity"]["bytes"]
+
+    @property
+    def align(self) -> int:
+        """Alignment of the requests, bytes (given, else the format's own)."""
+        return self._data["align"]
+
+    @property
+    def policy(self) -> str:
+        """The compaction policy: ``never``, ``on-oom`` or ``threshold=F``."""
+        return self._data["policy"]
+
+    @property
+    def events(self) -> int:
+        """Allocation and free events replayed."""
+        return self._data["events"]
 
     @property
     def capacity_source(self) -> str:

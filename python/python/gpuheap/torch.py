@@ -14,6 +14,25 @@ prints or logs the explanation.
 
 Importing this module does not import torch; :func:`install_oom_observer` does.
 
+PyTorch versions. The observer uses two private hooks of PyTorch's CUDA caching allocator:
+
+* ``torch._C._cuda_attach_out_of_memory_observer`` (with ``torch.cuda.memory._snapshot()``'s
+  ``device_traces``): added by pytorch/pytorch#86241 (October 2022), first released in PyTorch
+  2.0.0; 1.13.1 lacks it (pytorch/pytorch#102957), and so does a CPU-only build. In 2.0.x the hook
+  registers the observer with the current device's allocator only, and crashes the process when
+  the CUDA allocator is not initialised yet (pytorch/pytorch#102796, #107330); pytorch/pytorch#107399
+  (August 2023, PyTorch 2.1.0) initialises CUDA and registers it on every device.
+  :func:`install_oom_observer` calls ``torch.cuda.init()`` first, so 2.0.x does not crash; there,
+  set the training device (``torch.cuda.set_device``) before installing it.
+* ``torch.cuda.memory._record_memory_history`` (optional: the events before the OOM): the form
+  above (``max_entries=``) is PyTorch 2.1's and later's; PyTorch 2.0 takes
+  ``_record_memory_history(True, trace_alloc_max_entries=100_000, trace_alloc_record_context=True)``
+  (2.1 and later still take it: a ``bool`` first argument goes to ``_record_memory_history_legacy``).
+
+PyTorch calls the observer as ``observer(device, requested bytes, device total bytes (or the limit
+of set_per_process_memory_fraction), driver free bytes)`` (c10/cuda/CUDACachingAllocator.cpp,
+``DeviceCachingAllocator::malloc``, before it raises).
+
 What was tested: the wiring, against a stand-in ``torch`` module that records the registered
 callback and calls it with a real snapshot dict (``python/tests/test_torch_observer.py``). Not
 tested here: a CUDA build of PyTorch on a GPU (none was available to the project).
@@ -150,8 +169,9 @@ def install_oom_observer(
         The registered :class:`OomObserver` (PyTorch offers no way to remove it).
 
     Raises:
-        TorchError: torch cannot be imported, or it has no ``torch._C._cuda_attach_out_of_memory_observer``
-            (a CPU-only build, or PyTorch older than 2.1).
+        TorchError: torch cannot be imported, it has no ``torch._C._cuda_attach_out_of_memory_observer``
+            (a CPU-only build, or PyTorch older than 2.0.0), or CUDA cannot be initialised (no GPU or
+            driver).
     """
     try:
         import torch
@@ -162,8 +182,14 @@ def install_oom_observer(
         version = getattr(torch, "__version__", "unknown")
         raise TorchError(
             f"gpuheap.torch.install_oom_observer: this PyTorch ({version}) has no torch._C.{_HOOK} "
-            "(it needs a CUDA build of PyTorch 2.1 or later)"
+            "(it needs a CUDA build of PyTorch 2.0.0 or later)"
         )
+    # PyTorch 2.0.x's hook dereferences the allocator without initialising it (a crash, not an
+    # exception); 2.1.0 and later initialise it inside the hook. Initialising first is the same there.
+    try:
+        torch.cuda.init()
+    except Exception as e:  # torch raises RuntimeError (or AssertionError in old builds) without a GPU
+        raise TorchError(f"gpuheap.torch.install_oom_observer: CUDA cannot be initialised: {e}") from e
     observer = OomObserver(torch, None if path is None else os.fspath(path), explain, tune, log)
     hook(observer)
     return observer
