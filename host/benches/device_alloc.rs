@@ -19,8 +19,8 @@ fn alloc_free(c: &mut Criterion) {
         let heap = DeviceHeap::new(&b, 1 << 30).unwrap();
         g.bench_with_input(BenchmarkId::new("warm", size), &size, |bench, &size| {
             bench.iter(|| {
-                let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(size), THREADS, false).unwrap();
-                ops::free_batch(&b, &heap, batch, 1).unwrap();
+                let batch = ops::malloc_batch(&heap, &Sizes::Uniform(size), THREADS, false).unwrap();
+                ops::free_batch(&heap, batch, 1).unwrap();
             })
         });
     }
@@ -28,8 +28,8 @@ fn alloc_free(c: &mut Criterion) {
     let mixed: Vec<u64> = (0..THREADS).map(|i| 16 + (i * 2654435761) % 4080).collect();
     g.bench_function("warm/mixed_16_4096", |bench| {
         bench.iter(|| {
-            let batch = ops::malloc_batch(&b, &heap, &Sizes::PerThread(mixed.clone()), THREADS, false).unwrap();
-            ops::free_batch(&b, &heap, batch, 1).unwrap();
+            let batch = ops::malloc_batch(&heap, &Sizes::PerThread(mixed.clone()), THREADS, false).unwrap();
+            ops::free_batch(&heap, batch, 1).unwrap();
         })
     });
     g.bench_function("bump/16", |bench| bench.iter(|| gpuheap::ops::bump_alloc(&b, THREADS, 16, 1 << 30).unwrap()));
@@ -43,7 +43,7 @@ fn churn(c: &mut Criterion) {
     g.sample_size(10);
     g.throughput(Throughput::Elements(1024 * 20));
     g.bench_function("1024x20_16_4096", |bench| {
-        bench.iter(|| ops::churn(&b, &heap, 1024, 20, (16, 4096), 1, true).unwrap())
+        bench.iter(|| ops::churn(&heap, 1024, 20, (16, 4096), 1, true).unwrap())
     });
     g.finish();
 }

@@ -61,7 +61,7 @@ gpuheap_kernels::kernel_entry! {
 fn the_c_abi_allocates_resolves_and_frees_like_the_rust_api() {
     const THREADS: u64 = 256;
     for backend in [Backend::cpu(), Backend::cpu_lockstep()] {
-        let heap = DeviceHeap::with_movable(&backend, 16 << 20, 1 << 20, 1024).unwrap();
+        let mut heap = DeviceHeap::with_movable(&backend, 16 << 20, 1 << 20, 1024).unwrap();
         let h = heap.handle();
         let out = backend.alloc_zeroed(THREADS as usize * 5 * 8).unwrap();
         let p = Params { heap: h, threads: THREADS, out: out.device_ptr() };
@@ -79,7 +79,7 @@ fn the_c_abi_allocates_resolves_and_frees_like_the_rust_api() {
         }
         let s = heap.stats().unwrap();
         assert_eq!((s.bytes_in_use(), s.failed_requests), (0, 0), "{backend:?}: every block was freed: {s:?}");
-        let m = heap.movable_stats().unwrap();
+        let m = heap.movable().unwrap().stats().unwrap();
         assert_eq!((m.live_handles, m.failed_requests), (0, 0), "{backend:?}: {m:?}");
         assert_eq!(m.cursor, THREADS * 48, "{backend:?}: 40-byte blocks take 48 bytes of the span");
     }

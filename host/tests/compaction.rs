@@ -13,7 +13,7 @@ mod common;
 use gpuheap::backend::Backend;
 use gpuheap::bench::SplitMix64;
 use gpuheap::compaction::{
-    compact, oracle, CompactHeap, CompactTuning, CompactionError, Compactor, Handle, LiveBlock, GRANULE,
+    oracle, CompactHeap, CompactTuning, CompactionError, Compactor, Handle, HandleRegion, LiveBlock, GRANULE,
 };
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;
@@ -26,40 +26,40 @@ fn is_lockstep(b: &Backend) -> bool {
     common::has_thread_per_lane(b)
 }
 
-fn with_tile(heap: &mut CompactHeap<'_>, tile_bytes: u32) {
+fn with_tile(heap: &mut CompactHeap, tile_bytes: u32) {
     let t = CompactTuning { tile_bytes, ..heap.tuning() };
     heap.set_tuning(t);
 }
 
 /// Writes the pattern of each block's handle into every word of the block
 /// and the poison word into every free range.
-fn fill(heap: &mut CompactHeap<'_>) {
+fn fill(heap: &mut CompactHeap) {
     let mut img = vec![0u8; heap.capacity() as usize];
     heap.region().read_into(0, &mut img).unwrap();
-    for b in heap.layout() {
-        let h = heap.handle_of(b.handle).unwrap();
+    for b in heap.layout().unwrap() {
+        let h = heap.handle_of(b.handle).unwrap().unwrap();
         let words: &mut [u32] = bytemuck::cast_slice_mut(&mut img[b.offset as usize..(b.offset + b.size) as usize]);
         for (i, w) in words.iter_mut().enumerate() {
             *w = pattern(h.0, i as u64);
         }
     }
-    for (o, l) in heap.free_ranges() {
+    for (o, l) in heap.free_ranges().unwrap() {
         let words: &mut [u32] = bytemuck::cast_slice_mut(&mut img[o as usize..(o + l) as usize]);
         words.fill(POISON);
     }
-    heap.region_mut().write_at(0, &img).unwrap();
+    heap.write_region(0, &img).unwrap();
 }
 
-fn image(heap: &CompactHeap<'_>) -> Vec<u8> {
+fn image(heap: &CompactHeap) -> Vec<u8> {
     let mut img = vec![0u8; heap.capacity() as usize];
     heap.region().read_into(0, &mut img).unwrap();
     img
 }
 
 /// Checks every block's bytes against its handle's pattern.
-fn check_patterns(heap: &CompactHeap<'_>, img: &[u8], what: &str) {
-    for b in heap.layout() {
-        let h = heap.handle_of(b.handle).unwrap();
+fn check_patterns(heap: &CompactHeap, img: &[u8], what: &str) {
+    for b in heap.layout().unwrap() {
+        let h = heap.handle_of(b.handle).unwrap().unwrap();
         let words: &[u32] = bytemuck::cast_slice(&img[b.offset as usize..(b.offset + b.size) as usize]);
         for (i, &w) in words.iter().enumerate() {
             assert_ne!(w, POISON, "{what}: poison read back into handle {h:?} word {i}");
@@ -69,13 +69,13 @@ fn check_patterns(heap: &CompactHeap<'_>, img: &[u8], what: &str) {
 }
 
 /// Fills, compacts and checks everything; returns the report.
-fn compact_and_check(heap: &mut CompactHeap<'_>, what: &str) -> gpuheap::compaction::CompactionReport {
+fn compact_and_check(heap: &mut CompactHeap, what: &str) -> gpuheap::compaction::CompactionReport {
     fill(heap);
-    let before_layout = heap.layout();
+    let before_layout = heap.layout().unwrap();
     let before = image(heap);
-    let handles: Vec<Handle> = before_layout.iter().map(|b| heap.handle_of(b.handle).unwrap()).collect();
-    let report = compact(heap).unwrap_or_else(|e| panic!("{what}: compaction failed: {e}"));
-    let after_layout = heap.layout();
+    let handles: Vec<Handle> = before_layout.iter().map(|b| heap.handle_of(b.handle).unwrap().unwrap()).collect();
+    let report = heap.compact().unwrap_or_else(|e| panic!("{what}: compaction failed: {e}"));
+    let after_layout = heap.layout().unwrap();
     let (expected, plan) = slide(&before_layout, heap.capacity());
 
     // Layout: same blocks, in the same order, at the reference offsets.
@@ -86,7 +86,7 @@ fn compact_and_check(heap: &mut CompactHeap<'_>, what: &str) -> gpuheap::compact
     }
     oracle::validate(&after_layout, heap.capacity()).unwrap_or_else(|e| panic!("{what}: overlap: {e}"));
     // Handles: host mirror and device table.
-    let table = heap.read_device_table().unwrap();
+    let table = heap.read_table().unwrap();
     for (h, &d) in handles.iter().zip(&expected) {
         let info = heap.resolve(*h).unwrap();
         assert_eq!(info.offset, d, "{what}: host resolve of {h:?}");
@@ -142,7 +142,7 @@ fn no_holes_ends_at_once_and_moves_nothing() {
         assert_eq!((r.blocks_moved, r.bytes_moved, r.launches), (0, 0, 0), "{what}");
         assert_eq!(image(&heap), before, "{what}");
         // The kernels themselves on a packed layout: they run and move nothing.
-        let layout = heap.layout();
+        let layout = heap.layout().unwrap();
         let mut c = Compactor::new(heap.tuning());
         let mut region = b.upload(&before).unwrap();
         let run = c.compact(b, &mut region, &layout, None).unwrap();
@@ -340,7 +340,7 @@ fn poisoned_holes_are_never_read_back() {
         // word holds the poison afterwards.
         compact_and_check(&mut heap, what);
         let img = image(&heap);
-        let live: u64 = heap.layout().iter().map(|b| b.size).sum();
+        let live: u64 = heap.layout().unwrap().iter().map(|b| b.size).sum();
         let poison_words = bytemuck::cast_slice::<u8, u32>(&img[..live as usize]).iter().filter(|&&w| w == POISON);
         assert_eq!(poison_words.count(), 0, "{what}");
     });
@@ -455,7 +455,7 @@ fn compaction_lets_a_fragmented_request_succeed() {
     heap.free(hs[1]).unwrap();
     heap.free(hs[3]).unwrap();
     assert!(matches!(heap.alloc(8 * unit), Err(CompactionError::OutOfMemory { .. })));
-    let r = compact(&mut heap).unwrap();
+    let r = heap.compact().unwrap();
     assert_eq!((r.before.external, r.after.external), (0.5, 0.0));
     heap.alloc(8 * unit).unwrap();
 }

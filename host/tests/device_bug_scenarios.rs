@@ -33,7 +33,7 @@ fn bl_09_empty_pages_return_to_the_pool_for_other_sizes() {
         let mut batches = Vec::new();
         let mut got = 0;
         loop {
-            let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(16), 2048, false).unwrap();
+            let batch = ops::malloc_batch(&heap, &Sizes::Uniform(16), 2048, false).unwrap();
             let n = batch.read_ptrs().unwrap().iter().filter(|&&p| p != 0).count();
             got += n;
             batches.push(batch);
@@ -46,13 +46,13 @@ fn bl_09_empty_pages_return_to_the_pool_for_other_sizes() {
         let s = heap.stats().unwrap();
         assert_eq!((s.classes[0].pages, s.classes[0].slots_in_use), (2, 2 * PAGE / 16), "{what}");
         for batch in batches {
-            ops::free_batch(&b, &heap, batch, 5).unwrap();
+            ops::free_batch(&heap, batch, 5).unwrap();
         }
         // Phase 2: thread 0 of each of 32 blocks asks for 1 KiB (32 KiB in all).
         let blocks = 32u64;
         let threads = blocks * ops::BLOCK as u64;
         let sizes: Vec<u64> = (0..threads).map(|i| if i % ops::BLOCK as u64 == 0 { 1024 } else { 0 }).collect();
-        let batch = ops::malloc_batch(&b, &heap, &Sizes::PerThread(sizes), threads, false).unwrap();
+        let batch = ops::malloc_batch(&heap, &Sizes::PerThread(sizes), threads, false).unwrap();
         let ptrs = batch.read_ptrs().unwrap();
         assert_eq!(ptrs.iter().filter(|&&p| p != 0).count() as u64, blocks, "{what}: every 1 KiB request succeeds");
         let s = heap.stats().unwrap();
@@ -60,9 +60,9 @@ fn bl_09_empty_pages_return_to_the_pool_for_other_sizes() {
         assert_eq!(s.classes[0].slots_in_use, 0, "{what}");
         // A request that cannot be met now (a 128 KiB block while 1 KiB slots
         // are live) returns null.
-        let big = ops::malloc_batch(&b, &heap, &Sizes::Uniform(2 * PAGE), 1, false).unwrap();
+        let big = ops::malloc_batch(&heap, &Sizes::Uniform(2 * PAGE), 1, false).unwrap();
         assert_eq!(big.read_ptrs().unwrap(), [0], "{what}");
-        ops::free_batch(&b, &heap, batch, 3).unwrap();
+        ops::free_batch(&heap, batch, 3).unwrap();
         let s = heap.stats().unwrap();
         assert_eq!((s.bytes_in_use(), s.accounted_bytes()), (0, s.capacity), "{what}: {s:?}");
     }
@@ -78,7 +78,7 @@ fn bl_10a_seventeen_requests_for_sixteen_blocks() {
         let what = format!("{b:?}");
         for round in 0..3 {
             let heap = DeviceHeap::new(&b, 1 << 20).unwrap();
-            let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(64 << 10), 17, false).unwrap();
+            let batch = ops::malloc_batch(&heap, &Sizes::Uniform(64 << 10), 17, false).unwrap();
             let ptrs = batch.read_ptrs().unwrap();
             let ok: Vec<u64> = ptrs.iter().copied().filter(|&p| p != 0).collect();
             assert_eq!(ok.len(), 16, "{what} round {round}: {ptrs:x?}");
@@ -90,7 +90,7 @@ fn bl_10a_seventeen_requests_for_sixteen_blocks() {
                 "{what}: the 16 blocks tile the heap"
             );
             assert_eq!(heap.stats().unwrap().failed_requests, 1, "{what}");
-            ops::free_batch(&b, &heap, batch, 1).unwrap();
+            ops::free_batch(&heap, batch, 1).unwrap();
             let s = heap.stats().unwrap();
             assert_eq!((s.free_bytes, s.large_blocks), (1 << 20, 0), "{what}: all 16 blocks free again");
         }
@@ -115,7 +115,7 @@ fn bl_10b_alloc_free_loop_never_exceeds_the_superblock() {
         let iters = if is_lockstep(&b) && !cfg!(debug_assertions) { 20_000 } else { iters };
         // Blocks of one thread in sequential mode, so the threads interleave.
         let block = if is_lockstep(&b) { 32 } else { 1 };
-        let r = ops::alloc_free_loop(&b, &heap, 32, block, iters, 64 << 10, 16).unwrap();
+        let r = ops::alloc_free_loop(&heap, 32, block, iters, 64 << 10, 16).unwrap();
         assert_eq!(r.violations, 0, "{what}: {r:?}");
         assert!(r.max_outstanding <= 16 && r.max_outstanding >= 1, "{what}: {r:?}");
         assert_eq!(r.outstanding_at_end, 0, "{what}");
@@ -140,7 +140,7 @@ fn bl_11_failing_lanes_fail_fast_and_write_nothing() {
         let what = format!("{b:?}");
         let heap = DeviceHeap::new(&b, 4 * PAGE).unwrap();
         for round in 0..3 {
-            let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(PAGE), 64, false).unwrap();
+            let batch = ops::malloc_batch(&heap, &Sizes::Uniform(PAGE), 64, false).unwrap();
             let ptrs = batch.read_ptrs().unwrap();
             let ok = ptrs.iter().filter(|&&p| p != 0).count();
             assert_eq!(ok, 4, "{what} round {round}: {ptrs:x?}");
@@ -149,8 +149,8 @@ fn bl_11_failing_lanes_fail_fast_and_write_nothing() {
             let s = heap.stats().unwrap();
             assert_eq!(s.failed_requests, 60 * (round + 1), "{what}");
             assert_eq!((s.large_blocks, s.free_bytes), (4, 0), "{what}: {s:?}");
-            eprintln!("{what} round {round}: 64 requests, 60 failing, in {:.3} ms", batch.timing.ms());
-            ops::free_batch(&b, &heap, batch, 13).unwrap();
+            eprintln!("{what} round {round}: 64 requests, 60 failing, in {:.3} ms", batch.timing().ms());
+            ops::free_batch(&heap, batch, 13).unwrap();
             let s = heap.stats().unwrap();
             assert_eq!((s.free_bytes, s.accounted_bytes()), (4 * PAGE, s.capacity), "{what}: {s:?}");
         }
@@ -180,7 +180,7 @@ fn bl_26_a_heap_filled_exactly_by_one_launch_has_no_spurious_null() {
                 let mut ptrs = Vec::new();
                 let mut batches = Vec::new();
                 for _ in 0..launches {
-                    let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(size), n, false).unwrap();
+                    let batch = ops::malloc_batch(&heap, &Sizes::Uniform(size), n, false).unwrap();
                     ptrs.extend(batch.read_ptrs().unwrap());
                     batches.push(batch);
                 }
@@ -196,7 +196,7 @@ fn bl_26_a_heap_filled_exactly_by_one_launch_has_no_spurious_null() {
                 assert_eq!(ptrs.len() as u64, n * launches, "{what}: a slot handed out twice");
                 assert_eq!(s.bytes_in_use(), 2 * PAGE, "{what}: {s:?}");
                 assert_eq!(s.failed_requests, 0, "{what}: {s:?}");
-                let one_more = ops::malloc_batch(&b, &heap, &Sizes::Uniform(size), 1, false).unwrap();
+                let one_more = ops::malloc_batch(&heap, &Sizes::Uniform(size), 1, false).unwrap();
                 assert_eq!(one_more.read_ptrs().unwrap(), [0], "{what}: a full heap returns null");
             }
         }

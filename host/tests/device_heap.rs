@@ -80,15 +80,15 @@ fn check_stats_against_model(stats: &HeapStats, ptrs: &[u64], sizes: &[u64], wha
 
 /// After everything is freed, the whole data region must be allocatable as one block
 /// again (pages retired, buddies merged).
-fn check_fully_free(b: &Backend, heap: &DeviceHeap, what: &str) {
+fn check_fully_free(heap: &DeviceHeap, what: &str) {
     let s = heap.stats().unwrap();
     assert_eq!(s.bytes_in_use(), 0, "{what}: {s:?}");
     assert_eq!(s.accounted_bytes(), s.capacity, "{what}: {s:?}");
     let pow2 = 1u64 << (63 - heap.capacity().leading_zeros());
-    let one = ops::malloc_batch(b, heap, &Sizes::Uniform(pow2), 1, false).unwrap();
+    let one = ops::malloc_batch(heap, &Sizes::Uniform(pow2), 1, false).unwrap();
     let p = one.read_ptrs().unwrap()[0];
     assert_eq!(p, heap.base(), "{what}: the largest block is whole again");
-    ops::free_batch(b, heap, one, 1).unwrap();
+    ops::free_batch(heap, one, 1).unwrap();
 }
 
 fn mixed_sizes(n: usize, seed: u64) -> Vec<u64> {
@@ -109,17 +109,17 @@ fn run_mixed(b: &Backend, threads: usize, heap_bytes: u64) {
     let what = format!("{b:?}");
     let heap = DeviceHeap::new(b, heap_bytes).unwrap();
     let sizes = mixed_sizes(threads, 7);
-    let batch = ops::malloc_batch(b, &heap, &Sizes::PerThread(sizes.clone()), threads as u64, false).unwrap();
+    let batch = ops::malloc_batch(&heap, &Sizes::PerThread(sizes.clone()), threads as u64, false).unwrap();
     let ptrs = batch.read_ptrs().unwrap();
     assert_eq!(check_disjoint(&heap, &ptrs, &sizes, &what), 0, "{what}: the heap is large enough for all");
     check_stats_against_model(&heap.stats().unwrap(), &ptrs, &sizes, &what);
     // Each thread writes its pattern over its whole block, then all verify
     // after everyone wrote: a slot handed out twice shows up as overwrites.
-    assert_eq!(ops::touch_batch(b, &batch, 11, false).unwrap(), 0);
-    assert_eq!(ops::touch_batch(b, &batch, 11, true).unwrap(), 0, "{what}: blocks overwrite each other");
+    assert_eq!(ops::touch_batch(&heap, &batch, 11, false).unwrap(), 0);
+    assert_eq!(ops::touch_batch(&heap, &batch, 11, true).unwrap(), 0, "{what}: blocks overwrite each other");
     // Free from other threads and blocks than the allocating ones.
-    ops::free_batch(b, &heap, batch, 7919).unwrap();
-    check_fully_free(b, &heap, &what);
+    ops::free_batch(&heap, batch, 7919).unwrap();
+    check_fully_free(&heap, &what);
 }
 
 #[test]
@@ -136,25 +136,25 @@ fn warp_based_allocation_serves_one_lane_per_warp() {
         let what = format!("{b:?}");
         let heap = DeviceHeap::new(&b, 16 << 20).unwrap();
         let threads = 32 * 100;
-        let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(48), threads, true).unwrap();
+        let batch = ops::malloc_batch(&heap, &Sizes::Uniform(48), threads, true).unwrap();
         let ptrs = batch.read_ptrs().unwrap();
         let sizes: Vec<u64> = (0..threads).map(|i| if i % 32 == 0 { 48 } else { 0 }).collect();
         assert_eq!(check_disjoint(&heap, &ptrs, &sizes, &what), 0);
         assert_eq!(ptrs.iter().filter(|&&p| p != 0).count(), 100, "{what}");
         check_stats_against_model(&heap.stats().unwrap(), &ptrs, &sizes, &what);
-        ops::free_batch(&b, &heap, batch, 1).unwrap();
-        check_fully_free(&b, &heap, &what);
+        ops::free_batch(&heap, batch, 1).unwrap();
+        check_fully_free(&heap, &what);
     }
 }
 
 /// Allocates `size` in batches of `threads` without freeing until a batch
 /// comes back all null; returns every batch (the exhaustion phase of the
 /// survey's out-of-memory test, T6).
-fn fill_until_null(b: &Backend, heap: &DeviceHeap, size: u64, threads: u64) -> (Vec<Batch>, u64) {
+fn fill_until_null(heap: &DeviceHeap, size: u64, threads: u64) -> (Vec<Batch>, u64) {
     let mut batches = Vec::new();
     let mut ok = 0;
     for _ in 0..10_000 {
-        let batch = ops::malloc_batch(b, heap, &Sizes::Uniform(size), threads, false).unwrap();
+        let batch = ops::malloc_batch(heap, &Sizes::Uniform(size), threads, false).unwrap();
         let got = batch.read_ptrs().unwrap().iter().filter(|&&p| p != 0).count() as u64;
         ok += got;
         batches.push(batch);
@@ -179,7 +179,7 @@ fn exhaustion_returns_null_then_free_all_then_other_sizes_reuse_at_least_95_perc
         let heap = DeviceHeap::new(&b, cap).unwrap();
         for &size in sizes {
             let threads = (cap / size / 8).clamp(16, if lockstep { 512 } else { 4096 });
-            let (batches, ok) = fill_until_null(&b, &heap, size, threads);
+            let (batches, ok) = fill_until_null(&heap, size, threads);
             let usable = ok * rounded(size);
             eprintln!("{what}: {size} B: {:.2} % of the pool usable", usable as f64 * 100.0 / cap as f64);
             assert!(usable * 100 >= cap * 95, "{what}: {size} B: only {usable} of {cap} bytes usable");
@@ -194,9 +194,9 @@ fn exhaustion_returns_null_then_free_all_then_other_sizes_reuse_at_least_95_perc
             }
             check_disjoint(&heap, &ptrs, &sizes, &what);
             for bt in batches {
-                ops::free_batch(&b, &heap, bt, 3).unwrap();
+                ops::free_batch(&heap, bt, 3).unwrap();
             }
-            check_fully_free(&b, &heap, &format!("{what} after {size} B"));
+            check_fully_free(&heap, &format!("{what} after {size} B"));
         }
     }
 }
@@ -262,19 +262,19 @@ fn frees_in_a_later_kernel_by_other_threads_make_memory_reusable() {
     for b in common::backends("frees_in_a_later_kernel_by_other_threads_make_memory_reusable") {
         let what = format!("{b:?}");
         let heap = DeviceHeap::new(&b, 8 << 20).unwrap();
-        let a = ops::malloc_batch(&b, &heap, &Sizes::Uniform(256), 1000, false).unwrap();
+        let a = ops::malloc_batch(&heap, &Sizes::Uniform(256), 1000, false).unwrap();
         let pa = a.read_ptrs().unwrap();
         let pages_a = heap.stats().unwrap().slab_pages();
-        ops::free_batch(&b, &heap, a, 7).unwrap();
-        let c = ops::malloc_batch(&b, &heap, &Sizes::Uniform(256), 1000, false).unwrap();
+        ops::free_batch(&heap, a, 7).unwrap();
+        let c = ops::malloc_batch(&heap, &Sizes::Uniform(256), 1000, false).unwrap();
         let pc = c.read_ptrs().unwrap();
         assert!(pc.iter().all(|&p| p != 0), "{what}");
         let range = |v: &[u64]| v.iter().max().unwrap() - v.iter().min().unwrap();
         let pages_c = heap.stats().unwrap().slab_pages();
         assert!(pages_c <= pages_a + 1, "{what}: reuse, not growth: {pages_a} pages then {pages_c}");
         assert!(range(&pc) <= range(&pa) + 2 * PAGE, "{what}: address range grew");
-        ops::free_batch(&b, &heap, c, 1).unwrap();
-        check_fully_free(&b, &heap, &what);
+        ops::free_batch(&heap, c, 1).unwrap();
+        check_fully_free(&heap, &what);
     }
 }
 
@@ -288,11 +288,11 @@ fn churn_mixed_sizes_many_rounds_without_corruption() {
             _ => (2048, if cfg!(debug_assertions) { 30 } else { 200 }),
         };
         let heap = DeviceHeap::new(&b, 256 << 20).unwrap();
-        let r = ops::churn(&b, &heap, threads, rounds, (16, 6000), 99, true).unwrap();
+        let r = ops::churn(&heap, threads, rounds, (16, 6000), 99, true).unwrap();
         assert_eq!(r.corrupted_words, 0, "{what}: {r:?}");
         assert_eq!(r.failures, 0, "{what}: the heap holds 4 live blocks per thread easily: {r:?}");
         assert_eq!(r.allocations, threads * rounds, "{what}");
-        check_fully_free(&b, &heap, &what);
+        check_fully_free(&heap, &what);
     }
 }
 
@@ -306,12 +306,12 @@ fn churn_under_memory_pressure_fails_cleanly_and_recovers() {
         };
         // 1024 threads x 4 live blocks of up to 64 KiB cannot all fit in 8 MiB.
         let heap = DeviceHeap::new(&b, 8 << 20).unwrap();
-        let r = ops::churn(&b, &heap, threads, rounds, (16, 64 << 10), 5, true).unwrap();
+        let r = ops::churn(&heap, threads, rounds, (16, 64 << 10), 5, true).unwrap();
         assert_eq!(r.corrupted_words, 0, "{what}: {r:?}");
         assert_eq!(r.allocations + r.failures, threads * rounds, "{what}");
         let s = heap.stats().unwrap();
         assert_eq!(s.failed_requests, r.failures, "{what}");
-        check_fully_free(&b, &heap, &what);
+        check_fully_free(&heap, &what);
     }
 }
 
@@ -319,12 +319,12 @@ fn churn_under_memory_pressure_fails_cleanly_and_recovers() {
 fn malloc_zero_is_null_and_free_null_is_a_noop() {
     for b in common::backends("malloc_zero_is_null_and_free_null_is_a_noop") {
         let heap = DeviceHeap::new(&b, 1 << 20).unwrap();
-        let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(0), 100, false).unwrap();
+        let batch = ops::malloc_batch(&heap, &Sizes::Uniform(0), 100, false).unwrap();
         assert!(batch.read_ptrs().unwrap().iter().all(|&p| p == 0));
-        ops::free_batch(&b, &heap, batch, 1).unwrap();
+        ops::free_batch(&heap, batch, 1).unwrap();
         let s = heap.stats().unwrap();
         assert_eq!((s.failed_requests, s.double_frees, s.invalid_frees), (0, 0, 0));
-        check_fully_free(&b, &heap, &format!("{b:?}"));
+        check_fully_free(&heap, &format!("{b:?}"));
     }
 }
 
@@ -334,13 +334,13 @@ fn huge_and_boundary_sizes_return_null_without_overflow() {
         let heap = DeviceHeap::new(&b, 1 << 20).unwrap();
         let sizes = vec![(1 << 20) + 1, 1 << 32, (1 << 32) + 16, u64::MAX, u64::MAX - 15, (1 << 32) - 1, 1 << 20];
         let n = sizes.len() as u64;
-        let batch = ops::malloc_batch(&b, &heap, &Sizes::PerThread(sizes), n, false).unwrap();
+        let batch = ops::malloc_batch(&heap, &Sizes::PerThread(sizes), n, false).unwrap();
         let p = batch.read_ptrs().unwrap();
         assert_eq!(&p[..6], &[0; 6]);
         assert_eq!(p[6], heap.base(), "the whole heap is one block");
         assert_eq!(heap.stats().unwrap().failed_requests, 6);
-        ops::free_batch(&b, &heap, batch, 1).unwrap();
-        check_fully_free(&b, &heap, &format!("{b:?}"));
+        ops::free_batch(&heap, batch, 1).unwrap();
+        check_fully_free(&heap, &format!("{b:?}"));
     }
 }
 
@@ -349,15 +349,15 @@ fn double_and_invalid_frees_never_corrupt_the_heap() {
     for b in common::backends("double_and_invalid_frees_never_corrupt_the_heap") {
         let what = format!("{b:?}");
         let mut heap = DeviceHeap::new(&b, 4 << 20).unwrap();
-        let batch = ops::malloc_batch(&b, &heap, &Sizes::PerThread(vec![32, 32, 10_000]), 3, false).unwrap();
+        let batch = ops::malloc_batch(&heap, &Sizes::PerThread(vec![32, 32, 10_000]), 3, false).unwrap();
         let p = batch.read_ptrs().unwrap();
         let base = heap.base();
         // SAFETY: valid frees first, then deliberately bad ones to test detection.
         unsafe {
-            ops::free_ptrs(&b, &heap, &[p[0]]).unwrap();
-            ops::free_ptrs(&b, &heap, &[p[0], p[1] + 8, p[2] + 4096, base - 16, base + (1 << 40)]).unwrap();
-            ops::free_ptrs(&b, &heap, &[p[1], p[2]]).unwrap();
-            ops::free_ptrs(&b, &heap, &[p[2]]).unwrap();
+            ops::free_ptrs(&heap, &[p[0]]).unwrap();
+            ops::free_ptrs(&heap, &[p[0], p[1] + 8, p[2] + 4096, base - 16, base + (1 << 40)]).unwrap();
+            ops::free_ptrs(&heap, &[p[1], p[2]]).unwrap();
+            ops::free_ptrs(&heap, &[p[2]]).unwrap();
         }
         let s = heap.stats().unwrap();
         if cfg!(feature = "debug-free") {
@@ -365,7 +365,7 @@ fn double_and_invalid_frees_never_corrupt_the_heap() {
         } else {
             assert_eq!((s.double_frees, s.invalid_frees), (0, 0), "{what}: counted only with debug-free");
         }
-        check_fully_free(&b, &heap, &what);
+        check_fully_free(&heap, &what);
         heap.reset().unwrap();
         let s = heap.stats().unwrap();
         assert_eq!((s.failed_requests, s.double_frees, s.invalid_frees), (0, 0, 0), "{what}: reset clears counters");
@@ -379,7 +379,7 @@ fn live_blocks_list_large_allocations_and_rebuild_accepts_a_relocation() {
         let mut heap = DeviceHeap::new(&b, 16 << 20).unwrap();
         let sizes = vec![5000u64, 100_000, 16, 8192, 1 << 20, 40_000, 64];
         let n = sizes.len() as u64;
-        let batch = ops::malloc_batch(&b, &heap, &Sizes::PerThread(sizes.clone()), n, false).unwrap();
+        let batch = ops::malloc_batch(&heap, &Sizes::PerThread(sizes.clone()), n, false).unwrap();
         let ptrs = batch.read_ptrs().unwrap();
         let mut expect: Vec<BuddyBlock> = ptrs
             .iter()
@@ -409,8 +409,8 @@ fn live_blocks_list_large_allocations_and_rebuild_accepts_a_relocation() {
         let mut all: Vec<u64> = moved.iter().map(|m| heap.base() + m.offset).collect();
         all.extend(ptrs.iter().zip(&sizes).filter(|(_, &s)| s <= 4096).map(|(&p, _)| p));
         // SAFETY: exactly the live allocations, each once.
-        unsafe { ops::free_ptrs(&b, &heap, &all).unwrap() };
-        check_fully_free(&b, &heap, &what);
+        unsafe { ops::free_ptrs(&heap, &all).unwrap() };
+        check_fully_free(&heap, &what);
         assert!(heap.rebuild(&[BuddyBlock { offset: 4096, size: 8192 }]).is_err(), "misaligned block rejected");
     }
 }
@@ -420,11 +420,11 @@ fn reset_restores_a_fresh_heap() {
     for b in common::backends("reset_restores_a_fresh_heap") {
         let mut heap = DeviceHeap::new(&b, 2 << 20).unwrap();
         let fresh = heap.stats().unwrap();
-        let _ = ops::malloc_batch(&b, &heap, &Sizes::Uniform(100), 5000, false).unwrap();
+        let _ = ops::malloc_batch(&heap, &Sizes::Uniform(100), 5000, false).unwrap();
         assert_ne!(heap.stats().unwrap(), fresh);
         heap.reset().unwrap();
         assert_eq!(heap.stats().unwrap(), fresh);
-        check_fully_free(&b, &heap, &format!("{b:?}"));
+        check_fully_free(&heap, &format!("{b:?}"));
     }
 }
 
@@ -438,9 +438,9 @@ fn reset_restores_a_fresh_heap() {
 fn churn_heavy_release() {
     for b in common::backends("churn_heavy_release").into_iter().filter(|b| !common::has_thread_per_lane(b)) {
         let heap = DeviceHeap::new(&b, 1 << 30).unwrap();
-        let r = ops::churn(&b, &heap, 1 << 15, 500, (16, 16 << 10), 3, true).unwrap();
+        let r = ops::churn(&heap, 1 << 15, 500, (16, 16 << 10), 3, true).unwrap();
         assert_eq!((r.corrupted_words, r.failures), (0, 0), "{b:?}: {r:?}");
-        check_fully_free(&b, &heap, &format!("{b:?}: heavy churn"));
+        check_fully_free(&heap, &format!("{b:?}: heavy churn"));
         run_mixed(&b, 1 << 17, 1 << 30);
     }
 }
@@ -463,15 +463,15 @@ fn small_heaps_serve_up_to_their_size_or_are_refused_and_failures_are_classified
         let mut heap = DeviceHeap::new(&b, MIN_HEAP_BYTES).unwrap();
         for size in [1, 16, 17, 1024, 4095, 4096, 4097, 8192, 32 << 10, 64 << 10] {
             heap.reset().unwrap();
-            let batch = ops::malloc_batch(&b, &heap, &Sizes::Uniform(size), 1, false).unwrap();
+            let batch = ops::malloc_batch(&heap, &Sizes::Uniform(size), 1, false).unwrap();
             assert_ne!(batch.read_ptrs().unwrap()[0], 0, "{what}: malloc({size}) on an empty 64 KiB heap");
         }
         // 96 KiB: a 64 KiB block and 32 KiB free; a 1 KiB request needs a
         // whole page: capacity, not fragmentation.
         let heap = DeviceHeap::new(&b, 96 << 10).unwrap();
-        let big = ops::malloc_batch(&b, &heap, &Sizes::Uniform(64 << 10), 1, false).unwrap();
+        let big = ops::malloc_batch(&heap, &Sizes::Uniform(64 << 10), 1, false).unwrap();
         assert_ne!(big.read_ptrs().unwrap()[0], 0, "{what}");
-        let small = ops::malloc_batch(&b, &heap, &Sizes::Uniform(1024), 1, false).unwrap();
+        let small = ops::malloc_batch(&heap, &Sizes::Uniform(1024), 1, false).unwrap();
         assert_eq!(small.read_ptrs().unwrap()[0], 0, "{what}");
         let free = heap.free_blocks().unwrap();
         assert_eq!(heap.diagnose_failure(1024, &free).class, OomClass::Capacity, "{what}: {free:?}");
@@ -482,13 +482,14 @@ fn small_heaps_serve_up_to_their_size_or_are_refused_and_failures_are_classified
         // 128 KiB in four 32 KiB blocks; free the middle two (not buddies):
         // 64 KiB free in two pieces, a 64 KiB request is fragmentation.
         let heap = DeviceHeap::new(&b, 128 << 10).unwrap();
-        let q = ops::malloc_batch(&b, &heap, &Sizes::Uniform(32 << 10), 4, false).unwrap();
+        let q = ops::malloc_batch(&heap, &Sizes::Uniform(32 << 10), 4, false).unwrap();
         let mut ptrs = q.read_ptrs().unwrap();
         ptrs.sort_unstable();
         assert!(ptrs.iter().all(|&p| p != 0), "{what}");
         let mid = ptrs[1..3].to_vec();
-        let batch = Batch { ptrs: b.upload(&mid).unwrap(), sizes: None, size: 32 << 10, threads: 2, timing: q.timing };
-        ops::free_batch(&b, &heap, batch, 1).unwrap();
+        // SAFETY: two live blocks `malloc` returned on `heap` (of `q`, which is never freed), freed
+        // once here.
+        unsafe { ops::free_ptrs(&heap, &mid) }.unwrap();
         let free = heap.free_blocks().unwrap();
         assert_eq!(free.iter().map(|f| f.1).sum::<u64>(), 64 << 10, "{what}: {free:?}");
         assert_eq!(heap.diagnose_failure(64 << 10, &free).class, OomClass::Fragmentation, "{what}: {free:?}");

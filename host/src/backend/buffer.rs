@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use super::{BackendError, Result};
+use super::{BackendError, BackendId, Result};
 
 /// Alignment of CPU-backend buffers, bytes (`cudaMalloc` guarantees 256).
 pub const CPU_BUFFER_ALIGN: usize = 256;
@@ -16,9 +16,13 @@ pub const CPU_BUFFER_ALIGN: usize = 256;
 /// Kernels receive its [`device_ptr`](Self::device_ptr). Host access is by
 /// copy ([`read`](Self::read), [`write`](Self::write)), never by reference,
 /// because kernels may write it concurrently from other threads.
+///
+/// It knows its owner ([`owner`](Self::owner)): the backends it may be used
+/// with are those of that identity (see [`BackendId`]).
 pub struct DeviceBuffer {
     inner: Inner,
     len: usize,
+    owner: BackendId,
 }
 
 enum Inner {
@@ -48,7 +52,7 @@ impl DeviceBuffer {
     /// buffers come as fresh, lazily zeroed pages, and memory no kernel
     /// touches (most of a device heap's data region) is never committed. An
     /// over-aligned `alloc_zeroed` would write every byte instead.
-    pub(super) fn cpu_zeroed(len: usize) -> Result<Self> {
+    pub(super) fn cpu_zeroed(len: usize, owner: BackendId) -> Result<Self> {
         let too_large = || BackendError::InvalidArgument(format!("buffer of {len} bytes is too large"));
         let size = len.max(1).checked_add(CPU_BUFFER_ALIGN).ok_or_else(too_large)?;
         let layout = Layout::from_size_align(size, 16).map_err(|_| too_large())?;
@@ -59,11 +63,17 @@ impl DeviceBuffer {
         let pad = alloc.as_ptr().align_offset(CPU_BUFFER_ALIGN);
         // SAFETY: `pad < CPU_BUFFER_ALIGN`, so `ptr .. ptr + len` lies inside the `size`-byte allocation.
         let ptr = unsafe { NonNull::new_unchecked(alloc.as_ptr().add(pad)) };
-        Ok(Self { inner: Inner::Cpu { ptr, alloc, layout }, len })
+        Ok(Self { inner: Inner::Cpu { ptr, alloc, layout }, len, owner })
     }
 
-    pub(super) fn gpu(slice: CudaSlice<u8>, stream: Arc<CudaStream>, len: usize) -> Self {
-        Self { inner: Inner::Gpu { slice, stream }, len }
+    pub(super) fn gpu(slice: CudaSlice<u8>, stream: Arc<CudaStream>, len: usize, owner: BackendId) -> Self {
+        Self { inner: Inner::Gpu { slice, stream }, len, owner }
+    }
+
+    /// The identity of the backend that allocated the buffer: it may be used with backends of this
+    /// identity only ([`Backend::check_owner`](super::Backend::check_owner)).
+    pub fn owner(&self) -> BackendId {
+        self.owner
     }
 
     /// Size in bytes.

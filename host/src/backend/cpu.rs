@@ -11,7 +11,7 @@ use gpuheap_kernels::arch::WARP_SIZE;
 use gpuheap_kernels::Kernel;
 use rayon::prelude::*;
 
-use super::{BackendError, LaunchConfig, LaunchTiming, Result};
+use super::{BackendError, BackendId, LaunchConfig, LaunchTiming, Result};
 
 /// How the CPU backend runs the threads of a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,17 +87,33 @@ pub struct CpuBackend {
     mode: CpuMode,
     /// Launches so far (independent mode derives each launch's seed from it).
     launches: Arc<AtomicU64>,
+    /// [`BackendId::HOST`], except in the owner-check tests.
+    id: BackendId,
 }
 
 impl CpuBackend {
     /// A CPU backend running blocks in `mode`.
     pub fn new(mode: CpuMode) -> Self {
-        Self { mode, launches: Arc::new(AtomicU64::new(0)) }
+        Self { mode, launches: Arc::new(AtomicU64::new(0)), id: BackendId::HOST }
+    }
+
+    /// A CPU backend (host memory, host kernel bodies) that claims the identity
+    /// [`BackendId::test`]`(n)`: the tests of the owner checks pair it with buffers of a real CPU
+    /// backend, the one mismatch a machine without a GPU can make.
+    #[cfg(test)]
+    pub(crate) fn with_test_id(mode: CpuMode, n: u32) -> Self {
+        Self { id: BackendId::test(n), ..Self::new(mode) }
     }
 
     /// The mode.
     pub fn mode(&self) -> CpuMode {
         self.mode
+    }
+
+    /// The identity of this backend's memory: [`BackendId::HOST`] in every mode (see
+    /// [`BackendId`]).
+    pub fn id(&self) -> BackendId {
+        self.id
     }
 
     pub(super) fn describe(&self) -> String {

@@ -14,7 +14,7 @@ use gpuheap_kernels::Kernel;
 
 use super::limits::Arch;
 use super::module::{self, KernelModule};
-use super::{BackendError, DeviceBuffer, LaunchConfig, LaunchTiming, Result};
+use super::{BackendError, BackendId, DeviceBuffer, LaunchConfig, LaunchTiming, Result};
 
 pub(crate) fn driver(call: &'static str, e: DriverError) -> BackendError {
     let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
@@ -39,6 +39,9 @@ enum BuiltinError {
 }
 
 /// The GPU backend: one device, its primary context and one stream.
+///
+/// Cloning shares the context, the stream and the loaded module.
+#[derive(Clone)]
 pub struct GpuBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -76,6 +79,11 @@ impl GpuBackend {
     /// The context (for callers that need raw cudarc access).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// The identity of this backend's memory: the device and its context (see [`BackendId`]).
+    pub fn id(&self) -> BackendId {
+        BackendId::cuda(self.ctx.ordinal(), self.ctx.cu_ctx() as usize)
     }
 
     /// The stream every gpuheap operation uses.
@@ -154,7 +162,7 @@ impl GpuBackend {
 
     pub(super) fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer> {
         let slice = self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(|e| driver("cuMemAlloc", e))?;
-        Ok(DeviceBuffer::gpu(slice, self.stream.clone(), bytes))
+        Ok(DeviceBuffer::gpu(slice, self.stream.clone(), bytes, self.id()))
     }
 
     pub(super) fn synchronize(&self) -> Result<()> {

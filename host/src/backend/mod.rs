@@ -15,6 +15,35 @@
 //! host allocation on the CPU. Kernels see it through its device address
 //! ([`DeviceBuffer::device_ptr`]), a `u64` in their parameter struct.
 //!
+//! # Which backend may use a buffer (the owner rule)
+//!
+//! A buffer knows its owner ([`DeviceBuffer::owner`], a [`BackendId`]), and a
+//! backend its own identity ([`Backend::id`]); a buffer may be used with a
+//! backend of the same identity only (see [`BackendId`] for which those are).
+//! A kernel given an address of another owner would read and write memory of
+//! another kind or of another CUDA context through it: a CPU kernel body
+//! writing through a device address into host memory, a GPU kernel faulting
+//! on a host address. gpuheap's safe API never lets that happen, by one
+//! convention:
+//!
+//! * **What is made on a backend keeps it.** A
+//!   [`DeviceHeap`](crate::device_heap::DeviceHeap) (with its movable
+//!   region) and a [`CompactHeap`](crate::compaction::CompactHeap), the two
+//!   [`HandleRegion`](crate::compaction::HandleRegion)s, are made on a
+//!   backend, allocate all their memory there and keep a clone of it: their
+//!   methods and the functions over them ([`crate::device_heap::ops`]) take no
+//!   `&Backend`, so a mismatch cannot be written.
+//! * **What takes bare buffers checks them.** A function that launches over
+//!   [`DeviceBuffer`]s it is handed ([`crate::ops::fill`],
+//!   [`crate::ops::verify`], [`Compactor`](crate::compaction::Compactor)'s
+//!   `compact`, `compact_at` and `copy`) takes the `&Backend` that launches
+//!   and checks every buffer against it first ([`Backend::check_owner`]): a
+//!   mismatch is a [`BackendError::WrongBackend`] naming the entry point,
+//!   the buffer's owner and the backend given, before anything runs.
+//!
+//! Only the `unsafe` launches ([`Backend::launch`], [`Backend::launch_in`])
+//! take raw addresses; their contract is the same rule.
+//!
 //! On the GPU every launch is first checked against the kernel's limits as
 //! the driver reported them at module load ([`limits`]): a block the
 //! kernel's registers cannot fit is a [`BackendError::LaunchLimit`], not the
@@ -99,6 +128,101 @@ pub enum BackendError {
     /// A `GPUHEAP_BACKEND` / `--backend` value other than auto, cpu or gpu.
     #[error("unknown backend {0:?} (expected auto, cpu or gpu)")]
     UnknownBackend(String),
+    /// A buffer given to a backend it does not belong to (the owner rule, [`BackendId`]), refused
+    /// before anything ran.
+    #[error("{entry}: the buffer is memory of {buffer}, but the backend given is {backend}")]
+    WrongBackend {
+        /// The entry point that refused it (`ops::fill`, `Compactor::compact`, ...).
+        entry: &'static str,
+        /// The buffer's owner ([`DeviceBuffer::owner`]).
+        buffer: BackendId,
+        /// The backend given ([`Backend::id`]).
+        backend: BackendId,
+    },
+    /// A [`Batch`](crate::device_heap::ops::Batch) given to a device heap that did not make it, or
+    /// that was reset or rebuilt since, or to the free of another allocator: its pointers are no
+    /// live blocks there, so freeing or touching them was refused before anything ran.
+    #[error(
+        "{entry}: the batch of {threads} pointers was allocated on another device heap or by another allocator, \
+         or on this heap before its last reset or rebuild: its pointers are not live blocks here"
+    )]
+    ForeignBatch {
+        /// The entry point that refused it (`ops::free_batch`, `ops::touch_batch`, ...).
+        entry: &'static str,
+        /// Threads (pointers) of the batch.
+        threads: u64,
+    },
+}
+
+/// The identity of a backend's memory: which backends may use a [`DeviceBuffer`] (the owner rule;
+/// [`DeviceBuffer::owner`], [`Backend::id`], [`Backend::check_owner`]).
+///
+/// * **Every CPU backend is [`BackendId::HOST`]**, whatever its [`CpuMode`]: its buffers are host
+///   memory, and every mode runs the same kernel bodies, compiled for the host, over host addresses
+///   (the modes differ in how they schedule threads only). A buffer of one CPU backend is valid on
+///   every other.
+/// * **A GPU backend is its CUDA context** (device ordinal and `CUcontext`): a device address is
+///   valid in the context that allocated it only. [`GpuBackend::new`] retains the device's primary
+///   context, so GPU backends of one device share one identity (and their buffers); backends of two
+///   devices, or a non-primary context, do not.
+/// * A buffer is valid on a backend of the same identity and nowhere else: CPU ↔ GPU and context A ↔
+///   context B are mismatches ([`BackendError::WrongBackend`]).
+///
+/// The context a buffer names stays alive while the buffer lives (it holds the context's stream), so
+/// two live identities are equal exactly when they are the same memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BackendId(Owner);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Owner {
+    Host,
+    Cuda {
+        ordinal: usize,
+        context: usize,
+    },
+    /// A backend of host memory that claims another identity, for the tests of the owner checks
+    /// (no GPU buffer can exist without a GPU).
+    #[cfg(test)]
+    Test(u32),
+}
+
+impl BackendId {
+    /// Host memory: the identity of every CPU backend.
+    pub const HOST: BackendId = BackendId(Owner::Host);
+
+    /// `true` for host memory (a CPU backend's).
+    pub fn is_host(self) -> bool {
+        self == Self::HOST
+    }
+
+    /// The CUDA device ordinal of a GPU backend's memory (`None` for host memory).
+    pub fn cuda_ordinal(self) -> Option<usize> {
+        match self.0 {
+            Owner::Cuda { ordinal, .. } => Some(ordinal),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn cuda(ordinal: usize, context: usize) -> Self {
+        BackendId(Owner::Cuda { ordinal, context })
+    }
+
+    /// An identity no real backend has (number `n`), for the owner-check tests.
+    #[cfg(test)]
+    pub(crate) fn test(n: u32) -> Self {
+        BackendId(Owner::Test(n))
+    }
+}
+
+impl fmt::Display for BackendId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Owner::Host => f.write_str("host memory (a CPU backend)"),
+            Owner::Cuda { ordinal, context } => write!(f, "CUDA device {ordinal} (context {context:#x})"),
+            #[cfg(test)]
+            Owner::Test(n) => write!(f, "test owner {n}"),
+        }
+    }
 }
 
 /// Result of backend operations.
@@ -189,6 +313,12 @@ impl LaunchTiming {
 }
 
 /// Where kernels run: the GPU or the CPU emulation.
+///
+/// Cloning is cheap (reference counts) and gives the same backend: the same [`id`](Self::id),
+/// context, stream and module on the GPU, the same launch counter on the CPU (so the seeds of
+/// [`CpuMode::Independent`] continue across clones). What is made on a backend keeps a clone (see
+/// the [module docs](self) for the convention).
+#[derive(Clone)]
 pub enum Backend {
     /// The CPU backend.
     Cpu(CpuBackend),
@@ -259,6 +389,31 @@ impl Backend {
         matches!(self, Backend::Gpu(_))
     }
 
+    /// The identity of this backend's memory (see [`BackendId`]): the buffers it allocates have it
+    /// as their [`owner`](DeviceBuffer::owner).
+    pub fn id(&self) -> BackendId {
+        match self {
+            Backend::Cpu(c) => c.id(),
+            Backend::Gpu(g) => g.id(),
+        }
+    }
+
+    /// Checks that `buf` is memory of this backend (the owner rule, [`BackendId`]). Every safe
+    /// function that launches over a buffer it was handed calls it first; so should a safe wrapper
+    /// of [`launch`](Self::launch) written outside gpuheap.
+    ///
+    /// # Errors
+    /// [`BackendError::WrongBackend`] naming `entry` (the function checking), the buffer's owner
+    /// and this backend's identity.
+    pub fn check_owner(&self, entry: &'static str, buf: &DeviceBuffer) -> Result<()> {
+        let (buffer, backend) = (buf.owner(), self.id());
+        if buffer == backend {
+            Ok(())
+        } else {
+            Err(BackendError::WrongBackend { entry, buffer, backend })
+        }
+    }
+
     /// One line: the device name and key properties.
     pub fn describe(&self) -> String {
         match self {
@@ -270,7 +425,7 @@ impl Backend {
     /// A zero-filled buffer of `bytes` bytes (at least 256-byte aligned).
     pub fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer> {
         match self {
-            Backend::Cpu(_) => DeviceBuffer::cpu_zeroed(bytes),
+            Backend::Cpu(c) => DeviceBuffer::cpu_zeroed(bytes, c.id()),
             Backend::Gpu(g) => g.alloc_zeroed(bytes),
         }
     }
@@ -295,8 +450,10 @@ impl Backend {
     ///
     /// # Safety
     /// Every device address in `params` must be valid for what the kernel
-    /// body does with it (each kernel documents this), on this backend: a
-    /// [`DeviceBuffer`] of the same backend, alive until the launch returns.
+    /// body does with it (each kernel documents this), on this backend: in a
+    /// [`DeviceBuffer`] whose [`owner`](DeviceBuffer::owner) is this backend's
+    /// [`id`](Self::id) ([`check_owner`](Self::check_owner)), alive until the
+    /// launch returns.
     pub unsafe fn launch<P: bytemuck::Pod + Sync>(
         &self,
         k: &Kernel<P>,

@@ -200,7 +200,6 @@ fn sizes_mixed(n: u64, hi: u64, seed: u64) -> Vec<u64> {
 
 #[allow(clippy::too_many_arguments)]
 fn series(
-    b: &Backend,
     heap: &mut DeviceHeap,
     alloc: Allocator,
     sizes: &Sizes,
@@ -221,13 +220,13 @@ fn series(
         if cold && alloc == Allocator::Heap {
             heap.reset()?;
         }
-        let batch = ops::malloc_batch_with(b, heap, sizes, threads, warp, alloc)?;
+        let batch = ops::malloc_batch_with(heap, sizes, threads, warp, alloc)?;
         let nulls = match warp {
             false => batch.read_ptrs()?.iter().filter(|&&p| p == 0).count() as u64,
             true => batch.read_ptrs()?.iter().step_by(32).filter(|&&p| p == 0).count() as u64,
         };
-        let a = batch.timing.ms();
-        let f = ops::free_batch_with(b, heap, batch, 1, alloc)?.ms();
+        let a = batch.timing().ms();
+        let f = ops::free_batch_with(heap, batch, 1, alloc)?.ms();
         // Iteration 0 is the warm-up (cold runs time it too: every one is cold).
         if (it > 0 || cold) && s.alloc.len() < iters {
             s.alloc.push(a);
@@ -315,7 +314,7 @@ pub fn run(backend: &Backend, cfg: &AllocBenchConfig, mut progress: impl FnMut(&
     // Launch floor.
     let mut t = Vec::new();
     for _ in 0..iters.max(1) {
-        t.push(ops::noop(backend, &heap, n)?.ms());
+        t.push(ops::noop(&heap, n)?.ms());
     }
     let s = Series { alloc: t, free: vec![], nulls: 0, allocs: 0, bytes: 0 };
     push(row("floor", "-", "-".into(), n, "-", &s), &mut rows);
@@ -328,23 +327,14 @@ pub fn run(backend: &Backend, cfg: &AllocBenchConfig, mut progress: impl FnMut(&
                 continue;
             }
             for cold in [false, true] {
-                let s = series(backend, &mut heap, Allocator::Heap, &Sizes::Uniform(size), threads, warp, iters, cold)?;
+                let s = series(&mut heap, Allocator::Heap, &Sizes::Uniform(size), threads, warp, iters, cold)?;
                 push(row(wl, "heap", size.to_string(), threads, if cold { "cold" } else { "warm" }, &s), &mut rows);
             }
             if !warp {
                 push(bump_row(backend, wl, size, threads, iters, cfg.heap_bytes)?, &mut rows);
             }
             if cuda {
-                let s = series(
-                    backend,
-                    &mut heap,
-                    Allocator::CudaMalloc,
-                    &Sizes::Uniform(size),
-                    threads,
-                    warp,
-                    iters,
-                    false,
-                )?;
+                let s = series(&mut heap, Allocator::CudaMalloc, &Sizes::Uniform(size), threads, warp, iters, false)?;
                 push(row(wl, "cuda-malloc", size.to_string(), threads, "warm", &s), &mut rows);
             }
         }
@@ -354,11 +344,11 @@ pub fn run(backend: &Backend, cfg: &AllocBenchConfig, mut progress: impl FnMut(&
     for &hi in &cfg.mixed_hi {
         let sizes = Sizes::PerThread(sizes_mixed(n, hi, hi));
         for cold in [false, true] {
-            let s = series(backend, &mut heap, Allocator::Heap, &sizes, n, false, iters, cold)?;
+            let s = series(&mut heap, Allocator::Heap, &sizes, n, false, iters, cold)?;
             push(row("T3", "heap", format!("16..{hi}"), n, if cold { "cold" } else { "warm" }, &s), &mut rows);
         }
         if cuda {
-            let s = series(backend, &mut heap, Allocator::CudaMalloc, &sizes, n, false, iters, false)?;
+            let s = series(&mut heap, Allocator::CudaMalloc, &sizes, n, false, iters, false)?;
             push(row("T3", "cuda-malloc", format!("16..{hi}"), n, "warm", &s), &mut rows);
         }
     }
@@ -368,21 +358,11 @@ pub fn run(backend: &Backend, cfg: &AllocBenchConfig, mut progress: impl FnMut(&
         for k in 0..=cfg.scaling_max_log2 {
             let threads = 1u64 << k;
             for cold in [false, true] {
-                let s =
-                    series(backend, &mut heap, Allocator::Heap, &Sizes::Uniform(size), threads, false, iters, cold)?;
+                let s = series(&mut heap, Allocator::Heap, &Sizes::Uniform(size), threads, false, iters, cold)?;
                 push(row("T4", "heap", size.to_string(), threads, if cold { "cold" } else { "warm" }, &s), &mut rows);
             }
             if cuda {
-                let s = series(
-                    backend,
-                    &mut heap,
-                    Allocator::CudaMalloc,
-                    &Sizes::Uniform(size),
-                    threads,
-                    false,
-                    iters,
-                    false,
-                )?;
+                let s = series(&mut heap, Allocator::CudaMalloc, &Sizes::Uniform(size), threads, false, iters, false)?;
                 push(row("T4", "cuda-malloc", size.to_string(), threads, "warm", &s), &mut rows);
             }
         }
@@ -397,13 +377,13 @@ pub fn run(backend: &Backend, cfg: &AllocBenchConfig, mut progress: impl FnMut(&
         let (mut lo, mut hi) = (u64::MAX, 0u64);
         let mut t = Vec::new();
         for _ in 0..cfg.frag_rounds {
-            let batch = ops::malloc_batch(backend, &heap, &Sizes::Uniform(size), n, false)?;
-            t.push(batch.timing.ms());
+            let batch = ops::malloc_batch(&heap, &Sizes::Uniform(size), n, false)?;
+            t.push(batch.timing().ms());
             for p in batch.read_ptrs()?.into_iter().filter(|&p| p != 0) {
                 lo = lo.min(p);
                 hi = hi.max(p + size);
             }
-            ops::free_batch(backend, &heap, batch, 1)?;
+            ops::free_batch(&heap, batch, 1)?;
         }
         let s = Series { alloc: t, free: vec![], nulls: 0, allocs: n, bytes: n * size };
         let mut r = row("T5", "heap", size.to_string(), n, "warm", &s);
@@ -421,8 +401,8 @@ pub fn run(backend: &Backend, cfg: &AllocBenchConfig, mut progress: impl FnMut(&
         let mut t = Vec::new();
         let mut batches = Vec::new();
         loop {
-            let batch = ops::malloc_batch(backend, &pool, &Sizes::Uniform(size), threads, false)?;
-            t.push(batch.timing.ms());
+            let batch = ops::malloc_batch(&pool, &Sizes::Uniform(size), threads, false)?;
+            t.push(batch.timing().ms());
             let ok = batch.read_ptrs()?.iter().filter(|&&p| p != 0).count() as u64;
             handed += ok * size;
             batches.push(batch);
@@ -431,7 +411,7 @@ pub fn run(backend: &Backend, cfg: &AllocBenchConfig, mut progress: impl FnMut(&
             }
         }
         for b in batches {
-            ops::free_batch(backend, &pool, b, 1)?;
+            ops::free_batch(&pool, b, 1)?;
         }
         let s = Series { alloc: t, free: vec![], nulls: 0, allocs: threads, bytes: threads * size };
         let mut r = row("T6", "heap", size.to_string(), threads, "-", &s);
@@ -446,7 +426,7 @@ pub fn run(backend: &Backend, cfg: &AllocBenchConfig, mut progress: impl FnMut(&
     let mut nulls = 0;
     for _ in 0..iters.clamp(1, 5) {
         heap.reset()?;
-        let r = ops::churn(backend, &heap, n, cfg.churn_rounds, (16, 4096), 1, true)?;
+        let r = ops::churn(&heap, n, cfg.churn_rounds, (16, 4096), 1, true)?;
         assert_eq!(r.corrupted_words, 0, "churn found overwritten blocks");
         t.push(r.timing.ms());
         total = r.allocations + r.failures;

@@ -108,11 +108,11 @@ pub struct OomReport {
 
 /// Fills `heap` with `size`-byte requests until one fails; returns the bytes handed out and the
 /// batches that hold them.
-fn fill(backend: &Backend, heap: &DeviceHeap, size: u64) -> Result<(u64, Vec<ops::Batch>)> {
+fn fill(heap: &DeviceHeap, size: u64) -> Result<(u64, Vec<ops::Batch>)> {
     let threads = (heap.capacity() / size).clamp(32, 1 << 16);
     let (mut handed, mut batches) = (0, Vec::new());
     loop {
-        let batch = ops::malloc_batch(backend, heap, &Sizes::Uniform(size), threads, false)?;
+        let batch = ops::malloc_batch(heap, &Sizes::Uniform(size), threads, false)?;
         let ok = batch.read_ptrs()?.iter().filter(|&&p| p != 0).count() as u64;
         handed += ok * size;
         batches.push(batch);
@@ -133,16 +133,16 @@ pub fn run(backend: &Backend, cfg: &OomConfig, mut progress: impl FnMut(&OomRow)
         for &k in &cfg.threads_log2 {
             let threads = 1u64 << k;
             let heap = DeviceHeap::new(backend, POOL_BYTES)?;
-            let (filled_bytes, _held) = fill(backend, &heap, size)?;
+            let (filled_bytes, _held) = fill(&heap, size)?;
             let before = heap.stats()?.failed_requests;
             let (mut times, mut nulls) = (Vec::new(), 0);
             for _ in 0..cfg.reps {
-                let batch = ops::malloc_batch(backend, &heap, &Sizes::Uniform(size), threads, false)?;
-                times.push(batch.timing.ms());
+                let batch = ops::malloc_batch(&heap, &Sizes::Uniform(size), threads, false)?;
+                times.push(batch.timing().ms());
                 nulls = batch.read_ptrs()?.iter().filter(|&&p| p == 0).count() as u64;
                 // Whatever did succeed (nothing, on a dry heap) goes back, so every repetition
                 // meets the same heap.
-                ops::free_batch(backend, &heap, batch, 1)?;
+                ops::free_batch(&heap, batch, 1)?;
             }
             let failed_requests = heap.stats()?.failed_requests - before;
             let (fail_ms, fail_p99_ms) = median_p99(&times);
@@ -151,9 +151,9 @@ pub fn run(backend: &Backend, cfg: &OomConfig, mut progress: impl FnMut(&OomRow)
                     let fresh = DeviceHeap::new(backend, bytes.max(POOL_BYTES))?;
                     let mut t = Vec::new();
                     for _ in 0..cfg.reps {
-                        let batch = ops::malloc_batch(backend, &fresh, &Sizes::Uniform(size), threads, false)?;
-                        t.push(batch.timing.ms());
-                        ops::free_batch(backend, &fresh, batch, 1)?;
+                        let batch = ops::malloc_batch(&fresh, &Sizes::Uniform(size), threads, false)?;
+                        t.push(batch.timing().ms());
+                        ops::free_batch(&fresh, batch, 1)?;
                     }
                     Some(median_p99(&t).0)
                 }

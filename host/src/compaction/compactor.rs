@@ -1,6 +1,11 @@
 //! The compaction core: runs the plan and move kernels over a region and a
-//! layout, independent of who manages the layout (the host [`super::CompactHeap`]
-//! now, the device heap later).
+//! layout, independent of who manages the layout (the two
+//! [`HandleRegion`](super::HandleRegion)s each keep one).
+//!
+//! It works over bare [`DeviceBuffer`]s, so it takes the `&Backend` that
+//! launches and checks every buffer it is given against it first (the owner
+//! rule of [`crate::backend`]); its own scratch buffers are reallocated on a
+//! backend of another identity.
 
 use std::time::Duration;
 
@@ -113,8 +118,8 @@ pub struct LayoutCompaction {
     pub launches: u32,
 }
 
-/// Device buffers reused across compactions (grown on demand), and the
-/// tuning.
+/// Device buffers reused across compactions (grown on demand, reallocated when
+/// the backend of a call is not theirs), and the tuning.
 pub struct Compactor {
     tuning: CompactTuning,
     blocks: Option<DeviceBuffer>,
@@ -125,17 +130,18 @@ pub struct Compactor {
     epoch: u32,
 }
 
-/// `buf` holding at least `bytes`, reallocated (zeroed) when too small.
+/// `buf` holding at least `bytes` of `backend`, reallocated (zeroed) when too small or of another
+/// backend; `true` when it was reallocated.
 fn ensure<'a>(
     backend: &Backend,
     buf: &'a mut Option<DeviceBuffer>,
     bytes: usize,
-) -> Result<&'a mut DeviceBuffer, CompactionError> {
-    if buf.as_ref().is_none_or(|b| b.len() < bytes) {
+) -> Result<(&'a mut DeviceBuffer, bool), CompactionError> {
+    let fresh = buf.as_ref().is_none_or(|b| b.len() < bytes || b.owner() != backend.id());
+    if fresh {
         *buf = Some(backend.alloc_zeroed(bytes.max(16).next_power_of_two())?);
-        return Ok(buf.as_mut().expect("just set"));
     }
-    Ok(buf.as_mut().expect("checked"))
+    Ok((buf.as_mut().expect("set above"), fresh))
 }
 
 // Control words: [plan tile counter, move tile counter] (the copy uses the first).
@@ -170,8 +176,10 @@ impl Compactor {
     /// and the move, and returns the new offsets read back from the device.
     ///
     /// # Errors
-    /// [`CompactionError::InvalidLayout`] / [`CompactionError::InvalidTuning`]
-    /// before anything runs; backend errors.
+    /// [`BackendError::WrongBackend`](crate::backend::BackendError::WrongBackend)
+    /// when `region` or the table is not memory of `backend`,
+    /// [`CompactionError::InvalidLayout`] / [`CompactionError::InvalidTuning`],
+    /// all before anything runs; backend errors.
     pub fn compact(
         &mut self,
         backend: &Backend,
@@ -180,7 +188,7 @@ impl Compactor {
         table: Option<(&mut DeviceBuffer, u32)>,
     ) -> Result<LayoutCompaction, CompactionError> {
         let len = region.len() as u64;
-        self.compact_at(backend, region, 0, len, layout, table.map(|(b, n)| (b, 0, n)))
+        self.run("Compactor::compact", backend, region, 0, len, layout, table.map(|(b, n)| (b, 0, n)))
     }
 
     /// Like [`compact`](Self::compact), for the region `[at, at + len)` of
@@ -202,6 +210,25 @@ impl Compactor {
         layout: &[LiveBlock],
         table: Option<(&mut DeviceBuffer, u64, u32)>,
     ) -> Result<LayoutCompaction, CompactionError> {
+        self.run("Compactor::compact_at", backend, buffer, at, len, layout, table)
+    }
+
+    /// [`compact_at`](Self::compact_at), its owner checks naming `entry`.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        entry: &'static str,
+        backend: &Backend,
+        buffer: &mut DeviceBuffer,
+        at: u64,
+        len: u64,
+        layout: &[LiveBlock],
+        table: Option<(&mut DeviceBuffer, u64, u32)>,
+    ) -> Result<LayoutCompaction, CompactionError> {
+        backend.check_owner(entry, buffer)?;
+        if let Some((b, _, _)) = &table {
+            backend.check_owner(entry, b)?;
+        }
         let bad = |why: String| Err(CompactionError::InvalidLayout(why));
         if at.checked_add(len).is_none_or(|e| e > buffer.len() as u64)
             || !(buffer.device_ptr() + at).is_multiple_of(GRANULE)
@@ -238,17 +265,16 @@ impl Compactor {
         let move_tiles = (end - start).div_ceil(t.tile_bytes as u64) as usize;
         let scan_tiles = k.div_ceil(t.items_per_lane as usize) + 1;
 
-        ensure(backend, &mut self.blocks, std::mem::size_of_val(layout))?.write(layout)?;
-        let new_offset = ensure(backend, &mut self.new_offset, k * 8)?.device_ptr();
-        let status = ensure(backend, &mut self.status, scan_tiles * 8)?;
+        ensure(backend, &mut self.blocks, std::mem::size_of_val(layout))?.0.write(layout)?;
+        let new_offset = ensure(backend, &mut self.new_offset, k * 8)?.0.device_ptr();
+        let status = ensure(backend, &mut self.status, scan_tiles * 8)?.0;
         status.zero()?;
         let status = status.device_ptr();
-        let control = ensure(backend, &mut self.control, CONTROL_WORDS * 8)?;
+        let control = ensure(backend, &mut self.control, CONTROL_WORDS * 8)?.0;
         control.write(&[0u64; CONTROL_WORDS])?;
         let control = control.device_ptr();
         let flags_len = move_tiles.max(1) * 4;
-        let fresh = self.flags.as_ref().is_none_or(|b| b.len() < flags_len);
-        let flags = ensure(backend, &mut self.flags, flags_len)?;
+        let (flags, fresh) = ensure(backend, &mut self.flags, flags_len)?;
         if fresh {
             self.epoch = 0;
         }
@@ -272,7 +298,8 @@ impl Compactor {
             items_per_lane: t.items_per_lane,
             reserved: 0,
         };
-        // SAFETY: every address in `p` is a live buffer of `backend` sized as
+        // SAFETY: every address in `p` is a live buffer of `backend` (the region's and the table's
+        // owners were checked, the scratch buffers are reallocated on another backend) sized as
         // `PlanParams` documents: `k` blocks and offsets, `scan_tiles` zeroed
         // status words (≥ ceil(k / items_per_lane)), a zeroed counter, the
         // handle table of `table_len` entries; the launch is synchronous.
@@ -307,8 +334,9 @@ impl Compactor {
     /// the mover.
     ///
     /// # Errors
-    /// `InvalidArgument` when `bytes` exceeds a buffer or is not a multiple
-    /// of 16; backend errors.
+    /// [`BackendError::WrongBackend`](crate::backend::BackendError::WrongBackend)
+    /// when `dst` or `src` is not memory of `backend`; `InvalidArgument` when
+    /// `bytes` exceeds a buffer or is not a multiple of 16; backend errors.
     pub fn copy(
         &mut self,
         backend: &Backend,
@@ -316,6 +344,8 @@ impl Compactor {
         src: &DeviceBuffer,
         bytes: u64,
     ) -> Result<LaunchTiming, CompactionError> {
+        backend.check_owner("Compactor::copy", dst)?;
+        backend.check_owner("Compactor::copy", src)?;
         self.tuning.validate(backend)?;
         if !bytes.is_multiple_of(GRANULE) || bytes > dst.len() as u64 || bytes > src.len() as u64 {
             return Err(crate::backend::BackendError::InvalidArgument(format!(
@@ -325,7 +355,7 @@ impl Compactor {
             ))
             .into());
         }
-        let control = ensure(backend, &mut self.control, CONTROL_WORDS * 8)?;
+        let control = ensure(backend, &mut self.control, CONTROL_WORDS * 8)?.0;
         control.write(&[0u64; CONTROL_WORDS])?;
         let p = CopyParams {
             dst: dst.device_ptr(),
@@ -334,9 +364,93 @@ impl Compactor {
             chunk_bytes: self.tuning.tile_bytes as u64,
             chunk_counter: control.device_ptr(),
         };
-        // SAFETY: two distinct live buffers of at least `bytes` bytes (`dst`
-        // is borrowed mutably, so it is not `src`), 256-byte aligned; a zeroed
-        // counter.
+        // SAFETY: two distinct live buffers of `backend` (checked) of at least `bytes` bytes (`dst`
+        // is borrowed mutably, so it is not `src`), 256-byte aligned; a zeroed counter of
+        // `backend`.
         Ok(unsafe { backend.launch(&COPY, self.tuning.config(0), &p)? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuheap_kernels::compact::NO_HANDLE;
+
+    use super::*;
+    use crate::backend::{BackendError, BackendId, CpuBackend, CpuMode};
+
+    /// A CPU backend claiming the identity [`BackendId::test`]`(1)`: its buffers are not the host
+    /// identity's.
+    fn other() -> Backend {
+        Backend::Cpu(CpuBackend::with_test_id(CpuMode::Sequential, 1))
+    }
+
+    /// 4 KiB holding a block at 1024 (bytes 0xAB) that slides to 0.
+    fn region(backend: &Backend) -> (DeviceBuffer, Vec<LiveBlock>) {
+        let mut buf = backend.alloc_zeroed(4096).unwrap();
+        buf.write_at(1024, &[0xAB; 256]).unwrap();
+        (buf, vec![LiveBlock { offset: 1024, size: 256, handle: NO_HANDLE, flags: 0 }])
+    }
+
+    fn assert_wrong_backend<T: std::fmt::Debug>(r: Result<T, CompactionError>, name: &str, buffer: BackendId) {
+        match r {
+            Err(CompactionError::Backend(e @ BackendError::WrongBackend { entry, buffer: b, backend })) => {
+                assert_eq!((entry, b, backend), (name, buffer, BackendId::HOST));
+                assert!(e.to_string().starts_with(name), "{e}");
+            }
+            other => panic!("{name}: expected WrongBackend, got {other:?}"),
+        }
+    }
+
+    fn compactor() -> Compactor {
+        Compactor::new(CompactTuning::for_backend(&Backend::cpu()))
+    }
+
+    #[test]
+    fn compact_refuses_a_region_or_table_of_another_backend() {
+        let host = Backend::cpu();
+        let (mut foreign, layout) = region(&other());
+        let r = compactor().compact(&host, &mut foreign, &layout, None);
+        assert_wrong_backend(r, "Compactor::compact", BackendId::test(1));
+        // Nothing moved.
+        assert_eq!(foreign.read::<u8>().unwrap()[1024], 0xAB);
+        let (mut own, _) = region(&host);
+        let mut table = other().alloc_zeroed(64).unwrap();
+        let r = compactor().compact(&host, &mut own, &layout, Some((&mut table, 1)));
+        assert_wrong_backend(r, "Compactor::compact", BackendId::test(1));
+    }
+
+    #[test]
+    fn compact_at_refuses_a_buffer_of_another_backend() {
+        let (mut foreign, layout) = region(&other());
+        let r = compactor().compact_at(&Backend::cpu(), &mut foreign, 0, 4096, &layout, None);
+        assert_wrong_backend(r, "Compactor::compact_at", BackendId::test(1));
+        assert_eq!(foreign.read::<u8>().unwrap()[1024], 0xAB);
+    }
+
+    #[test]
+    fn copy_refuses_a_buffer_of_another_backend() {
+        let host = Backend::cpu();
+        let mut c = compactor();
+        let (mut dst, src) = (host.alloc_zeroed(256).unwrap(), other().upload(&[7u8; 256]).unwrap());
+        assert_wrong_backend(c.copy(&host, &mut dst, &src, 256), "Compactor::copy", BackendId::test(1));
+        let (mut dst, src) = (other().alloc_zeroed(256).unwrap(), host.upload(&[7u8; 256]).unwrap());
+        assert_wrong_backend(c.copy(&host, &mut dst, &src, 256), "Compactor::copy", BackendId::test(1));
+        assert!(dst.read::<u8>().unwrap().iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn scratch_buffers_follow_the_backend_of_each_call() {
+        // One compactor used on two backends: its scratch buffers of the first are reallocated on
+        // the second, and both compactions are right.
+        let mut c = compactor();
+        for backend in [Backend::cpu(), other(), Backend::cpu()] {
+            let (mut buf, layout) = region(&backend);
+            let run = c.compact(&backend, &mut buf, &layout, None).unwrap();
+            assert_eq!(run.new_offsets, vec![0]);
+            assert_eq!(&buf.read::<u8>().unwrap()[..256], &[0xAB; 256][..]);
+            for s in [&c.blocks, &c.new_offset, &c.status, &c.control, &c.flags] {
+                assert_eq!(s.as_ref().map(|b| b.owner()), Some(backend.id()));
+            }
+        }
     }
 }

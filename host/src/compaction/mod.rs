@@ -1,58 +1,63 @@
 //! Relocatable blocks and in-place compaction of a region.
 //!
-//! * [`CompactHeap`]: a region of device memory whose layout is managed on
-//!   the host (first fit), whose blocks are named by [`Handle`]s through a
-//!   device handle table, and which [`compact`] defragments in place.
-//! * The device heap's *movable region*
-//!   ([`DeviceHeap::with_movable`](crate::device_heap::DeviceHeap::with_movable)):
-//!   handle blocks allocated by kernels (`gpuheap_kernels::compact::movable::handle_alloc`)
-//!   or the host beside raw `malloc`, which [`compact_heap`] defragments in
-//!   place with the same core. Raw `malloc` blocks lie outside the movable region and
-//!   never move (they count as pinned).
+//! * [`HandleRegion`]: the one set of verbs over a region of blocks named by
+//!   [`Handle`]s (`alloc`, `free`, `pin`, `unpin`, `resolve`, `device_ptr`,
+//!   `device_table`, `layout`, `read`, `write`, `compact`, ...). Two regions
+//!   implement it:
+//!   * [`CompactHeap`]: a buffer of its own whose layout is managed on the
+//!     host (first fit), the handle table mirrored on the host;
+//!   * [`MovableRegion`](crate::device_heap::MovableRegion): the movable
+//!     region of a device heap, whose blocks kernels allocate
+//!     (`gpuheap_kernels::compact::movable::handle_alloc`) beside raw `malloc`,
+//!     the handle table on the device only. Raw `malloc` blocks lie outside
+//!     it and never move (they count as pinned).
 //! * [`Compactor`]: the compaction core (plan and move kernels over any
-//!   region and layout), which the device heap will reuse.
+//!   region and layout), which both regions use.
 //! * [`mod@oracle`]: the kernels' view of the one reference plan
 //!   ([`crate::reference::compact::plan_slide`], through [`oracle::plan`])
 //!   and the reference bytes ([`oracle::apply`]).
 //!
 //! # Handle model and guarantees
 //!
-//! A block is named by a [`Handle`], never by its address. Kernels receive
-//! the [`DeviceHandleTable`] (from [`CompactHeap::device_table`]) in their
-//! parameters and call `gpuheap_kernels::compact::handle::resolve(&table,
-//! handle)` when they run; host code calls [`CompactHeap::resolve`].
+//! They are written once, in the kernels crate: [`gpuheap_kernels::compact`'s
+//! handle model](gpuheap_kernels::compact#handle-model) says what moves (live,
+//! unpinned blocks, towards the start of their segment, only when
+//! [`HandleRegion::compact`] runs), what never moves (pinned blocks; nothing
+//! moves over one) and what a kernel must not do (keep a resolved pointer, or
+//! a [`HandleRegion::device_ptr`], across a compaction, or run during one).
+//! Kernels receive the [`DeviceHandleTable`] (from
+//! [`HandleRegion::device_table`]) and resolve handles with
+//! `gpuheap_kernels::compact::handle::resolve` when they run; host code calls
+//! [`HandleRegion::resolve`]. The algorithm, its correctness (hazards F1/F2)
+//! and forward-progress arguments are documented there too.
 //!
-//! * **What moves:** the bytes of live, unpinned blocks, towards the start of
-//!   their segment, in address order, when [`compact`] runs (and only then:
-//!   allocation and free never move anything). Handles, sizes and contents
-//!   stay the same.
-//! * **What never moves:** pinned blocks ([`CompactHeap::pin`]; pins nest).
-//!   Nothing moves *over* a pinned block: each run of blocks between pinned
-//!   blocks slides to its own start. Blocks before the first hole of their
-//!   segment are not copied either.
-//! * **What a kernel must not do:** keep a resolved pointer (or a
-//!   [`CompactHeap::device_ptr`]) across a compaction, or run during one.
-//!   Resolve the handle in the kernel that uses it. Work queued before a
-//!   compaction stays correct when it resolves its handle at execution time
-//!   (bug scenario BL-16, test `bl_16_pending_op_sees_data_after_compaction`).
-//!   Pin a block for as long as something holds its address.
-//! * After [`compact`], each segment's free space is one range at its end;
-//!   without pinned blocks the whole free space is one range and external
-//!   fragmentation is 0.
-//!
-//! The algorithm, its correctness (hazards F1/F2) and forward-progress
-//! arguments are documented in `gpuheap_kernels::compact`.
+//! ```
+//! use gpuheap::backend::Backend;
+//! use gpuheap::compaction::{CompactHeap, HandleRegion};
+//! let mut heap = CompactHeap::new(&Backend::cpu(), 1 << 16, 16)?;
+//! let (a, b) = (heap.alloc(4096)?, heap.alloc(100)?);
+//! heap.write(b, 0, b"kept")?;
+//! heap.free(a)?;
+//! let report = heap.compact()?;
+//! assert_eq!((report.blocks_moved, heap.resolve(b)?.offset), (1, 0));
+//! assert_eq!(&heap.read(b)?[..4], b"kept");
+//! # Ok::<(), gpuheap::compaction::CompactionError>(())
+//! ```
 
 mod compactor;
 pub mod oracle;
+mod region;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 pub use compactor::{CompactTuning, Compactor, LayoutCompaction, MAX_SHARED_BYTES};
+pub(crate) use region::{block_bytes, occupied};
+pub use region::HandleRegion;
 use gpuheap_kernels::compact::handle::{
     make_handle, split_handle, DeviceHandleTable, HandleEntry, HandleFillParams, ENTRY_LIVE, ENTRY_PINNED, HANDLE_FILL,
 };
+use gpuheap_kernels::compact::movable::PIN_SHIFT;
 pub use gpuheap_kernels::compact::{LiveBlock, BLOCK_PINNED, GRANULE};
 
 pub use crate::analysis::Fragmentation;
@@ -146,7 +151,7 @@ pub fn region_fragmentation(
     f.with_live(allocated, in_use, footprint)
 }
 
-/// What [`compact`] did.
+/// What a compaction ([`HandleRegion::compact`]) did.
 #[derive(Clone, Debug, Default)]
 pub struct CompactionReport {
     /// Live blocks in the region.
@@ -174,14 +179,14 @@ pub struct CompactionReport {
     /// Fragmentation after.
     pub after: Fragmentation,
 }
-
-/// A region of device memory with relocatable blocks (see the module docs).
+/// A region of device memory with relocatable blocks, in a buffer of its own, whose layout is
+/// managed on the host: a [`HandleRegion`] (see the module docs).
 ///
-/// The layout is managed on the host by first fit over a map of free ranges;
-/// the handle table lives on the device (mirrored on the host and uploaded
-/// lazily when dirty).
-pub struct CompactHeap<'b> {
-    backend: &'b Backend,
+/// The layout is managed by first fit over a map of free ranges; the handle table lives on the
+/// device (mirrored on the host and uploaded lazily when dirty). It keeps a clone of the backend it
+/// was made on.
+pub struct CompactHeap {
+    backend: Backend,
     region: DeviceBuffer,
     capacity: u64,
     entries: Vec<HandleEntry>,
@@ -195,27 +200,26 @@ pub struct CompactHeap<'b> {
     compactor: Compactor,
 }
 
-fn round(size: u64) -> u64 {
-    size.div_ceil(GRANULE) * GRANULE
-}
-
-impl<'b> CompactHeap<'b> {
+impl CompactHeap {
     /// A heap of `capacity` bytes (rounded down to [`GRANULE`]) with room for
-    /// `max_handles` handles, on `backend`, with the backend's default
-    /// [`CompactTuning`].
+    /// `max_handles` handles, on `backend` (kept, as a clone), with the
+    /// backend's default [`CompactTuning`].
     ///
     /// # Errors
     /// Backend errors (allocation).
-    pub fn new(backend: &'b Backend, capacity: u64, max_handles: u32) -> Result<Self> {
+    pub fn new(backend: &Backend, capacity: u64, max_handles: u32) -> Result<Self> {
         let capacity = capacity / GRANULE * GRANULE;
-        let region = backend.alloc_zeroed(capacity as usize)?;
-        let table = backend.alloc_zeroed(max_handles as usize * size_of::<HandleEntry>())?;
+        let bytes = |n: u64| {
+            usize::try_from(n).map_err(|_| BackendError::InvalidArgument(format!("{n} bytes exceed the address space")))
+        };
+        let region = backend.alloc_zeroed(bytes(capacity)?)?;
+        let table = backend.alloc_zeroed(bytes(max_handles as u64 * size_of::<HandleEntry>() as u64)?)?;
         let mut holes = BTreeMap::new();
         if capacity > 0 {
             holes.insert(0, capacity);
         }
         Ok(Self {
-            backend,
+            backend: backend.clone(),
             region,
             capacity,
             entries: Vec::new(),
@@ -230,26 +234,6 @@ impl<'b> CompactHeap<'b> {
         })
     }
 
-    /// The backend.
-    pub fn backend(&self) -> &'b Backend {
-        self.backend
-    }
-
-    /// Region size, bytes.
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
-    /// The compaction tuning.
-    pub fn tuning(&self) -> CompactTuning {
-        self.compactor.tuning()
-    }
-
-    /// Replaces the compaction tuning (tile size, geometry).
-    pub fn set_tuning(&mut self, t: CompactTuning) {
-        self.compactor.set_tuning(t);
-    }
-
     /// Number of live blocks.
     pub fn len(&self) -> usize {
         self.live.len()
@@ -260,20 +244,114 @@ impl<'b> CompactHeap<'b> {
         self.live.is_empty()
     }
 
-    /// Allocates `size` bytes (first fit; the block occupies `size` rounded up
-    /// to [`GRANULE`], at a 16-byte aligned offset). Never moves anything.
+    /// The region's memory (for whole-region reads).
+    pub fn region(&self) -> &DeviceBuffer {
+        &self.region
+    }
+
+    /// Copies `src` into the region at byte `offset`, whatever blocks lie there (for example to
+    /// poison free ranges).
     ///
     /// # Errors
-    /// [`CompactionError::ZeroSize`], [`CompactionError::TooManyHandles`],
-    /// [`CompactionError::OutOfMemory`] (compacting may make room when
-    /// `total_free ≥ requested`).
-    pub fn alloc(&mut self, size: u64) -> Result<Handle> {
+    /// `InvalidArgument` past the region; backend errors.
+    pub fn write_region(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        Ok(self.region.write_at(offset, src)?)
+    }
+
+    /// Runs the example user kernel `gpuheap_handle_fill` *now*: it resolves
+    /// `h` on the device when it executes and writes `value` into every byte
+    /// of the block (its requested size).
+    ///
+    /// # Errors
+    /// [`CompactionError::InvalidHandle`] when the device could not resolve
+    /// `h`; backend errors.
+    pub fn fill_on_device(&mut self, h: Handle, value: u8) -> Result<()> {
+        let table = self.device_table()?;
+        let failed = self.backend.alloc_zeroed(8)?;
+        let p = HandleFillParams { table, handle: h.0, value: value as u32, reserved: 0, failed: failed.device_ptr() };
+        // SAFETY: the table and region are live buffers of this heap, allocated on
+        // `self.backend`, the table was just flushed, `failed` is a live u64 of the same
+        // backend; `&mut self` keeps the heap from being compacted or changed during the launch.
+        unsafe { self.backend.launch(&HANDLE_FILL, LaunchConfig { grid: 4, block: 64, shared_bytes: 0 }, &p)? };
+        if failed.read::<u64>()?[0] != 0 {
+            return Err(CompactionError::InvalidHandle(h));
+        }
+        Ok(())
+    }
+
+    fn check(&self, h: Handle) -> Result<usize> {
+        let (i, gen) = split_handle(h.0);
+        match self.entries.get(i as usize) {
+            Some(e) if e.flags & ENTRY_LIVE != 0 && e.generation == gen => Ok(i as usize),
+            _ => Err(CompactionError::InvalidHandle(h)),
+        }
+    }
+
+    fn flush_table(&mut self) -> Result<()> {
+        if self.table_dirty {
+            self.table.write(&self.entries)?;
+            self.table_dirty = false;
+        }
+        Ok(())
+    }
+
+    fn host_layout(&self) -> Vec<LiveBlock> {
+        self.live
+            .iter()
+            .map(|(&off, &i)| {
+                let e = &self.entries[i as usize];
+                LiveBlock {
+                    offset: off,
+                    size: occupied(e.size),
+                    handle: i,
+                    flags: if e.flags & ENTRY_PINNED != 0 { BLOCK_PINNED } else { 0 },
+                }
+            })
+            .collect()
+    }
+
+    fn host_fragmentation(&self) -> Fragmentation {
+        let allocated = self.live.values().map(|&i| self.entries[i as usize].size).sum();
+        region_fragmentation(self.capacity, allocated, self.holes.iter().map(|(&o, &l)| (o, l)))
+    }
+}
+
+/// The verbs over the host-managed layout: first fit over the free-range map, the host mirror of
+/// the table uploaded when it changed.
+impl HandleRegion for CompactHeap {
+    fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn max_handles(&self) -> u32 {
+        self.max_handles
+    }
+
+    fn base(&self) -> u64 {
+        self.region.device_ptr()
+    }
+
+    fn tuning(&self) -> CompactTuning {
+        self.compactor.tuning()
+    }
+
+    fn set_tuning(&mut self, t: CompactTuning) {
+        self.compactor.set_tuning(t);
+    }
+
+    /// First fit: the block takes the lowest free range that holds it (at a 16-byte aligned
+    /// offset).
+    fn alloc(&mut self, size: u64) -> Result<Handle> {
         if size == 0 {
             return Err(CompactionError::ZeroSize);
         }
-        let need = round(size);
+        let need = occupied(size);
         let Some((&off, &len)) = self.holes.iter().find(|(_, &l)| l >= need) else {
-            let f = self.fragmentation();
+            let f = self.host_fragmentation();
             return Err(CompactionError::OutOfMemory {
                 requested: need,
                 largest_free: f.largest_free,
@@ -303,26 +381,14 @@ impl<'b> CompactHeap<'b> {
         Ok(Handle(make_handle(index, e.generation)))
     }
 
-    fn check(&self, h: Handle) -> Result<usize> {
-        let (i, gen) = split_handle(h.0);
-        match self.entries.get(i as usize) {
-            Some(e) if e.flags & ENTRY_LIVE != 0 && e.generation == gen => Ok(i as usize),
-            _ => Err(CompactionError::InvalidHandle(h)),
-        }
-    }
-
-    /// Frees the block of `h`; its range becomes free (merged with free
-    /// neighbours) and `h` becomes invalid.
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`], [`CompactionError::Pinned`].
-    pub fn free(&mut self, h: Handle) -> Result<()> {
+    /// The block's range becomes free at once (merged with free neighbours).
+    fn free(&mut self, h: Handle) -> Result<()> {
         let i = self.check(h)?;
         if self.pins[i] > 0 {
             return Err(CompactionError::Pinned(h));
         }
         let e = &mut self.entries[i];
-        let (mut off, mut len) = (e.offset, round(e.size));
+        let (mut off, mut len) = (e.offset, occupied(e.size));
         e.flags = 0;
         self.live.remove(&off);
         self.free_ids.push(i as u32);
@@ -341,23 +407,18 @@ impl<'b> CompactHeap<'b> {
         Ok(())
     }
 
-    /// Pins the block of `h`: it never moves until unpinned as many times.
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`].
-    pub fn pin(&mut self, h: Handle) -> Result<()> {
+    fn pin(&mut self, h: Handle) -> Result<()> {
         let i = self.check(h)?;
+        if self.pins[i] + 1 >= 1 << (32 - PIN_SHIFT) {
+            return Err(BackendError::InvalidArgument(format!("too many nested pins of {h:?}")).into());
+        }
         self.pins[i] += 1;
         self.entries[i].flags |= ENTRY_PINNED;
         self.table_dirty = true;
         Ok(())
     }
 
-    /// Undoes one [`pin`](Self::pin).
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`], [`CompactionError::NotPinned`].
-    pub fn unpin(&mut self, h: Handle) -> Result<()> {
+    fn unpin(&mut self, h: Handle) -> Result<()> {
         let i = self.check(h)?;
         if self.pins[i] == 0 {
             return Err(CompactionError::NotPinned(h));
@@ -370,30 +431,13 @@ impl<'b> CompactHeap<'b> {
         Ok(())
     }
 
-    /// Where the block of `h` is now (host side of `resolve`).
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`].
-    pub fn resolve(&self, h: Handle) -> Result<BlockInfo> {
+    fn resolve(&self, h: Handle) -> Result<BlockInfo> {
         let e = &self.entries[self.check(h)?];
         Ok(BlockInfo { offset: e.offset, size: e.size, pinned: e.flags & ENTRY_PINNED != 0 })
     }
 
-    /// The device address of the block of `h` now. Valid until the next
-    /// compaction only (unless pinned).
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`].
-    pub fn device_ptr(&self, h: Handle) -> Result<u64> {
-        Ok(self.region.device_ptr() + self.resolve(h)?.offset)
-    }
-
-    /// The handle table for kernel parameters (uploaded first if the host
-    /// changed it).
-    ///
-    /// # Errors
-    /// Backend errors.
-    pub fn device_table(&mut self) -> Result<DeviceHandleTable> {
+    /// Uploads the host mirror first if it changed. `len` is the entries ever used.
+    fn device_table(&mut self) -> Result<DeviceHandleTable> {
         self.flush_table()?;
         Ok(DeviceHandleTable {
             entries: self.table.device_ptr(),
@@ -403,127 +447,48 @@ impl<'b> CompactHeap<'b> {
         })
     }
 
-    fn flush_table(&mut self) -> Result<()> {
-        if self.table_dirty {
-            self.table.write(&self.entries)?;
-            self.table_dirty = false;
-        }
-        Ok(())
-    }
-
-    /// The device handle table read back (for checks): one entry per handle
-    /// index ever used.
-    ///
-    /// # Errors
-    /// Backend errors.
-    pub fn read_device_table(&mut self) -> Result<Vec<HandleEntry>> {
+    /// One entry per handle index ever used (uploaded first if the host changed it).
+    fn read_table(&mut self) -> Result<Vec<HandleEntry>> {
         self.flush_table()?;
         let mut v = vec![HandleEntry::default(); self.entries.len()];
         self.table.read_into(0, bytemuck::cast_slice_mut(&mut v))?;
         Ok(v)
     }
 
-    /// The live blocks in address order, as the compaction kernels take them
-    /// (sizes rounded up to [`GRANULE`]).
-    pub fn layout(&self) -> Vec<LiveBlock> {
-        self.live
-            .iter()
-            .map(|(&off, &i)| {
-                let e = &self.entries[i as usize];
-                LiveBlock {
-                    offset: off,
-                    size: round(e.size),
-                    handle: i,
-                    flags: if e.flags & ENTRY_PINNED != 0 { BLOCK_PINNED } else { 0 },
-                }
-            })
-            .collect()
+    fn layout(&self) -> Result<Vec<LiveBlock>> {
+        Ok(self.host_layout())
     }
 
-    /// The handle of the block whose table index is `index`, if live.
-    pub fn handle_of(&self, index: u32) -> Option<Handle> {
-        let e = self.entries.get(index as usize)?;
-        (e.flags & ENTRY_LIVE != 0).then(|| Handle(make_handle(index, e.generation)))
+    fn handle_of(&self, index: u32) -> Result<Option<Handle>> {
+        let e = self.entries.get(index as usize);
+        Ok(e.filter(|e| e.flags & ENTRY_LIVE != 0).map(|e| Handle(make_handle(index, e.generation))))
     }
 
-    /// The free ranges `(offset, len)` in address order.
-    pub fn free_ranges(&self) -> Vec<(u64, u64)> {
-        self.holes.iter().map(|(&o, &l)| (o, l)).collect()
+    fn free_ranges(&self) -> Result<Vec<(u64, u64)>> {
+        Ok(self.holes.iter().map(|(&o, &l)| (o, l)).collect())
     }
 
-    /// Fragmentation of the region now ([`region_fragmentation`]).
-    pub fn fragmentation(&self) -> Fragmentation {
-        region_fragmentation(self.capacity, self.allocated(), self.holes.iter().map(|(&o, &l)| (o, l)))
+    fn fragmentation(&self) -> Result<Fragmentation> {
+        Ok(self.host_fragmentation())
     }
 
-    /// Requested bytes of the live blocks.
-    fn allocated(&self) -> u64 {
-        self.live.values().map(|&i| self.entries[i as usize].size).sum()
-    }
-
-    /// The region's memory (for whole-region reads and writes).
-    pub fn region(&self) -> &DeviceBuffer {
-        &self.region
-    }
-
-    /// The region's memory, writable (for example to poison free ranges).
-    pub fn region_mut(&mut self) -> &mut DeviceBuffer {
-        &mut self.region
-    }
-
-    /// Writes `data` into the block of `h` at byte `at`.
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`]; `InvalidArgument` past the block's
-    /// rounded size.
-    pub fn write(&mut self, h: Handle, at: u64, data: &[u8]) -> Result<()> {
+    fn read(&self, h: Handle) -> Result<Vec<u8>> {
         let b = self.resolve(h)?;
-        if at + data.len() as u64 > round(b.size) {
-            return Err(BackendError::InvalidArgument(format!("write past a {}-byte block", b.size)).into());
-        }
-        Ok(self.region.write_at((b.offset + at) as usize, data)?)
-    }
-
-    /// The block of `h` (its rounded size), read back.
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`], backend errors.
-    pub fn read(&self, h: Handle) -> Result<Vec<u8>> {
-        let b = self.resolve(h)?;
-        let mut v = vec![0u8; round(b.size) as usize];
+        let mut v = vec![0u8; occupied(b.size) as usize];
         self.region.read_into(b.offset as usize, &mut v)?;
         Ok(v)
     }
 
-    /// Runs the example user kernel `gpuheap_handle_fill` *now*: it resolves
-    /// `h` on the device when it executes and writes `value` into every byte
-    /// of the block (its requested size).
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`] when the device could not resolve
-    /// `h`; backend errors.
-    pub fn fill_on_device(&mut self, h: Handle, value: u8) -> Result<()> {
-        let table = self.device_table()?;
-        let failed = self.backend.alloc_zeroed(8)?;
-        let p = HandleFillParams { table, handle: h.0, value: value as u32, reserved: 0, failed: failed.device_ptr() };
-        // SAFETY: the table and region are live buffers of this heap, the
-        // table was just flushed, `failed` is a live u64; `&mut self` keeps
-        // the heap from being compacted or changed during the launch.
-        unsafe { self.backend.launch(&HANDLE_FILL, LaunchConfig { grid: 4, block: 64, shared_bytes: 0 }, &p)? };
-        if failed.read::<u64>()?[0] != 0 {
-            return Err(CompactionError::InvalidHandle(h));
-        }
-        Ok(())
+    fn write(&mut self, h: Handle, at: u64, data: &[u8]) -> Result<()> {
+        let off = block_bytes(self.resolve(h)?, at, data.len())?;
+        Ok(self.region.write_at(off as usize, data)?)
     }
 
-    /// Compacts the region in place (see [`compact`]).
-    ///
-    /// # Errors
-    /// Backend errors, [`CompactionError::InvalidTuning`].
-    pub fn compact(&mut self) -> Result<CompactionReport> {
+    /// Afterwards the host mirror and the free-range map follow the new offsets the kernels wrote.
+    fn compact(&mut self) -> Result<CompactionReport> {
         let start = Instant::now();
-        let before = self.fragmentation();
-        let layout = self.layout();
+        let before = self.host_fragmentation();
+        let layout = self.host_layout();
         let mut report = CompactionReport { blocks: layout.len() as u64, before, after: before, ..Default::default() };
         if oracle::is_packed(&layout) {
             report.wall_time = start.elapsed();
@@ -531,7 +496,7 @@ impl<'b> CompactHeap<'b> {
         }
         self.flush_table()?;
         let n = self.entries.len() as u32;
-        let run = self.compactor.compact(self.backend, &mut self.region, &layout, Some((&mut self.table, n)))?;
+        let run = self.compactor.compact(&self.backend, &mut self.region, &layout, Some((&mut self.table, n)))?;
         let (bytes, moved) = oracle::moved(&layout, &run.new_offsets);
         // The kernels updated the device table; mirror it and rebuild the
         // free map.
@@ -549,37 +514,10 @@ impl<'b> CompactHeap<'b> {
         report.launches = run.launches;
         let secs = report.kernel_time.as_secs_f64();
         report.gbps = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
-        report.after = self.fragmentation();
+        report.after = self.host_fragmentation();
         report.wall_time = start.elapsed();
         Ok(report)
     }
-}
-
-/// Compacts the movable region of a device heap in place (see
-/// [`DeviceHeap::compact`](crate::device_heap::DeviceHeap::compact)): the
-/// live, unpinned handle blocks slide towards the start of their segment,
-/// the device handle table is rewritten by the plan kernel, and the movable region's
-/// allocator state (bump cursor, index pool) is rebuilt in the same call, so
-/// that afterwards the free space outside pinned islands is one range at the
-/// end. Raw `malloc` blocks are outside the movable region and never move. `backend`
-/// is the one the heap was made on.
-///
-/// # Errors
-/// When the heap has no movable region (`InvalidArgument`); backend errors,
-/// [`CompactionError::InvalidTuning`].
-pub fn compact_heap(backend: &Backend, heap: &mut crate::device_heap::DeviceHeap) -> Result<CompactionReport> {
-    heap.compact(backend)
-}
-
-/// Compacts `heap` in place: slides every unpinned live block towards the
-/// start of its segment (pinned blocks split the region into segments),
-/// updates the device handle table and the host metadata, and reports what
-/// moved. Returns at once, launching nothing, when no block would move.
-///
-/// # Errors
-/// Backend errors, [`CompactionError::InvalidTuning`].
-pub fn compact(heap: &mut CompactHeap<'_>) -> Result<CompactionReport> {
-    heap.compact()
 }
 
 #[cfg(test)]

@@ -1,13 +1,13 @@
 //! The device heap from the host: create it, hand its [`Heap`] handle to
 //! kernels, read statistics back, list live blocks, reset it.
 //!
-//! ```no_run
+//! ```
 //! use gpuheap::backend::Backend;
-//! use gpuheap::device_heap::{DeviceHeap, Sizes};
-//! let backend = Backend::cpu();
-//! let heap = DeviceHeap::new(&backend, 64 << 20)?;
-//! let batch = gpuheap::device_heap::ops::malloc_batch(&backend, &heap, &Sizes::Uniform(48), 10_000, false)?;
+//! use gpuheap::device_heap::{ops, DeviceHeap, Sizes};
+//! let heap = DeviceHeap::new(&Backend::cpu(), 64 << 20)?;
+//! let batch = ops::malloc_batch(&heap, &Sizes::Uniform(48), 10_000, false)?;
 //! assert_eq!(heap.stats()?.classes[2].slots_in_use, 10_000); // 48 B -> 64 B class
+//! ops::free_batch(&heap, batch, 1)?;
 //! # Ok::<(), gpuheap::backend::BackendError>(())
 //! ```
 //!
@@ -16,22 +16,25 @@
 //! computed on the host by the kernels crate's own init code
 //! (`gpuheap_kernels::heap::init`), and everything this module reports is
 //! decoded from a copy of the metadata (no counters are kept on the hot
-//! paths of the device code).
+//! paths of the device code). The heap keeps the backend it was made on
+//! ([`DeviceHeap::backend`]): nothing over it takes a `&Backend` (the owner
+//! rule of [`crate::backend`]).
 //!
 //! # Movable blocks
 //!
 //! A heap made by [`DeviceHeap::with_movable`] also has a *movable region*: a
 //! span of its data region, taken out of the buddy allocator, whose blocks are
-//! named by [`Handle`](crate::compaction::Handle)s and which
-//! [`compact_heap`](crate::compaction::compact_heap) defragments in place.
+//! named by [`Handle`](crate::compaction::Handle)s and which compacts in place.
 //! Kernels allocate them with `gpuheap_kernels::compact::movable::{handle_alloc,
-//! handle_free, resolve}` beside raw `malloc`/`free`; the host with
-//! [`DeviceHeap::handle_alloc`], [`DeviceHeap::handle_free`], [`DeviceHeap::pin`],
-//! [`DeviceHeap::unpin`] and [`DeviceHeap::resolve`]. The handle model, what
-//! moves and what never moves are documented in `gpuheap_kernels::compact::movable`
-//! and [`crate::compaction`]. The span is not a large block: it is not in
-//! [`DeviceHeap::live_blocks`], [`HeapStats::movable_bytes`] counts it, and
-//! [`DeviceHeap::rebuild`] and [`DeviceHeap::reset`] keep it.
+//! handle_free, resolve}` beside raw `malloc`/`free`; the host through
+//! [`DeviceHeap::movable`], a [`MovableRegion`]: the
+//! [`HandleRegion`](crate::compaction::HandleRegion) verbs (`alloc`, `free`,
+//! `pin`, `unpin`, `resolve`, `compact`, ...) that
+//! [`CompactHeap`](crate::compaction::CompactHeap) has too. What moves and
+//! what never moves is [`gpuheap_kernels::compact`'s handle
+//! model](gpuheap_kernels::compact#handle-model). The span is not a large
+//! block: it is not in [`DeviceHeap::live_blocks`], [`HeapStats::movable_bytes`]
+//! counts it, and [`DeviceHeap::rebuild`] and [`DeviceHeap::reset`] keep it.
 
 mod movable;
 pub mod ops;
@@ -39,7 +42,7 @@ pub mod ops;
 use gpuheap_kernels::heap::layout::*;
 use gpuheap_kernels::heap::slab;
 pub use gpuheap_kernels::heap::Heap;
-pub use movable::MovableStats;
+pub use movable::{MovableRegion, MovableStats};
 pub use ops::Sizes;
 
 use crate::analysis::{self, OomClass, OomDiagnosis};
@@ -56,12 +59,22 @@ use crate::backend::{Backend, BackendError, DeviceBuffer, Result};
 pub const MIN_HEAP_BYTES: u64 = PAGE;
 
 /// A heap in device memory that kernels allocate from with
-/// `gpuheap_kernels::heap::{malloc, free}`.
+/// `gpuheap_kernels::heap::{malloc, free}`, on the backend it was made on (kept, as a clone).
 pub struct DeviceHeap {
+    backend: Backend,
     data: DeviceBuffer,
     meta: DeviceBuffer,
     handle: Heap,
     movable: Option<movable::Movable>,
+    /// Names this heap's current allocations: fresh at creation and at every reset and rebuild, so
+    /// that an [`ops::Batch`] of another heap, or of before, is refused.
+    generation: u64,
+}
+
+/// A generation no heap had before.
+fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Per-class figures of [`HeapStats`].
@@ -191,7 +204,8 @@ impl DeviceHeap {
         let meta = backend.alloc_zeroed(layout.meta_bytes as usize)?;
         let base = (data.device_ptr() + PAGE - 1) & !(PAGE - 1);
         let handle = Heap { base, meta: meta.device_ptr(), ..layout };
-        let mut heap = DeviceHeap { data, meta, handle, movable: None };
+        let mut heap =
+            DeviceHeap { backend: backend.clone(), data, meta, handle, movable: None, generation: next_generation() };
         heap.write_initial_metadata()?;
         Ok(heap)
     }
@@ -221,6 +235,16 @@ impl DeviceHeap {
     /// by value as a kernel argument (`examples/cuda-cpp`).
     pub fn handle(&self) -> Heap {
         self.handle
+    }
+
+    /// The backend the heap was made on (its memory's owner; kernels that use the heap must run
+    /// there).
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Data-region bytes.
@@ -288,10 +312,14 @@ impl DeviceHeap {
         &self.data
     }
 
-    /// The data-region buffer, writable (to fill blocks from the host while no
-    /// kernel uses the heap; the metadata is not reachable through it).
-    pub fn data_mut(&mut self) -> &mut DeviceBuffer {
-        &mut self.data
+    /// Copies `src` into the data-region buffer at byte `offset` (of [`data`](Self::data); the
+    /// data region starts at [`data_offset`](Self::data_offset)): fills blocks from the host while
+    /// no kernel uses the heap. The metadata is not reachable through it.
+    ///
+    /// # Errors
+    /// `InvalidArgument` past the buffer; backend errors.
+    pub fn write_data(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        self.data.write_at(offset, src)
     }
 
     /// Byte offset of the data-region base inside [`data`](Self::data).
@@ -300,10 +328,12 @@ impl DeviceHeap {
     }
 
     /// Frees everything: the heap returns to the state of [`DeviceHeap::new`]
-    /// (counters included). Pointers from before are invalid afterwards. With
+    /// (counters included). Pointers from before are invalid afterwards (and
+    /// [`ops`] refuses batches from before). With
     /// a movable region, every handle is freed too (handles from before stay
     /// invalid: entry generations are kept) and the data region stays reserved.
     pub fn reset(&mut self) -> Result<()> {
+        self.generation = next_generation();
         self.meta.zero()?;
         self.write_initial_metadata()?;
         self.reset_movable()
@@ -427,7 +457,8 @@ impl DeviceHeap {
     /// in one of them nor in a slab page is free (decomposed into maximal
     /// buddy blocks by `gpuheap_kernels::heap::init::free_runs`). Slab pages,
     /// their bitmaps, the counters and the movable region are kept. Run it
-    /// while no kernel uses the heap.
+    /// while no kernel uses the heap. [`ops`] refuses batches from before it
+    /// (their pointers may have moved).
     ///
     /// # Errors
     /// `InvalidArgument` when a block is not a power-of-two multiple of 4 KiB,
@@ -474,6 +505,7 @@ impl DeviceHeap {
         if at < h.units {
             runs.push((at, h.units));
         }
+        self.generation = next_generation();
         let img = InitImage::with_free_runs(h, runs.into_iter());
         self.meta.write_at(h.buddy_off as usize, &img.buddy_bytes())?;
         let mut tags = vec![0u8; h.units as usize * 4];

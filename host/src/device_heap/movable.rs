@@ -1,16 +1,19 @@
-//! The movable region of a [`DeviceHeap`], host side: creation, handle
-//! allocation, free, pin, unpin, resolve, and compaction.
+//! The movable region of a [`DeviceHeap`], host side: creation
+//! ([`DeviceHeap::with_movable`]) and the [`MovableRegion`], the region's
+//! [`HandleRegion`] (allocation, free, pin, unpin, resolve, compaction).
 //!
-//! The device side, the design and the guarantees are documented in
-//! `gpuheap_kernels::compact::movable`; this file keeps no host mirror of the
-//! handle table (kernels allocate and free handles, so the device copy is
-//! the only truth): every query reads it back, every host allocation or free
-//! launches the same kernel code that user kernels call.
+//! The device side and its design are documented in
+//! `gpuheap_kernels::compact::movable`, the guarantees in
+//! [`gpuheap_kernels::compact`'s handle model](gpuheap_kernels::compact#handle-model).
+//! This file keeps no host mirror of the handle table (kernels allocate and
+//! free handles, so the device copy is the only truth): every query reads it
+//! back, every host allocation or free launches the same kernel code that
+//! user kernels call.
 //!
 //! Compaction reads the table back to list the live handles (the device has
 //! no sort by offset; the host sorts them): `O(max_handles)` bytes of
 //! transfer and `O(n log n)` host work per compaction, documented in
-//! [`DeviceHeap::compact`].
+//! [`MovableRegion`]'s `compact`.
 
 use std::time::Instant;
 
@@ -22,15 +25,15 @@ use gpuheap_kernels::compact::movable::{
     CTRL_POOL_LEN, CTRL_POOL_NEXT, HEAP_HANDLE_ALLOC, HEAP_HANDLE_FREE, HEAP_HANDLE_TOUCH, MOVABLE_CTRL_BYTES,
     PIN_SHIFT, TABLE_OFFSET,
 };
-use gpuheap_kernels::compact::{LiveBlock, BLOCK_PINNED, GRANULE};
+use gpuheap_kernels::compact::{LiveBlock, BLOCK_PINNED};
 use gpuheap_kernels::heap::layout::{UNIT, UNIT_SHIFT};
 
 use super::ops::BLOCK;
-use super::DeviceHeap;
+use super::{DeviceHeap, Heap};
 use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig, Result as BackendResult};
 use crate::compaction::{
-    oracle, region_fragmentation, BlockInfo, CompactTuning, CompactionError, CompactionReport, Compactor,
-    Fragmentation, Handle, Result,
+    block_bytes, occupied, oracle, region_fragmentation, BlockInfo, CompactTuning, CompactionError, CompactionReport,
+    Compactor, Fragmentation, Handle, HandleRegion, Result,
 };
 
 /// Host state of a movable region: the device buffer of control words, table
@@ -63,10 +66,6 @@ pub struct MovableStats {
     pub failed_requests: u64,
 }
 
-fn round(size: u64) -> u64 {
-    size.div_ceil(GRANULE) * GRANULE
-}
-
 fn no_movable() -> CompactionError {
     BackendError::InvalidArgument("the device heap has no movable region (see DeviceHeap::with_movable)".into()).into()
 }
@@ -78,7 +77,7 @@ impl DeviceHeap {
     /// (rounded up to 4 KiB) form the *movable region* for handle blocks, with
     /// a handle table of `max_handles` entries. The movable region is taken out
     /// of the buddy allocator (at the start of the data region); raw `malloc` serves
-    /// the rest.
+    /// the rest. Its verbs are [`DeviceHeap::movable`]'s.
     ///
     /// # Errors
     /// `InvalidArgument` when `bytes < 4096`, `movable_bytes` is 0 or larger
@@ -110,80 +109,70 @@ impl DeviceHeap {
         self.movable.is_some()
     }
 
-    /// Bytes of the movable region (0 without one).
-    pub fn movable_capacity(&self) -> u64 {
-        self.handle.movable_bytes
-    }
-
-    /// Entries of the handle table (0 without a movable region).
-    pub fn max_handles(&self) -> u32 {
-        self.handle.max_handles as u32
-    }
-
-    /// Device address of the movable region (handle offsets are relative to
-    /// it).
-    pub fn movable_base(&self) -> u64 {
-        self.handle.base + self.handle.movable_off
-    }
-
-    /// The handle table as a [`DeviceHandleTable`], for kernels written
-    /// against `gpuheap_kernels::compact::handle::resolve` (kernels that have
-    /// the [`Heap`](super::Heap) use `movable::resolve` instead).
-    pub fn handle_table(&self) -> DeviceHandleTable {
-        movable::table(&self.handle)
-    }
-
-    /// The compaction tuning of the movable region.
+    /// The movable region: its [`HandleRegion`] verbs and the device-side batches
+    /// ([`MovableRegion::alloc_batch`], [`free_batch`](MovableRegion::free_batch),
+    /// [`touch_handles`](MovableRegion::touch_handles)).
     ///
     /// # Errors
-    /// When the heap has no movable region.
-    pub fn compact_tuning(&self) -> Result<CompactTuning> {
-        Ok(self.movable.as_ref().ok_or_else(no_movable)?.compactor.tuning())
+    /// `InvalidArgument` when the heap has no movable region.
+    pub fn movable(&mut self) -> Result<MovableRegion<'_>> {
+        let DeviceHeap { backend, data, handle, movable, .. } = self;
+        let mv = movable.as_mut().ok_or_else(no_movable)?;
+        Ok(MovableRegion { backend, data, heap: *handle, mv })
     }
 
-    /// Replaces the compaction tuning (tile size, geometry).
-    ///
-    /// # Errors
-    /// When the heap has no movable region.
-    pub fn set_compact_tuning(&mut self, t: CompactTuning) -> Result<()> {
-        self.movable.as_mut().ok_or_else(no_movable)?.compactor.set_tuning(t);
-        Ok(())
+    /// Frees every handle (generations kept, so old handles stay invalid) and
+    /// empties the movable region.
+    pub(super) fn reset_movable(&mut self) -> BackendResult<()> {
+        if self.movable.is_none() {
+            return Ok(());
+        }
+        self.movable().and_then(|mut m| m.clear_handles()).map_err(|e| match e {
+            CompactionError::Backend(b) => b,
+            other => BackendError::InvalidArgument(other.to_string()),
+        })
     }
+}
 
-    fn mv(&self) -> Result<&Movable> {
-        self.movable.as_ref().ok_or_else(no_movable)
-    }
+/// The movable region of a [`DeviceHeap`] ([`DeviceHeap::movable`]): a [`HandleRegion`] whose
+/// allocator is the device's (a bump cursor and a pool of free table indices, `handle_alloc` and
+/// `handle_free` in `gpuheap_kernels::compact::movable`), shared with the kernels that allocate
+/// handles beside raw `malloc`. Offsets are bytes from [`base`](HandleRegion::base), the start of
+/// the movable region. The handle table lives on the device only: every query reads it back, every
+/// host allocation or free is a launch of the device code.
+///
+/// It borrows the heap mutably: drop it (or make a new one per call, `heap.movable()?.alloc(n)`)
+/// to launch raw `malloc` batches ([`super::ops`]) between handle calls.
+pub struct MovableRegion<'h> {
+    backend: &'h Backend,
+    data: &'h mut DeviceBuffer,
+    heap: Heap,
+    mv: &'h mut Movable,
+}
 
+impl MovableRegion<'_> {
     fn ctrl_words(&self) -> Result<[u64; 8]> {
         let mut w = [0u64; 8];
-        self.mv()?.buf.read_into(0, bytemuck::cast_slice_mut(&mut w))?;
+        self.mv.buf.read_into(0, bytemuck::cast_slice_mut(&mut w))?;
         Ok(w)
     }
 
-    /// The handle table read back: one entry per index (flags: live, pinned,
-    /// pin count in bits 8.., see `movable::PIN_SHIFT`).
-    ///
-    /// # Errors
-    /// When the heap has no movable region; backend errors.
-    pub fn read_handle_table(&self) -> Result<Vec<HandleEntry>> {
-        let mut v = vec![HandleEntry::default(); self.handle.max_handles as usize];
-        self.mv()?.buf.read_into(TABLE_OFFSET as usize, bytemuck::cast_slice_mut(&mut v))?;
+    fn device_table_entries(&self) -> Result<Vec<HandleEntry>> {
+        let mut v = vec![HandleEntry::default(); self.heap.max_handles as usize];
+        self.mv.buf.read_into(TABLE_OFFSET as usize, bytemuck::cast_slice_mut(&mut v))?;
         Ok(v)
     }
 
     fn read_entry(&self, index: u32) -> Result<HandleEntry> {
         let mut e = [HandleEntry::default()];
-        self.mv()?
-            .buf
-            .read_into(TABLE_OFFSET as usize + index as usize * ENTRY_BYTES, bytemuck::cast_slice_mut(&mut e))?;
+        self.mv.buf.read_into(TABLE_OFFSET as usize + index as usize * ENTRY_BYTES, bytemuck::cast_slice_mut(&mut e))?;
         Ok(e[0])
     }
 
     /// Index of a live handle and its entry.
     fn live_entry(&self, h: Handle) -> Result<(u32, HandleEntry)> {
         let (i, gen) = split_handle(h.0);
-        if i as u64 >= self.handle.max_handles {
-            self.mv()?;
+        if i as u64 >= self.heap.max_handles {
             return Err(CompactionError::InvalidHandle(h));
         }
         let e = self.read_entry(i)?;
@@ -193,104 +182,55 @@ impl DeviceHeap {
         Ok((i, e))
     }
 
-    /// Allocates one movable block of `size` bytes from the host (the device
-    /// `handle_alloc` in a one-thread launch). Never moves anything.
-    ///
-    /// # Errors
-    /// [`CompactionError::ZeroSize`]; [`CompactionError::OutOfMemory`] when
-    /// the bytes after the bump cursor do not hold the request (compacting
-    /// may make room when `total_free ≥ requested`);
-    /// [`CompactionError::TooManyHandles`] when no table entry is available
-    /// before the next compaction; backend errors.
-    pub fn handle_alloc(&self, backend: &Backend, size: u64) -> Result<Handle> {
-        if size == 0 {
-            return Err(CompactionError::ZeroSize);
-        }
-        let w = self.ctrl_words()?;
-        let cap = self.handle.movable_bytes;
-        let need = round(size);
-        if size > cap || need > cap.saturating_sub(w[CTRL_CURSOR as usize]) {
-            let f = self.movable_fragmentation()?;
-            return Err(CompactionError::OutOfMemory {
-                requested: need,
-                largest_free: f.largest_free,
-                total_free: f.free,
-            });
-        }
-        if w[CTRL_POOL_NEXT as usize] >= w[CTRL_POOL_LEN as usize] {
-            return Err(CompactionError::TooManyHandles(self.max_handles()));
-        }
-        match self.handle_alloc_batch(backend, &[size])?[0] {
-            Some(h) => Ok(h),
-            None => {
-                Err(BackendError::InvalidArgument(format!("handle_alloc of {size} bytes failed unexpectedly")).into())
-            }
-        }
+    /// Byte offset of the movable region inside the data-region buffer.
+    fn data_at(&self) -> u64 {
+        self.heap.base - self.data.device_ptr() + self.heap.movable_off
     }
 
     /// Thread `i` of one launch calls the device `handle_alloc(sizes[i])`; `None`
     /// where it returned 0 (0 bytes, movable region or table exhausted).
     ///
     /// # Errors
-    /// When the heap has no movable region; backend errors.
-    pub fn handle_alloc_batch(&self, backend: &Backend, sizes: &[u64]) -> Result<Vec<Option<Handle>>> {
-        self.mv()?;
+    /// Backend errors.
+    pub fn alloc_batch(&mut self, sizes: &[u64]) -> Result<Vec<Option<Handle>>> {
         let n = sizes.len() as u64;
         if n == 0 {
             return Ok(Vec::new());
         }
-        let sizes_buf = backend.upload(sizes)?;
-        let out = backend.alloc_zeroed(sizes.len() * 8)?;
+        let sizes_buf = self.backend.upload(sizes)?;
+        let out = self.backend.alloc_zeroed(sizes.len() * 8)?;
         let p = HandleAllocParams {
-            heap: self.handle,
+            heap: self.heap,
             sizes: sizes_buf.device_ptr(),
             size: 0,
             threads: n,
             out: out.device_ptr(),
         };
-        // SAFETY: the heap (and its data-region buffer) is alive, borrowed for the
-        // launch, which is synchronous, so no compaction runs; `sizes` and
-        // `out` hold `n` u64s.
-        unsafe { backend.launch(&HEAP_HANDLE_ALLOC, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
+        // SAFETY: the heap and every buffer here are of `self.backend` (the heap's); the heap is
+        // borrowed mutably for the launch, which is synchronous, so no compaction runs; `sizes`
+        // and `out` hold `n` u64s.
+        unsafe { self.backend.launch(&HEAP_HANDLE_ALLOC, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
         Ok(out.read::<u64>()?.into_iter().map(|h| (h != 0).then_some(Handle(h))).collect())
-    }
-
-    /// Frees the block of `h` from the host (the device `handle_free`): the handle
-    /// stops resolving at once; its bytes and its table entry are reclaimed
-    /// by the next compaction.
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`] (stale, already freed, never
-    /// allocated), [`CompactionError::Pinned`]; backend errors.
-    pub fn handle_free(&self, backend: &Backend, h: Handle) -> Result<()> {
-        let (_, e) = self.live_entry(h)?;
-        if e.flags & ENTRY_PINNED != 0 {
-            return Err(CompactionError::Pinned(h));
-        }
-        match self.handle_free_batch(backend, &[h])?[0] {
-            true => Ok(()),
-            false => Err(CompactionError::InvalidHandle(h)),
-        }
     }
 
     /// Thread `i` of one launch calls the device `handle_free(handles[i])`; `false`
     /// where it was rejected (not live, or pinned).
     ///
     /// # Errors
-    /// When the heap has no movable region; backend errors.
-    pub fn handle_free_batch(&self, backend: &Backend, handles: &[Handle]) -> Result<Vec<bool>> {
-        self.mv()?;
+    /// Backend errors.
+    pub fn free_batch(&mut self, handles: &[Handle]) -> Result<Vec<bool>> {
         let n = handles.len() as u64;
         if n == 0 {
             return Ok(Vec::new());
         }
         let raw: Vec<u64> = handles.iter().map(|h| h.0).collect();
-        let hbuf = backend.upload(&raw)?;
-        let out = backend.alloc_zeroed(handles.len() * 8)?;
-        let p = HandleFreeParams { heap: self.handle, handles: hbuf.device_ptr(), threads: n, out: out.device_ptr() };
-        // SAFETY: a live heap borrowed for a synchronous launch; `handles` and
-        // `out` hold `n` u64s; `handle_free` rejects handles that are not live.
-        unsafe { backend.launch(&HEAP_HANDLE_FREE, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
+        let hbuf = self.backend.upload(&raw)?;
+        let out = self.backend.alloc_zeroed(handles.len() * 8)?;
+        let p = HandleFreeParams { heap: self.heap, handles: hbuf.device_ptr(), threads: n, out: out.device_ptr() };
+        // SAFETY: a live heap of `self.backend`, borrowed mutably for a synchronous launch;
+        // `handles` and `out` hold `n` u64s of the same backend; `handle_free` rejects handles
+        // that are not live.
+        unsafe { self.backend.launch(&HEAP_HANDLE_FREE, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
         Ok(out.read::<u64>()?.into_iter().map(|r| r != 0).collect())
     }
 
@@ -301,10 +241,8 @@ impl DeviceHeap {
     /// mismatching words and the handles that did not resolve (stale, freed).
     ///
     /// # Errors
-    /// When the heap has no movable region; `InvalidArgument` for a handle
-    /// listed twice in write mode; backend errors.
-    pub fn touch_handles(&self, backend: &Backend, handles: &[Handle], seed: u64, verify: bool) -> Result<(u64, u64)> {
-        self.mv()?;
+    /// `InvalidArgument` for a handle listed twice in write mode; backend errors.
+    pub fn touch_handles(&mut self, handles: &[Handle], seed: u64, verify: bool) -> Result<(u64, u64)> {
         if !verify {
             let mut seen = std::collections::HashSet::new();
             if let Some(h) = handles.iter().find(|h| !seen.insert(h.index())) {
@@ -316,159 +254,33 @@ impl DeviceHeap {
             return Ok((0, 0));
         }
         let raw: Vec<u64> = handles.iter().map(|h| h.0).collect();
-        let hbuf = backend.upload(&raw)?;
-        let counters = backend.alloc_zeroed(16)?;
+        let hbuf = self.backend.upload(&raw)?;
+        let counters = self.backend.alloc_zeroed(16)?;
         let p = HandleTouchParams {
-            heap: self.handle,
+            heap: self.heap,
             handles: hbuf.device_ptr(),
             threads: n,
             seed,
             verify: verify as u64,
             counters: counters.device_ptr(),
         };
-        // SAFETY: a live heap borrowed for a synchronous launch (no compaction
-        // runs); `handles` holds `n` u64s, distinct table indices when writing
-        // (checked), so each block has one writer; `counters` two u64s.
-        unsafe { backend.launch(&HEAP_HANDLE_TOUCH, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
+        // SAFETY: a live heap of `self.backend`, borrowed mutably for a synchronous launch (no
+        // compaction runs); `handles` holds `n` u64s, distinct table indices when writing
+        // (checked), so each block has one writer; `counters` two u64s; all of the same backend.
+        unsafe { self.backend.launch(&HEAP_HANDLE_TOUCH, LaunchConfig::for_threads(n, BLOCK)?, &p)? };
         let c: Vec<u64> = counters.read()?;
         Ok((c[0], c[1]))
-    }
-
-    fn write_state(&mut self, index: u32, flags: u32, generation: u32) -> Result<()> {
-        let word = (generation as u64) << 32 | flags as u64;
-        let at = TABLE_OFFSET as usize + index as usize * ENTRY_BYTES + 16;
-        self.movable.as_mut().ok_or_else(no_movable)?.buf.write_at(at, &word.to_le_bytes())?;
-        Ok(())
-    }
-
-    /// Pins the block of `h`: it never moves (and cannot be freed) until
-    /// unpinned as many times. Run between kernels (the heap is borrowed
-    /// mutably).
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`]; `InvalidArgument` past 2^24 − 1
-    /// nested pins; backend errors.
-    pub fn pin(&mut self, h: Handle) -> Result<()> {
-        let (i, e) = self.live_entry(h)?;
-        let pins = (e.flags >> PIN_SHIFT) + 1;
-        if pins >= 1 << (32 - PIN_SHIFT) {
-            return Err(BackendError::InvalidArgument(format!("too many nested pins of {h:?}")).into());
-        }
-        self.write_state(i, ENTRY_LIVE | ENTRY_PINNED | pins << PIN_SHIFT, e.generation)
-    }
-
-    /// Undoes one [`pin`](Self::pin).
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`], [`CompactionError::NotPinned`];
-    /// backend errors.
-    pub fn unpin(&mut self, h: Handle) -> Result<()> {
-        let (i, e) = self.live_entry(h)?;
-        let pins = e.flags >> PIN_SHIFT;
-        if pins == 0 {
-            return Err(CompactionError::NotPinned(h));
-        }
-        let flags = if pins == 1 { ENTRY_LIVE } else { ENTRY_LIVE | ENTRY_PINNED | (pins - 1) << PIN_SHIFT };
-        self.write_state(i, flags, e.generation)
-    }
-
-    /// Where the block of `h` is now: offset from [`movable_base`](Self::movable_base),
-    /// requested size, pinned (host side of `movable::resolve`).
-    ///
-    /// # Errors
-    /// [`CompactionError::InvalidHandle`]; backend errors.
-    pub fn resolve(&self, h: Handle) -> Result<BlockInfo> {
-        let (_, e) = self.live_entry(h)?;
-        Ok(BlockInfo { offset: e.offset, size: e.size, pinned: e.flags & ENTRY_PINNED != 0 })
-    }
-
-    /// The device address of the block of `h` now; valid until the next
-    /// compaction only, unless the block is pinned.
-    ///
-    /// # Errors
-    /// As for [`resolve`](Self::resolve).
-    pub fn handle_ptr(&self, h: Handle) -> Result<u64> {
-        Ok(self.movable_base() + self.resolve(h)?.offset)
-    }
-
-    /// The block of `h` (its size rounded up to 16 bytes), read back.
-    ///
-    /// # Errors
-    /// As for [`resolve`](Self::resolve).
-    pub fn read_handle(&self, h: Handle) -> Result<Vec<u8>> {
-        let b = self.resolve(h)?;
-        let mut v = vec![0u8; round(b.size) as usize];
-        self.data.read_into(self.data_offset() + (self.handle.movable_off + b.offset) as usize, &mut v)?;
-        Ok(v)
-    }
-
-    /// Writes `data` into the block of `h` at byte `at`.
-    ///
-    /// # Errors
-    /// As for [`resolve`](Self::resolve); `InvalidArgument` past the block's
-    /// rounded size.
-    pub fn write_handle(&mut self, h: Handle, at: u64, data: &[u8]) -> Result<()> {
-        let b = self.resolve(h)?;
-        if at.checked_add(data.len() as u64).is_none_or(|e| e > round(b.size)) {
-            return Err(BackendError::InvalidArgument(format!("write past a {}-byte block", b.size)).into());
-        }
-        let off = self.data_offset() + (self.handle.movable_off + b.offset + at) as usize;
-        Ok(self.data.write_at(off, data)?)
-    }
-
-    /// The live handle blocks in address order, as the compaction kernels take
-    /// them (offsets from [`movable_base`](Self::movable_base), sizes rounded
-    /// up to 16, `handle` = table index, pinned flag).
-    ///
-    /// # Errors
-    /// When the heap has no movable region; backend errors.
-    pub fn movable_layout(&self) -> Result<Vec<LiveBlock>> {
-        let table = self.read_handle_table()?;
-        Ok(layout_of(&table))
-    }
-
-    /// The handle of the live block whose table index is `index`.
-    ///
-    /// # Errors
-    /// When the heap has no movable region; backend errors.
-    pub fn handle_of(&self, index: u32) -> Result<Option<Handle>> {
-        if index as u64 >= self.handle.max_handles {
-            return Ok(None);
-        }
-        let e = self.read_entry(index)?;
-        Ok((e.flags & ENTRY_LIVE != 0).then(|| Handle(make_handle(index, e.generation))))
-    }
-
-    /// Free ranges `(offset, len)` of the movable region in address order:
-    /// every byte not in a live handle block (freed blocks count as free:
-    /// the next compaction reclaims them).
-    ///
-    /// # Errors
-    /// When the heap has no movable region; backend errors.
-    pub fn movable_free_ranges(&self) -> Result<Vec<(u64, u64)>> {
-        Ok(oracle::free_ranges(&self.movable_layout()?, None, self.handle.movable_bytes))
-    }
-
-    /// Fragmentation of the movable region now ([`region_fragmentation`] over
-    /// [`movable_free_ranges`](Self::movable_free_ranges)).
-    ///
-    /// # Errors
-    /// As for [`movable_free_ranges`](Self::movable_free_ranges).
-    pub fn movable_fragmentation(&self) -> Result<Fragmentation> {
-        let table = self.read_handle_table()?;
-        let cap = self.handle.movable_bytes;
-        Ok(region_fragmentation(cap, allocated_of(&table), oracle::free_ranges(&layout_of(&table), None, cap)))
     }
 
     /// Counters of the movable region.
     ///
     /// # Errors
-    /// When the heap has no movable region; backend errors.
-    pub fn movable_stats(&self) -> Result<MovableStats> {
+    /// Backend errors.
+    pub fn stats(&self) -> Result<MovableStats> {
         let w = self.ctrl_words()?;
-        let layout = self.movable_layout()?;
+        let layout = self.layout()?;
         Ok(MovableStats {
-            capacity: self.handle.movable_bytes,
+            capacity: self.heap.movable_bytes,
             cursor: w[CTRL_CURSOR as usize],
             live_handles: layout.len() as u64,
             live_bytes: layout.iter().map(|b| b.size).sum(),
@@ -478,11 +290,17 @@ impl DeviceHeap {
         })
     }
 
+    fn write_state(&mut self, index: u32, flags: u32, generation: u32) -> Result<()> {
+        let word = (generation as u64) << 32 | flags as u64;
+        let at = TABLE_OFFSET as usize + index as usize * ENTRY_BYTES + 16;
+        Ok(self.mv.buf.write_at(at, &word.to_le_bytes())?)
+    }
+
     /// Rewrites the movable region's allocator state after a compaction (or a reset):
     /// the cursor at `cursor`, the pool = every entry that is not live
     /// (ascending), the failed counter kept unless `clear_failed`.
     fn write_allocator_state(&mut self, table: &[HandleEntry], cursor: u64, clear_failed: bool) -> Result<()> {
-        let max = self.handle.max_handles;
+        let max = self.heap.max_handles;
         let mut w = self.ctrl_words()?;
         let pool: Vec<u32> = (0..max as u32).filter(|&i| table[i as usize].flags & ENTRY_LIVE == 0).collect();
         w[CTRL_CURSOR as usize] = cursor;
@@ -491,56 +309,173 @@ impl DeviceHeap {
         if clear_failed {
             w[CTRL_FAILED as usize] = 0;
         }
-        let mv = self.movable.as_mut().ok_or_else(no_movable)?;
-        mv.buf.write_at(pool_offset(max) as usize, bytemuck::cast_slice(&pool))?;
-        mv.buf.write_at(0, bytemuck::cast_slice(&w))?;
+        self.mv.buf.write_at(pool_offset(max) as usize, bytemuck::cast_slice(&pool))?;
+        self.mv.buf.write_at(0, bytemuck::cast_slice(&w))?;
         Ok(())
     }
 
-    /// Frees every handle (generations kept, so old handles stay invalid) and
-    /// empties the movable region.
-    pub(super) fn reset_movable(&mut self) -> BackendResult<()> {
-        if self.movable.is_none() {
-            return Ok(());
-        }
-        self.clear_handles().map_err(|e| match e {
-            CompactionError::Backend(b) => b,
-            other => BackendError::InvalidArgument(other.to_string()),
-        })
-    }
-
     fn clear_handles(&mut self) -> Result<()> {
-        let mut table = self.read_handle_table()?;
+        let mut table = self.device_table_entries()?;
         for e in &mut table {
             e.flags = 0;
         }
-        let mv = self.movable.as_mut().ok_or_else(no_movable)?;
-        mv.buf.write_at(TABLE_OFFSET as usize, bytemuck::cast_slice(&table))?;
+        self.mv.buf.write_at(TABLE_OFFSET as usize, bytemuck::cast_slice(&table))?;
         self.write_allocator_state(&table, 0, true)
     }
+}
 
-    /// Compacts the movable region in place (see
-    /// [`compact_heap`](crate::compaction::compact_heap)).
-    ///
-    /// Steps: read the handle table back and list the live entries in
-    /// address order (a host read-back of `max_handles` entries and a host
-    /// sort: the device has no sort by offset); unless they are already
-    /// packed, run the plan kernels (which write the new offsets into the
-    /// device table) and the in-place mover over the movable region; then, in the same
-    /// call, set the bump cursor to the end of the last live block and refill
-    /// the index pool with every entry that is not live. Afterwards the free
-    /// space of the movable region is one range after the last block, plus one range
-    /// before each pinned block (its segment's tail).
-    ///
-    /// # Errors
-    /// When the heap has no movable region; [`CompactionError::InvalidLayout`]
-    /// when the table read back is not a valid layout (a kernel wrote it
-    /// outside the API); [`CompactionError::InvalidTuning`]; backend errors.
-    pub fn compact(&mut self, backend: &Backend) -> Result<CompactionReport> {
+/// The verbs over the device's allocator: allocation and free launch the device code, queries read
+/// the device table back.
+impl HandleRegion for MovableRegion<'_> {
+    fn backend(&self) -> &Backend {
+        self.backend
+    }
+
+    fn capacity(&self) -> u64 {
+        self.heap.movable_bytes
+    }
+
+    fn max_handles(&self) -> u32 {
+        self.heap.max_handles as u32
+    }
+
+    /// The device address of the movable region (inside the heap's data region).
+    fn base(&self) -> u64 {
+        self.heap.base + self.heap.movable_off
+    }
+
+    fn tuning(&self) -> CompactTuning {
+        self.mv.compactor.tuning()
+    }
+
+    fn set_tuning(&mut self, t: CompactTuning) {
+        self.mv.compactor.set_tuning(t);
+    }
+
+    /// The device `handle_alloc` in a one-thread launch: the block takes the bytes after the bump
+    /// cursor; a freed block's bytes come back at the next compaction only.
+    fn alloc(&mut self, size: u64) -> Result<Handle> {
+        if size == 0 {
+            return Err(CompactionError::ZeroSize);
+        }
+        let w = self.ctrl_words()?;
+        let cap = self.heap.movable_bytes;
+        let need = occupied(size);
+        if size > cap || need > cap.saturating_sub(w[CTRL_CURSOR as usize]) {
+            let f = self.fragmentation()?;
+            return Err(CompactionError::OutOfMemory {
+                requested: need,
+                largest_free: f.largest_free,
+                total_free: f.free,
+            });
+        }
+        if w[CTRL_POOL_NEXT as usize] >= w[CTRL_POOL_LEN as usize] {
+            return Err(CompactionError::TooManyHandles(self.max_handles()));
+        }
+        match self.alloc_batch(&[size])?[0] {
+            Some(h) => Ok(h),
+            None => {
+                Err(BackendError::InvalidArgument(format!("handle_alloc of {size} bytes failed unexpectedly")).into())
+            }
+        }
+    }
+
+    /// The device `handle_free`: the handle stops resolving at once; its bytes and its table entry
+    /// are reclaimed by the next compaction.
+    fn free(&mut self, h: Handle) -> Result<()> {
+        let (_, e) = self.live_entry(h)?;
+        if e.flags & ENTRY_PINNED != 0 {
+            return Err(CompactionError::Pinned(h));
+        }
+        match self.free_batch(&[h])?[0] {
+            true => Ok(()),
+            false => Err(CompactionError::InvalidHandle(h)),
+        }
+    }
+
+    /// The pin count lives in the device entry's flags (bits 8.., `movable::PIN_SHIFT`).
+    fn pin(&mut self, h: Handle) -> Result<()> {
+        let (i, e) = self.live_entry(h)?;
+        let pins = (e.flags >> PIN_SHIFT) + 1;
+        if pins >= 1 << (32 - PIN_SHIFT) {
+            return Err(BackendError::InvalidArgument(format!("too many nested pins of {h:?}")).into());
+        }
+        self.write_state(i, ENTRY_LIVE | ENTRY_PINNED | pins << PIN_SHIFT, e.generation)
+    }
+
+    fn unpin(&mut self, h: Handle) -> Result<()> {
+        let (i, e) = self.live_entry(h)?;
+        let pins = e.flags >> PIN_SHIFT;
+        if pins == 0 {
+            return Err(CompactionError::NotPinned(h));
+        }
+        let flags = if pins == 1 { ENTRY_LIVE } else { ENTRY_LIVE | ENTRY_PINNED | (pins - 1) << PIN_SHIFT };
+        self.write_state(i, flags, e.generation)
+    }
+
+    /// The host side of `movable::resolve` (one table entry read back).
+    fn resolve(&self, h: Handle) -> Result<BlockInfo> {
+        let (_, e) = self.live_entry(h)?;
+        Ok(BlockInfo { offset: e.offset, size: e.size, pinned: e.flags & ENTRY_PINNED != 0 })
+    }
+
+    /// For kernels written against `gpuheap_kernels::compact::handle::resolve`; kernels that have
+    /// the heap's [`Heap`] use `movable::resolve` instead. `len` is [`max_handles`](Self::max_handles).
+    fn device_table(&mut self) -> Result<DeviceHandleTable> {
+        Ok(movable::table(&self.heap))
+    }
+
+    fn read_table(&mut self) -> Result<Vec<HandleEntry>> {
+        self.device_table_entries()
+    }
+
+    fn layout(&self) -> Result<Vec<LiveBlock>> {
+        Ok(layout_of(&self.device_table_entries()?))
+    }
+
+    fn handle_of(&self, index: u32) -> Result<Option<Handle>> {
+        if index as u64 >= self.heap.max_handles {
+            return Ok(None);
+        }
+        let e = self.read_entry(index)?;
+        Ok((e.flags & ENTRY_LIVE != 0).then(|| Handle(make_handle(index, e.generation))))
+    }
+
+    fn free_ranges(&self) -> Result<Vec<(u64, u64)>> {
+        Ok(oracle::free_ranges(&self.layout()?, None, self.heap.movable_bytes))
+    }
+
+    fn fragmentation(&self) -> Result<Fragmentation> {
+        let table = self.device_table_entries()?;
+        let cap = self.heap.movable_bytes;
+        Ok(region_fragmentation(cap, allocated_of(&table), oracle::free_ranges(&layout_of(&table), None, cap)))
+    }
+
+    fn read(&self, h: Handle) -> Result<Vec<u8>> {
+        let b = self.resolve(h)?;
+        let mut v = vec![0u8; occupied(b.size) as usize];
+        self.data.read_into((self.data_at() + b.offset) as usize, &mut v)?;
+        Ok(v)
+    }
+
+    fn write(&mut self, h: Handle, at: u64, data: &[u8]) -> Result<()> {
+        let off = block_bytes(self.resolve(h)?, at, data.len())?;
+        let at = (self.data_at() + off) as usize;
+        Ok(self.data.write_at(at, data)?)
+    }
+
+    /// Steps: read the handle table back and list the live entries in address order (a host
+    /// read-back of `max_handles` entries and a host sort: the device has no sort by offset);
+    /// unless they are already packed, run the plan kernels (which write the new offsets into the
+    /// device table) and the in-place mover over the movable region; then, in the same call, set
+    /// the bump cursor to the end of the last live block and refill the index pool with every
+    /// entry that is not live. Afterwards the free space of the movable region is one range after
+    /// the last block, plus one range before each pinned block (its segment's tail). Raw `malloc`
+    /// blocks are outside the movable region and never move.
+    fn compact(&mut self) -> Result<CompactionReport> {
         let start = Instant::now();
-        self.mv()?;
-        let cap = self.handle.movable_bytes;
-        let table = self.read_handle_table()?;
+        let cap = self.heap.movable_bytes;
+        let table = self.device_table_entries()?;
         let layout = layout_of(&table);
         oracle::validate(&layout, cap)?;
         let allocated = allocated_of(&table);
@@ -549,11 +484,11 @@ impl DeviceHeap {
         let new_offsets = if oracle::is_packed(&layout) {
             layout.iter().map(|b| b.offset).collect()
         } else {
-            let at = (self.data_offset() as u64) + self.handle.movable_off;
-            let n = self.handle.max_handles as u32;
-            let DeviceHeap { data, movable, .. } = self;
-            let mv = movable.as_mut().ok_or_else(no_movable)?;
-            let run = mv.compactor.compact_at(backend, data, at, cap, &layout, Some((&mut mv.buf, TABLE_OFFSET, n)))?;
+            let at = self.data_at();
+            let n = self.heap.max_handles as u32;
+            let MovableRegion { backend, data, mv, .. } = self;
+            let table = Some((&mut mv.buf, TABLE_OFFSET, n));
+            let run = mv.compactor.compact_at(backend, data, at, cap, &layout, table)?;
             report.plan_time = run.plan_time;
             report.move_time = run.move_time;
             report.kernel_time = run.plan_time + run.move_time;
@@ -573,12 +508,12 @@ impl DeviceHeap {
     }
 }
 
-/// Live entries of `table` as a layout sorted by offset.
 /// Requested bytes of the live entries of a handle table.
 fn allocated_of(table: &[HandleEntry]) -> u64 {
     table.iter().filter(|e| e.flags & ENTRY_LIVE != 0).map(|e| e.size).sum()
 }
 
+/// Live entries of `table` as a layout sorted by offset.
 fn layout_of(table: &[HandleEntry]) -> Vec<LiveBlock> {
     let mut v: Vec<LiveBlock> = table
         .iter()
@@ -586,7 +521,7 @@ fn layout_of(table: &[HandleEntry]) -> Vec<LiveBlock> {
         .filter(|(_, e)| e.flags & ENTRY_LIVE != 0)
         .map(|(i, e)| LiveBlock {
             offset: e.offset,
-            size: round(e.size),
+            size: occupied(e.size),
             handle: i as u32,
             flags: if e.flags & ENTRY_PINNED != 0 { BLOCK_PINNED } else { 0 },
         })

@@ -1,6 +1,17 @@
 //! Host wrappers of the heap's kernels (`gpuheap_kernels::heap::kernels`):
 //! one launch each, safe to call, same code on both backends. The tests and
 //! the benchmarks are written against these.
+//!
+//! Each runs on the heap's own backend ([`DeviceHeap::backend`]), so none
+//! takes a `&Backend` (the owner rule of [`crate::backend`]). A [`Batch`] is
+//! made by [`malloc_batch`] only and remembers the heap, the heap's
+//! generation and its allocator: [`free_batch`] and [`touch_batch`] refuse a
+//! batch of another heap, or of before the heap's last
+//! [`reset`](DeviceHeap::reset) or [`rebuild`](DeviceHeap::rebuild), and
+//! [`free_batch_with`] one of another allocator, whose pointers are no live
+//! blocks there (freeing them would be a double or invalid free, touching
+//! them a write into other blocks): a [`BackendError::ForeignBatch`] naming
+//! the entry point.
 
 use gpuheap_kernels::heap::kernels::{
     ChurnParams, FreeParams, LoopParams, MallocParams, TouchParams, CHURN_LIVE, CUDA_FREE, CUDA_MALLOC, HEAP_CHURN,
@@ -8,7 +19,7 @@ use gpuheap_kernels::heap::kernels::{
 };
 
 use super::DeviceHeap;
-use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig, LaunchTiming, Result};
+use crate::backend::{BackendError, DeviceBuffer, LaunchConfig, LaunchTiming, Result};
 
 /// Threads per block of the heap kernels (the survey's harness uses 256).
 pub const BLOCK: u32 = 256;
@@ -22,22 +33,36 @@ pub enum Sizes {
     PerThread(Vec<u64>),
 }
 
-/// One allocation per thread, kept on the device.
+/// One allocation per thread, kept on the device: what [`malloc_batch`] returned on one heap. Its
+/// fields are private, so its pointers are always those the heap returned; it can be freed and
+/// touched on that heap only, until the heap's next reset or rebuild (see the [module docs](self)).
 pub struct Batch {
     /// `threads` `u64` pointers (0 = null).
-    pub ptrs: DeviceBuffer,
+    ptrs: DeviceBuffer,
     /// Per-thread sizes, if not uniform.
-    pub sizes: Option<DeviceBuffer>,
+    sizes: Option<DeviceBuffer>,
     /// The uniform size (when `sizes` is `None`).
-    pub size: u64,
-    /// Threads launched.
-    pub threads: u64,
-    /// Time of the allocation kernel.
-    pub timing: LaunchTiming,
+    size: u64,
+    threads: u64,
+    timing: LaunchTiming,
+    /// [`DeviceHeap::generation`] of the heap that made it, then.
+    generation: u64,
+    /// The allocator that made it (its pointers are freed by the same one only).
+    alloc: Allocator,
 }
 
 impl Batch {
-    /// The pointers, copied to the host.
+    /// Threads launched (one pointer each).
+    pub fn threads(&self) -> u64 {
+        self.threads
+    }
+
+    /// Time of the allocation kernel.
+    pub fn timing(&self) -> LaunchTiming {
+        self.timing
+    }
+
+    /// The pointers, copied to the host (0 = null).
     pub fn read_ptrs(&self) -> Result<Vec<u64>> {
         self.ptrs.read()
     }
@@ -58,6 +83,14 @@ fn u64s(threads: u64) -> Result<usize> {
         .ok_or_else(|| BackendError::InvalidArgument(format!("{threads} threads")))
 }
 
+/// Refuses a batch that `heap` did not make, or made before its last reset or rebuild.
+fn check_batch(entry: &'static str, heap: &DeviceHeap, batch: &Batch) -> Result<()> {
+    if batch.generation == heap.generation() {
+        return Ok(());
+    }
+    Err(BackendError::ForeignBatch { entry, threads: batch.threads })
+}
+
 /// Which allocator a batch runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Allocator {
@@ -69,25 +102,25 @@ pub enum Allocator {
 
 /// Thread `i < threads` calls `malloc(size_i)` (warp-based: only threads
 /// `i % 32 == 0`).
-pub fn malloc_batch(
-    backend: &Backend,
-    heap: &DeviceHeap,
-    sizes: &Sizes,
-    threads: u64,
-    warp_based: bool,
-) -> Result<Batch> {
-    malloc_batch_with(backend, heap, sizes, threads, warp_based, Allocator::Heap)
+///
+/// # Errors
+/// `InvalidArgument` when `sizes` is per thread and not `threads` long; backend errors.
+pub fn malloc_batch(heap: &DeviceHeap, sizes: &Sizes, threads: u64, warp_based: bool) -> Result<Batch> {
+    malloc_batch_with(heap, sizes, threads, warp_based, Allocator::Heap)
 }
 
 /// [`malloc_batch`] on a chosen allocator.
+///
+/// # Errors
+/// As for [`malloc_batch`].
 pub fn malloc_batch_with(
-    backend: &Backend,
     heap: &DeviceHeap,
     sizes: &Sizes,
     threads: u64,
     warp_based: bool,
     alloc: Allocator,
 ) -> Result<Batch> {
+    let backend = heap.backend();
     let ptrs = backend.alloc_zeroed(u64s(threads)?.max(8))?;
     let (sizes_buf, size) = match sizes {
         Sizes::Uniform(s) => (None, *s),
@@ -110,34 +143,53 @@ pub fn malloc_batch_with(
         Allocator::Heap => &HEAP_MALLOC,
         Allocator::CudaMalloc => &CUDA_MALLOC,
     };
-    // SAFETY: the heap is alive (borrowed); `sizes` and `out` hold `threads` u64s.
+    // SAFETY: the heap is alive (borrowed) and of `backend`; `sizes` and `out` hold `threads` u64s
+    // of `backend`.
     let timing = unsafe { backend.launch(k, LaunchConfig::for_threads(threads.max(1), BLOCK)?, &p)? };
-    Ok(Batch { ptrs, sizes: sizes_buf, size, threads, timing })
+    Ok(Batch { ptrs, sizes: sizes_buf, size, threads, timing, generation: heap.generation(), alloc })
 }
 
 /// Frees every pointer of `batch`: thread `i` frees `ptrs[(i * stride) % threads]`
 /// (`stride` coprime with the thread count: other threads and blocks than
-/// the allocating ones). Pointers are zeroed afterwards only in the sense
-/// that the batch must not be freed again.
-pub fn free_batch(backend: &Backend, heap: &DeviceHeap, batch: Batch, stride: u64) -> Result<LaunchTiming> {
-    free_batch_with(backend, heap, batch, stride, Allocator::Heap)
+/// the allocating ones). The batch is consumed, so it is freed once.
+///
+/// # Errors
+/// [`BackendError::ForeignBatch`] for a batch `heap` did not make, or made before its last reset
+/// or rebuild; backend errors.
+pub fn free_batch(heap: &DeviceHeap, batch: Batch, stride: u64) -> Result<LaunchTiming> {
+    free_batch_on("ops::free_batch", heap, batch, stride, Allocator::Heap)
 }
 
-/// [`free_batch`] on a chosen allocator.
-pub fn free_batch_with(
-    backend: &Backend,
+/// [`free_batch`] on a chosen allocator (the one that made the batch).
+///
+/// # Errors
+/// As for [`free_batch`]; [`BackendError::ForeignBatch`] also when `alloc` is not the allocator
+/// that made the batch.
+pub fn free_batch_with(heap: &DeviceHeap, batch: Batch, stride: u64, alloc: Allocator) -> Result<LaunchTiming> {
+    free_batch_on("ops::free_batch_with", heap, batch, stride, alloc)
+}
+
+/// [`free_batch_with`], its batch check naming `entry`.
+fn free_batch_on(
+    entry: &'static str,
     heap: &DeviceHeap,
     batch: Batch,
     stride: u64,
     alloc: Allocator,
 ) -> Result<LaunchTiming> {
+    check_batch(entry, heap, &batch)?;
+    if alloc != batch.alloc {
+        return Err(BackendError::ForeignBatch { entry, threads: batch.threads });
+    }
+    let backend = heap.backend();
     let p = FreeParams { heap: heap.handle(), ptrs: batch.ptrs.device_ptr(), threads: batch.threads, stride };
     let k = match alloc {
         Allocator::Heap => &HEAP_FREE,
         Allocator::CudaMalloc => &CUDA_FREE,
     };
-    // SAFETY: the batch's pointers are live allocations of this heap (the
-    // batch is consumed, so they are freed once).
+    // SAFETY: the batch's pointers are live allocations of this heap, made since its last reset or
+    // rebuild (checked; the fields are private, so they are what `malloc` returned), on `backend`;
+    // the batch is consumed, so they are freed once.
     unsafe { backend.launch(k, LaunchConfig::for_threads(batch.threads.max(1), BLOCK)?, &p) }
 }
 
@@ -147,7 +199,8 @@ pub fn free_batch_with(
 /// Each pointer is null or was returned by `malloc` on `heap`; double and
 /// invalid frees are detected best-effort only (see
 /// `gpuheap_kernels::heap`), so pass such pointers only to test that.
-pub unsafe fn free_ptrs(backend: &Backend, heap: &DeviceHeap, ptrs: &[u64]) -> Result<LaunchTiming> {
+pub unsafe fn free_ptrs(heap: &DeviceHeap, ptrs: &[u64]) -> Result<LaunchTiming> {
+    let backend = heap.backend();
     let buf = backend.upload(ptrs)?;
     let n = ptrs.len() as u64;
     let p = FreeParams { heap: heap.handle(), ptrs: buf.device_ptr(), threads: n, stride: 1 };
@@ -157,7 +210,13 @@ pub unsafe fn free_ptrs(backend: &Backend, heap: &DeviceHeap, ptrs: &[u64]) -> R
 
 /// Writes (`verify = false`) the per-thread pattern over every byte-word of
 /// every block of `batch`, or counts the words that differ from it.
-pub fn touch_batch(backend: &Backend, batch: &Batch, seed: u64, verify: bool) -> Result<u64> {
+///
+/// # Errors
+/// [`BackendError::ForeignBatch`] for a batch `heap` did not make, or made before its last reset
+/// or rebuild; backend errors.
+pub fn touch_batch(heap: &DeviceHeap, batch: &Batch, seed: u64, verify: bool) -> Result<u64> {
+    check_batch("ops::touch_batch", heap, batch)?;
+    let backend = heap.backend();
     let errors = backend.alloc_zeroed(8)?;
     let p = TouchParams {
         ptrs: batch.ptrs.device_ptr(),
@@ -168,8 +227,9 @@ pub fn touch_batch(backend: &Backend, batch: &Batch, seed: u64, verify: bool) ->
         verify: verify as u64,
         errors: errors.device_ptr(),
     };
-    // SAFETY: each non-null pointer is a live block of at least its size,
-    // owned by its thread for this launch.
+    // SAFETY: each non-null pointer is a live block of at least its size of this heap (checked: the
+    // heap, borrowed, made the batch since its last reset or rebuild, on `backend`), owned by its
+    // thread for this launch.
     unsafe { backend.launch(&HEAP_TOUCH, LaunchConfig::for_threads(batch.threads.max(1), BLOCK)?, &p)? };
     Ok(errors.read::<u64>()?[0])
 }
@@ -191,8 +251,11 @@ pub struct ChurnReport {
 /// with sizes in `[min_size, max_size]` (see
 /// `gpuheap_kernels::heap::kernels::churn_kernel`); with `free_at_end` every
 /// block is verified and freed before the kernel ends.
+///
+/// # Errors
+/// `InvalidArgument` when `threads * CHURN_LIVE` pointers overflow the address space; backend
+/// errors.
 pub fn churn(
-    backend: &Backend,
     heap: &DeviceHeap,
     threads: u64,
     rounds: u64,
@@ -200,7 +263,10 @@ pub fn churn(
     seed: u64,
     free_at_end: bool,
 ) -> Result<ChurnReport> {
-    let ring = u64s(threads * CHURN_LIVE)?;
+    let backend = heap.backend();
+    let ring = u64s(threads.checked_mul(CHURN_LIVE).ok_or_else(|| {
+        BackendError::InvalidArgument(format!("{threads} threads x {CHURN_LIVE} live blocks overflow"))
+    })?)?;
     let live = backend.alloc_zeroed(ring)?;
     let live_sizes = backend.alloc_zeroed(ring)?;
     let counters = backend.alloc_zeroed(24)?;
@@ -216,15 +282,19 @@ pub fn churn(
         counters: counters.device_ptr(),
         free_at_end: free_at_end as u64,
     };
-    // SAFETY: the heap is alive; `live`/`live_sizes` hold `threads * CHURN_LIVE`
-    // zeroed u64s and `counters` three.
+    // SAFETY: the heap is alive and of `backend`; `live`/`live_sizes` hold `threads * CHURN_LIVE`
+    // zeroed u64s and `counters` three, of `backend`.
     let timing = unsafe { backend.launch(&HEAP_CHURN, LaunchConfig::for_threads(threads.max(1), BLOCK)?, &p)? };
     let c: Vec<u64> = counters.read()?;
     Ok(ChurnReport { allocations: c[0], failures: c[1], corrupted_words: c[2], timing })
 }
 
-/// An empty kernel over `threads` threads: the launch floor.
-pub fn noop(backend: &Backend, heap: &DeviceHeap, threads: u64) -> Result<LaunchTiming> {
+/// An empty kernel over `threads` threads on the heap's backend: the launch floor.
+///
+/// # Errors
+/// Backend errors.
+pub fn noop(heap: &DeviceHeap, threads: u64) -> Result<LaunchTiming> {
+    let backend = heap.backend();
     let p = MallocParams { heap: heap.handle(), sizes: 0, size: 0, threads, out: 0, warp_mode: 0 };
     // SAFETY: the kernel touches nothing.
     unsafe { backend.launch(&NOOP, LaunchConfig::for_threads(threads.max(1), BLOCK)?, &p) }
@@ -250,8 +320,10 @@ pub struct LoopReport {
 /// BL-10(b): `threads` threads (in blocks of `block`) each allocate and free
 /// a `size`-byte block `iters` times, counting outstanding blocks against
 /// `limit` (see `gpuheap_kernels::heap::kernels::loop_kernel`).
+///
+/// # Errors
+/// Backend errors (an invalid `block` included).
 pub fn alloc_free_loop(
-    backend: &Backend,
     heap: &DeviceHeap,
     threads: u64,
     block: u32,
@@ -259,9 +331,10 @@ pub fn alloc_free_loop(
     size: u64,
     limit: u64,
 ) -> Result<LoopReport> {
+    let backend = heap.backend();
     let counters = backend.upload(&[0u64, 0, 0, 0, 0, limit])?;
     let p = LoopParams { heap: heap.handle(), threads, iters, size, counters: counters.device_ptr() };
-    // SAFETY: the heap is alive; `counters` holds six u64s.
+    // SAFETY: the heap is alive and of `backend`; `counters` holds six u64s of `backend`.
     let timing = unsafe { backend.launch(&HEAP_LOOP, LaunchConfig::for_threads(threads.max(1), block)?, &p)? };
     let c: Vec<u64> = counters.read()?;
     Ok(LoopReport {
@@ -272,4 +345,83 @@ pub fn alloc_free_loop(
         outstanding_at_end: c[0],
         timing,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Backend, BackendId, CpuBackend, CpuMode};
+
+    const BYTES: u64 = 4 << 20;
+
+    /// 64 live 48-byte blocks of `heap` (the 64-byte size class, class 2).
+    fn batch(heap: &DeviceHeap) -> Batch {
+        malloc_batch(heap, &Sizes::Uniform(48), 64, false).unwrap()
+    }
+
+    fn in_use(heap: &DeviceHeap) -> u64 {
+        heap.stats().unwrap().classes[2].slots_in_use
+    }
+
+    fn assert_foreign<T: std::fmt::Debug>(r: Result<T>, name: &str) {
+        match r {
+            Err(e @ BackendError::ForeignBatch { entry, threads: 64 }) => {
+                assert_eq!(entry, name);
+                assert!(e.to_string().starts_with(name), "{e}");
+            }
+            other => panic!("{name}: expected ForeignBatch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn free_batch_refuses_a_batch_of_another_heap_or_of_before_a_reset() {
+        let backend = Backend::cpu();
+        let (mut a, b) = (DeviceHeap::new(&backend, BYTES).unwrap(), DeviceHeap::new(&backend, BYTES).unwrap());
+        assert_foreign(free_batch(&b, batch(&a), 1), "ops::free_batch");
+        assert_eq!((in_use(&a), in_use(&b)), (64, 0));
+        let old = batch(&a);
+        a.reset().unwrap();
+        let live = batch(&a);
+        assert_foreign(free_batch(&a, old, 1), "ops::free_batch");
+        assert_eq!(in_use(&a), 64);
+        free_batch(&a, live, 1).unwrap();
+        assert_eq!(in_use(&a), 0);
+    }
+
+    #[test]
+    fn free_batch_with_refuses_a_batch_of_another_allocator_or_heap() {
+        let backend = Backend::cpu();
+        let (a, b) = (DeviceHeap::new(&backend, BYTES).unwrap(), DeviceHeap::new(&backend, BYTES).unwrap());
+        assert_foreign(free_batch_with(&a, batch(&a), 1, Allocator::CudaMalloc), "ops::free_batch_with");
+        assert_foreign(free_batch_with(&b, batch(&a), 1, Allocator::Heap), "ops::free_batch_with");
+        assert_eq!((in_use(&a), in_use(&b)), (128, 0));
+    }
+
+    #[test]
+    fn touch_batch_refuses_a_batch_of_another_heap() {
+        let backend = Backend::cpu();
+        let (a, b) = (DeviceHeap::new(&backend, BYTES).unwrap(), DeviceHeap::new(&backend, BYTES).unwrap());
+        let held = batch(&a);
+        assert_foreign(touch_batch(&b, &held, 1, false), "ops::touch_batch");
+        // On its own heap it writes, then verifies with no mismatch.
+        assert_eq!(touch_batch(&a, &held, 1, false).unwrap(), 0);
+        assert_eq!(touch_batch(&a, &held, 1, true).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_heap_and_its_batches_live_on_the_backend_it_was_made_on() {
+        // A CPU backend of another identity than the host's: every buffer of the heap and of its
+        // batches is its memory, and every wrapper launches there (none takes a `&Backend`).
+        let other = Backend::Cpu(CpuBackend::with_test_id(CpuMode::Sequential, 1));
+        let heap = DeviceHeap::new(&other, BYTES).unwrap();
+        assert_eq!(heap.backend().id(), BackendId::test(1));
+        assert_eq!(heap.data().owner(), BackendId::test(1));
+        let b = batch(&heap);
+        assert_eq!(b.ptrs.owner(), BackendId::test(1));
+        assert!(b.read_ptrs().unwrap().iter().all(|&p| p != 0));
+        assert_eq!(touch_batch(&heap, &b, 3, false).unwrap(), 0);
+        noop(&heap, 32).unwrap();
+        free_batch(&heap, b, 1).unwrap();
+        assert_eq!(in_use(&heap), 0);
+    }
 }

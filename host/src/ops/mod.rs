@@ -1,7 +1,10 @@
 //! Host wrappers of the basic kernels: fill/verify and the bump allocator.
 //!
 //! Each wrapper owns the launch geometry and the device addresses it passes,
-//! so callers get a safe function that runs on either backend.
+//! so callers get a safe function that runs on either backend. A buffer
+//! handed in is checked against the backend first (the owner rule of
+//! [`crate::backend`]): one of another backend is a
+//! [`BackendError::WrongBackend`], and nothing runs.
 
 use gpuheap_kernels::bump::{BumpParams, BUMP_ALLOC};
 use gpuheap_kernels::fill::{FillParams, VerifyParams, FILL, VERIFY};
@@ -19,12 +22,13 @@ fn grid_stride_config(words: u64) -> Result<LaunchConfig> {
 /// Writes `pattern(seed, i)` into every 4-byte word `i` of `buf`.
 ///
 /// # Errors
-/// Backend errors; `InvalidArgument` when `buf` belongs to another backend is
-/// not detectable, so pass buffers of `backend` only.
+/// [`BackendError::WrongBackend`] when `buf` is not memory of `backend`; backend errors.
 pub fn fill(backend: &Backend, buf: &DeviceBuffer, seed: u64) -> Result<LaunchTiming> {
+    backend.check_owner("ops::fill", buf)?;
     let words = (buf.len() / 4) as u64;
     let p = FillParams { data: buf.device_ptr(), words, seed };
-    // SAFETY: `data` addresses `words` u32 words of `buf`, alive for the launch.
+    // SAFETY: `data` addresses `words` u32 words of `buf`, a buffer of `backend` (checked), alive
+    // for the launch.
     unsafe { backend.launch(&FILL, grid_stride_config(words)?, &p) }
 }
 
@@ -38,11 +42,16 @@ pub struct VerifyReport {
 }
 
 /// Checks every word of `buf` against `pattern(seed, i)`.
+///
+/// # Errors
+/// [`BackendError::WrongBackend`] when `buf` is not memory of `backend`; backend errors.
 pub fn verify(backend: &Backend, buf: &DeviceBuffer, seed: u64) -> Result<(VerifyReport, LaunchTiming)> {
+    backend.check_owner("ops::verify", buf)?;
     let words = (buf.len() / 4) as u64;
     let result = backend.upload(&[0u64, u64::MAX])?;
     let p = VerifyParams { data: buf.device_ptr(), words, seed, result: result.device_ptr() };
-    // SAFETY: `data` addresses `words` words of `buf`; `result` is a [u64; 2].
+    // SAFETY: `data` addresses `words` words of `buf`, a buffer of `backend` (checked); `result` is
+    // a [u64; 2] of `backend`.
     let t = unsafe { backend.launch(&VERIFY, grid_stride_config(words)?, &p)? };
     let r: Vec<u64> = result.read()?;
     Ok((VerifyReport { mismatches: r[0], first_bad: (r[1] != u64::MAX).then_some(r[1]) }, t))
@@ -73,4 +82,48 @@ pub fn bump_alloc(backend: &Backend, threads: u64, size: u64, capacity: u64) -> 
     let timing = unsafe { backend.launch(&BUMP_ALLOC, LaunchConfig::for_threads(threads, BLOCK)?, &p)? };
     let offsets = out.read::<u64>()?.into_iter().map(|o| (o != u64::MAX).then_some(o)).collect();
     Ok(BumpRun { offsets, cursor: cursor.read::<u64>()?[0], timing })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{BackendError, BackendId, CpuBackend, CpuMode};
+
+    /// A CPU backend (`Backend::cpu()`, [`BackendId::HOST`]) and a buffer of another owner: a CPU
+    /// backend that claims the identity [`BackendId::test`]`(1)`.
+    fn mismatch() -> (Backend, DeviceBuffer) {
+        let other = Backend::Cpu(CpuBackend::with_test_id(CpuMode::Sequential, 1));
+        let buf = other.alloc_zeroed(1024).unwrap();
+        (Backend::cpu(), buf)
+    }
+
+    fn assert_wrong_backend<T: std::fmt::Debug>(r: Result<T>, name: &str) {
+        match r {
+            Err(e @ BackendError::WrongBackend { entry, buffer, backend }) => {
+                assert_eq!((entry, buffer, backend), (name, BackendId::test(1), BackendId::HOST));
+                assert!(e.to_string().starts_with(&format!("{name}: the buffer is memory of test owner 1")), "{e}");
+            }
+            other => panic!("{name}: expected WrongBackend, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn fill_refuses_a_buffer_of_another_backend() {
+        let (backend, buf) = mismatch();
+        assert_wrong_backend(fill(&backend, &buf, 7), "ops::fill");
+        // Nothing ran: the buffer is still zero.
+        assert!(buf.read::<u32>().unwrap().iter().all(|&w| w == 0));
+        // The same buffer on its own backend is filled, and on a second CPU backend of the host
+        // identity a host buffer is valid (every CPU backend is host memory).
+        let own = Backend::cpu_lockstep();
+        let host_buf = Backend::cpu().alloc_zeroed(1024).unwrap();
+        fill(&own, &host_buf, 7).unwrap();
+        assert_eq!(verify(&Backend::cpu(), &host_buf, 7).unwrap().0, VerifyReport { mismatches: 0, first_bad: None });
+    }
+
+    #[test]
+    fn verify_refuses_a_buffer_of_another_backend() {
+        let (backend, buf) = mismatch();
+        assert_wrong_backend(verify(&backend, &buf, 7), "ops::verify");
+    }
 }

@@ -286,9 +286,9 @@ impl DeviceTarget<'_> {
     fn flush_alloc(&mut self, l: &mut Ledger, event: Option<usize>, reqs: Vec<Req>) -> Result<(), ReplayError> {
         let first = reqs.first().and_then(|r| r.event);
         let sizes: Vec<u64> = reqs.iter().map(|r| r.size).collect();
-        let batch = ops::malloc_batch(self.backend, &self.heap, &Sizes::PerThread(sizes), reqs.len() as u64, false)
+        let batch = ops::malloc_batch(&self.heap, &Sizes::PerThread(sizes), reqs.len() as u64, false)
             .map_err(|e| dev_err(first, e))?;
-        self.kernel_ns += batch.timing.elapsed.as_nanos() as u64;
+        self.kernel_ns += batch.timing().elapsed.as_nanos() as u64;
         self.malloc_launches += 1;
         let ptrs = batch.read_ptrs().map_err(|e| dev_err(first, e))?;
         let (base, cap) = (self.heap.base(), self.heap.capacity());
@@ -330,7 +330,7 @@ impl DeviceTarget<'_> {
                 let t = Instant::now();
                 let bytes = Self::pattern_bytes(r.id, r.size);
                 let at = self.heap.data_offset() + off as usize;
-                self.heap.data_mut().write_at(at, &bytes).map_err(|e| dev_err(r.event, e))?;
+                self.heap.write_data(at, &bytes).map_err(|e| dev_err(r.event, e))?;
                 l.exclude_since(t);
             }
         }
@@ -381,7 +381,7 @@ impl DeviceTarget<'_> {
         if !ptrs.is_empty() {
             // SAFETY: every pointer was returned by `malloc` on this heap and is live (state LIVE, set to
             // FREED above), so each is freed exactly once.
-            let t = unsafe { ops::free_ptrs(self.backend, &self.heap, &ptrs) }.map_err(|e| dev_err(event, e))?;
+            let t = unsafe { ops::free_ptrs(&self.heap, &ptrs) }.map_err(|e| dev_err(event, e))?;
             self.kernel_ns += t.elapsed.as_nanos() as u64;
             self.free_launches += 1;
         }

@@ -42,7 +42,7 @@
 //! * **Freeing marks the entry dead** ([`handle_free`], one CAS on the state word:
 //!   a double free or a stale handle fails instead of corrupting anything).
 //!   Neither the bytes nor the index are reused before the next compaction.
-//! * **Compaction** (host: `gpuheap::compaction::compact_heap`) lists the live
+//! * **Compaction** (host: `HandleRegion::compact` of `gpuheap::device_heap::MovableRegion`) lists the live
 //!   entries, slides them with the plan and move kernels of [`super`] (which
 //!   rewrite the table's offsets in the same pass), then sets the cursor to
 //!   the end of the last live block and refills the index pool with every

@@ -20,7 +20,12 @@ pub struct GrowRun {
 
 /// `threads` threads each grow an array to `1 + (i * 7919) % max_pushes`
 /// elements on `heap`.
+///
+/// # Errors
+/// [`BackendError::WrongBackend`](gpuheap::backend::BackendError::WrongBackend) when `heap` was
+/// not made on `backend` (checked first, as every safe wrapper of a launch must); backend errors.
 pub fn run(backend: &Backend, heap: &DeviceHeap, threads: u64, max_pushes: u64) -> Result<GrowRun> {
+    backend.check_owner("growable_arrays::run", heap.data())?;
     let module = if backend.is_gpu() { backend.load_module(PTX)? } else { None };
     let checksums = backend.alloc_zeroed(threads as usize * 8)?;
     let capacities = backend.alloc_zeroed(threads as usize * 8)?;
@@ -31,7 +36,8 @@ pub fn run(backend: &Backend, heap: &DeviceHeap, threads: u64, max_pushes: u64) 
         checksums: checksums.device_ptr(),
         capacities: capacities.device_ptr(),
     };
-    // SAFETY: the heap outlives the launch; both outputs hold `threads` u64s.
+    // SAFETY: the heap is memory of `backend` (checked) and outlives the launch; both outputs hold
+    // `threads` u64s of `backend`.
     unsafe { backend.launch_in(module.as_ref(), &GROW, LaunchConfig::for_threads(threads, 128)?, &p)? };
     Ok(GrowRun { checksums: checksums.read()?, capacities: capacities.read()? })
 }
