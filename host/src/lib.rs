@@ -49,5 +49,5 @@ pub mod replay;
 pub mod trace;
 pub mod units;
 
-pub use backend::{Backend, BackendChoice, BackendError, DeviceBuffer, LaunchConfig, LaunchTiming};
+pub use app::{run_compare, run_explain, run_replay, run_tune, Options, Output, Snapshot};
 pub use error::{Error, ErrorKind};

@@ -4,7 +4,7 @@
 
 use gpuheap::analysis::{diagnose, diagnose_error, diagnose_heap, OomClass, PeakTracker};
 use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
-use gpuheap::reference::compact::compact;
+use gpuheap::reference::compact;
 use gpuheap::reference::{build, AllocError, BestFit, Buddy, FirstFit, StrategyKind, SubAllocator, Tlsf};
 
 const MIB: u64 = 1 << 20;

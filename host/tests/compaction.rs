@@ -4,7 +4,7 @@
 //! poisons the free ranges, compacts, and checks: every byte of every block,
 //! every handle (host mirror and device table), that no two blocks overlap,
 //! that the layout equals the reference sliding compaction of the
-//! reference-allocator issue (`reference::compact::plan_slide`, the one
+//! reference-allocator issue (`reference::plan_slide`, the one
 //! oracle), and that the whole region equals the reference sequential
 //! `memmove` of the image taken before (`compaction::oracle::apply`).
 
@@ -27,7 +27,7 @@ fn is_lockstep(b: &Backend) -> bool {
 }
 
 fn with_tile(heap: &mut CompactHeap, tile_bytes: u32) {
-    let t = CompactTuning { tile_bytes, ..heap.tuning() };
+    let t = { let mut o = heap.tuning(); o.tile_bytes = tile_bytes; o };
     heap.set_tuning(t);
 }
 

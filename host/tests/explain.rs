@@ -493,7 +493,7 @@ fn one_reserved_series_for_explain_replay_and_model() {
 #[test]
 fn tune_grid_uses_the_caching_config() {
     use gpuheap::explain::tune::{grid, Setting, GC_MEMORY_FRACTION};
-    use gpuheap::reference::CachingConfig;
+    use gpuheap::reference::caching::CachingConfig;
     let trace = read_trace(write_temp("grid.pickle", &oom_snapshot(8 * MIB, 6 * MIB))).unwrap();
     let dev = &trace.devices[0];
     let rows: Vec<(String, CachingConfig)> = grid(dev)

@@ -8,7 +8,7 @@
 //! test checks: every byte of every handle block (host read-back and a kernel
 //! that resolves the handle on the device), every handle (host resolve and
 //! the device table), that no two blocks overlap, that the layout equals the
-//! one oracle `reference::compact::plan_slide`, that the whole movable region equals
+//! one oracle `reference::plan_slide`, that the whole movable region equals
 //! the reference sequential `memmove`, that raw `malloc` blocks and pinned
 //! handles are unchanged in place, that the free space outside pinned
 //! islands is one range at the end, that the bump cursor is there, and that

@@ -13,11 +13,11 @@
 
 use std::collections::BTreeMap;
 
-use gpuheap::reference::buddy::Buddy;
+use gpuheap::reference::Buddy;
 use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
-use gpuheap::reference::compact::compact;
-use gpuheap::reference::slab::{Slab, SlabConfig};
-use gpuheap::reference::tiered::{Tiered, TieredConfig};
+use gpuheap::reference::compact;
+use gpuheap::reference::{Slab, SlabConfig};
+use gpuheap::reference::{Tiered, TieredConfig};
 use gpuheap::reference::{AllocError, Allocation, BestFit, FirstFit, SubAllocator, Tlsf};
 use proptest::prelude::*;
 

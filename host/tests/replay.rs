@@ -97,7 +97,7 @@ fn every_strategy_replays_every_trace_consistently() {
         let d = &t.devices[0];
         let (_, demand) = demand_peak(d);
         for k in StrategyKind::ALL {
-            let opts = ReplayOptions { timeline_points: 500, ..ReplayOptions::new(k) };
+            let opts = { let mut o = ReplayOptions::new(k); o.timeline_points = 500; o };
             let r = match replay::replay(&t, d, &opts, None, &mut |_| {}) {
                 Ok(r) => r,
                 Err(e) => {
@@ -146,7 +146,7 @@ fn on_oom_compaction_is_measured_checked_and_saves_requests() {
     let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
     let backend = Backend::cpu();
     let never = run(&t, &ReplayOptions::new(StrategyKind::FirstFit), None);
-    let opts = ReplayOptions { policy: CompactPolicy::OnOom, ..ReplayOptions::new(StrategyKind::FirstFit) };
+    let opts = { let mut o = ReplayOptions::new(StrategyKind::FirstFit); o.policy = CompactPolicy::OnOom; o };
     let r = run(&t, &opts, Some(&backend));
     assert!(!r.compactions.is_empty());
     assert!(r.failed.len() < never.failed.len(), "{} < {}", r.failed.len(), never.failed.len());
@@ -168,10 +168,11 @@ fn on_oom_compaction_is_measured_checked_and_saves_requests() {
 fn a_small_materialisation_limit_compacts_a_scaled_image() {
     let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
     let backend = Backend::cpu();
-    let opts = ReplayOptions {
-        policy: CompactPolicy::OnOom,
-        materialize_limit: Some(64 << 10),
-        ..ReplayOptions::new(StrategyKind::BestFit)
+    let opts = {
+        let mut o = ReplayOptions::new(StrategyKind::BestFit);
+        o.policy = CompactPolicy::OnOom;
+        o.materialize_limit = Some(64 << 10);
+        o
     };
     let r = run(&t, &opts, Some(&backend));
     let scaled: Vec<_> =
@@ -188,10 +189,11 @@ fn caching_segments_compact_per_segment_with_the_kernel() {
     let Some(p) = shared("memory_ctx512_fullstep_.pickle") else { return };
     let t = read_trace(&p).unwrap();
     let backend = Backend::cpu();
-    let opts = ReplayOptions {
-        policy: CompactPolicy::Threshold(0.9),
-        materialize_limit: Some(32 << 20),
-        ..ReplayOptions::new(StrategyKind::Caching)
+    let opts = {
+        let mut o = ReplayOptions::new(StrategyKind::Caching);
+        o.policy = CompactPolicy::Threshold(0.9);
+        o.materialize_limit = Some(32 << 20);
+        o
     };
     let r = run(&t, &opts, Some(&backend));
     assert!(!r.compactions.is_empty());
@@ -206,7 +208,7 @@ fn caching_segments_compact_per_segment_with_the_kernel() {
 fn buddy_plans_with_alignment_gaps_are_not_measured() {
     let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
     let backend = Backend::cpu();
-    let opts = ReplayOptions { policy: CompactPolicy::Threshold(0.0), ..ReplayOptions::new(StrategyKind::Buddy) };
+    let opts = { let mut o = ReplayOptions::new(StrategyKind::Buddy); o.policy = CompactPolicy::Threshold(0.0); o };
     let r = run(&t, &opts, Some(&backend));
     for c in &r.compactions {
         if let MeasureOutcome::NotMeasured { reason } = &c.measurement {
@@ -249,9 +251,9 @@ fn each_format_has_its_default_strategy_and_alignment() {
     assert_eq!((r.strategy.as_str(), r.align), ("best-fit", 1));
     assert!(r.align_source.contains("minimalloc"), "{}", r.align_source);
     // A given alignment is used and said to be given; a bad one is bad input.
-    let r = run(&csv, &ReplayOptions { align: Some(256), ..ReplayOptions::new(StrategyKind::BestFit) }, None);
+    let r = run(&csv, &{ let mut o = ReplayOptions::new(StrategyKind::BestFit); o.align = Some(256); o }, None);
     assert_eq!((r.align, r.align_source.as_str()), (256, "given"));
-    let bad = ReplayOptions { align: Some(3), ..ReplayOptions::new(StrategyKind::BestFit) };
+    let bad = { let mut o = ReplayOptions::new(StrategyKind::BestFit); o.align = Some(3); o };
     assert!(replay::replay(&csv, &csv.devices[0], &bad, None, &mut |_| {}).unwrap_err().is_input());
 }
 
@@ -260,7 +262,7 @@ fn tiered_per_tier_statistics_add_up_to_the_trace() {
     let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
     let d = &t.devices[0];
     let (small_max, large_min) = (1024u64, 64 << 10);
-    let opts = ReplayOptions { tiers: Some((small_max, large_min)), ..ReplayOptions::new(StrategyKind::Tiered) };
+    let opts = { let mut o = ReplayOptions::new(StrategyKind::Tiered); o.tiers = Some((small_max, large_min)); o };
     let r = run(&t, &opts, None);
     let tiers = r.tiers.as_ref().expect("the tiered strategy reports its tiers");
     assert_eq!(tiers.iter().map(|x| x.tier.as_str()).collect::<Vec<_>>(), ["small", "medium", "large"]);
@@ -290,10 +292,10 @@ fn tiered_per_tier_statistics_add_up_to_the_trace() {
     }
     // Other strategies have no tiers, and tiers are refused for them.
     assert!(run(&t, &ReplayOptions::new(StrategyKind::BestFit), None).tiers.is_none());
-    let bad = ReplayOptions { tiers: Some((small_max, large_min)), ..ReplayOptions::new(StrategyKind::BestFit) };
+    let bad = { let mut o = ReplayOptions::new(StrategyKind::BestFit); o.tiers = Some((small_max, large_min)); o };
     assert!(replay::replay(&t, d, &bad, None, &mut |_| {}).unwrap_err().is_input());
     // A large tier above the capacity (1 MiB here) is refused, not reported as a tier at 8 EiB.
-    let beyond = ReplayOptions { tiers: Some((small_max, 1 << 63)), ..ReplayOptions::new(StrategyKind::Tiered) };
+    let beyond = { let mut o = ReplayOptions::new(StrategyKind::Tiered); o.tiers = Some((small_max, 1 << 63)); o };
     let e = replay::replay(&t, d, &beyond, None, &mut |_| {}).unwrap_err();
     assert!(e.is_input() && e.to_string().contains("above the capacity"), "{e}");
 }
@@ -312,7 +314,7 @@ fn caching_replay_with_thousands_of_streams_is_not_quadratic_in_classes() {
             &format!("1,{}.{:06},allocate,{:#x},512,{}\n", i / 1_000_000, i % 1_000_000, 0x1000_0000 + i * 512, i + 1);
     }
     let t = gpuheap::trace::parse_trace(Path::new("streams.rmm.csv"), log.as_bytes()).expect("parses");
-    let opts = ReplayOptions { capacity: Some(2 << 30), ..ReplayOptions::new(StrategyKind::Caching) };
+    let opts = { let mut o = ReplayOptions::new(StrategyKind::Caching); o.capacity = Some(2 << 30); o };
     let start = std::time::Instant::now();
     let r = run(&t, &opts, None);
     let took = start.elapsed();

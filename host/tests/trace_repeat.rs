@@ -29,7 +29,7 @@ fn temp_dir(name: &str) -> PathBuf {
 
 /// The repeated snapshot's bytes, or the refusal.
 fn repeat_bytes(trace: &Trace, bytes: &[u8], steps: u32) -> Result<Vec<u8>, RepeatError> {
-    let plan = Repeat::new(trace, bytes, RepeatOptions { steps, gap_us: 1000 })?;
+    let plan = Repeat::new(trace, bytes, RepeatOptions::new(steps, 1000))?;
     let out = plan.write_to(Vec::new()).expect("writes to memory");
     plan.verify(Path::new("repeated.pickle"), &out).expect("the written file checks out");
     Ok(out)
@@ -240,7 +240,7 @@ fn python_loads_the_repeated_file() {
         print(sorted(d), len(t), len(d['segments']), len(d['external_annotations']), all(a <= b for a, b in zip(ts, ts[1:])))\n";
     let o = std::process::Command::new("python3").arg("-c").arg(script).arg(&out).output().expect("python3 runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let n = Repeat::new(&trace, &bytes, RepeatOptions { steps: 3, gap_us: 1000 })
+    let n = Repeat::new(&trace, &bytes, RepeatOptions::new(3, 1000))
         .unwrap()
         .devices()
         .next()
@@ -320,7 +320,7 @@ fn a_steady_step_repeats_without_events_between_steps() {
             ev("free_completed", SEG + 4 * MIB, 2 * MIB, 15),
         ],
     );
-    let plan = Repeat::new(&t, &b, RepeatOptions { steps: 3, gap_us: 10 }).unwrap();
+    let plan = Repeat::new(&t, &b, RepeatOptions::new(3, 10)).unwrap();
     let d = plan.devices().next().unwrap();
     assert_eq!((d.boundary.len(), d.steady_blocks, d.dropped, d.events_out), (0, 1, 0, 18));
     let r = parse(&repeat_bytes(&t, &b, 3).unwrap());
@@ -356,7 +356,7 @@ fn what_a_step_leaves_is_freed_between_steps_and_its_segments_released() {
             ev("free_requested", SEG2, 8 * MIB, 106),
         ],
     );
-    let plan = Repeat::new(&t, &b, RepeatOptions { steps: 2, gap_us: 1000 }).unwrap();
+    let plan = Repeat::new(&t, &b, RepeatOptions::new(2, 1000)).unwrap();
     let d = plan.devices().next().unwrap();
     let k = |e: &gpuheap::trace::repeat::BoundaryEvent| (e.kind, e.addr as i128);
     assert_eq!(
@@ -410,7 +410,7 @@ fn a_segment_from_before_the_trace_used_then_released_is_refused() {
             ev("segment_free", SEG, 20 * MIB, 4),
         ],
     );
-    let e = Repeat::new(&t, &b, RepeatOptions { steps: 2, gap_us: 0 }).err().unwrap();
+    let e = Repeat::new(&t, &b, RepeatOptions::new(2, 0)).err().unwrap();
     assert!(matches!(e, RepeatError::SeedSegmentUsed { event: 0, released: 3, .. }), "{e}");
 }
 
@@ -425,7 +425,7 @@ fn a_partial_history_is_refused_naming_the_block() {
             ev("free_completed", SEG, 4 * MIB, 3),
         ],
     );
-    let e = Repeat::new(&t, &b, RepeatOptions { steps: 2, gap_us: 0 }).err().unwrap();
+    let e = Repeat::new(&t, &b, RepeatOptions::new(2, 0)).err().unwrap();
     match &e {
         RepeatError::SeedBlockNotRestored { addr, event: 1, count: 1, .. } => assert_eq!(*addr as i128, SEG),
         other => panic!("{other}"),
@@ -444,7 +444,7 @@ fn a_partial_history_is_refused_naming_the_block() {
             ev("alloc", SEG, 4 * MIB, 4),
         ],
     );
-    assert!(Repeat::new(&t, &b, RepeatOptions { steps: 2, gap_us: 0 }).is_ok());
+    assert!(Repeat::new(&t, &b, RepeatOptions::new(2, 0)).is_ok());
     // Of another size, it is not.
     let (t, b) = snapshot(
         vec![seg(
@@ -459,7 +459,7 @@ fn a_partial_history_is_refused_naming_the_block() {
         ],
     );
     assert!(matches!(
-        Repeat::new(&t, &b, RepeatOptions { steps: 2, gap_us: 0 }),
+        Repeat::new(&t, &b, RepeatOptions::new(2, 0)),
         Err(RepeatError::SeedBlockNotRestored { .. })
     ));
 }
@@ -490,7 +490,7 @@ fn ooms_recur_in_every_step_unless_the_history_released_segments_from_before() {
     assert_eq!(r.devices[0].ooms.iter().map(|o| o.device_free).collect::<Vec<_>>(), [Some(MIB as u64); 3]);
     let (t, b) = snapshot(segs(), vec![ev("segment_free", SEG2, 20 * MIB, 0), ev("alloc", SEG, 2 * MIB, 1), oom()]);
     assert!(matches!(
-        Repeat::new(&t, &b, RepeatOptions { steps: 2, gap_us: 0 }),
+        Repeat::new(&t, &b, RepeatOptions::new(2, 0)),
         Err(RepeatError::OomNotRepeatable { event: 2, .. })
     ));
 }
@@ -499,19 +499,19 @@ fn ooms_recur_in_every_step_unless_the_history_released_segments_from_before() {
 fn no_history_and_expandable_segments_are_refused() {
     let (t, b) = snapshot(vec![seg(SEG, 20 * MIB, vec![blk(SEG, 20 * MIB, 20 * MIB, "active_allocated")])], vec![]);
     assert!(matches!(
-        Repeat::new(&t, &b, RepeatOptions { steps: 2, gap_us: 0 }),
+        Repeat::new(&t, &b, RepeatOptions::new(2, 0)),
         Err(RepeatError::NoHistory { events: 0, .. })
     ));
     let (t, b) = snapshot(vec![], vec![ev("segment_map", SEG, 20 * MIB, 1), ev("alloc", SEG, 2 * MIB, 2)]);
     assert!(matches!(
-        Repeat::new(&t, &b, RepeatOptions { steps: 2, gap_us: 0 }),
+        Repeat::new(&t, &b, RepeatOptions::new(2, 0)),
         Err(RepeatError::ExpandableSegments { device: 0, .. })
     ));
     let (t, b) = snapshot(vec![], vec![ev("alloc", SEG, 2 * MIB, 2)]);
-    assert!(matches!(Repeat::new(&t, &b, RepeatOptions { steps: 0, gap_us: 0 }), Err(RepeatError::InvalidSteps)));
+    assert!(matches!(Repeat::new(&t, &b, RepeatOptions::new(0, 0)), Err(RepeatError::InvalidSteps)));
     // Times that would pass 2^63 µs.
     let (t, b) = snapshot(vec![], vec![ev("alloc", SEG, 2 * MIB, 0), ev("free_completed", SEG, 2 * MIB, 1 << 61)]);
-    assert!(matches!(Repeat::new(&t, &b, RepeatOptions { steps: 5, gap_us: 0 }), Err(RepeatError::TooLong { .. })));
+    assert!(matches!(Repeat::new(&t, &b, RepeatOptions::new(5, 0)), Err(RepeatError::TooLong { .. })));
 }
 
 // ---- The command. ----

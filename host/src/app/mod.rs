@@ -26,7 +26,7 @@ use crate::Error;
 
 pub mod kernels;
 pub mod machine;
-pub mod options;
+pub(crate) mod options;
 mod run;
 
 pub use options::{OptionError, Options};

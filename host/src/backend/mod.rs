@@ -50,9 +50,9 @@
 //! driver's `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`.
 
 mod buffer;
-pub mod cpu;
-pub mod gpu;
-pub mod limits;
+pub(crate) mod cpu;
+pub(crate) mod gpu;
+pub(crate) mod limits;
 mod module;
 
 use std::fmt;
@@ -68,6 +68,7 @@ use gpuheap_kernels::Kernel;
 
 /// Errors of the backends.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BackendError {
     /// No NVIDIA driver library (`libcuda.so`) could be loaded.
     #[error("no NVIDIA driver found (libcuda.so is not loadable); use the CPU backend (--backend cpu)")]

@@ -30,6 +30,7 @@ use crate::device_heap::DeviceHeap;
 
 /// What to run.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct AllocBenchConfig {
     /// Timed iterations per figure (≥ 50 for a real run).
     pub iterations: usize,
@@ -168,6 +169,7 @@ pub struct Row {
 
 /// The whole report.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct AllocBenchReport {
     /// `Backend::describe()`.
     pub backend: String,

@@ -334,6 +334,7 @@ pub struct CompactBenchRow {
 
 /// The whole run.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct CompactBenchReport {
     /// The backend, in words.
     pub backend: String,

@@ -35,6 +35,7 @@ pub fn success_limit(backend: &Backend) -> u64 {
 
 /// What to run.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct OomConfig {
     /// Request sizes, bytes.
     pub sizes: Vec<u64>,
@@ -97,6 +98,7 @@ pub struct OomRow {
 
 /// The whole run.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct OomReport {
     /// The backend, in words.
     pub backend: String,

@@ -50,7 +50,7 @@ pub(crate) fn run(c: &Command) -> Result<(), Error> {
 fn repeat(a: &RepeatArgs) -> Result<(), Error> {
     output::check_output(&a.output, &a.input)?;
     let (trace, bytes) = read_trace_and_bytes(&a.input)?;
-    let plan = Repeat::new(&trace, &bytes, RepeatOptions { steps: a.steps, gap_us: a.gap_us })?;
+    let plan = Repeat::new(&trace, &bytes, RepeatOptions::new(a.steps, a.gap_us))?;
     let out = &a.output;
     let mut size = 0;
     output::write_atomically(out, |tmp| {

@@ -60,12 +60,12 @@ use gpuheap_kernels::compact::handle::{
 use gpuheap_kernels::compact::movable::PIN_SHIFT;
 pub use gpuheap_kernels::compact::{LiveBlock, BLOCK_PINNED, GRANULE};
 
-pub use crate::analysis::Fragmentation;
 
 use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig};
 
 /// Errors of the compaction API.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CompactionError {
     /// A backend operation failed.
     #[error(transparent)]
@@ -153,6 +153,7 @@ pub fn region_fragmentation(
 
 /// What a compaction ([`HandleRegion::compact`]) did.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct CompactionReport {
     /// Live blocks in the region.
     pub blocks: u64,

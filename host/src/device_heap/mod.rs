@@ -43,7 +43,6 @@ use gpuheap_kernels::heap::layout::*;
 use gpuheap_kernels::heap::slab;
 pub use gpuheap_kernels::heap::Heap;
 pub use movable::{MovableRegion, MovableStats};
-pub use ops::Sizes;
 
 use crate::analysis::{self, OomClass, OomDiagnosis};
 use crate::backend::{Backend, BackendError, DeviceBuffer, Result};
@@ -79,6 +78,7 @@ fn next_generation() -> u64 {
 
 /// Per-class figures of [`HeapStats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ClassStats {
     /// Slot size, bytes.
     pub size: u64,
@@ -93,6 +93,7 @@ pub struct ClassStats {
 /// A snapshot of the heap's state, decoded from its metadata. Exact when no
 /// kernel is running on the heap.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HeapStats {
     /// Data-region bytes.
     pub capacity: u64,

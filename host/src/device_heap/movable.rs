@@ -46,6 +46,7 @@ pub(super) struct Movable {
 /// A snapshot of the movable region, read back from the device. Exact when no
 /// kernel is running on the heap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MovableStats {
     /// Bytes of the movable region.
     pub capacity: u64,

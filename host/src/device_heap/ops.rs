@@ -236,6 +236,7 @@ pub fn touch_batch(heap: &DeviceHeap, batch: &Batch, seed: u64, verify: bool) ->
 
 /// Result of [`churn`].
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ChurnReport {
     /// Successful allocations.
     pub allocations: u64,
@@ -302,6 +303,7 @@ pub fn noop(heap: &DeviceHeap, threads: u64) -> Result<LaunchTiming> {
 
 /// Result of [`alloc_free_loop`].
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct LoopReport {
     /// Highest number of blocks outstanding at once.
     pub max_outstanding: u64,

@@ -62,7 +62,6 @@ pub struct Tensor {
     pub frames: Vec<Frame>,
 }
 
-pub use crate::facts::RequestBounds;
 
 /// How many largest live tensors and segments with holes an [`Explanation`] lists.
 pub const TOP_ITEMS: usize = 8;
@@ -74,6 +73,7 @@ pub const TOP_FRAMES: usize = 3;
 
 /// The answer page for one device of a trace.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct Explanation {
     /// The trace file.
     pub trace: String,
@@ -143,6 +143,7 @@ fn only_default_pool(pools: &[facts::PoolState]) -> bool {
 /// Errors of [`explain`] and [`tune::tune`]; all are bad input (exit code 2) except
 /// [`ExplainError::Replay`] run-time failures.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ExplainError {
     /// The trace is unusable (a sum that cannot be represented, frames that cannot be read).
     #[error(transparent)]

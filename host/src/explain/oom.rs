@@ -41,6 +41,7 @@ impl From<OomClass> for Verdict {
 
 /// A recorded `oom` event, explained. Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct OomExplanation {
     /// Index of the `oom` event in the device's trace.
     pub event: usize,

@@ -24,6 +24,7 @@ fn is_zero(v: &u64) -> bool {
 /// For a state without a recorded failure: which requests of one memory pool it would have served, at
 /// a capacity. Bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct RequestBounds {
     /// The capacity assumed.
     pub capacity: u64,

@@ -12,6 +12,7 @@ use crate::trace::{BlockStatus, EventKind, Trace};
 
 /// What one device of a trace holds. Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct DeviceSummary {
     /// Device ordinal.
     pub device: i64,

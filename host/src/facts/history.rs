@@ -93,6 +93,7 @@ impl std::fmt::Display for BlockOutsideSegments {
 
 /// How complete one device's history is, and what it costs ([`history_completeness`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct HistoryCompleteness {
     /// Device ordinal.
     pub device: i64,

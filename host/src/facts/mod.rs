@@ -15,12 +15,12 @@
 //! This layer sits on `trace` and on the rules of `reference` it quotes (PyTorch's block rounding, the
 //! largest device modelled); `replay` and everything above it use it, never the reverse.
 
-pub mod bounds;
-pub mod capacity;
-pub mod devices;
-pub mod history;
-pub mod peaks;
-pub mod state;
+pub(crate) mod bounds;
+pub(crate) mod capacity;
+pub(crate) mod devices;
+pub(crate) mod history;
+pub(crate) mod peaks;
+pub(crate) mod state;
 
 pub use bounds::{request_bounds, usable_holes, RequestBounds};
 pub use capacity::{

@@ -189,6 +189,7 @@ pub fn demand_peak(dev: &DeviceTrace) -> (Option<usize>, u64) {
 /// PyTorch's own reserved bytes over a trace, from its segments (the walk of the [module docs](self)). Bytes; sums above
 /// 2^64 − 1 (sizes no device holds) are reported as 2^64 − 1.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct PytorchReserved {
     /// Reserved bytes before the first event (initial segments).
     pub initial: u64,

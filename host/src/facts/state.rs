@@ -90,6 +90,7 @@ fn is_default_pool(m: &MempoolId) -> bool {
 /// reserve and hold. Only requests made while the pool is active can use its holes, and ordinary
 /// requests only the default pool's (`get_pool`, `c10/cuda/CUDACachingAllocator.cpp`). Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct PoolState {
     /// The memory pool.
     pub mempool: MempoolId,
@@ -114,6 +115,7 @@ impl PoolState {
 
 /// PyTorch's allocator state at one moment. Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct HeapState {
     /// The state after this event (`None`: before the first event, or the final state of a snapshot
     /// without events).
@@ -152,6 +154,7 @@ impl HeapState {
 /// A sum that does not fit in 64 bits (possible only with corrupt or hostile sizes).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("event {event:?}: {what} exceed 2^64 - 1 bytes")]
+#[non_exhaustive]
 pub struct StateError {
     /// The event after which the sum overflowed (`None`: the initial state).
     pub event: Option<usize>,

@@ -34,6 +34,7 @@ pub fn fill(backend: &Backend, buf: &DeviceBuffer, seed: u64) -> Result<LaunchTi
 
 /// Outcome of [`verify`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct VerifyReport {
     /// Words that differ from the pattern.
     pub mismatches: u64,

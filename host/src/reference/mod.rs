@@ -36,26 +36,25 @@ use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
-pub mod best_fit;
+pub(crate) mod best_fit;
 pub(crate) mod block_list;
-pub mod buddy;
+pub(crate) mod buddy;
 pub mod caching;
 pub(crate) mod class_index;
-pub mod compact;
-pub mod first_fit;
+pub(crate) mod compact;
+pub(crate) mod first_fit;
 pub(crate) mod live_slots;
 pub(crate) mod offset_table;
 pub mod sizes;
-pub mod slab;
-pub mod tiered;
-pub mod tlsf;
+pub(crate) mod slab;
+pub(crate) mod tiered;
+pub(crate) mod tlsf;
 
 pub use best_fit::BestFit;
-pub use buddy::Buddy;
-pub use caching::{CachingAllocator, CachingConfig};
-pub use compact::{CompactBlock, CompactionLayout, CompactionPlan, Move, Region};
+pub use buddy::{Buddy, DEFAULT_MIN_BLOCK};
+pub use compact::{compact, plan_slide, CompactBlock, CompactionLayout, CompactionPlan, Move, Region};
 pub use first_fit::FirstFit;
-pub use slab::Slab;
+pub use slab::{Slab, SlabConfig};
 pub use tiered::{Tiered, TieredConfig};
 pub use tlsf::Tlsf;
 
@@ -135,6 +134,7 @@ pub struct AllocatedBlock {
 
 /// Errors of the reference allocators. Every fallible operation reports one of these instead of panicking.
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AllocError {
     /// No block can serve the request. `free` is the total of free bytes (all free blocks, cached memory
     /// included) and `largest_free` the largest single free block, both in bytes, so a caller can tell a
@@ -194,6 +194,7 @@ pub enum AllocError {
 ///
 /// Identity: `capacity == reserved_in_use + free + stranded`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Size of the managed range in bytes.
     pub capacity: u64,
@@ -417,6 +418,7 @@ impl fmt::Display for StrategyKind {
 /// Error of [`StrategyKind::from_str`].
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 #[error("unknown strategy `{0}` (expected one of {names})", names = StrategyKind::names())]
+#[non_exhaustive]
 pub struct UnknownStrategy(pub String);
 
 impl FromStr for StrategyKind {

@@ -73,6 +73,7 @@ impl fmt::Display for DType {
 /// Error of [`DType::from_str`].
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 #[error("unknown dtype `{0}`")]
+#[non_exhaustive]
 pub struct UnknownDType(pub String);
 
 impl FromStr for DType {

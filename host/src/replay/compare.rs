@@ -70,6 +70,7 @@ pub fn contenders() -> Vec<Contender> {
 
 /// The options of a comparison.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct CompareOptions {
     /// Options of the host rows (`strategy` is replaced by each row's; `tiers` applies to tiered only).
     pub host: ReplayOptions,
@@ -102,6 +103,7 @@ pub struct NotRun {
 
 /// What [`compare`] produced; serialised as `gpuheap compare --json` prints it.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct Comparison {
     /// The trace file.
     pub trace: String,

@@ -97,6 +97,7 @@ const PATTERN_SEED: u64 = 0x0064_6576_6865_6170;
 
 /// Options of [`replay_device`].
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct DeviceReplayOptions {
     /// Capacity in bytes of the trace's scale; `None`: [`super::default_capacity`].
     pub capacity: Option<u64>,

@@ -16,6 +16,7 @@ use crate::units::{fmt_bytes, ParseError};
 
 /// Errors of [`super::replay`] and [`super::replay_device`].
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReplayError {
     /// The options do not fit the trace (a capacity the strategy cannot use...): bad input.
     #[error(transparent)]

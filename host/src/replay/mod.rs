@@ -74,22 +74,22 @@ use crate::backend::Backend;
 use crate::reference::{Allocation, SubAllocator};
 use crate::trace::{DeviceTrace, Trace, TraceFormat};
 
-pub mod capacity;
-pub mod compare;
-pub mod device;
+pub(crate) mod capacity;
+pub(crate) mod compare;
+pub(crate) mod device;
 mod engine;
 mod error;
-pub mod materialize;
-pub mod options;
+pub(crate) mod materialize;
+pub(crate) mod options;
 #[cfg(feature = "cli")]
 pub mod plot;
 pub(crate) mod render;
-pub mod report;
+pub(crate) mod report;
 mod seeding;
 mod strategy;
 
 pub use capacity::{choose_capacity, default_capacity};
-pub use device::{replay_device, DeviceHeapEnd, DeviceReplayOptions};
+pub use device::{replay_device, DeviceHeapEnd, DeviceReplayOptions, DEVICE_HEAP, POLICY_NA};
 pub use error::{CompactionFailure, DeviceFailure, Refusal, Refused, ReplayError};
 pub use materialize::{MeasureOutcome, Measured};
 pub use options::{
@@ -97,8 +97,8 @@ pub use options::{
     ReplayOptions, DEFAULT_MATERIALIZE_LIMIT_CPU, DEFAULT_TIMELINE_POINTS,
 };
 pub use report::{
-    relative_difference, CachingEnd, CompactionRecord, CompactionTrigger, EndFidelity, FailedRequest, FailureClass,
-    FragLevel, Fragmentation, RecordedRelease, ReleaseCause, ReleaseEvidence, ReplayReport, Sample, TierStats,
+    relative_difference, CachingEnd, CompactionRecord, CompactionTrigger, EndFidelity, FailedRequest, ReplayReport,
+    Sample, TierStats,
 };
 
 /// Replays `dev` (a device of `trace`) with `opts` through a host strategy or the caching model.

@@ -71,6 +71,7 @@ impl FromStr for CompactPolicy {
 
 /// Options of [`super::replay`] (a host strategy or the caching model).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ReplayOptions {
     /// The strategy.
     pub strategy: StrategyKind,

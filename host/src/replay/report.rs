@@ -5,12 +5,12 @@ use std::fmt;
 
 use serde::Serialize;
 
-pub use crate::analysis::{FailureClass, FragLevel, Fragmentation};
+use crate::analysis::{FailureClass, FragLevel, Fragmentation};
 
 use super::device::DeviceHeapEnd;
 use super::materialize::MeasureOutcome;
 use crate::facts::{Capacity, HistoryCompleteness, PytorchReserved};
-pub use crate::reference::caching::{RecordedRelease, ReleaseCause, ReleaseEvidence};
+use crate::reference::caching::RecordedRelease;
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
@@ -136,6 +136,7 @@ pub struct TierStats {
 
 /// The caching model's state at the end, for the fidelity check against the snapshot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct CachingEnd {
     /// Reserved bytes (segments).
     pub reserved: u64,
@@ -160,6 +161,7 @@ pub fn relative_difference(a: u64, b: u64) -> Option<f64> {
 
 /// The caching model's end state against the snapshot's ([`ReplayReport::end_fidelity`]).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct EndFidelity {
     /// The model's reserved bytes at the end.
     pub model_reserved: u64,
@@ -178,6 +180,7 @@ pub struct EndFidelity {
 
 /// What a replay reports. Bytes, ns, events/s unless named otherwise.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct ReplayReport {
     /// The trace file.
     pub trace: String,

@@ -65,6 +65,7 @@ impl fmt::Display for Location {
 /// it applies, the byte, line or event at fault. Every variant is a problem with the input: a
 /// command-line tool should exit with [`TraceError::EXIT_CODE`].
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TraceError {
     /// The file could not be opened or read.
     #[error("{}: cannot read: {source}", .path.display())]

@@ -24,13 +24,13 @@
 
 use std::path::Path;
 
-pub mod csv_lifetime;
+pub(crate) mod csv_lifetime;
 mod error;
 mod format;
 mod model;
-pub mod pytorch;
+pub(crate) mod pytorch;
 pub mod repeat;
-pub mod rmm;
+pub(crate) mod rmm;
 mod validate;
 
 pub(crate) use error::{excerpt, excerpt_plain, one_line};

@@ -62,6 +62,7 @@ use super::{parse_trace, DeviceTrace, EventKind, Trace, TraceError, TraceFormat}
 
 /// Options of [`Repeat::new`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RepeatOptions {
     /// Number of steps, at least 1 (1 writes the input again).
     pub steps: u32,
@@ -70,10 +71,44 @@ pub struct RepeatOptions {
     pub gap_us: u64,
 }
 
+impl RepeatOptions {
+    /// `steps` steps, `gap_us` µs apart.
+    pub fn new(steps: u32, gap_us: u64) -> Self {
+        RepeatOptions { steps, gap_us }
+    }
+}
+
+/// How a written repeat differs from its plan ([`Repeat::verify`]): a fault of this module, not of the
+/// input. `Display` is one line.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VerifyError {
+    /// The written file does not read back.
+    #[error("the written file does not read back: {0}")]
+    Unreadable(TraceError),
+    /// Another number of devices was read than written.
+    #[error("{written} devices written, {read} read")]
+    Devices {
+        /// Devices written.
+        written: usize,
+        /// Devices read back.
+        read: usize,
+    },
+    /// A device's figure differs from the plan.
+    #[error("device {device}: the written file differs from the plan: {what}")]
+    Differs {
+        /// Device ordinal.
+        device: i64,
+        /// What differs ("event count", "final state", ...).
+        what: &'static str,
+    },
+}
+
 /// Why a snapshot cannot be repeated. Every variant is a property of the input (exit code 2 from the
 /// CLI, [`RepeatError::EXIT_CODE`]); `Display` is one line naming the file and, where it applies, the
 /// device, address and event.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RepeatError {
     /// The input cannot be read as a trace.
     #[error(transparent)]
@@ -653,11 +688,11 @@ impl<'t, 'a> Repeat<'t, 'a> {
     /// state, holds the planned events, and its times are in order where the input's are.
     ///
     /// # Errors
-    /// What differs, as one line (a fault of this module, not of the input).
-    pub fn verify(&self, path: &Path, bytes: &[u8]) -> Result<(), String> {
-        let out = parse_trace(path, bytes).map_err(|e| format!("the written file does not read back: {e}"))?;
+    /// A [`VerifyError`] saying what differs (a fault of this module, not of the input).
+    pub fn verify(&self, path: &Path, bytes: &[u8]) -> Result<(), VerifyError> {
+        let out = parse_trace(path, bytes).map_err(VerifyError::Unreadable)?;
         if out.devices.len() != self.trace.devices.len() {
-            return Err(format!("{} devices written, {} read", self.trace.devices.len(), out.devices.len()));
+            return Err(VerifyError::Devices { written: self.trace.devices.len(), read: out.devices.len() });
         }
         for (a, b) in self.trace.devices.iter().zip(&out.devices) {
             let d = a.device;
@@ -677,7 +712,7 @@ impl<'t, 'a> Repeat<'t, 'a> {
                 (live_at_end(a) == live_at_end(b), "blocks allocated at the end"),
             ];
             if let Some((_, what)) = checks.iter().find(|(ok, _)| !ok) {
-                return Err(format!("device {d}: the written file differs from the plan: {what}"));
+                return Err(VerifyError::Differs { device: d, what: *what });
             }
         }
         Ok(())

@@ -10,6 +10,7 @@ use super::{
 
 /// An inconsistency in an event stream, at event `index`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ValidationError {
     /// Index of the offending event in [`DeviceTrace::events`].
     pub index: usize,
@@ -19,6 +20,7 @@ pub struct ValidationError {
 
 /// What is wrong with an event (addresses in bytes).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ValidationErrorKind {
     /// An alloc (or segment alloc) at an address that is still allocated.
     AllocOfLiveAddress {

@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use gpuheap::backend::{Backend, BackendError};
 use gpuheap::compaction::{oracle, LiveBlock};
-use gpuheap::reference::compact::{plan_slide, CompactionPlan};
+use gpuheap::reference::{plan_slide, CompactionPlan};
 
 /// `true` when `GPUHEAP_REQUIRE_GPU=1`: every "GPU part skipped" is a failure instead
 /// (`scripts/gpu-suite run` sets it, so a test that cannot create the GPU backend fails

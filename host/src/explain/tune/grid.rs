@@ -5,7 +5,8 @@
 use serde::Serialize;
 
 use crate::reference::caching::config::{ConfigWarning, ROUNDUP_INTERVALS};
-use crate::reference::{CachingConfig, StrategyKind, MAX_BYTES};
+use crate::reference::caching::CachingConfig;
+use crate::reference::{StrategyKind, MAX_BYTES};
 use crate::trace::{AllocatorSettings, DeviceTrace, EventKind};
 
 /// What a grid row replays.

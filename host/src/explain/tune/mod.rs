@@ -85,6 +85,7 @@ pub struct TuneRow {
 
 /// What [`tune`] reports.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct TuneReport {
     /// Device ordinal.
     pub device: i64,
@@ -100,7 +101,7 @@ pub struct TuneReport {
     /// Replays run in total.
     pub replays: usize,
     /// Options of the snapshot's own settings that the caching model does not implement or that have no
-    /// effect as recorded ([`crate::reference::CachingConfig::from_settings`]): the snapshot's own row replays without them.
+    /// effect as recorded ([`crate::reference::caching::CachingConfig::from_settings`]): the snapshot's own row replays without them.
     pub warnings: Vec<ConfigWarning>,
 }
 

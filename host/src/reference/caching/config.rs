@@ -25,6 +25,7 @@ pub(super) const LARGE_BUFFER: u64 = 20 * MIB;
 
 /// Options of [`super::CachingAllocator`] (bytes unless named otherwise).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct CachingConfig {
     /// Device memory in bytes (`totalGlobalMem`).
     pub device_capacity: u64,
@@ -76,6 +77,7 @@ impl fmt::Display for ConfigWarning {
 /// words), naming the option.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("PYTORCH_CUDA_ALLOC_CONF: {0}")]
+#[non_exhaustive]
 pub struct ConfigError(pub String);
 
 impl CachingConfig {

@@ -121,15 +121,15 @@ use super::compact::{CompactionLayout, CompactionPlan};
 use super::{align_down, check_request, oom, AllocError, AllocatedBlock, Allocation, Handle, Stats, SubAllocator};
 
 mod blocks;
-pub mod config;
+pub(crate) mod config;
 mod expandable;
 mod free_set;
 pub mod options;
 mod release;
-pub mod releases;
+pub(crate) mod releases;
 mod relocate;
 mod rules;
-pub mod seed;
+pub(crate) mod seed;
 mod vspace;
 
 use blocks::{Block, FREE, LIVE, NIL, UNMAPPED};

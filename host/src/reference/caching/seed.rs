@@ -271,6 +271,7 @@ impl RecordedSegments {
 
 /// How closely the model follows PyTorch's reserved bytes over one trace ([`fidelity`]). Bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Fidelity {
     /// Events replayed.
     pub events: usize,
