@@ -227,14 +227,14 @@ fn many_concurrent_failing_leaders_make_one_search_per_null() {
         let lanes = common::has_thread_per_lane(&b);
         let cap = 1 << 20; // 16 pages
         let heap = DeviceHeap::new(&b, cap).unwrap();
-        let (batches, ok) = fill_until_null(&b, &heap, 4096, if lanes { 64 } else { 256 });
+        let (batches, ok) = fill_until_null(&heap, 4096, if lanes { 64 } else { 256 });
         assert_eq!(ok, cap / 4096, "{what}: the heap holds exactly its 4 KiB slots");
         let before = heap.stats().unwrap();
         // Ten groups per warp: lane `l < 27` asks for class `l % 9`, lanes
         // 27..32 for a large block each (a group of one).
         let threads: u64 = if lanes { 512 } else { 1 << 14 };
         let sizes: Vec<u64> = (0..threads).map(|i| if i % 32 >= 27 { 1 << 16 } else { 16 << ((i % 32) % 9) }).collect();
-        let failing = || ops::malloc_batch(&b, &heap, &Sizes::PerThread(sizes.clone()), threads, false).unwrap();
+        let failing = || ops::malloc_batch(&heap, &Sizes::PerThread(sizes.clone()), threads, false).unwrap();
         let batch = if lanes {
             failing()
         } else {
@@ -251,9 +251,9 @@ fn many_concurrent_failing_leaders_make_one_search_per_null() {
         assert!(per_null <= SEARCHES_PER_NULL, "{what}: {per_null:.3} searches per null");
         assert_eq!(s.transit_in_flight, 0, "{what}");
         for bt in batches {
-            ops::free_batch(&b, &heap, bt, 3).unwrap();
+            ops::free_batch(&heap, bt, 3).unwrap();
         }
-        check_fully_free(&b, &heap, &what);
+        check_fully_free(&heap, &what);
     }
 }
 

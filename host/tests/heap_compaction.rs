@@ -51,9 +51,9 @@ fn its_seed_case(seed: u64) {
     const KIB: u64 = 1024;
     let mut heap = DeviceHeap::with_movable(&b, 4 << 20, 1 << 20, 64).unwrap();
     let hs = [heap.movable().unwrap().alloc(128 * KIB).unwrap(), heap.movable().unwrap().alloc(256 * KIB).unwrap()];
-    fill_handles(&b, &mut heap, &hs);
+    fill_handles(&mut heap, &hs);
     heap.movable().unwrap().free(hs[0]).unwrap();
-    compact_and_check(&b, &mut heap, &format!("ITS seed {seed}"));
+    compact_and_check(&mut heap, &format!("ITS seed {seed}"));
 }
 
 use common::slide;
@@ -68,19 +68,19 @@ fn movable_image(heap: &mut DeviceHeap) -> Vec<u8> {
 
 /// Every live handle, in address order.
 fn live_handles(heap: &mut DeviceHeap) -> Vec<Handle> {
-    let mut m = heap.movable().unwrap();
+    let m = heap.movable().unwrap();
     m.layout().unwrap().iter().map(|b| m.handle_of(b.handle).unwrap().unwrap()).collect()
 }
 
 /// Writes each handle's pattern over its block with the device kernel (which
 /// resolves the handle when it runs).
-fn fill_handles(b: &Backend, heap: &mut DeviceHeap, hs: &[Handle]) {
+fn fill_handles(heap: &mut DeviceHeap, hs: &[Handle]) {
     assert_eq!(heap.movable().unwrap().touch_handles(hs, 0, false).unwrap(), (0, 0), "fill: a live handle did not resolve");
 }
 
 /// Checks every word of every live handle block, on the device (resolving
 /// each handle) and on the host (read back through the host resolve).
-fn check_handles(b: &Backend, heap: &mut DeviceHeap, what: &str) {
+fn check_handles(heap: &mut DeviceHeap, what: &str) {
     let hs = live_handles(heap);
     assert_eq!(heap.movable().unwrap().touch_handles(&hs, 0, true).unwrap(), (0, 0), "{what}: device check of the handle patterns");
     for h in &hs {
@@ -93,7 +93,7 @@ fn check_handles(b: &Backend, heap: &mut DeviceHeap, what: &str) {
 }
 
 /// Raw `malloc` blocks of the heap, filled with a per-thread pattern.
-fn raw_blocks(b: &Backend, heap: &DeviceHeap, sizes: Vec<u64>, seed: u64) -> Batch {
+fn raw_blocks(heap: &DeviceHeap, sizes: Vec<u64>, seed: u64) -> Batch {
     let n = sizes.len() as u64;
     let batch = ops::malloc_batch(heap, &Sizes::PerThread(sizes), n, false).unwrap();
     assert!(batch.read_ptrs().unwrap().iter().all(|&p| p != 0), "raw malloc failed");
@@ -110,7 +110,7 @@ fn assert_outside_movable(heap: &mut DeviceHeap, batch: &Batch, what: &str) {
 }
 
 /// Compacts and checks everything (see the file docs); returns the report.
-fn compact_and_check(b: &Backend, heap: &mut DeviceHeap, what: &str) -> CompactionReport {
+fn compact_and_check(heap: &mut DeviceHeap, what: &str) -> CompactionReport {
     let cap = heap.movable().unwrap().capacity();
     let before_layout = heap.movable().unwrap().layout().unwrap();
     let before = movable_image(heap);
@@ -141,7 +141,7 @@ fn compact_and_check(b: &Backend, heap: &mut DeviceHeap, what: &str) -> Compacti
         assert_eq!(e.flags & ENTRY_PINNED != 0, info.pinned, "{what}: pinned flag of {h:?}");
     }
     // Bytes: every handle block, and the whole movable region against the reference memmove.
-    check_handles(b, heap, what);
+    check_handles(heap, what);
     let after = movable_image(heap);
     let mut want = before.clone();
     oracle::apply(&mut want, &before_layout, &expected);
@@ -181,7 +181,7 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         let mut rng = SplitMix64::new(5);
         let mut heap = DeviceHeap::with_movable(b, 16 << 20, 4 << 20, 8192).unwrap();
         // Raw blocks before and after the handle allocations, every size class and large.
-        let raw1 = raw_blocks(b, &heap, (0..300).map(|i| 16 << (i % 10)).collect(), 77);
+        let raw1 = raw_blocks(&heap, (0..300).map(|i| 16 << (i % 10)).collect(), 77);
         let from_kernel: Vec<Handle> = heap
             .movable().unwrap().alloc_batch(&sizes(&mut rng, 3000, 1024))
             .unwrap()
@@ -189,10 +189,10 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
             .map(|h| h.expect("handle_alloc"))
             .collect();
         let from_host: Vec<Handle> = (0..24).map(|i| heap.movable().unwrap().alloc(100 + i * 333).unwrap()).collect();
-        let raw2 = raw_blocks(b, &heap, (0..200).map(|i| 48 + (i % 7) * 1000).collect(), 78);
+        let raw2 = raw_blocks(&heap, (0..200).map(|i| 48 + (i % 7) * 1000).collect(), 78);
         let all: Vec<Handle> = from_kernel.iter().chain(&from_host).copied().collect();
-        fill_handles(b, &mut heap, &all);
-        check_handles(b, &mut heap, what);
+        fill_handles(&mut heap, &all);
+        check_handles(&mut heap, what);
         // Holes: frees by a kernel and by the host; pins.
         let (mut kfree, mut pins) = (Vec::new(), Vec::new());
         for (i, h) in all.iter().enumerate() {
@@ -208,7 +208,7 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
             heap.movable().unwrap().pin(*h).unwrap();
         }
         let pinned_at: Vec<u64> = pins.iter().map(|h| heap.movable().unwrap().resolve(*h).unwrap().offset).collect();
-        let r = compact_and_check(b, &mut heap, what);
+        let r = compact_and_check(&mut heap, what);
         assert!(r.blocks_moved > 0 && r.before.external > 0.0, "{what}: nothing to compact?");
         for (h, &at) in pins.iter().zip(&pinned_at) {
             assert_eq!(heap.movable().unwrap().resolve(*h).unwrap().offset, at, "{what}: pinned handle moved");
@@ -219,7 +219,7 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
             assert_outside_movable(&mut heap, batch, what);
         }
         // A second compaction moves nothing.
-        let r2 = compact_and_check(b, &mut heap, &format!("{what}, again"));
+        let r2 = compact_and_check(&mut heap, &format!("{what}, again"));
         assert_eq!((r2.blocks_moved, r2.bytes_moved, r2.launches), (0, 0, 0), "{what}");
         // After unpinning, new allocations land after the last block and a
         // compaction merges the islands.
@@ -230,8 +230,8 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         let more: Vec<Handle> =
             heap.movable().unwrap().alloc_batch(&[64; 100]).unwrap().into_iter().map(|h| h.unwrap()).collect();
         assert!(more.iter().all(|h| heap.movable().unwrap().resolve(*h).unwrap().offset >= end), "{what}: allocation below the cursor");
-        fill_handles(b, &mut heap, &more);
-        let r3 = compact_and_check(b, &mut heap, &format!("{what}, unpinned"));
+        fill_handles(&mut heap, &more);
+        let r3 = compact_and_check(&mut heap, &format!("{what}, unpinned"));
         assert_eq!(r3.after.free_blocks, 1, "{what}");
         assert_eq!(ops::touch_batch(&heap, &raw1, 77, true).unwrap(), 0, "{what}");
     });
@@ -242,7 +242,7 @@ fn pinned_handle_in_the_middle_with_holes_on_both_sides() {
     on_backends("pinned_middle", |b, what| {
         let mut heap = DeviceHeap::with_movable(b, 4 << 20, 1 << 20, 256).unwrap();
         let hs: Vec<Handle> = (0..60).map(|i| heap.movable().unwrap().alloc(256 + i * 32).unwrap()).collect();
-        fill_handles(b, &mut heap, &hs);
+        fill_handles(&mut heap, &hs);
         let pinned = hs[30];
         heap.movable().unwrap().pin(pinned).unwrap();
         heap.movable().unwrap().pin(pinned).unwrap();
@@ -255,13 +255,13 @@ fn pinned_handle_in_the_middle_with_holes_on_both_sides() {
         let frees: Vec<Handle> = [0, 5, 28, 29, 31, 32, 40, 59].iter().map(|&i| hs[i]).collect();
         assert!(heap.movable().unwrap().free_batch(&frees).unwrap().iter().all(|&ok| ok));
         let at = heap.movable().unwrap().resolve(pinned).unwrap().offset;
-        let r = compact_and_check(b, &mut heap, what);
+        let r = compact_and_check(&mut heap, what);
         assert_eq!(heap.movable().unwrap().resolve(pinned).unwrap().offset, at, "{what}: pinned handle moved");
         assert_eq!(r.after.free_blocks, 2, "{what}: one free range per segment");
         heap.movable().unwrap().unpin(pinned).unwrap();
         assert!(heap.movable().unwrap().resolve(pinned).unwrap().pinned, "{what}: pins nest");
         heap.movable().unwrap().unpin(pinned).unwrap();
-        let r = compact_and_check(b, &mut heap, what);
+        let r = compact_and_check(&mut heap, what);
         assert_eq!((r.after.free_blocks, r.after.external), (1, 0.0), "{what}");
     });
 }
@@ -271,7 +271,7 @@ fn stale_handles_are_detected() {
     on_backends("stale_handles", |b, what| {
         let mut heap = DeviceHeap::with_movable(b, 1 << 20, 64 << 10, 4).unwrap();
         let hs: Vec<Handle> = (0..4).map(|_| heap.movable().unwrap().alloc(1000).unwrap()).collect();
-        fill_handles(b, &mut heap, &hs);
+        fill_handles(&mut heap, &hs);
         let old = hs[1];
         heap.movable().unwrap().free(old).unwrap();
         // Freed: rejected by the host, by the device free and by the device resolve.
@@ -287,7 +287,7 @@ fn stale_handles_are_detected() {
         // The table is full until a compaction reclaims the entry.
         assert!(matches!(heap.movable().unwrap().alloc(16), Err(CompactionError::TooManyHandles(4))), "{what}");
         assert_eq!(heap.movable().unwrap().alloc_batch(&[16]).unwrap(), vec![None], "{what}");
-        compact_and_check(b, &mut heap, what);
+        compact_and_check(&mut heap, what);
         let new = heap.movable().unwrap().alloc(16).unwrap();
         assert_eq!(new.index(), old.index(), "{what}: the freed entry is reused");
         assert_ne!(new.generation(), old.generation(), "{what}: with a new generation");
@@ -306,11 +306,11 @@ fn full_movable_region_accepts_a_large_handle_only_after_compaction() {
     on_backends("bl_01_heap", |b, what| {
         const KIB: u64 = 1024;
         let mut heap = DeviceHeap::with_movable(b, 1 << 20, 64 * KIB, 64).unwrap();
-        let raw = raw_blocks(b, &heap, vec![4 * KIB; 16], 9);
+        let raw = raw_blocks(&heap, vec![4 * KIB; 16], 9);
         let mut hs: Vec<Handle> =
             heap.movable().unwrap().alloc_batch(&[4 * KIB; 16]).unwrap().into_iter().map(|h| h.unwrap()).collect();
         hs.sort_by_key(|h| heap.movable().unwrap().resolve(*h).unwrap().offset);
-        fill_handles(b, &mut heap, &hs);
+        fill_handles(&mut heap, &hs);
         assert!(heap.movable().unwrap().alloc_batch(&[16]).unwrap()[0].is_none(), "{what}: the movable region is not full");
         let odd: Vec<Handle> = hs.iter().skip(1).step_by(2).copied().collect();
         assert!(heap.movable().unwrap().free_batch(&odd).unwrap().iter().all(|&ok| ok));
@@ -321,12 +321,12 @@ fn full_movable_region_accepts_a_large_handle_only_after_compaction() {
             other => panic!("{what}: {other:?}"),
         }
         assert!(heap.movable().unwrap().alloc_batch(&[32 * KIB]).unwrap()[0].is_none(), "{what}: the device request succeeded");
-        let r = compact_and_check(b, &mut heap, what);
+        let r = compact_and_check(&mut heap, what);
         assert_eq!((r.before.external, r.after.external), (0.875, 0.0), "{what}");
         let big = heap.movable().unwrap().alloc_batch(&[32 * KIB]).unwrap()[0].expect("the request fails after compaction");
         assert_eq!(heap.movable().unwrap().resolve(big).unwrap().offset, 32 * KIB, "{what}");
-        fill_handles(b, &mut heap, &[big]);
-        check_handles(b, &mut heap, what);
+        fill_handles(&mut heap, &[big]);
+        check_handles(&mut heap, what);
         assert_eq!(ops::touch_batch(&heap, &raw, 9, true).unwrap(), 0, "{what}: a raw block changed");
     });
 }
@@ -342,19 +342,19 @@ fn bl_16_pending_op_sees_its_block_after_heap_compaction() {
         let mut heap = DeviceHeap::with_movable(b, 4 << 20, 1 << 20, 64).unwrap();
         let hs = [heap.movable().unwrap().alloc(128 * KIB).unwrap(), heap.movable().unwrap().alloc(256 * KIB).unwrap()];
         let (before, h) = (hs[0], hs[1]);
-        fill_handles(b, &mut heap, &hs);
+        fill_handles(&mut heap, &hs);
         // The pending operation P = "write pattern seed S into H", recorded, not run.
         let pending = (h, 0xABCD_u64);
         heap.movable().unwrap().free(before).unwrap();
         let x = heap.movable().unwrap().resolve(h).unwrap().offset;
-        compact_and_check(b, &mut heap, what);
+        compact_and_check(&mut heap, what);
         let y = heap.movable().unwrap().resolve(h).unwrap().offset;
         assert!(y < x, "{what}: H did not move");
         // A new block lands on H's old range.
         let other = heap.movable().unwrap().alloc(256 * KIB).unwrap();
         let o = heap.movable().unwrap().resolve(other).unwrap().offset;
         assert!(o < x + 256 * KIB && o + 256 * KIB > x, "{what}: the new block does not reuse H's old range");
-        fill_handles(b, &mut heap, &[other]);
+        fill_handles(&mut heap, &[other]);
         // Run P now: it resolves H on the device.
         assert_eq!(heap.movable().unwrap().touch_handles(&[pending.0], pending.1, false).unwrap(), (0, 0));
         assert_eq!(
@@ -373,7 +373,7 @@ fn bl_16_pending_op_sees_its_block_after_heap_compaction() {
 fn empty_movable_region_and_no_holes() {
     on_backends("empty_and_packed", |b, what| {
         let mut heap = DeviceHeap::with_movable(b, 1 << 20, 256 << 10, 1024).unwrap();
-        let r = compact_and_check(b, &mut heap, what);
+        let r = compact_and_check(&mut heap, what);
         assert_eq!((r.blocks, r.launches, r.after.free_blocks), (0, 0, 1), "{what}");
         let mut hs: Vec<Handle> = heap
             .movable().unwrap().alloc_batch(&(1..200).collect::<Vec<u64>>())
@@ -382,19 +382,19 @@ fn empty_movable_region_and_no_holes() {
             .map(|h| h.unwrap())
             .collect();
         hs.sort_by_key(|h| heap.movable().unwrap().resolve(*h).unwrap().offset);
-        fill_handles(b, &mut heap, &hs);
+        fill_handles(&mut heap, &hs);
         let img = movable_image(&mut heap);
-        let r = compact_and_check(b, &mut heap, what);
+        let r = compact_and_check(&mut heap, what);
         assert_eq!((r.blocks_moved, r.bytes_moved, r.launches), (0, 0, 0), "{what}");
         assert_eq!(movable_image(&mut heap), img, "{what}: a packed movable region changed");
         // Freeing the last blocks only moves the cursor back.
         let tail: Vec<Handle> = hs[150..].to_vec();
         heap.movable().unwrap().free_batch(&tail).unwrap();
-        let r = compact_and_check(b, &mut heap, what);
+        let r = compact_and_check(&mut heap, what);
         assert_eq!((r.blocks_moved, r.launches), (0, 0), "{what}");
         // Everything freed: the movable region is empty again.
         heap.movable().unwrap().free_batch(&hs[..150]).unwrap();
-        compact_and_check(b, &mut heap, what);
+        compact_and_check(&mut heap, what);
         assert_eq!(heap.movable().unwrap().stats().unwrap().cursor, 0, "{what}");
     });
 }
@@ -423,11 +423,11 @@ fn concurrent_handle_alloc_until_exhaustion() {
             }
         }
         oracle::validate(&heap.movable().unwrap().layout().unwrap(), cap).unwrap_or_else(|e| panic!("{what}: {e}"));
-        fill_handles(b, &mut heap, &ok);
-        check_handles(b, &mut heap, what);
+        fill_handles(&mut heap, &ok);
+        check_handles(&mut heap, what);
         let frees: Vec<Handle> = ok.iter().filter(|_| rng.below(2) == 0).copied().collect();
         heap.movable().unwrap().free_batch(&frees).unwrap();
-        compact_and_check(b, &mut heap, what);
+        compact_and_check(&mut heap, what);
         let again = heap.movable().unwrap().alloc_batch(&req[..500]).unwrap();
         assert!(again.iter().all(|h| h.is_some()), "{what}: room after compaction");
     });

@@ -59,7 +59,7 @@
 //! live blocks, `host/benches/strategies_icount.rs` under callgrind), best-fit went from 993.8 to 496.4
 //! instructions (offset-allocator: 438.0), 17.39 to 10.49 D1 misses and 13.61 to 4.61 branch
 //! mispredictions, with the same placements; lists of at most 4, 6, 8, 12 and 16 blocks measured within
-//! 2 % of each other. See `bench/results/2026-12-01-best-fit-index.md`.
+//! 2 % of each other. See `bench/results/2026-12-01-9073b34-best-fit-index.md`.
 
 use super::block_list::{block_list_strategy, size_class, BlockList, FreeIndex, Node, Placement, NIL};
 use super::class_index::{key, key_record, key_size, ClassIndex};

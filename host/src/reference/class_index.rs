@@ -27,7 +27,7 @@
 //! the caching model 1472.3 → 1205.9; chunks of 16 and 64 keys measured worse than 32), see the 2026-12-01
 //! files in `bench/results/`. The descending layout with its fast paths took the caching model from 964.4
 //! to 820.2 instructions per pair and from 14.99 to 12.46 D1 misses, with the same placements, see
-//! `bench/results/2026-12-01-best-fit-index.md`.
+//! `bench/results/2026-12-01-9073b34-best-fit-index.md`.
 //!
 //! # Invariants
 //! - A key is in the class the caller filed it under, once; `sl_bitmap[fl]` bit `sl` is set iff class
