@@ -13,7 +13,7 @@ mod common;
 use gpuheap::backend::Backend;
 use gpuheap::bench::SplitMix64;
 use gpuheap::compaction::{
-    oracle, CompactHeap, CompactTuning, CompactionError, Compactor, Handle, HandleRegion, LiveBlock, GRANULE,
+    oracle, CompactHeap, CompactionError, Compactor, Handle, HandleRegion, LiveBlock, GRANULE,
 };
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;

@@ -12,7 +12,8 @@ mod common;
 
 use gpuheap::backend::Backend;
 use gpuheap::device_heap::ops;
-use gpuheap::device_heap::{DeviceHeap, Sizes};
+use gpuheap::device_heap::ops::Sizes;
+use gpuheap::device_heap::DeviceHeap;
 use gpuheap_kernels::heap::layout::PAGE;
 
 fn is_lockstep(b: &Backend) -> bool {

@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 
 use gpuheap::backend::Backend;
 use gpuheap::device_heap::ops::{self, Batch};
-use gpuheap::device_heap::{BuddyBlock, DeviceHeap, HeapStats, Sizes};
+use gpuheap::device_heap::ops::Sizes;
+use gpuheap::device_heap::{BuddyBlock, DeviceHeap, HeapStats};
 use gpuheap_kernels::heap::layout::{class_of, class_size, order_of, CLASSES, PAGE, UNIT};
 
 /// The block size a request really takes (the host model of the rounding).

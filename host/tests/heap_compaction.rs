@@ -20,7 +20,8 @@ use gpuheap::backend::Backend;
 use gpuheap::bench::SplitMix64;
 use gpuheap::compaction::{oracle, HandleRegion, CompactionError, CompactionReport, Handle};
 use gpuheap::device_heap::ops::{self, Batch};
-use gpuheap::device_heap::{DeviceHeap, Sizes};
+use gpuheap::device_heap::ops::Sizes;
+use gpuheap::device_heap::DeviceHeap;
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;
 

@@ -158,6 +158,7 @@ fn kind(e: &RepeatError) -> &'static str {
         RepeatError::InvalidSteps => "InvalidSteps",
         RepeatError::TooLong { .. } => "TooLong",
         RepeatError::Uncopyable { .. } => "Uncopyable",
+        _ => "another kind",
     }
 }
 

@@ -15,8 +15,9 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
-use gpuheap::app::{self, options as opt, OptionError, Options, Quiet};
-use gpuheap::{BackendChoice, Error, ErrorKind};
+use gpuheap::app::{self, OptionError, Options, Quiet};
+use gpuheap::backend::BackendChoice;
+use gpuheap::{Error, ErrorKind};
 use pyo3::prelude::*;
 
 #[cfg(feature = "cli")]
@@ -151,25 +152,25 @@ fn options(
     device_heap_limit: Option<Size>,
 ) -> PyResult<Options> {
     let mut o = Options::default();
-    o.capacity = size("capacity", capacity, opt::check_capacity, opt::parse_capacity)?;
-    o.align = size("align", align, opt::check_align, opt::parse_align)?;
+    o.capacity = size("capacity", capacity, app::check_capacity, app::parse_capacity)?;
+    o.align = size("align", align, app::check_align, app::parse_align)?;
     o.tiers = match tiers {
         Some(Tiers::Pair(a, b)) => {
-            let (a, b) = (size("tiers", Some(a), Ok, opt::parse_bytes)?, size("tiers", Some(b), Ok, opt::parse_bytes)?);
-            let tiers = a.zip(b).map(|(a, b)| opt::check_tiers(a, b));
+            let (a, b) = (size("tiers", Some(a), Ok, app::parse_bytes)?, size("tiers", Some(b), Ok, app::parse_bytes)?);
+            let tiers = a.zip(b).map(|(a, b)| app::check_tiers(a, b));
             tiers.transpose().map_err(|e| ConfigError::new_err(format!("tiers: {e}")))?
         }
-        Some(Tiers::Str(s)) => text("tiers", Some(&s), opt::parse_tiers)?,
+        Some(Tiers::Str(s)) => text("tiers", Some(&s), app::parse_tiers)?,
         None => None,
     };
-    o.policy = text("compact", compact, opt::parse_policy)?.unwrap_or(o.policy);
-    o.backend = match text("backend", backend, opt::parse_backend)? {
+    o.policy = text("compact", compact, app::parse_policy)?.unwrap_or(o.policy);
+    o.backend = match text("backend", backend, app::parse_backend)? {
         Some(b) => b,
         None => BackendChoice::from_env().map_err(|e| ConfigError::new_err(format!("GPUHEAP_BACKEND: {e}")))?,
     };
     o.device = device;
-    o.materialize_limit = size("materialize_limit", materialize_limit, Ok, opt::parse_bytes)?;
-    o.device_heap_limit = size("device_heap_limit", device_heap_limit, Ok, opt::parse_bytes)?;
+    o.materialize_limit = size("materialize_limit", materialize_limit, Ok, app::parse_bytes)?;
+    o.device_heap_limit = size("device_heap_limit", device_heap_limit, Ok, app::parse_bytes)?;
     o.html = true;
     Ok(o)
 }
@@ -205,7 +206,7 @@ fn replay(
     materialize_limit: Option<Size>,
 ) -> PyResult<Output> {
     let mut o = options(capacity, align, tiers, Some(compact), backend, device, materialize_limit, None)?;
-    o.strategy = text("strategy", Some(strategy), opt::parse_strategy)?;
+    o.strategy = text("strategy", Some(strategy), app::parse_strategy)?;
     let snap = snapshot.0.clone();
     detached(py, move || app::run_replay(&snap, &o, &Quiet).map(Output::from))
 }

@@ -29,7 +29,10 @@ pub mod machine;
 pub(crate) mod options;
 mod run;
 
-pub use options::{OptionError, Options};
+pub use options::{
+    check_align, check_capacity, check_tiers, parse_align, parse_backend, parse_bytes, parse_capacity, parse_policy,
+    parse_strategy, parse_tiers, OptionError, Options,
+};
 pub use run::{run_compare, run_explain, run_replay, run_tune};
 
 /// A trace read into memory, shared (not copied) by every command run on it.

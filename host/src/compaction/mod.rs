@@ -61,6 +61,7 @@ use gpuheap_kernels::compact::movable::PIN_SHIFT;
 pub use gpuheap_kernels::compact::{LiveBlock, BLOCK_PINNED, GRANULE};
 
 
+use crate::analysis::Fragmentation;
 use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig};
 
 /// Errors of the compaction API.

@@ -3,7 +3,8 @@
 use gpuheap_kernels::compact::handle::{DeviceHandleTable, HandleEntry};
 use gpuheap_kernels::compact::{LiveBlock, GRANULE};
 
-use super::{BlockInfo, CompactTuning, CompactionReport, Fragmentation, Handle, Result};
+use super::{BlockInfo, CompactTuning, CompactionReport, Handle, Result};
+use crate::analysis::Fragmentation;
 use crate::backend::{Backend, BackendError};
 
 /// A region of device memory whose blocks are named by [`Handle`]s and which compacts in place: the

@@ -3,7 +3,8 @@
 //!
 //! ```
 //! use gpuheap::backend::Backend;
-//! use gpuheap::device_heap::{ops, DeviceHeap, Sizes};
+//! use gpuheap::device_heap::ops::{self, Sizes};
+//! use gpuheap::device_heap::DeviceHeap;
 //! let heap = DeviceHeap::new(&Backend::cpu(), 64 << 20)?;
 //! let batch = ops::malloc_batch(&heap, &Sizes::Uniform(48), 10_000, false)?;
 //! assert_eq!(heap.stats()?.classes[2].slots_in_use, 10_000); // 48 B -> 64 B class

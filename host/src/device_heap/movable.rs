@@ -31,9 +31,10 @@ use gpuheap_kernels::heap::layout::{UNIT, UNIT_SHIFT};
 use super::ops::BLOCK;
 use super::{DeviceHeap, Heap};
 use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig, Result as BackendResult};
+use crate::analysis::Fragmentation;
 use crate::compaction::{
     block_bytes, occupied, oracle, region_fragmentation, BlockInfo, CompactTuning, CompactionError, CompactionReport,
-    Compactor, Fragmentation, Handle, HandleRegion, Result,
+    Compactor, Handle, HandleRegion, Result,
 };
 
 /// Host state of a movable region: the device buffer of control words, table

@@ -23,6 +23,7 @@ use crate::facts::{
     summarize, Capacity, CapacityRangeError, DeviceChoice, DeviceError, DeviceSummary, SegmentView, SnapshotBlock,
     StateError,
 };
+use crate::facts::RequestBounds;
 use crate::reference::caching;
 use crate::trace::pytorch::{self, Frame};
 use crate::trace::{DeviceTrace, Location, MempoolId, Trace, TraceError, TraceFormat};

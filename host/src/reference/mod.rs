@@ -58,6 +58,8 @@ pub use slab::{Slab, SlabConfig};
 pub use tiered::{Tiered, TieredConfig};
 pub use tlsf::Tlsf;
 
+use caching::{CachingAllocator, CachingConfig};
+
 /// Default granule in bytes for the block-list strategies (first-fit, best-fit, TLSF): every offset and
 /// reserved size is a multiple of it. 256 B is the alignment `cudaMalloc` guarantees.
 pub const DEFAULT_GRANULE: u64 = 256;

@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::analysis::{FailureClass, FragLevel, Fragmentation};
+use crate::analysis::{FailureClass, Fragmentation};
 
 use super::device::DeviceHeapEnd;
 use super::materialize::MeasureOutcome;

@@ -92,11 +92,6 @@ impl<W: Write> PickleWriter<W> {
         })
     }
 
-    /// Bytes written so far (the open frame not counted).
-    pub fn bytes_written(&self) -> u64 {
-        self.written
-    }
-
     /// Closes the open frame into `out` (CPython's `_Pickler_CommitFrame`).
     fn commit_frame(&mut self) -> io::Result<()> {
         if self.frame.is_empty() {
