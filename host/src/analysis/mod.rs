@@ -12,6 +12,14 @@
 //! A failed request is classified by [`diagnose`] as a capacity or a fragmentation failure: it is a
 //! fragmentation failure iff the free bytes would hold it after a perfect compaction (`free >= requested`)
 //! but no single free extent does. The compaction oracle itself is [`crate::reference::compact`].
+//!
+//! ```
+//! use gpuheap::analysis::{external_fragmentation, Fragmentation};
+//!
+//! // Three free extents of 1, 1 and 2 bytes: the largest is half of the free bytes.
+//! assert_eq!(external_fragmentation([1, 1, 2]), 0.5);
+//! assert_eq!(Fragmentation::of_free([1, 1, 2]).external, 0.5);
+//! ```
 
 use std::fmt;
 

@@ -45,9 +45,21 @@
 //! take raw addresses; their contract is the same rule.
 //!
 //! On the GPU every launch is first checked against the kernel's limits as
-//! the driver reported them at module load ([`limits`]): a block the
+//! the driver reported them at module load (`limits`): a block the
 //! kernel's registers cannot fit is a [`BackendError::LaunchLimit`], not the
 //! driver's `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`.
+//!
+//! ```
+//! use gpuheap::backend::Backend;
+//! use gpuheap::ops;
+//!
+//! let backend = Backend::cpu(); // or Backend::select(BackendChoice::Auto)
+//! let buf = backend.alloc_zeroed(1 << 20)?;
+//! ops::fill(&backend, &buf, 7)?;
+//! let (report, _timing) = ops::verify(&backend, &buf, 7)?;
+//! assert_eq!(report.mismatches, 0);
+//! # Ok::<(), gpuheap::backend::BackendError>(())
+//! ```
 
 mod buffer;
 pub(crate) mod cpu;

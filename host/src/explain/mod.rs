@@ -13,6 +13,13 @@
 //! * [`explain`]: the whole answer page (also for snapshots dumped without history, such as the
 //!   state an OOM observer writes, and for runs that did not fail: then the page describes the
 //!   moment of peak reserved memory), rendered as text by [`Explanation::render_text`].
+//!
+//! ```
+//! let trace = gpuheap::trace::read_trace(concat!(env!("CARGO_MANIFEST_DIR"), "/../data/equivariant-posteriors_oom_snapshot_new.pickle"))?;
+//! let answer = gpuheap::explain::explain(&trace, None, None)?;
+//! print!("{}", answer.render_text());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::path::Path;
 

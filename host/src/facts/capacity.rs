@@ -64,7 +64,7 @@ pub enum CapacitySource {
     /// The snapshot's peak reserved bytes `peak`, not rounded up: a `cudaMalloc` that failed and was
     /// retried after PyTorch's allocator released cached segments (event `event`, the retry's new
     /// segment) shows that the GPU's memory for PyTorch was below `bound` (the reserved bytes then plus the
-    /// segment asked for), and a whole GiB above the peak would not be ([`crate::reference::caching::releases`]).
+    /// segment asked for), and a whole GiB above the peak would not be (`crate::reference::caching::releases`).
     PeakReservedBelowFailedRequest {
         /// PyTorch's peak reserved bytes.
         peak: u64,

@@ -142,7 +142,7 @@ impl HistoryCompleteness {
 const LIVE_ACTIONS: [&str; 2] = ["alloc", "free_completed"];
 const SEGMENT_ACTIONS: [&str; 4] = ["segment_alloc", "segment_free", "segment_map", "segment_unmap"];
 
-/// How complete `dev`'s history is (see the [module docs](self)).
+/// How complete `dev`'s history is (see the module docs).
 pub fn history_completeness(dev: &DeviceTrace) -> HistoryCompleteness {
     let entries = dev.events.len();
     let rec = &dev.recording;

@@ -186,7 +186,7 @@ pub fn demand_peak(dev: &DeviceTrace) -> (Option<usize>, u64) {
     (p.allocated_event, u64::try_from(p.allocated).unwrap_or(u64::MAX))
 }
 
-/// PyTorch's own reserved bytes over a trace, from its segments (the walk of the [module docs](self)). Bytes; sums above
+/// PyTorch's own reserved bytes over a trace, from its segments (the walk of the module docs). Bytes; sums above
 /// 2^64 − 1 (sizes no device holds) are reported as 2^64 − 1.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]

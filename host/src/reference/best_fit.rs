@@ -524,7 +524,7 @@ impl FreeIndex for BestFitIndex {
     }
 }
 
-/// Best-fit sub-allocator over `[0, capacity)`. See the [module docs](self) for invariants and complexity.
+/// Best-fit sub-allocator over `[0, capacity)`. See the module docs for invariants and complexity.
 #[derive(Debug)]
 pub struct BestFit(pub(crate) BlockList<BestFitIndex>);
 

@@ -64,7 +64,7 @@ impl Entry {
     }
 }
 
-/// Buddy-system sub-allocator. See the [module docs](self) for invariants and complexity.
+/// Buddy-system sub-allocator. See the module docs for invariants and complexity.
 #[derive(Debug)]
 pub struct Buddy {
     capacity: u64,

@@ -99,7 +99,7 @@ impl CompactionPlan {
     }
 }
 
-/// Computes the order-preserving slide of `layout` (see the [module docs](self)). O(n log n).
+/// Computes the order-preserving slide of `layout` (see the module docs). O(n log n).
 ///
 /// # Errors
 /// [`AllocError::InvalidRelocation`] if units overlap, lie outside every region, have a zero length or a

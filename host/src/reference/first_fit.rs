@@ -486,7 +486,7 @@ impl FreeIndex for AddressIndex {
     }
 }
 
-/// Address-ordered first-fit sub-allocator over `[0, capacity)`. See the [module docs](self).
+/// Address-ordered first-fit sub-allocator over `[0, capacity)`. See the module docs.
 #[derive(Debug)]
 pub struct FirstFit(pub(crate) BlockList<AddressIndex>);
 

@@ -5,12 +5,12 @@
 //!
 //! | strategy | module | search | free | notes |
 //! |---|---|---|---|---|
-//! | first-fit | [`first_fit`] | O(n / 2048 + 96) words scanned (chunked address order with maxima) | O(log n) | lowest-address fit, immediate coalescing |
-//! | best-fit | [`best_fit`] | O(log64 capacity) (bitmap over exact sizes, address tries); O(log n) from 4096 granules | O(1) unlink, then one insertion | smallest fitting block, ties to lowest address |
-//! | TLSF | [`tlsf`] | O(1) (two-level bitmaps) | O(1) | good fit (exact-size holes first), immediate coalescing |
-//! | buddy | [`buddy`] | O(log capacity) | O(log capacity) | power-of-two blocks, any capacity |
-//! | slab | [`slab`] | O(slots / 64) | O(1) | size classes over pages of a backing strategy |
-//! | tiered | [`tiered`] | O(log n) | O(log n) | small → slab, medium → lowest fit, large → highest fit |
+//! | first-fit | `first_fit` | O(n / 2048 + 96) words scanned (chunked address order with maxima) | O(log n) | lowest-address fit, immediate coalescing |
+//! | best-fit | `best_fit` | O(log64 capacity) (bitmap over exact sizes, address tries); O(log n) from 4096 granules | O(1) unlink, then one insertion | smallest fitting block, ties to lowest address |
+//! | TLSF | `tlsf` | O(1) (two-level bitmaps) | O(1) | good fit (exact-size holes first), immediate coalescing |
+//! | buddy | `buddy` | O(log capacity) | O(log capacity) | power-of-two blocks, any capacity |
+//! | slab | `slab` | O(slots / 64) | O(1) | size classes over pages of a backing strategy |
+//! | tiered | `tiered` | O(log n) | O(log n) | small → slab, medium → lowest fit, large → highest fit |
 //! | caching | [`caching`] | O(log n) | O(log n) | model of PyTorch's `CUDACachingAllocator` |
 //!
 //! (n = number of blocks; "free" is [`SubAllocator::free`], which finds the block through the

@@ -72,7 +72,7 @@ struct Page {
     bitmap: Vec<u64>,
 }
 
-/// Slab allocator over a backing strategy. See the [module docs](self).
+/// Slab allocator over a backing strategy. See the module docs.
 pub struct Slab {
     backing: Box<dyn SubAllocator + Send>,
     config: SlabConfig,

@@ -56,7 +56,7 @@ struct SharedRange(BlockList<AddressIndex>);
 
 block_list_strategy!(SharedRange, "tiered-shared");
 
-/// Tiered allocator. See the [module docs](self).
+/// Tiered allocator. See the module docs.
 #[derive(Debug)]
 pub struct Tiered {
     slab: Slab,

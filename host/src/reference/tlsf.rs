@@ -194,7 +194,7 @@ impl FreeIndex for TlsfIndex {
     }
 }
 
-/// TLSF sub-allocator over `[0, capacity)`. See the [module docs](self) for invariants and complexity.
+/// TLSF sub-allocator over `[0, capacity)`. See the module docs for invariants and complexity.
 #[derive(Debug)]
 pub struct Tlsf(pub(crate) BlockList<TlsfIndex>);
 

@@ -106,7 +106,7 @@ pub struct DeviceReplayOptions {
     /// ([`super::alignment_for`]).
     pub align: Option<u64>,
     /// Largest heap data region (bytes) to create before the trace is scaled; `None`:
-    /// [`DEFAULT_DEVICE_HEAP_LIMIT_CPU`] on the CPU, 75 % of the free device memory on a GPU.
+    /// `DEFAULT_DEVICE_HEAP_LIMIT_CPU` on the CPU, 75 % of the free device memory on a GPU.
     pub heap_limit: Option<u64>,
     /// Most timeline samples kept (each one cuts the current batch and reads the buddy levels back).
     pub timeline_points: usize,
@@ -587,7 +587,7 @@ fn make_heap(backend: &Backend, capacity: u64, limit: u64) -> Result<(DeviceHeap
 }
 
 /// Replays `dev` (a device of `trace`) through a [`DeviceHeap`] on `backend` (see the
-/// [module docs](self)). `progress` is called with the number of events done, every 65,536 events and at
+/// module docs). `progress` is called with the number of events done, every 65,536 events and at
 /// the end.
 ///
 /// # Errors

@@ -194,7 +194,7 @@ pub enum Refusal {
         /// The scale factor.
         scale: u64,
     },
-    /// No contender of a comparison could run ([`super::compare::compare`]): each with its reason.
+    /// No contender of a comparison could run (`super::compare::compare`): each with its reason.
     #[error("{}", .0.iter().map(|n| format!("{}: {}", n.strategy, n.reason)).collect::<Vec<_>>().join("; "))]
     NoneRan(Vec<NotRun>),
 }

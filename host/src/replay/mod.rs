@@ -56,7 +56,7 @@
 //!   retries it; `threshold=F` compacts after a free that leaves external fragmentation above `F` (once,
 //!   re-armed when it falls to `F` or below). Each compaction plans the reference slide
 //!   ([`crate::reference::compact::plan_slide`]), measures it with the real kernel on the chosen backend
-//!   ([`materialize`]), then updates the strategy with [`SubAllocator::apply_relocation`].
+//!   (`materialize`), then updates the strategy with [`SubAllocator::apply_relocation`].
 //! * **Speed.** `replay_ns` is the wall time of the event loop alone: reading the file, the fragmentation
 //!   analyses at the peak and at the end and the compactions are excluded.
 //!
@@ -64,10 +64,20 @@
 //!
 //! One driver (`engine`: the event loop, timeline, peaks and report builder) runs every target: a
 //! host strategy or the caching model (`strategy`, [`replay`]) and the device heap on a backend
-//! ([`device`], [`replay_device`]). [`options`] holds the options and the request rounding rule,
-//! [`capacity`] the one default-capacity rule, [`mod@compare`] every contender over one trace,
-//! `seeding` the caching model seeded from a snapshot, [`report`] the report types and `render` their
-//! text pages ([`ReplayReport::render_text`], [`compare::Comparison::render_text`]).
+//! (`device`, [`replay_device`]). `options` holds the options and the request rounding rule,
+//! `capacity` the one default-capacity rule, `mod@compare` every contender over one trace,
+//! `seeding` the caching model seeded from a snapshot, `report` the report types and `render` their
+//! text pages ([`ReplayReport::render_text`], `compare::Comparison::render_text`).
+//!
+//! ```
+//! use gpuheap::reference::StrategyKind;
+//! use gpuheap::replay::{replay, ReplayOptions};
+//!
+//! let trace = gpuheap::trace::read_trace(concat!(env!("CARGO_MANIFEST_DIR"), "/../data/equivariant-posteriors_oom_snapshot_new.pickle"))?;
+//! let report = replay(&trace, &trace.devices[0], &ReplayOptions::new(StrategyKind::BestFit), None, &mut |_| {})?;
+//! assert!(report.peak_reserved >= report.peak_allocated);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use crate::backend::Backend;
 #[allow(unused_imports)] // Named in the module docs.

@@ -236,14 +236,14 @@ pub struct ReplayReport {
     pub pytorch: Option<PytorchReserved>,
     /// The caching model's end state (caching strategy only).
     pub caching_end: Option<CachingEnd>,
-    /// The device heap's figures (device allocator only, see [`super::device`]).
+    /// The device heap's figures (device allocator only, see `super::device`).
     pub device_heap: Option<DeviceHeapEnd>,
     /// Per-tier figures (tiered strategy only): small, medium, large.
     pub tiers: Option<Vec<TierStats>>,
     /// The releases the trace records (PyTorch snapshots), each classified: PyTorch's allocator's own
     /// (left to the model, which releases when its own allocation fails at this capacity) or the
     /// program's (`empty_cache()`, replayed as recorded), with the evidence
-    /// ([`crate::reference::caching::releases`]). Serialised when not empty.
+    /// (`crate::reference::caching::releases`). Serialised when not empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub recorded_releases: Vec<RecordedRelease>,
     /// How complete the trace's history is and what that costs (serialised when not complete).

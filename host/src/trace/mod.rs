@@ -5,9 +5,9 @@
 //!
 //! * PyTorch CUDA memory snapshots (`torch.cuda.memory._dump_snapshot` pickles), both the
 //!   PyTorch 2.0 layout (per-block `history`, implicit block addresses) and the recent layout
-//!   (`device_traces`, `allocator_settings`), every device in the file ([`pytorch`]);
-//! * buffer-lifetime CSV `id,lower,upper,size` as used by minimalloc ([`csv_lifetime`]);
-//! * RMM `logging_resource_adaptor` CSV `Thread,Time,Action,Pointer,Size,Stream` ([`rmm`]).
+//!   (`device_traces`, `allocator_settings`), every device in the file (module `pytorch`);
+//! * buffer-lifetime CSV `id,lower,upper,size` as used by minimalloc (module `csv_lifetime`);
+//! * RMM `logging_resource_adaptor` CSV `Thread,Time,Action,Pointer,Size,Stream` (module `rmm`).
 //!
 //! Every reader returns a [`Trace`]: per device, a flat `Vec<Event>` of 48-byte events whose
 //! [`Event::id`] is a dense block (or segment) number, so a replay can keep its per-block state in
@@ -21,6 +21,14 @@
 //!
 //! Layout: `model` (the event model), `error` (the errors and their locations), `format` (the table and
 //! detection), the readers, and `validate` (the checks and id assignment every reader runs).
+//!
+//! ```
+//! let trace = gpuheap::trace::read_trace(concat!(env!("CARGO_MANIFEST_DIR"), "/../data/equivariant-posteriors_oom_snapshot_new.pickle"))?;
+//! // A snapshot dumped at the OOM without history: the allocator state, no events.
+//! let dev = &trace.devices[0];
+//! assert!(dev.final_state.is_some() && dev.events.is_empty());
+//! # Ok::<(), gpuheap::trace::TraceError>(())
+//! ```
 
 use std::path::Path;
 

@@ -45,7 +45,7 @@
 //! input's last event time minus its first (over all devices); the events between steps carry the time
 //! halfway through the gap and no frames (as PyTorch records frees under `context='alloc'`).
 //! `external_annotations` are repeated with their times shifted the same way (kept once when the events
-//! have no times). The pickle is written by [`PickleWriter`] with CPython's opcodes and memo, so values
+//! have no times). The pickle is written by `PickleWriter` with CPython's opcodes and memo, so values
 //! the input shares (frames, keys) are written once; `--steps 1` writes the input's bytes (for a file
 //! CPython's pickler wrote, as every PyTorch snapshot is).
 //!

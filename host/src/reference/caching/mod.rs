@@ -2,7 +2,7 @@
 //! itself reserved, and for asking what other allocator settings would have done.
 //!
 //! Every rule cites the function of `c10/cuda/CUDACachingAllocator.cpp` (`DeviceCachingAllocator`) it
-//! follows; options are parsed as `CUDAAllocatorConfig` / `AllocatorConfig` does ([`config`]).
+//! follows; options are parsed as `CUDAAllocatorConfig` / `AllocatorConfig` does (`config`).
 //!
 //! - **Rounding** (`round_size`): requests below 512 B (`kMinBlockSize`) become 512 B; with
 //!   `roundup_power2_divisions` `d > 0` for the request's interval and a request above `512 × d`, the
@@ -108,12 +108,12 @@
 //! side, O(segments) words at worst (seeding in address order appends).
 //!
 //! # Files
-//! One concern per file, each an `impl CachingAllocator` block: [`config`] (the options and their
+//! One concern per file, each an `impl CachingAllocator` block: `config` (the options and their
 //! parsing), `rules.rs` (rounding, pools, segment sizes), `blocks.rs` (block records and chain surgery),
 //! `free_set.rs` (the cached blocks of each pool of each memory pool and the search), `vspace.rs` (segments,
 //! virtual addresses, the device model), `expandable.rs` (expandable segments), `release.rs` (release and
-//! garbage collection), `relocate.rs` (relocation for compaction), [`releases`] (a trace's recorded
-//! releases: the allocator's or the program's), [`seed`] (a model seeded from a trace, and fidelity). This file holds the model's state and its `malloc` and `free`.
+//! garbage collection), `relocate.rs` (relocation for compaction), `releases` (a trace's recorded
+//! releases: the allocator's or the program's), `seed` (a model seeded from a trace, and fidelity). This file holds the model's state and its `malloc` and `free`.
 
 use std::collections::{BTreeMap, VecDeque};
 

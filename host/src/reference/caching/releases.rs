@@ -89,7 +89,7 @@ impl RecordedRelease {
     }
 }
 
-/// Every recorded release of `dev`, in event order, classified (see the [module docs](self)). Reserved
+/// Every recorded release of `dev`, in event order, classified (see the module docs). Reserved
 /// bytes are walked as the segment events add and remove them (initial segments, `+` allocs and maps,
 /// `−` frees and unmaps), and the largest is compared with the final state's too.
 pub fn recorded_releases(dev: &DeviceTrace) -> Vec<RecordedRelease> {
