@@ -155,7 +155,10 @@ pub(crate) fn is_machinery(function: &str) -> bool {
     // its caller is the one that wanted the tensor.
     let last = function.trim_end_matches("::call").trim_end_matches("::redispatch");
     let last = last.rsplit("::").next().unwrap_or(last);
-    let last = last.strip_prefix("wrapper_").map_or(last, |w| w.trim_start_matches("CUDA_"));
+    // `wrapper_{dispatch key}_{op}` / `wrapper_{dispatch key}__{op}` (the registration's wrappers).
+    let last = last
+        .strip_prefix("wrapper_")
+        .map_or(last, |w| w.split_once('_').map_or(w, |(_, op)| op.trim_start_matches('_')));
     const FACTORIES: &[&str] = &["empty", "_empty", "zeros", "ones", "full", "new_empty", "new_zeros", "new_full"];
     FACTORIES.iter().any(|f| last.starts_with(f)) || last.ends_with("_empty") || last == "memory_format_empty"
 }

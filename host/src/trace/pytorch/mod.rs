@@ -692,20 +692,24 @@ pub struct Frame {
     pub line: i64,
 }
 
-/// Top-level packages of libraries whose frames [`Frame::is_user`] folds: PyTorch records a Python
-/// frame's file relative to the `sys.path` entry that holds it (`transformers/models/opt/modeling_opt.py`),
-/// so a site-packages library is known by its first path component.
+/// Top-level packages of libraries whose frames [`Frame::is_user`] folds (besides PyTorch's ecosystem:
+/// every first component starting with `torch`, such as `torch_geometric`, `torchvision`): PyTorch records
+/// a Python frame's file relative to the `sys.path` entry that holds it
+/// (`transformers/models/opt/modeling_opt.py`), so a site-packages library is known by its first path
+/// component.
 pub const LIBRARY_PACKAGES: &[&str] = &[
     "torch", "torchvision", "torchaudio", "torchtext", "torchao", "torchtune", "functorch", "triton", "transformers",
     "accelerate", "peft", "trl", "bitsandbytes", "deepspeed", "diffusers", "optimum", "flash_attn", "xformers",
     "apex", "transformer_engine", "fairscale", "timm", "lightning", "pytorch_lightning", "lightning_fabric", "vllm",
     "safetensors", "huggingface_hub", "datasets", "einops", "numpy", "IPython", "ipykernel", "tqdm",
-    "sentence_transformers", "python-stdlib",
+    "sentence_transformers", "tornado", "traitlets", "jupyter_client", "jupyter_core", "zmq", "ray", "hydra",
+    "omegaconf", "click", "typer", "fire", "wandb", "mlflow", "python-stdlib", "asyncio", "concurrent", "multiprocessing",
+    "threading.py", "runpy.py", "contextlib.py", "functools.py", "copy.py",
 ];
 
 impl Frame {
-    /// Whether the frame is user code: a Python file outside PyTorch (`torch/`), the libraries of
-    /// [`LIBRARY_PACKAGES`] and any file under a `site-packages/` or `dist-packages/` folder, the Python
+    /// Whether the frame is user code: a Python file outside PyTorch (`torch/`) and its ecosystem (a first
+    /// path component starting with `torch`), the libraries of [`LIBRARY_PACKAGES`] and any file under a `site-packages/` or `dist-packages/` folder, the Python
     /// standard library (`python-stdlib/`), `<frozen …>` and other `<…>` pseudo-files; C++ and `??`
     /// frames are not.
     pub fn is_user(&self) -> bool {
@@ -713,6 +717,7 @@ impl Frame {
         let top = f.split('/').next().unwrap_or("");
         self.is_python()
             && !f.starts_with('<')
+            && !(top.starts_with("torch") && f.contains('/'))
             && !LIBRARY_PACKAGES.contains(&top)
             && !f.contains("site-packages/")
             && !f.contains("dist-packages/")
