@@ -34,7 +34,9 @@ fn machinery() -> Vec<V<'static>> {
     vec![
         cpp("torch::unwind::unwind()"),
         cpp("torch::CapturedTraceback::gather(bool, bool, bool)"),
-        cpp("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int, unsigned long, CUstream_st*)"),
+        cpp(
+            "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int, unsigned long, CUstream_st*)",
+        ),
         cpp("c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long) const"),
     ]
 }
@@ -103,7 +105,8 @@ fn snapshot() -> Vec<u8> {
     for (frames, size) in sites() {
         let int = |v: u64| V::Int(v as i128);
         let e = |action: &'static str, frames: Option<Vec<V<'static>>>| {
-            let mut d = vec![("action", V::Str(action)), ("addr", int(addr)), ("size", int(size)), ("stream", V::Int(0))];
+            let mut d =
+                vec![("action", V::Str(action)), ("addr", int(addr)), ("size", int(size)), ("stream", V::Int(0))];
             if let Some(f) = frames {
                 d.push(("frames", V::List(f)));
             }
@@ -191,7 +194,10 @@ fn cpp_only_stacks_name_the_function_that_allocated() {
     let by_size = |s: u64| x.largest_tensors.iter().filter(|t| t.block.size == s).collect::<Vec<_>>();
     let twelve = by_size(12 * MIB);
     let labels: Vec<&str> = twelve.iter().map(|t| t.site.label.as_str()).collect();
-    assert!(labels.contains(&"at::native::slice_backward") && labels.contains(&"at::cuda::getNewWorkspace"), "{labels:?}");
+    assert!(
+        labels.contains(&"at::native::slice_backward") && labels.contains(&"at::cuda::getNewWorkspace"),
+        "{labels:?}"
+    );
     assert!(twelve.iter().all(|t| t.frames.is_empty() && t.site.origin == SiteOrigin::Cpp));
     let text = x.render_text();
     assert!(!text.contains("(no frames recorded)"), "{text}");
@@ -268,7 +274,11 @@ fn without_on_a_dumped_pytorch_2_0_state() {
     assert_eq!(w["fits"], serde_json::Value::Bool(true));
     // What is left: 785 − 778 blocks, 8,590,336 B, in fewer GPU bytes than with them.
     assert!(w["min_capacity"].as_u64().unwrap() < w["min_capacity_before"].as_u64().unwrap(), "{w}");
-    assert!(out.text.contains("the 778 live tensors from flexgen/pytorch_backend.py:195 allocate hold 5.29 GiB"), "{}", out.text);
+    assert!(
+        out.text.contains("the 778 live tensors from flexgen/pytorch_backend.py:195 allocate hold 5.29 GiB"),
+        "{}",
+        out.text
+    );
 }
 
 #[test]

@@ -274,7 +274,8 @@ pub fn kind_of(frames: &[Frame]) -> Kind {
     }
     let forward = frames.iter().filter(py).any(|f| {
         f.name == "forward"
-            || (f.filename == "torch/nn/modules/module.py" && matches!(f.name.as_str(), "_call_impl" | "_wrapped_call_impl"))
+            || (f.filename == "torch/nn/modules/module.py"
+                && matches!(f.name.as_str(), "_call_impl" | "_wrapped_call_impl"))
     });
     if forward {
         return Kind::Activations;
@@ -360,7 +361,14 @@ pub fn breakdown(
         .into_iter()
         .map(|(site, (n, bytes, ks))| {
             let kind = ks.into_iter().max_by_key(|&(k, b)| (b, std::cmp::Reverse(k))).map_or(Kind::Unknown, |x| x.0);
-            Group { label: site.label, origin: Some(site.origin), kind, tensors: n, bytes, share_of_capacity: share(bytes) }
+            Group {
+                label: site.label,
+                origin: Some(site.origin),
+                kind,
+                tensors: n,
+                bytes,
+                share_of_capacity: share(bytes),
+            }
         })
         .collect();
     by_site.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.label.cmp(&b.label)));

@@ -12,7 +12,10 @@
 //!   `device_free + holes < request` (then no defragmentation can help);
 //! * [`explain`]: the whole answer page (also for snapshots dumped without history, such as the
 //!   state an OOM observer writes, and for runs that did not fail: then the page describes the
-//!   moment of peak reserved memory), rendered as text by [`Explanation::render_text`].
+//!   moment of peak reserved memory), rendered as text by [`Explanation::render_text`], with what holds
+//!   the memory then by site and by kind ([`breakdown`]);
+//! * [`what_if_without`] (module `without`): the trace replayed without the allocations of a site
+//!   (`explain --without SITE`).
 
 use std::path::Path;
 

@@ -4,8 +4,8 @@
 
 use std::fmt::{self, Write as _};
 
-use super::tune::{RowKind, TunePage, TuneReport};
 use super::breakdown::{Breakdown, NO_FRAMES};
+use super::tune::{RowKind, TunePage, TuneReport};
 use super::{Explanation, Moment, OomExplanation, Site, SiteOrigin, Verdict, WithoutReport};
 use crate::facts::{Capacity, CapacitySource, DeviceChoice, DeviceReason, DeviceSummary};
 use crate::reference::caching::{options, ConfigWarning};
@@ -471,14 +471,8 @@ fn breakdown_text(b: &Breakdown) -> String {
     );
     s += "  By kind (inferred from the frames):\n";
     for g in &b.by_kind {
-        let _ = writeln!(
-            s,
-            "  {:>12} {:>7} {:>8}  {}",
-            fmt_bytes(g.bytes),
-            share(g.share_of_capacity),
-            g.tensors,
-            g.label
-        );
+        let _ =
+            writeln!(s, "  {:>12} {:>7} {:>8}  {}", fmt_bytes(g.bytes), share(g.share_of_capacity), g.tensors, g.label);
     }
     s += "  By site (innermost user frame; PyTorch, library and C++ frames folded):\n";
     for g in &b.by_site {
@@ -535,7 +529,11 @@ fn without_text(w: &WithoutReport) -> String {
     };
     let need = |m: Option<u64>| m.map_or_else(|| "more than any device modelled".to_string(), fmt_bytes);
     let verdict = if w.fits {
-        format!("fits on this GPU ({}){}", fmt_bytes(w.capacity), if w.recorded_oom { ": the OOM goes away" } else { "" })
+        format!(
+            "fits on this GPU ({}){}",
+            fmt_bytes(w.capacity),
+            if w.recorded_oom { ": the OOM goes away" } else { "" }
+        )
     } else {
         format!(
             "still does not fit on {}: {} fail, the first at event {}",

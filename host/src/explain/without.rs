@@ -108,9 +108,12 @@ pub fn what_if_without(
     };
     let matches = |f: &[Frame]| f.iter().any(|fr| patterns.iter().any(|p| frame_matches(fr, p)));
     for p in patterns {
-        let hit = frames.events.iter().map(|e| &e.1).chain(frames.blocks.iter().map(|b| &b.1)).any(|f| {
-            f.iter().any(|fr| frame_matches(fr, p))
-        });
+        let hit = frames
+            .events
+            .iter()
+            .map(|e| &e.1)
+            .chain(frames.blocks.iter().map(|b| &b.1))
+            .any(|f| f.iter().any(|fr| frame_matches(fr, p)));
         if !hit {
             let none = frames.events.is_empty() && frames.blocks.is_empty();
             return Err(ExplainError::WithoutMatchesNothing {

@@ -113,7 +113,8 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
                         (true, Some(o)) => site_cell(&Site { label: g.label.clone(), origin: o }),
                         _ => g.label.clone(),
                     };
-                    let mut r = vec![label, fmt_bytes(g.bytes), format!("{:.1} %", g.share_of_capacity), g.tensors.to_string()];
+                    let mut r =
+                        vec![label, fmt_bytes(g.bytes), format!("{:.1} %", g.share_of_capacity), g.tensors.to_string()];
                     if site {
                         r.push(g.kind.label().into());
                     }
@@ -122,7 +123,10 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
                 .collect()
         };
         tables.push(Table {
-            caption: format!("Live bytes by kind (inferred from the frames; share of the {} capacity)", fmt_bytes(b.capacity)),
+            caption: format!(
+                "Live bytes by kind (inferred from the frames; share of the {} capacity)",
+                fmt_bytes(b.capacity)
+            ),
             header: ["kind", "bytes", "share", "tensors"].map(String::from).to_vec(),
             rows: rows(&b.by_kind, false),
         });

@@ -697,6 +697,7 @@ pub struct Frame {
 /// a Python frame's file relative to the `sys.path` entry that holds it
 /// (`transformers/models/opt/modeling_opt.py`), so a site-packages library is known by its first path
 /// component.
+#[rustfmt::skip]
 pub const LIBRARY_PACKAGES: &[&str] = &[
     "torch", "torchvision", "torchaudio", "torchtext", "torchao", "torchtune", "functorch", "triton", "transformers",
     "accelerate", "peft", "trl", "bitsandbytes", "deepspeed", "diffusers", "optimum", "flash_attn", "xformers",
@@ -704,7 +705,7 @@ pub const LIBRARY_PACKAGES: &[&str] = &[
     "safetensors", "huggingface_hub", "datasets", "einops", "numpy", "IPython", "ipykernel", "tqdm",
     "sentence_transformers", "tornado", "traitlets", "jupyter_client", "jupyter_core", "zmq", "ray", "hydra",
     "omegaconf", "click", "typer", "fire", "wandb", "mlflow", "python-stdlib", "asyncio", "concurrent", "multiprocessing",
-    "threading.py", "runpy.py", "contextlib.py", "functools.py", "copy.py",
+    "threading.py", "runpy.py", "contextlib.py", "functools.py", "copy.py", "ipykernel_launcher.py",
 ];
 
 impl Frame {
