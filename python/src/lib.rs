@@ -233,18 +233,20 @@ fn compare(
     detached(py, move || app::run_compare(&snap, &o, &Quiet).map(Output::from))
 }
 
-/// `gpuheap explain` (`tune=False`: `--no-tune`).
+/// `gpuheap explain` (`tune=False`: `--no-tune`; `without`: `--without SITE` per pattern).
 #[pyfunction]
-#[pyo3(signature = (snapshot, *, capacity=None, device=None, tune=true))]
+#[pyo3(signature = (snapshot, *, capacity=None, device=None, tune=true, without=None))]
 fn explain(
     py: Python<'_>,
     snapshot: &Snapshot,
     capacity: Option<Size>,
     device: Option<i64>,
     tune: bool,
+    without: Option<Vec<String>>,
 ) -> PyResult<Output> {
     let mut o = options(capacity, None, None, None, None, device, None, None)?;
     o.tune = tune;
+    o.without = without.unwrap_or_default();
     let snap = snapshot.0.clone();
     detached(py, move || app::run_explain(&snap, &o, &Quiet).map(Output::from))
 }

@@ -42,6 +42,9 @@ pub struct Options {
     pub verbose: bool,
     /// `explain`: run the settings search too.
     pub tune: bool,
+    /// `explain`: frame patterns (`FILE:LINE`, `FILE:LINE FUNCTION`, a function) whose allocations the
+    /// what-if replays without ([`crate::explain::what_if_without`]); empty: no what-if.
+    pub without: Vec<String>,
     /// `tune`: keep only the rows with these labels ([`crate::explain::tune::TuneReport::retain_settings`]).
     pub settings: Option<Vec<String>>,
     /// Build the HTML page too (`explain` and `tune` replay the settings they draw for it).
@@ -65,6 +68,7 @@ impl Default for Options {
             device_heap_limit: None,
             verbose: false,
             tune: true,
+            without: Vec::new(),
             settings: None,
             html: false,
             flag_advice: false,

@@ -158,7 +158,7 @@ pub fn run_compare(snap: &Snapshot, opts: &Options, obs: &dyn Observer) -> Resul
 
 /// `gpuheap explain`: the answer page for the device of the trace ([`explain::explain_with_bytes`], the
 /// stack frames read from the snapshot's bytes when kept), with the settings search when
-/// [`Options::tune`] asks for it.
+/// [`Options::tune`] asks for it, and the what-if of [`Options::without`] when it names patterns.
 ///
 /// # Errors
 /// [`ErrorKind::Input`](crate::ErrorKind::Input) for a device the trace lacks, a capacity outside the range the strategies model,
@@ -172,6 +172,9 @@ pub fn run_explain(snap: &Snapshot, opts: &Options, obs: &dyn Observer) -> Resul
         let t = tune::tune(trace, dev, &page.capacity, &|| obs.search_step());
         obs.finished();
         page.tune = Some(t?);
+    }
+    if !opts.without.is_empty() {
+        page.without = Some(explain::what_if_without(trace, snap.bytes(), &page, &opts.without)?);
     }
     let title = format!("{} — explain", snap.file_name());
     let html = opts.html.then(|| pages::explain_page(&title, trace, &page)).transpose()?;

@@ -1,4 +1,4 @@
-//! `gpuheap explain TRACE [--device N] [--capacity C] [--no-tune] [--json] [--html FILE]`: the answer
+//! `gpuheap explain TRACE [--device N] [--capacity C] [--no-tune] [--without SITE]... [--json] [--html FILE]`: the answer
 //! page for a snapshot of a run that died with "CUDA out of memory" ([`crate::app::run_explain`]):
 //! what happened at the OOM (capacity or fragmentation, with the numbers that decide it), the largest
 //! live tensors with the code that allocated them, where the reserved-but-unallocated bytes sit, and
@@ -22,6 +22,11 @@ pub(crate) struct Args {
     /// Skip the settings search (`gpuheap tune`).
     #[arg(long)]
     pub no_tune: bool,
+    /// Replay the trace without the allocations whose stack has a frame matching SITE (`FILE:LINE`,
+    /// `FILE:LINE FUNCTION` as the breakdown prints it, or a function) and their frees: does the OOM go
+    /// away, and how much GPU memory does the run then need? Repeatable (the union).
+    #[arg(long, value_name = "SITE")]
+    pub without: Vec<String>,
 }
 
 /// Runs `gpuheap explain`.
@@ -29,7 +34,7 @@ pub(crate) fn run(a: &Args) -> Result<(), Error> {
     a.common.check_outputs()?;
     // Read once, the bytes kept: the stack frames come from them (a pipe cannot be read twice).
     let snap = Snapshot::read(&a.common.trace)?;
-    let opts = Options { tune: !a.no_tune, ..a.common.options() };
+    let opts = Options { tune: !a.no_tune, without: a.without.clone(), ..a.common.options() };
     let out = app::run_explain(&snap, &opts, &Progress::new(a.common.json))?;
     a.common.write(&out)
 }

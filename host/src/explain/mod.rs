@@ -12,7 +12,10 @@
 //!   `device_free + holes < request` (then no defragmentation can help);
 //! * [`explain`]: the whole answer page (also for snapshots dumped without history, such as the
 //!   state an OOM observer writes, and for runs that did not fail: then the page describes the
-//!   moment of peak reserved memory), rendered as text by [`Explanation::render_text`].
+//!   moment of peak reserved memory), rendered as text by [`Explanation::render_text`], with what holds
+//!   the memory then by site and by kind ([`breakdown`]);
+//! * [`what_if_without`] (module `without`): the trace replayed without the allocations of a site
+//!   (`explain --without SITE`).
 //!
 //! ```
 //! let trace = gpuheap::trace::read_trace(concat!(env!("CARGO_MANIFEST_DIR"), "/../data/equivariant-posteriors_oom_snapshot_new.pickle"))?;
@@ -35,10 +38,14 @@ use crate::reference::caching;
 use crate::trace::pytorch::{self, Frame};
 use crate::trace::{DeviceTrace, Location, MempoolId, Trace, TraceError, TraceFormat};
 
+pub mod breakdown;
 mod oom;
 mod render;
 pub mod tune;
+pub mod without;
 
+pub use breakdown::{Breakdown, Kind, Site, SiteOrigin};
+pub use without::{what_if_without, WithoutReport};
 pub use oom::{explain_oom, reproduce, with_oom_requests, OomExplanation, Reproduction, Verdict};
 pub use render::{capacity_text, devices_text, settings_warnings_text, warnings_text};
 
@@ -65,9 +72,14 @@ pub struct Tensor {
     /// The block.
     #[serde(flatten)]
     pub block: SnapshotBlock,
-    /// Up to [`TOP_FRAMES`] user frames (Python files outside `torch/`), innermost first; empty when
-    /// the snapshot records none (history not recorded).
+    /// Up to [`TOP_FRAMES`] user frames ([`Frame::is_user`]), innermost first; empty when the snapshot
+    /// records none (history not recorded) or the stack has no user frame.
     pub frames: Vec<Frame>,
+    /// The code that allocated it ([`breakdown::site_of`]): the innermost user frame, else a library's
+    /// Python frame, else the innermost C++ function that is not allocation machinery.
+    pub site: Site,
+    /// What it is, inferred from its frames ([`breakdown::kind_of`]).
+    pub kind: Kind,
 }
 
 
@@ -142,6 +154,11 @@ pub struct Explanation {
     /// complete).
     #[serde(skip_serializing_if = "facts::HistoryCompleteness::is_complete")]
     pub history: facts::HistoryCompleteness,
+    /// The live bytes at the moment by site and by kind, and what must go for the failed request.
+    pub breakdown: Breakdown,
+    /// The what-if of `explain --without SITE` ([`what_if_without`]), when asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub without: Option<WithoutReport>,
 }
 
 fn only_default_pool(pools: &[facts::PoolState]) -> bool {
@@ -173,6 +190,16 @@ pub enum ExplainError {
     /// A replay failed.
     #[error(transparent)]
     Replay(#[from] crate::replay::ReplayError),
+    /// A `--without` pattern ([`what_if_without`]) that no allocation's frames match.
+    #[error("without {pattern:?}: no allocation of device {device} has a frame that matches it{hint}")]
+    WithoutMatchesNothing {
+        /// The pattern.
+        pattern: String,
+        /// The device explained.
+        device: i64,
+        /// What the file lacks, when it records no frames at all.
+        hint: &'static str,
+    },
 }
 
 impl ExplainError {
@@ -182,7 +209,8 @@ impl ExplainError {
             ExplainError::Trace(_)
             | ExplainError::Device(_)
             | ExplainError::Capacity(_)
-            | ExplainError::UnknownSettings { .. } => true,
+            | ExplainError::UnknownSettings { .. }
+            | ExplainError::WithoutMatchesNothing { .. } => true,
             ExplainError::Replay(r) => r.is_input(),
         }
     }
@@ -298,11 +326,35 @@ pub fn explain_with_bytes(
         };
         (moment, state_after(dev, at).map_err(|e| trace_error(trace, dev, e))?)
     };
-    let mut largest: Vec<Tensor> =
-        st.live.iter().take(TOP_ITEMS).map(|b| Tensor { block: b.clone(), frames: Vec::new() }).collect();
-    if matches!(trace.format, TraceFormat::PytorchSnapshot(_)) && !largest.is_empty() {
-        attach_frames(&trace.source, bytes, dev, &mut largest)?;
-    }
+    // The frames of every live block: the breakdown groups them all.
+    let frames = if matches!(trace.format, TraceFormat::PytorchSnapshot(_)) && !st.live.is_empty() {
+        let events: Vec<usize> = st.live.iter().filter_map(|b| b.alloc_event).collect();
+        let blocks: Vec<u64> = st.live.iter().filter(|b| b.alloc_event.is_none()).map(|b| b.addr).collect();
+        read_frames(trace, bytes, dev, &events, &blocks)?
+    } else {
+        pytorch::SnapshotFrames::default()
+    };
+    let live_frames: Vec<&[Frame]> = st.live.iter().map(|b| frames_of_block(&frames, b)).collect();
+    let largest: Vec<Tensor> = st
+        .live
+        .iter()
+        .zip(&live_frames)
+        .take(TOP_ITEMS)
+        .map(|(b, f)| Tensor {
+            block: b.clone(),
+            frames: f.iter().filter(|fr| fr.is_user()).take(TOP_FRAMES).cloned().collect(),
+            site: breakdown::site_of(f),
+            kind: breakdown::kind_of(f),
+        })
+        .collect();
+    let sized: Vec<(u64, &[Frame])> = st.live.iter().zip(&live_frames).map(|(b, f)| (b.size, *f)).collect();
+    let first_oom = ooms.first();
+    let breakdown = breakdown::breakdown(
+        &sized,
+        cap.bytes,
+        first_oom.map(|o| o.request),
+        first_oom.filter(|o| o.device_free.is_some()).map(|o| o.shortfall),
+    );
     let mut with_holes: Vec<SegmentView> = st.segments.iter().filter(|s| s.hole_bytes() > 0).cloned().collect();
     with_holes.sort_by(|a, b| b.hole_bytes().cmp(&a.hole_bytes()).then(a.addr.cmp(&b.addr)));
     with_holes.truncate(TOP_ITEMS);
@@ -339,17 +391,21 @@ pub fn explain_with_bytes(
         ooms,
         tune: None,
         history,
+        breakdown,
+        without: None,
     })
 }
 
-/// Fills the frames of `tensors` from the snapshot file: the frames of each block's `alloc` event,
-/// else those its final-state block records.
-fn attach_frames(
-    path: &Path,
+/// The stack frames the snapshot file records for the `alloc` events `events` and the final-state
+/// blocks at `blocks` of `dev` ([`pytorch::read_frames`]), read from `bytes` (else from the file again).
+pub(crate) fn read_frames(
+    trace: &Trace,
     bytes: Option<&[u8]>,
     dev: &DeviceTrace,
-    tensors: &mut [Tensor],
-) -> Result<(), TraceError> {
+    events: &[usize],
+    blocks: &[u64],
+) -> Result<pytorch::SnapshotFrames, TraceError> {
+    let path: &Path = &trace.source;
     let again;
     let bytes = match bytes {
         Some(b) => b,
@@ -358,22 +414,16 @@ fn attach_frames(
             &again[..]
         }
     };
-    let events: Vec<usize> = tensors.iter().filter_map(|t| t.block.alloc_event).collect();
-    let blocks: Vec<u64> = tensors.iter().map(|t| t.block.addr).collect();
-    let f = pytorch::read_frames(path, bytes, dev.device, &events, &blocks)?;
-    for t in tensors {
-        let from_event = t.block.alloc_event.and_then(|i| f.events.iter().find(|e| e.0 == i)).map(|e| &e.1);
-        // A final-state block at the same address is the same tensor only if no later alloc reused it;
-        // its frames are used for blocks alive before the first event.
-        let from_block = || {
-            (t.block.alloc_event.is_none())
-                .then(|| f.blocks.iter().find(|b| b.0 == t.block.addr))
-                .flatten()
-                .map(|b| &b.1)
-        };
-        if let Some(frames) = from_event.or_else(from_block) {
-            t.frames = frames.iter().filter(|fr| fr.is_user()).take(TOP_FRAMES).cloned().collect();
-        }
-    }
-    Ok(())
+    pytorch::read_frames(path, bytes, dev.device, events, blocks)
+}
+
+/// The frames of live block `b`: those of its `alloc` event, else (a block alive before the first
+/// event) those the final-state block at its address records; empty when none are recorded.
+pub(crate) fn frames_of_block<'f>(f: &'f pytorch::SnapshotFrames, b: &SnapshotBlock) -> &'f [Frame] {
+    let found = match b.alloc_event {
+        Some(i) => f.events.binary_search_by_key(&i, |e| e.0).ok().map(|k| &f.events[k].1),
+        // A final-state block at the same address is the same tensor only if no later alloc reused it.
+        None => f.blocks.iter().find(|x| x.0 == b.addr).map(|x| &x.1),
+    };
+    found.map_or(&[], |v| &v[..])
 }

@@ -4,8 +4,9 @@
 
 use std::fmt::{self, Write as _};
 
+use super::breakdown::{Breakdown, NO_FRAMES};
 use super::tune::{RowKind, TunePage, TuneReport};
-use super::{Explanation, Moment, OomExplanation, Verdict};
+use super::{Explanation, Moment, OomExplanation, Site, SiteOrigin, Verdict, WithoutReport};
 use crate::facts::{Capacity, CapacitySource, DeviceChoice, DeviceReason, DeviceSummary};
 use crate::reference::caching::{options, ConfigWarning};
 use crate::units::{fmt_bytes, pct_of as pct};
@@ -280,7 +281,7 @@ fn render(p: &Explanation) -> String {
         for t in &p.largest_tensors {
             let at = t.block.alloc_event.map_or_else(|| "before trace".to_string(), |e| format!("event {e}"));
             let frames = if t.frames.is_empty() {
-                "(no frames recorded)".to_string()
+                site_text(&t.site)
             } else {
                 t.frames.iter().map(|f| format!("{}:{} {}", f.filename, f.line, f.name)).collect::<Vec<_>>().join(" < ")
             };
@@ -292,6 +293,10 @@ fn render(p: &Explanation) -> String {
                 at
             );
         }
+    }
+    s += &breakdown_text(&p.breakdown);
+    if let Some(w) = &p.without {
+        s += &without_text(w);
     }
     if !p.segments_with_holes.is_empty() {
         s += "\nWhere the reserved-but-unallocated bytes sit (segments with the most):\n";
@@ -431,5 +436,125 @@ fn table(t: &TuneReport, oom: bool) -> String {
         }
         _ => s += "\nNo PyTorch setting of the grid replays the whole trace on any device modelled.\n",
     }
+    s
+}
+
+/// A site in words: its label, marked when it is not a user frame.
+fn site_text(site: &Site) -> String {
+    match site.origin {
+        SiteOrigin::User => site.label.clone(),
+        SiteOrigin::Library => format!("{} (library; no user frame)", site.label),
+        SiteOrigin::Cpp => format!("allocated by {} (C++; no Python frame)", site.label),
+        _ => NO_FRAMES.into(),
+    }
+}
+
+/// `12.5 %` of a share in percent.
+fn share(p: f64) -> String {
+    format!("{p:.1} %")
+}
+
+/// The live bytes by site and by kind, and what must go for the failed request ("" without live tensors).
+fn breakdown_text(b: &Breakdown) -> String {
+    let mut s = String::new();
+    if b.tensors == 0 {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "\nWhat holds the memory: {} in {} ({} of the {} capacity); {} with frames recorded.",
+        fmt_bytes(b.bytes),
+        plural(b.tensors, "live tensor"),
+        share(if b.capacity == 0 { 0.0 } else { b.bytes as f64 * 100.0 / b.capacity as f64 }),
+        fmt_bytes(b.capacity),
+        b.tensors_with_frames
+    );
+    s += "  By kind (inferred from the frames):\n";
+    for g in &b.by_kind {
+        let _ =
+            writeln!(s, "  {:>12} {:>7} {:>8}  {}", fmt_bytes(g.bytes), share(g.share_of_capacity), g.tensors, g.label);
+    }
+    s += "  By site (innermost user frame; PyTorch, library and C++ frames folded):\n";
+    for g in &b.by_site {
+        let site = Site { label: g.label.clone(), origin: g.origin.unwrap_or(SiteOrigin::None) };
+        let _ = writeln!(
+            s,
+            "  {:>12} {:>7} {:>8}  {} [{}]",
+            fmt_bytes(g.bytes),
+            share(g.share_of_capacity),
+            g.tensors,
+            site_text(&site),
+            g.kind.label()
+        );
+    }
+    if b.other_sites > 0 {
+        let _ = writeln!(
+            s,
+            "  {:>12} {:>7} {:>8}  {} more sites",
+            fmt_bytes(b.other_bytes),
+            share(if b.capacity == 0 { 0.0 } else { b.other_bytes as f64 * 100.0 / b.capacity as f64 }),
+            b.other_tensors,
+            b.other_sites
+        );
+    }
+    match (b.request, b.must_free) {
+        (Some(r), Some(0)) => {
+            let _ = writeln!(
+                s,
+                "  The failed {} request needs no live tensor to go: the bytes were there (see the verdict).",
+                fmt_bytes(r)
+            );
+        }
+        (Some(r), Some(m)) => {
+            let _ = writeln!(
+                s,
+                "  For the failed {} request to fit, at least {} of these must go (with every cached byte \
+                 released too); try `gpuheap explain --without SITE` with a site above.",
+                fmt_bytes(r),
+                fmt_bytes(m)
+            );
+        }
+        _ => {}
+    }
+    s
+}
+
+/// The what-if of `--without` in words: "the N tensors from SITE hold X; without them the run needs Y
+/// and fits on this GPU".
+fn without_text(w: &WithoutReport) -> String {
+    let mut s = String::new();
+    let sites: Vec<String> = match &w.sites[..] {
+        [(l, _)] => vec![l.clone()],
+        many => many.iter().map(|(l, n)| format!("{l} ({n} allocations)")).collect(),
+    };
+    let need = |m: Option<u64>| m.map_or_else(|| "more than any device modelled".to_string(), fmt_bytes);
+    let verdict = if w.fits {
+        format!(
+            "fits on this GPU ({}){}",
+            fmt_bytes(w.capacity),
+            if w.recorded_oom { ": the OOM goes away" } else { "" }
+        )
+    } else {
+        format!(
+            "still does not fit on {}: {} fail, the first at event {}",
+            fmt_bytes(w.capacity),
+            plural(w.failed_at_capacity, "request"),
+            w.first_failure.map_or_else(|| "?".to_string(), |e| e.to_string())
+        )
+    };
+    let _ = writeln!(
+        s,
+        "\nWithout {}: the {} from {} hold {} at the moment ({} over the trace, {} requested); without them the \
+         run needs {} (with them: {}) and {verdict}. (The caching model with the snapshot's own settings, the \
+         trace replayed without those allocations and their frees.)",
+        w.patterns.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>().join(", "),
+        plural(w.live_tensors, "live tensor"),
+        sites.join(", "),
+        fmt_bytes(w.live_bytes),
+        plural(w.allocations, "allocation"),
+        fmt_bytes(w.allocated_bytes),
+        need(w.min_capacity),
+        need(w.min_capacity_before)
+    );
     s
 }

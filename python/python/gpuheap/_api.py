@@ -208,6 +208,7 @@ def explain(
     *,
     device: Optional[int] = None,
     tune: bool = True,
+    without: Optional[Sequence[str]] = None,
 ) -> Explanation:
     """Explains an out-of-memory error: ``gpuheap explain TRACE --json``.
 
@@ -226,6 +227,10 @@ def explain(
         device: the device to explain; ``None``: the one with a recorded OOM, else the one with the
             most allocation events.
         tune: run the settings search (:func:`tune`); ``False`` is faster (``--no-tune``).
+        without: frame patterns (``"model.py:42"``, ``"model.py:42 forward"``, a function name): replay
+            the trace without the allocations whose stack has a matching frame and report whether the
+            OOM goes away and the least GPU memory the run then needs (``--without SITE`` each;
+            :attr:`Explanation.without`).
 
     Returns:
         The :class:`Explanation`: ``str()`` is the CLI's page, ``.to_dict()`` its JSON; a notebook
@@ -233,13 +238,23 @@ def explain(
 
     Raises:
         TraceError: ``snapshot`` cannot be loaded, or its sizes cannot be represented.
-        ConfigError: a device the trace lacks, an unparsable capacity, a trace with no allocation.
+        ConfigError: a device the trace lacks, an unparsable capacity, a trace with no allocation, a
+            ``without`` pattern that no allocation's frames match.
         BackendError: a replay of the search failed at run time.
     """
     snap = load(snapshot)
     if not isinstance(tune, bool):
         raise ConfigError(f"tune: expected a bool, not {type(tune).__qualname__}")
-    out = _gpuheap.explain(snap, capacity=_bytes_arg("capacity", capacity), device=_device_arg(device), tune=tune)
+    if without is not None:
+        if isinstance(without, str):
+            raise ConfigError("without: expected a list of frame patterns (str), not one str")
+        without = list(without)
+        for i, x in enumerate(without):
+            if not isinstance(x, str):
+                raise ConfigError(f"without[{i}]: expected a frame pattern (str), not {type(x).__qualname__}")
+    out = _gpuheap.explain(
+        snap, capacity=_bytes_arg("capacity", capacity), device=_device_arg(device), tune=tune, without=without
+    )
     return Explanation(json.loads(out.json), out.text, out.tune_table, out.html)
 
 

@@ -137,6 +137,21 @@ class Explanation(Report):
         return self._data["largest_hole"]
 
     @property
+    def breakdown(self) -> dict:
+        """The live bytes at the moment by site (``by_site``: innermost user frame) and by kind (``by_kind``:
+        parameters and buffers, gradients, optimizer state, activations, temporaries, library workspaces,
+        unknown), each with ``tensors``, ``bytes`` and ``share_of_capacity`` (percent); ``must_free``: the
+        bytes that must go for the failed request to fit."""
+        return self._data["breakdown"]
+
+    @property
+    def without(self) -> Optional[dict]:
+        """The what-if of ``explain(..., without=[...])``: ``min_capacity`` without the matched allocations
+        (``min_capacity_before`` with them), ``fits`` on this GPU, ``live_tensors``/``live_bytes`` taken out;
+        ``None`` when not asked."""
+        return self._data.get("without")
+
+    @property
     def ooms(self) -> list[dict]:
         """The first 32 recorded OOMs: ``event``, ``request``, ``reserved``, ``allocated``, ``device_free``,
         ``largest_extent``, ``shortfall`` (bytes) and ``verdict``. Later ones are counted in

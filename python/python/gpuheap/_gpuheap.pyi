@@ -78,9 +78,15 @@ def compare(
     """`gpuheap compare`. Raises gpuheap.ConfigError, TraceError, BackendError, InternalError."""
 
 def explain(
-    snapshot: Snapshot, *, capacity: Optional[Bytes] = None, device: Optional[int] = None, tune: bool = True
+    snapshot: Snapshot,
+    *,
+    capacity: Optional[Bytes] = None,
+    device: Optional[int] = None,
+    tune: bool = True,
+    without: Optional[list[str]] = None,
 ) -> Output:
-    """`gpuheap explain` (`tune=False`: `--no-tune`). Raises TraceError, ConfigError, BackendError."""
+    """`gpuheap explain` (`tune=False`: `--no-tune`; `without`: `--without SITE` per pattern). Raises
+    TraceError, ConfigError (also for a `without` pattern nothing matches), BackendError."""
 
 def tune(
     snapshot: Snapshot,

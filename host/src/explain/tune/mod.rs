@@ -156,6 +156,33 @@ fn min_capacity(
     Ok((Some(hi), replays))
 }
 
+/// The least capacity (a multiple of [`GRANULE`]) at which `setting` replays `row` without a failed
+/// request, and the replays run: a replay on the largest device modelled gives the bisection's upper
+/// hint (its peak reserved bytes; `fallback_hint` when it fails), then the bisection above the live
+/// peak `peak_live` (module docs). `None`: no capacity up to [`MAX_BYTES`] does. `progress` is called
+/// after every replay.
+///
+/// # Errors
+/// [`ExplainError::Replay`] when a replay fails at run time; a capacity the allocator cannot be built
+/// with counts as a failed replay.
+pub fn least_capacity(
+    trace: &Trace,
+    row: &RowTrace,
+    setting: &Setting,
+    peak_live: u64,
+    fallback_hint: u64,
+    progress: &(dyn Fn() + Sync),
+) -> Result<(Option<u64>, usize), ExplainError> {
+    let free_run = row.replay(trace, setting, MAX_BYTES / GRANULE * GRANULE, 1);
+    progress();
+    let hint = match &free_run {
+        Ok(x) if x.failed.is_empty() => x.peak_reserved,
+        _ => fallback_hint,
+    };
+    let (min, replays) = min_capacity(trace, row, setting, peak_live, hint, progress)?;
+    Ok((min, replays + 1))
+}
+
 /// Replays `dev` under every setting of [`grid`] (in parallel), at `capacity` and in a minimum-capacity
 /// search each; `progress` is called after every replay (from several threads). The number of replays
 /// is not known in advance: about 2 + log2(range / 2 MiB) per row.
@@ -211,24 +238,18 @@ pub fn tune(
                 Err(e) => return Err(e.into()),
             }
             progress();
-            // The unconstrained peak: a replay on the largest device modelled.
-            let free_run = row_trace.replay(trace, s, MAX_BYTES / GRANULE * GRANULE, 1);
-            progress();
-            let hint = match &free_run {
-                Ok(x) if x.failed.is_empty() => x.peak_reserved,
-                _ => r.peak_reserved,
-            };
-            let (min, replays) = match min_capacity(trace, &row_trace, s, peak_live, hint, progress) {
+            let (min, replays) = match least_capacity(trace, &row_trace, s, peak_live, r.peak_reserved, progress) {
                 Ok(v) => v,
                 Err(e) if e.is_input() => {
                     r.note.get_or_insert_with(|| e.to_string());
-                    (None, 0)
+                    // The replay on the largest device ran.
+                    (None, 1)
                 }
                 Err(e) => return Err(e),
             };
             r.min_capacity = min;
             r.fits = min.is_some_and(|m| m <= capacity.bytes);
-            r.replays = replays + 2;
+            r.replays = replays + 1;
             Ok(r)
         })
         .collect();

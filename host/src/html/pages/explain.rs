@@ -1,7 +1,7 @@
 //! The page of `gpuheap explain`.
 
 use super::tune::{settings_timeline, tune_parameters, tune_table, Timeline};
-use crate::explain::{Explanation, Verdict};
+use crate::explain::{Explanation, Site, SiteOrigin, Verdict};
 use crate::html::{HtmlReport, Table};
 use crate::replay::ReplayError;
 use crate::trace::Trace;
@@ -98,11 +98,73 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
                     fmt_bytes(t.block.size),
                     fmt_bytes(t.block.requested),
                     t.block.alloc_event.map_or_else(|| "before trace".into(), |e| format!("event {e}")),
-                    if frames.is_empty() { "(no frames recorded)".into() } else { frames.join("; ") },
+                    if frames.is_empty() { site_cell(&t.site) } else { frames.join("; ") },
                 ]
             })
             .collect(),
     });
+    let b = &page.breakdown;
+    if b.tensors > 0 {
+        let rows = |groups: &[crate::explain::breakdown::Group], site: bool| -> Vec<Vec<String>> {
+            groups
+                .iter()
+                .map(|g| {
+                    let label = match (site, g.origin) {
+                        (true, Some(o)) => site_cell(&Site { label: g.label.clone(), origin: o }),
+                        _ => g.label.clone(),
+                    };
+                    let mut r =
+                        vec![label, fmt_bytes(g.bytes), format!("{:.1} %", g.share_of_capacity), g.tensors.to_string()];
+                    if site {
+                        r.push(g.kind.label().into());
+                    }
+                    r
+                })
+                .collect()
+        };
+        tables.push(Table {
+            caption: format!(
+                "Live bytes by kind (inferred from the frames; share of the {} capacity)",
+                fmt_bytes(b.capacity)
+            ),
+            header: ["kind", "bytes", "share", "tensors"].map(String::from).to_vec(),
+            rows: rows(&b.by_kind, false),
+        });
+        let mut site_rows = rows(&b.by_site, true);
+        if b.other_sites > 0 {
+            site_rows.push(vec![
+                format!("{} more sites", b.other_sites),
+                fmt_bytes(b.other_bytes),
+                String::new(),
+                b.other_tensors.to_string(),
+                String::new(),
+            ]);
+        }
+        tables.push(Table {
+            caption: "Live bytes by site (innermost user frame; PyTorch, library and C++ frames folded)".into(),
+            header: ["site", "bytes", "share", "tensors", "kind (most bytes)"].map(String::from).to_vec(),
+            rows: site_rows,
+        });
+        if let (Some(r), Some(m)) = (b.request, b.must_free.filter(|&m| m > 0)) {
+            notes.push(format!(
+                "For the failed {} request to fit, at least {} of the live bytes must go (with every cached byte released too).",
+                fmt_bytes(r),
+                fmt_bytes(m)
+            ));
+        }
+    }
+    if let Some(w) = &page.without {
+        notes.push(format!(
+            "Without {:?}: {} live tensors ({}) and {} allocations over the trace taken out; the run needs {} (with them: {}); {}.",
+            w.patterns,
+            w.live_tensors,
+            fmt_bytes(w.live_bytes),
+            w.allocations,
+            w.min_capacity.map_or_else(|| "more than any device modelled".into(), fmt_bytes),
+            w.min_capacity_before.map_or_else(|| "more than any device modelled".into(), fmt_bytes),
+            if w.fits { format!("it fits on this GPU ({})", fmt_bytes(w.capacity)) } else { format!("it still does not fit on {}", fmt_bytes(w.capacity)) }
+        ));
+    }
     tables.push(Table {
         caption: "Where the reserved-but-unallocated bytes sit (segments with the most)".into(),
         header: ["segment", "pool", "size", "free", "holes"].map(String::from).to_vec(),
@@ -128,4 +190,14 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
         }
     }
     Ok(HtmlReport { title: title.to_string(), notes, parameters, series, markers, tables })
+}
+
+/// A site in a cell: its label, marked when it is not a user frame.
+fn site_cell(site: &Site) -> String {
+    match site.origin {
+        SiteOrigin::User => site.label.clone(),
+        SiteOrigin::Library => format!("{} (library)", site.label),
+        SiteOrigin::Cpp => format!("allocated by {} (C++)", site.label),
+        _ => crate::explain::breakdown::NO_FRAMES.into(),
+    }
 }

@@ -692,12 +692,67 @@ pub struct Frame {
     pub line: i64,
 }
 
+/// Top-level packages of libraries whose frames [`Frame::is_user`] folds (besides PyTorch's ecosystem:
+/// every first component starting with `torch`, such as `torch_geometric`, `torchvision`): PyTorch records
+/// a Python frame's file relative to the `sys.path` entry that holds it
+/// (`transformers/models/opt/modeling_opt.py`), so a site-packages library is known by its first path
+/// component.
+#[rustfmt::skip]
+pub const LIBRARY_PACKAGES: &[&str] = &[
+    "torch", "torchvision", "torchaudio", "torchtext", "torchao", "torchtune", "functorch", "triton", "transformers",
+    "accelerate", "peft", "trl", "bitsandbytes", "deepspeed", "diffusers", "optimum", "flash_attn", "xformers",
+    "apex", "transformer_engine", "fairscale", "timm", "lightning", "pytorch_lightning", "lightning_fabric", "vllm",
+    "safetensors", "huggingface_hub", "datasets", "einops", "numpy", "IPython", "ipykernel", "tqdm",
+    "sentence_transformers", "tornado", "traitlets", "jupyter_client", "jupyter_core", "zmq", "ray", "hydra",
+    "omegaconf", "click", "typer", "fire", "wandb", "mlflow", "python-stdlib", "asyncio", "concurrent", "multiprocessing",
+    "threading.py", "runpy.py", "contextlib.py", "functools.py", "copy.py", "ipykernel_launcher.py",
+];
+
 impl Frame {
-    /// Whether the frame is user code: a Python file outside `torch/`, the Python standard library
-    /// and the snapshot machinery (C++ frames, `??` and `torch/...` frames are not).
+    /// Whether the frame is user code: a Python file outside PyTorch (`torch/`) and its ecosystem (a first
+    /// path component starting with `torch`), the libraries of [`LIBRARY_PACKAGES`] and any file under a `site-packages/` or `dist-packages/` folder, the Python
+    /// standard library (`python-stdlib/`), `<frozen …>` and other `<…>` pseudo-files; C++ and `??`
+    /// frames are not.
     pub fn is_user(&self) -> bool {
         let f = self.filename.as_str();
-        f.ends_with(".py") && !f.starts_with("torch/") && !f.starts_with("python-stdlib/") && !f.starts_with('<')
+        let top = f.split('/').next().unwrap_or("");
+        self.is_python()
+            && !f.starts_with('<')
+            && !(top.starts_with("torch") && f.contains('/'))
+            && !LIBRARY_PACKAGES.contains(&top)
+            && !f.contains("site-packages/")
+            && !f.contains("dist-packages/")
+    }
+
+    /// Whether the frame is a Python one (its file ends in `.py`, or is a `<…>` pseudo-file such as
+    /// `<frozen runpy>`); the others are C/C++ frames (the interpreter's, PyTorch's, a library's).
+    pub fn is_python(&self) -> bool {
+        self.filename.ends_with(".py") || self.filename.starts_with('<')
+    }
+
+    /// The function a C++ frame names, without its return type, template and function arguments and
+    /// `(anonymous namespace)::` parts: `void at::native::gpu_reduce_kernel<bool, …>(…)` is
+    /// `at::native::gpu_reduce_kernel`.
+    pub fn function(&self) -> String {
+        let n = self.name.replace("(anonymous namespace)::", "");
+        let mut out = String::with_capacity(n.len());
+        let mut depth = 0usize;
+        for c in n.chars() {
+            match c {
+                '<' => depth += 1,
+                '>' => depth = depth.saturating_sub(1),
+                '(' if depth == 0 => break,
+                // A return type before the name (`at::Tensor at::native::f`): keep what follows it.
+                ' ' if depth == 0 => out.clear(),
+                _ if depth == 0 => out.push(c),
+                _ => {}
+            }
+        }
+        if out.is_empty() {
+            n
+        } else {
+            out
+        }
     }
 }
 
@@ -706,7 +761,8 @@ impl Frame {
 pub struct SnapshotFrames {
     /// `(event index, frames)` for each asked event that has frames, ascending by index.
     pub events: Vec<(usize, Vec<Frame>)>,
-    /// `(block address, frames)` for each asked block of the snapshot's `segments` that has frames.
+    /// `(block address, frames)` for each asked block of the snapshot's `segments` that has frames (its
+    /// own `frames`, else, in the PyTorch 2.0 layout, those of its `history` entry).
     pub blocks: Vec<(u64, Vec<Frame>)>,
 }
 
@@ -752,6 +808,20 @@ pub fn read_frames(
             })
             .collect()
     };
+    // PyTorch 2.0 keeps a block's frames in its `history`: a list of `{addr, real_size, frames}`, the
+    // newest allocation first (`HistoryChain`, c10/cuda/CUDACachingAllocator.cpp of 2.0); the entry at
+    // the block's own address is the live tensor's, else the newest.
+    let history_frames = |bd: &[(NodeId, NodeId)], addr: u64| -> Vec<Frame> {
+        let Some(Node::List(h) | Node::Tuple(h)) = p.get(bd, "history").map(|v| p.node(v)) else {
+            return Vec::new();
+        };
+        let entries: Vec<&[(NodeId, NodeId)]> =
+            h.iter().filter_map(|&e| if let Node::Dict(d) = p.node(e) { Some(&d[..]) } else { None }).collect();
+        let at_addr = entries.iter().find(|d| {
+            matches!(p.get(d, "addr").map(|v| p.node(v)), Some(Node::Int(v)) if u64::try_from(*v).ok() == Some(addr))
+        });
+        at_addr.or(entries.first()).map_or_else(Vec::new, |d| frames_of(d))
+    };
     let mut out = SnapshotFrames::default();
     let Node::Dict(root) = p.node(p.root) else { return Ok(out) };
     if let Some(Node::List(devs)) = p.get(root, "device_traces").map(|n| p.node(n)) {
@@ -782,14 +852,22 @@ pub fn read_frames(
                 continue;
             }
             let Some(Node::List(bl)) = p.get(sd, "blocks").map(|v| p.node(v)) else { continue };
+            let int = |d: &[(NodeId, NodeId)], k: &str| match p.get(d, k).map(|v| p.node(v)) {
+                Some(Node::Int(v)) => u64::try_from(*v).ok(),
+                _ => None,
+            };
+            // The PyTorch 2.0 layout records no block address: a block starts where the one before it ends
+            // (as `parse` reads it).
+            let mut cursor = int(sd, "address");
             for &b in bl {
                 let Node::Dict(bd) = p.node(b) else { continue };
-                let addr = match p.get(bd, "address").map(|v| p.node(v)) {
-                    Some(Node::Int(v)) => u64::try_from(*v).ok(),
-                    _ => None,
-                };
+                let addr = int(bd, "address").or(cursor);
+                cursor = addr.zip(int(bd, "size")).and_then(|(a, s)| a.checked_add(s));
                 if let Some(a) = addr.filter(|a| want.contains(a)) {
-                    let f = frames_of(bd);
+                    let mut f = frames_of(bd);
+                    if f.is_empty() {
+                        f = history_frames(bd, a);
+                    }
                     if !f.is_empty() {
                         out.blocks.push((a, f));
                     }
