@@ -17,7 +17,7 @@ use gpuheap::app::{self, Options, Quiet, Snapshot};
 use gpuheap::explain::breakdown::{kind_of, site_of};
 use gpuheap::explain::{explain_with_bytes, what_if_without, Explanation, Kind, SiteOrigin};
 use gpuheap::trace::parse_trace;
-use gpuheap::trace::pytorch::read_frames;
+use gpuheap::trace::read_frames;
 
 const MIB: u64 = 1 << 20;
 

@@ -50,6 +50,7 @@ pub use model::{
     TraceFormat, NO_ID,
 };
 pub use pytorch::settings::{expandable_initial_ranges, guess_expandable_pool, AllocatorSettings};
+pub use pytorch::{read_frames, Frame, SnapshotFrames};
 pub use validate::{validate, ValidationError, ValidationErrorKind};
 
 /// Reads a trace file, detecting its format from the content.
