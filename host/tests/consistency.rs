@@ -171,7 +171,8 @@ fn model_serves(t: &Trace, dev: &DeviceTrace, size: u64, stream: i64, capacity: 
 
 /// The request sizes to probe below a bound: 512 B, 1 MiB, just above 1 MiB, 5 MiB, 10 MiB, the bound.
 fn probes(up_to: u64) -> Vec<u64> {
-    let mut v: Vec<u64> = [512, MIB, MIB + 512, 5 * MIB, 10 * MIB, up_to].into_iter().filter(|&s| (1..=up_to).contains(&s)).collect();
+    let mut v: Vec<u64> =
+        [512, MIB, MIB + 512, 5 * MIB, 10 * MIB, up_to].into_iter().filter(|&s| (1..=up_to).contains(&s)).collect();
     v.dedup();
     v
 }
@@ -362,7 +363,12 @@ fn gen_pickle(segs: &[GenSegment], oom: Option<(u64, u64)>) -> Vec<u8> {
             .iter()
             .map(|&(units, live)| {
                 let size = units * 512;
-                let b = block(at, size, if live { size - 100 } else { 0 }, if live { "active_allocated" } else { "inactive" });
+                let b = block(
+                    at,
+                    size,
+                    if live { size - 100 } else { 0 },
+                    if live { "active_allocated" } else { "inactive" },
+                );
                 at += size;
                 b
             })

@@ -40,7 +40,8 @@
 //!   [`DeviceHeap::diagnose_failure`] over the free buddy blocks: *capacity* when the heap can never hold
 //!   the request or its free buddy bytes are fewer than the buddy block it needs (a whole 64 KiB page for
 //!   a slab request), else *fragmentation* (a compaction would make room); a capacity failure while
-//!   the live requested bytes and the request fit in the heap is *rounding* ([`FailureClass::of_request`]).
+//!   the live requested bytes and the request fit in the capacity (at the replay's scale) is *rounding*
+//!   ([`FailureClass::of_request`]).
 //! * **Compaction** does not apply: raw `malloc` blocks are pinned by design (only handle blocks of the
 //!   heap's movable region move); the report's policy says `n/a` and it has no compactions.
 //! * **Capacity** is [`super::default_capacity`] unless given, as for the host strategies; it must be at

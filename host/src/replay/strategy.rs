@@ -421,7 +421,11 @@ impl<'a> StrategyTarget<'a> {
         let (class, free, largest_free) = match diag {
             // `Fits` (the largest extent is large enough, but the strategy could not use it: alignment,
             // slab pages) counts as fragmentation: the free bytes would hold the request once compacted.
-            Some(d) => (FailureClass::of_request(d.class, r.requested, l.allocated, self.capacity.bytes), d.free, d.largest_free),
+            Some(d) => (
+                FailureClass::of_request(d.class, r.requested, l.allocated, self.capacity.bytes),
+                d.free,
+                d.largest_free,
+            ),
             None => {
                 let s = self.model.stats();
                 (FailureClass::Rejected, s.free, s.largest_free)
