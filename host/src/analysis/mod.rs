@@ -84,11 +84,15 @@ impl PartialEq<&str> for FragLevel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FailureClass {
-    /// The free bytes were fewer than the request: no compaction would have helped.
+    /// The live requested bytes and the request exceed the capacity: no allocator could have served it.
     Capacity,
     /// The free bytes would have held it after a perfect compaction ([`diagnose`]); also a request a free
     /// extent could hold that the allocator could not use (alignment, slab pages: [`OomClass::Fits`]).
     Fragmentation,
+    /// The capacity holds every live request and this one byte for byte, but not as the allocator
+    /// rounds them (its granule, power-of-two blocks, size classes, PyTorch's 512 B blocks): the free
+    /// extents are fewer bytes than its rounded request. Compaction cannot help; finer rounding would.
+    Rounding,
     /// Refused for another reason (a size over the strategy's limit).
     Rejected,
 }
@@ -103,11 +107,25 @@ impl FailureClass {
         }
     }
 
-    /// The class's name (`capacity`, `fragmentation`, `rejected`).
+    /// The class of a failed request of `requested` bytes with the allocator's diagnosis `class` (of its
+    /// rounded request against its free extents), when `live` requested bytes are live in `capacity`
+    /// bytes: [`Capacity`](Self::Capacity) only when `live + requested > capacity`; a diagnosed capacity
+    /// failure inside that is [`Rounding`](Self::Rounding).
+    pub fn of_request(class: OomClass, requested: u64, live: u64, capacity: u64) -> FailureClass {
+        match FailureClass::of(class) {
+            FailureClass::Capacity if live.checked_add(requested).is_some_and(|n| n <= capacity) => {
+                FailureClass::Rounding
+            }
+            c => c,
+        }
+    }
+
+    /// The class's name (`capacity`, `fragmentation`, `rounding`, `rejected`).
     pub fn as_str(self) -> &'static str {
         match self {
             FailureClass::Capacity => "capacity",
             FailureClass::Fragmentation => "fragmentation",
+            FailureClass::Rounding => "rounding",
             FailureClass::Rejected => "rejected",
         }
     }

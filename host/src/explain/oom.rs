@@ -67,6 +67,8 @@ pub struct OomExplanation {
     /// The largest free extent: `max(device_free, largest_hole)` (a GPU maps free pages into any
     /// virtual range, so the driver's free bytes are one extent).
     pub largest_extent: Option<u64>,
+    /// The largest hole of the request's own memory pool (the holes the verdict counts; 0 when none).
+    pub largest_pool_hole: u64,
     /// `request − free_total` when positive: bytes missing even after compaction.
     pub shortfall: u64,
     /// The verdict.
@@ -109,6 +111,7 @@ pub fn explain_oom(dev: &DeviceTrace, event: usize, device_free: Option<u64>) ->
         capacity: device_free.and_then(|f| st.reserved.checked_add(f)),
         free_total,
         largest_extent,
+        largest_pool_hole: holes.iter().copied().max().unwrap_or(0),
         shortfall,
         verdict,
         replay: None,

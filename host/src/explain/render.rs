@@ -113,6 +113,9 @@ fn oom_text(o: &OomExplanation) -> String {
         }
     );
     let (free, largest) = (o.free_total.unwrap_or(0), o.largest_extent.unwrap_or(0));
+    // The holes the verdict counts are those of the request's own pool (`facts::usable_holes`): the free
+    // total less the driver's bytes, not every pool's reserved-but-unallocated bytes.
+    let holes = free.saturating_sub(o.device_free.unwrap_or(0));
     let verdict = match o.verdict {
         Verdict::Capacity => {
             format!(
@@ -121,7 +124,7 @@ fn oom_text(o: &OomExplanation) -> String {
              step needs less memory (smaller batch, activation checkpointing, lower precision) or a larger GPU.",
             fmt_bytes(free),
             fmt_bytes(o.device_free.unwrap_or(0)),
-            fmt_bytes(o.reserved_unallocated),
+            fmt_bytes(holes),
             fmt_bytes(o.shortfall),
             fmt_bytes(o.request)
         ) + if o.reserved == 0 {
@@ -137,17 +140,47 @@ fn oom_text(o: &OomExplanation) -> String {
              segments, max_split_size_mb, a compacting allocator) would have served it.",
             fmt_bytes(free),
             fmt_bytes(o.device_free.unwrap_or(0)),
-            fmt_bytes(o.reserved_unallocated),
+            fmt_bytes(holes),
             fmt_bytes(o.request),
             fmt_bytes(largest)
         ),
-        Verdict::Fits => format!(
-            "the request ({}) is no larger than the largest free extent ({}); PyTorch still failed: it asks the \
-             driver for a whole segment of {} when no cached block of the request's pool fits.",
-            fmt_bytes(o.request),
-            fmt_bytes(largest),
-            fmt_bytes(o.segment_request)
-        ),
+        Verdict::Fits => {
+            let mut v = format!(
+                "the request ({}) is no larger than the largest free extent ({}); PyTorch still failed: ",
+                fmt_bytes(o.request),
+                fmt_bytes(largest)
+            );
+            let driver = o.device_free.unwrap_or(0);
+            // Said only as the numbers stand: a hole of the request's pool that holds it is named, not denied.
+            if o.largest_pool_hole >= o.request {
+                let _ = write!(
+                    v,
+                    "a cached hole of the request's pool holds it by size ({}), but PyTorch takes a cached block \
+                     only of the request's size class (small up to 1 MiB, else large) and stream, and a block \
+                     above max_split_size only for a request as large; ",
+                    fmt_bytes(o.largest_pool_hole)
+                );
+            } else {
+                v += "no cached hole of the request's pool holds it; ";
+            }
+            if o.segment_request > driver {
+                let _ = write!(
+                    v,
+                    "it asks the driver for a whole segment of {}, more than the {} free.",
+                    fmt_bytes(o.segment_request),
+                    fmt_bytes(driver)
+                );
+            } else {
+                let _ = write!(
+                    v,
+                    "the segment of {} it asks the driver for is within the {} free, so the driver refused it for \
+                     a reason of its own (a memory fraction, another process).",
+                    fmt_bytes(o.segment_request),
+                    fmt_bytes(driver)
+                );
+            }
+            v
+        }
         Verdict::Undetermined => format!(
             "undetermined: the driver's free bytes are not recorded (give the GPU's memory with --capacity); the \
              cached holes alone hold {}, the largest {}.",
@@ -265,13 +298,17 @@ fn render(p: &Explanation) -> String {
         );
     }
     if let Some(b) = &p.request_bounds {
+        let fits = match b.fits_up_to {
+            0 => "no request fits (no cached hole of 512 B and no 2 MiB segment free for the smallest)".to_string(),
+            f => format!("a request up to {} fits", fmt_bytes(f)),
+        };
         let _ = writeln!(
             s,
-            "With {} of GPU memory ({} free on the device): a request up to {} fits; one up to {} fails for \
-             fragmentation (the bytes are there, in pieces); a larger one fails for capacity.",
+            "With {} of GPU memory ({} free on the device): {fits}; one up to {} may fail although the bytes are \
+             there (in pieces, or fewer than the segment PyTorch asks the driver for); a larger one fails for \
+             capacity.",
             fmt_bytes(b.capacity),
             fmt_bytes(b.device_free),
-            fmt_bytes(b.fits_up_to),
             fmt_bytes(b.fragmentation_up_to)
         );
     }

@@ -356,7 +356,7 @@ impl<T: SubAllocator + ?Sized> SubAllocator for Box<T> {
 /// bytes). Adding a strategy is one line here; [`StrategyKind`], its names, parsing, [`StrategyKind::ALL`]
 /// and [`build`] all come from it.
 macro_rules! strategies {
-    ($($(#[$doc:meta])* $variant:ident = $name:literal => |$cap:ident| $ctor:expr;)*) => {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal => |$cap:ident, $granule:ident| $ctor:expr;)*) => {
         /// The strategies [`build`] can construct.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum StrategyKind {
@@ -374,11 +374,11 @@ macro_rules! strategies {
                 }
             }
 
-            /// The strategy with default options over `capacity` bytes (not clamped).
-            fn construct(self, capacity: u64) -> Result<Box<dyn SubAllocator + Send>, AllocError> {
+            /// The strategy with default options over `capacity` bytes (not clamped), in units of `granule`.
+            fn construct(self, capacity: u64, granule: u64) -> Result<Box<dyn SubAllocator + Send>, AllocError> {
                 match self {
                     $(StrategyKind::$variant => {
-                        let $cap = capacity;
+                        let ($cap, $granule) = (capacity, granule);
                         $ctor.map(|a| Box::new(a) as Box<dyn SubAllocator + Send>)
                     })*
                 }
@@ -389,19 +389,19 @@ macro_rules! strategies {
 
 strategies! {
     /// [`FirstFit`]: `first-fit`.
-    FirstFit = "first-fit" => |cap| FirstFit::new(cap);
+    FirstFit = "first-fit" => |cap, granule| FirstFit::with_granule(cap, granule);
     /// [`BestFit`]: `best-fit`.
-    BestFit = "best-fit" => |cap| BestFit::new(cap);
-    /// [`Buddy`]: `buddy`.
-    Buddy = "buddy" => |cap| Buddy::new(cap);
+    BestFit = "best-fit" => |cap, granule| BestFit::with_granule(cap, granule);
+    /// [`Buddy`]: `buddy` (its minimum block is the granule).
+    Buddy = "buddy" => |cap, granule| Buddy::with_min_block(cap, granule);
     /// [`Tlsf`]: `tlsf`.
-    Tlsf = "tlsf" => |cap| Tlsf::new(cap);
+    Tlsf = "tlsf" => |cap, granule| Tlsf::with_granule(cap, granule);
     /// [`Slab`] over [`BestFit`]: `slab`.
-    Slab = "slab" => |cap| BestFit::new(cap).and_then(|b| Slab::with_backing(Box::new(b)));
+    Slab = "slab" => |cap, granule| BestFit::with_granule(cap, granule).and_then(|b| Slab::with_backing(Box::new(b)));
     /// [`Tiered`]: `tiered`.
-    Tiered = "tiered" => |cap| Tiered::new(cap);
-    /// [`CachingAllocator`]: `caching`.
-    Caching = "caching" => |cap| CachingAllocator::new(CachingConfig::new(cap));
+    Tiered = "tiered" => |cap, granule| Tiered::with_config(cap, TieredConfig { granule, ..TieredConfig::for_capacity(cap) });
+    /// [`CachingAllocator`]: `caching` (PyTorch's own rounding; no granule).
+    Caching = "caching" => |cap, _granule| CachingAllocator::new(CachingConfig::new(cap));
 }
 
 impl StrategyKind {
@@ -439,9 +439,20 @@ impl FromStr for StrategyKind {
 /// (the caching model needs 2 MiB) is raised to the smallest it accepts, so that this never fails; use the
 /// strategies' `new` constructors to get errors instead.
 pub fn build(kind: StrategyKind, capacity: u64) -> Box<dyn SubAllocator + Send> {
+    build_with_granule(kind, capacity, DEFAULT_GRANULE)
+}
+
+/// [`build`] whose offsets and sizes are multiples of `granule` bytes where the strategy has a granule:
+/// the block-list strategies' granule, the buddy system's minimum block, the granule of the slab's
+/// backing best-fit and of the tiered strategy's shared range (the caching model keeps PyTorch's own
+/// rounding). A replay passes the trace's alignment up to [`DEFAULT_GRANULE`], so that a byte-granular
+/// instance (minimalloc's) is not rounded to 256 B. A `granule` that is not a power of two in
+/// `[1, DEFAULT_GRANULE]` is replaced by [`DEFAULT_GRANULE`].
+pub fn build_with_granule(kind: StrategyKind, capacity: u64, granule: u64) -> Box<dyn SubAllocator + Send> {
+    let granule = if granule.is_power_of_two() && granule <= DEFAULT_GRANULE { granule } else { DEFAULT_GRANULE };
     let cap = capacity.clamp(4096, MAX_BYTES);
-    kind.construct(cap)
-        .or_else(|_| kind.construct(cap.max(caching::SMALL_BUFFER)))
+    kind.construct(cap, granule)
+        .or_else(|_| kind.construct(cap.max(caching::SMALL_BUFFER), granule))
         .expect("defaults are valid for a clamped capacity of at least 2 MiB")
 }
 

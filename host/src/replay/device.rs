@@ -39,7 +39,9 @@
 //! * **Failed requests** (null returns) are classified after their launch by the heap itself,
 //!   [`DeviceHeap::diagnose_failure`] over the free buddy blocks: *capacity* when the heap can never hold
 //!   the request or its free buddy bytes are fewer than the buddy block it needs (a whole 64 KiB page for
-//!   a slab request), else *fragmentation* (a compaction would make room).
+//!   a slab request), else *fragmentation* (a compaction would make room); a capacity failure while
+//!   the live requested bytes and the request fit in the capacity (at the replay's scale) is *rounding*
+//!   ([`FailureClass::of_request`]).
 //! * **Compaction** does not apply: raw `malloc` blocks are pinned by design (only handle blocks of the
 //!   heap's movable region move); the report's policy says `n/a` and it has no compactions.
 //! * **Capacity** is [`super::default_capacity`] unless given, as for the host strategies; it must be at
@@ -339,13 +341,18 @@ impl DeviceTarget<'_> {
         if !failed.is_empty() {
             let t = Instant::now();
             let free = self.heap.free_blocks().map_err(|e| dev_err(first, e))?;
+            // The capacity a failure is judged against: the trace's, at the replay's scale (the heap's data
+            // region is that rounded down to 4 KiB, which is the heap's own rounding).
+            let capacity = self.capacity.bytes.div_ceil(self.scale);
             for r in failed {
                 let d = self.heap.diagnose_failure(r.size, &free);
-                // `Fits` (a free block would hold it, yet `malloc` returned null) counts as fragmentation.
+                // `Fits` (a free block would hold it, yet `malloc` returned null) counts as fragmentation; a
+                // capacity failure while the heap holds the live requests and this one byte for byte is
+                // the heap's rounding (slab classes, pages, buddy blocks).
                 l.failed.push(FailedRequest {
                     event: r.event,
                     size: r.requested,
-                    class: FailureClass::of(d.class),
+                    class: FailureClass::of_request(d.class, r.requested, l.allocated, capacity),
                     free: d.free,
                     largest_free: d.largest_free,
                 });

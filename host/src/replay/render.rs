@@ -163,8 +163,14 @@ fn table(r: &ReplayReport, strategy_note: &str) -> String {
         );
     }
     let count = |c: &str| r.failed.iter().filter(|f| f.class == c).count();
+    // Rounding failures (the strategy's rounding, not the capacity, left too few bytes) are named where
+    // there are any.
+    let rounding = match count("rounding") {
+        0 => String::new(),
+        n => format!(", {n} rounding"),
+    };
     s += &format!(
-        "failed         {} requests ({} capacity, {} fragmentation, {} rejected)\n",
+        "failed         {} requests ({} capacity, {} fragmentation{rounding}, {} rejected)\n",
         r.failed.len(),
         count("capacity"),
         count("fragmentation"),
@@ -250,10 +256,15 @@ fn compare_table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verb
         "Mev/s"
     );
     for r in reports {
-        let cap = r.failed.iter().filter(|f| f.class == "capacity").count();
-        let frag = r.failed.iter().filter(|f| f.class == "fragmentation").count();
-        let rej = r.failed.len() - cap - frag;
-        let failed = if rej > 0 { format!("{cap}/{frag} +{rej}rej") } else { format!("{cap}/{frag}") };
+        let count = |c: &str| r.failed.iter().filter(|f| f.class == c).count();
+        let (cap, frag, rnd, rej) = (count("capacity"), count("fragmentation"), count("rounding"), count("rejected"));
+        let mut failed = format!("{cap}/{frag}");
+        if rnd > 0 {
+            failed += &format!(" +{rnd}rnd");
+        }
+        if rej > 0 {
+            failed += &format!(" +{rej}rej");
+        }
         s += &format!(
             "{:<28}{:>12}{:>12}{:>8}{:>8.3}{:>16}{:>12}{:>16}{:>12}{:>16}{:>12}{:>9.2}\n",
             r.strategy,
@@ -317,6 +328,10 @@ fn compare_table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verb
     }
     s += "Fext: external fragmentation 1 - largest free / free at the demand peak and at the end, with its level \
           (low < 0.1, medium < 0.3, high < 0.6, severe)\n";
+    if reports.iter().any(|r| r.failed.iter().any(|f| f.class == "rounding")) {
+        s += "rnd: failed for the strategy's rounding (the capacity holds the live requests and this one byte for \
+              byte, not as rounded)\n";
+    }
     if reports.iter().any(|r| r.device_heap.is_some()) {
         s += "device heap: compaction n/a (raw malloc blocks are pinned; only handle blocks of the movable region move)\n";
     }

@@ -23,7 +23,8 @@ use crate::facts::{Capacity, MIN_CAPACITY};
 use crate::reference::caching::{self, CachingAllocator, RecordedSegments};
 use crate::reference::compact::plan_slide;
 use crate::reference::{
-    build, AllocError, AllocatedBlock, Allocation, Handle, StrategyKind, SubAllocator, Tiered, TieredConfig,
+    build_with_granule, AllocError, AllocatedBlock, Allocation, Handle, StrategyKind, SubAllocator, Tiered,
+    TieredConfig, DEFAULT_GRANULE,
 };
 use crate::trace::{DeviceTrace, Event, EventKind};
 
@@ -181,14 +182,19 @@ impl Tiers {
 }
 
 /// Builds the allocator: the caching model with the snapshot's own settings
-/// ([`caching::config_for_trace`]), the tiered strategy with `tiers` when given, else [`build`].
+/// ([`caching::config_for_trace`]), the tiered strategy with `tiers` when given, else
+/// [`build_with_granule`]. A host strategy's granule is the requests' alignment `align` up to
+/// [`DEFAULT_GRANULE`]: a byte-granular trace (minimalloc's, 1 B) is not rounded to 256 B, so that its
+/// buffers that fit byte for byte fit here too; PyTorch's (512 B) and RMM's (256 B) keep 256 B.
 /// Returns it and the tiered strategy's `large_min` (`u64::MAX` for the others).
 fn make_model(
     kind: StrategyKind,
     capacity: u64,
+    align: u64,
     dev: &DeviceTrace,
     tiers: Option<(u64, u64)>,
 ) -> Result<(Model, u64), ReplayError> {
+    let granule = if align.is_power_of_two() { align.min(DEFAULT_GRANULE) } else { DEFAULT_GRANULE };
     if !(MIN_CAPACITY..=crate::reference::MAX_BYTES).contains(&capacity) {
         return Err(Refusal::CapacityRange(capacity).into());
     }
@@ -199,7 +205,7 @@ fn make_model(
             Ok((Model::Caching(Box::new(c)), u64::MAX))
         }
         StrategyKind::Tiered => {
-            let mut cfg = TieredConfig::for_capacity(capacity);
+            let mut cfg = TieredConfig { granule, ..TieredConfig::for_capacity(capacity) };
             if let Some((small_max, large_min)) = tiers {
                 // A threshold above the capacity names a tier no request can reach: refused, as the README
                 // says the tiers are capped by the capacity (`--tiers 1,1e19` was accepted and reported a
@@ -215,7 +221,7 @@ fn make_model(
             Ok((Model::Strategy(Box::new(t)), cfg.large_min))
         }
         _ if tiers.is_some() => Err(Refusal::TiersNotTiered(kind).into()),
-        _ => Ok((Model::Strategy(build(kind, capacity)), u64::MAX)),
+        _ => Ok((Model::Strategy(build_with_granule(kind, capacity, granule)), u64::MAX)),
     }
 }
 
@@ -254,7 +260,7 @@ impl<'a> StrategyTarget<'a> {
         pytorch_snapshot: bool,
         backend: Option<&'a Backend>,
     ) -> Result<Self, ReplayError> {
-        let (model, large_min) = make_model(opts.strategy, capacity.bytes, dev, opts.tiers)?;
+        let (model, large_min) = make_model(opts.strategy, capacity.bytes, align, dev, opts.tiers)?;
         let caching = matches!(model, Model::Caching(_));
         let limit = opts.materialize_limit.unwrap_or_else(|| match backend {
             Some(Backend::Gpu(g)) => {
@@ -416,7 +422,11 @@ impl<'a> StrategyTarget<'a> {
         let (class, free, largest_free) = match diag {
             // `Fits` (the largest extent is large enough, but the strategy could not use it: alignment,
             // slab pages) counts as fragmentation: the free bytes would hold the request once compacted.
-            Some(d) => (FailureClass::of(d.class), d.free, d.largest_free),
+            Some(d) => (
+                FailureClass::of_request(d.class, r.requested, l.allocated, self.capacity.bytes),
+                d.free,
+                d.largest_free,
+            ),
             None => {
                 let s = self.model.stats();
                 (FailureClass::Rejected, s.free, s.largest_free)

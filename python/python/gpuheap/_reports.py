@@ -149,7 +149,7 @@ class ReplayReport(_TraceReport):
     @property
     def failed(self) -> list[dict]:
         """Failed requests: ``event``, ``size`` (bytes), ``class`` (capacity / fragmentation /
-        rejected), ``free`` and ``largest_free`` (bytes) at the failure."""
+        rounding / rejected), ``free`` and ``largest_free`` (bytes) at the failure."""
         return copy.deepcopy(self._data["failed"])
 
     @property

@@ -21,15 +21,20 @@ pub fn compare_page(title: &str, cmp: &Comparison, demand: u64) -> HtmlReport {
     let mut rows: Vec<Vec<String>> = reports
         .iter()
         .map(|r| {
-            let cap = r.failed.iter().filter(|f| f.class == "capacity").count();
-            let frag = r.failed.iter().filter(|f| f.class == "fragmentation").count();
+            let count = |c: &str| r.failed.iter().filter(|f| f.class == c).count();
+            let (cap, frag, rnd) = (count("capacity"), count("fragmentation"), count("rounding"));
+            let failed = if rnd > 0 {
+                format!("{cap} / {frag} / {} (+{rnd} rounding)", r.failed.len() - cap - frag - rnd)
+            } else {
+                format!("{cap} / {frag} / {}", r.failed.len() - cap - frag)
+            };
             vec![
                 r.strategy.clone(),
                 fmt_bytes(r.peak_allocated),
                 fmt_bytes(r.peak_reserved),
                 pct(r.utilisation),
                 format!("{:.3}", r.johnstone_wilson),
-                format!("{cap} / {frag} / {}", r.failed.len() - cap - frag),
+                failed,
                 fmt_bytes(r.at_peak.reserved_unallocated),
                 format!("{:.3} ({})", r.at_peak.external, r.at_peak.level),
                 fmt_bytes(r.at_end.footprint),
