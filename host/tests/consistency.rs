@@ -29,7 +29,8 @@ use std::path::{Path, PathBuf};
 use common::pickle::{pickle, V};
 use gpuheap::explain::{explain_with_bytes, Explanation, Moment, Verdict};
 use gpuheap::reference::StrategyKind;
-use gpuheap::replay::{replay, FailureClass, ReplayOptions, ReplayReport};
+use gpuheap::analysis::FailureClass;
+use gpuheap::replay::{replay, ReplayOptions, ReplayReport};
 use gpuheap::trace::{parse_trace, read_trace_and_bytes, DeviceTrace, Event, EventKind, Trace};
 use gpuheap::units::fmt_bytes;
 use proptest::prelude::*;
@@ -475,7 +476,7 @@ proptest! {
 /// The device heap's replay of `t` on the CPU backend; `None` for a capacity below the heap's minimum.
 fn device_heap_replay(t: &Trace) -> Option<ReplayReport> {
     let opts = gpuheap::replay::DeviceReplayOptions::default();
-    match gpuheap::replay::replay_device(t, &t.devices[0], &gpuheap::Backend::cpu(), &opts, &mut |_| {}) {
+    match gpuheap::replay::replay_device(t, &t.devices[0], &gpuheap::backend::Backend::cpu(), &opts, &mut |_| {}) {
         Ok(r) => Some(r),
         Err(e) if e.is_input() => None,
         Err(e) => panic!("{e}"),
