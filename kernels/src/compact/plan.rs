@@ -101,10 +101,132 @@ unsafe fn output(p: &PlanParams, i: u64, b: &LiveBlock, excl: u64) {
     let dst = if b.pinned() { b.offset } else { excl & VALUE };
     // SAFETY: `i < count`; each block's slot is written by one lane.
     unsafe { (p.new_offset as *mut u64).add(i as usize).write(dst) };
+    // SAFETY: the caller's contract.
+    unsafe { set_table(p, b, dst) };
+}
+
+/// Writes `dst` into the handle-table entry of block `b`, if it has one.
+///
+/// # Safety
+/// `p` satisfies [`plan`]'s contract; `b` is one of its blocks, whose outputs
+/// are written by this thread alone.
+#[inline(always)]
+unsafe fn set_table(p: &PlanParams, b: &LiveBlock, dst: u64) {
     if p.table != 0 && b.handle != NO_HANDLE && (b.handle as u64) < p.table_len {
         // SAFETY: in range; handles of distinct blocks are distinct.
         unsafe { (*(p.table as *mut HandleEntry).add(b.handle as usize)).offset = dst };
     }
+}
+
+/// Scan tile `t` (blocks `first..end`) of a one-lane warp of the CPU
+/// emulator, reading each block once (the warp path reads each twice: its
+/// aggregate, then its outputs).
+///
+/// One branch-free pass: the new offset of a block is its offset when it is
+/// pinned, else the running value `v`, and `v` becomes that new offset plus
+/// the block's size in both cases (the value of `combine(run, element)`),
+/// so the pass needs no scan element at all. When tile `t − 1` has already
+/// published its inclusive prefix (or `t` is 0), `v` starts at that
+/// prefix's value and the pass writes the final offsets. Otherwise it starts
+/// at 0 (offsets relative to the tile's prefix, absolute from the tile's
+/// first pinned block on, whose reset makes the prefix irrelevant); the tile
+/// publishes its aggregate, looks back exactly as the warp path does, and
+/// adds the prefix's value to the offsets before its first pinned block (a
+/// tight loop over the tile's `new_offset` slice, still in cache). Handle
+/// entries are written last, from the final offsets. Same outputs and
+/// statuses as the warp path; the forward-progress argument is unchanged
+/// (the look-back waits only for smaller ids, after this tile has published
+/// its aggregate).
+///
+/// # Safety
+/// `p` satisfies [`plan`]'s contract, `t` was taken from its counter by this
+/// one-lane warp, `first..end` are the tile's blocks (`end ≤ p.count`).
+#[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
+unsafe fn plan_tile_alone(p: &PlanParams, t: u64, first: u64, end: u64) {
+    // SAFETY: `u ≤ t <` the status words the caller provides.
+    let status = |u: u64| unsafe { AtomicU64::from_ptr((p.tile_status as *mut u64).add(u as usize)) };
+    let known = if t == 0 {
+        Some(0)
+    } else {
+        let s = status(t - 1).load(Ordering::Acquire);
+        (s & STATUS_P != 0).then_some(s & ELEMENT)
+    };
+    let blocks = p.blocks as *const LiveBlock;
+    let offsets = p.new_offset as *mut u64;
+    let mut v = known.unwrap_or(0) & VALUE;
+    // The first pinned block of the tile (`end`: none).
+    let mut split = end;
+    let mut i = first;
+    while i < end {
+        // SAFETY: `i < count`; block `i`'s output slot is this warp's.
+        unsafe {
+            let b = blocks.add(i as usize).read();
+            let dst = if b.pinned() { b.offset } else { v };
+            split = if b.pinned() && split == end { i } else { split };
+            offsets.add(i as usize).write(dst);
+            v = dst + b.size;
+        }
+        i += 1;
+    }
+    let reset = if split < end { RESET } else { 0 };
+    match known {
+        Some(prefix) => status(t).store(STATUS_P | (prefix & RESET) | reset | v, Ordering::Release),
+        None => {
+            let agg = reset | v;
+            // SAFETY: the caller's contract; `t > 0` (tile 0's prefix is known).
+            let prefix = unsafe { look_back(p, t, agg) };
+            status(t).store(STATUS_P | combine(prefix, agg), Ordering::Release);
+            let add = prefix & VALUE;
+            let mut i = first;
+            while i < split {
+                // SAFETY: `i < end ≤ count`, this tile's slot.
+                unsafe { *offsets.add(i as usize) += add };
+                i += 1;
+            }
+        }
+    }
+    if p.table != 0 {
+        let mut i = first;
+        while i < end {
+            // SAFETY: `i < count`; this tile's blocks.
+            unsafe { set_table(p, &blocks.add(i as usize).read(), offsets.add(i as usize).read()) };
+            i += 1;
+        }
+    }
+}
+
+/// The decoupled look-back of tile `t > 0` with aggregate `tile_agg`:
+/// publishes the aggregate (status `A`), then combines the statuses of tiles
+/// `t−1, t−2, …` (waiting for each to publish) until an inclusive prefix or
+/// a reset, and returns the exclusive prefix of tile `t`. The caller then
+/// publishes `P`.
+///
+/// # Safety
+/// `p` satisfies [`plan`]'s contract and `0 < t <` its tiles.
+#[inline(always)]
+unsafe fn look_back(p: &PlanParams, t: u64, tile_agg: u64) -> u64 {
+    // SAFETY: `u ≤ t <` the status words the caller provides.
+    let status = |u: u64| unsafe { AtomicU64::from_ptr((p.tile_status as *mut u64).add(u as usize)) };
+    status(t).store(STATUS_A | tile_agg, Ordering::Release);
+    let mut acc = 0u64;
+    let mut u = t - 1;
+    loop {
+        let mut s = status(u).load(Ordering::Acquire);
+        let mut attempt = 0;
+        while s == 0 {
+            backoff(attempt);
+            attempt += 1;
+            s = status(u).load(Ordering::Acquire);
+        }
+        acc = combine(s & ELEMENT, acc);
+        // Tile 0 always publishes P, so `u` never goes below 0.
+        if s & STATUS_P != 0 || acc & RESET != 0 || u == 0 {
+            break;
+        }
+        u -= 1;
+    }
+    acc
 }
 
 /// The plan scan (see the module docs).
@@ -140,6 +262,12 @@ pub unsafe fn plan(p: &PlanParams) {
         }
         let first = t * per_tile + w.rank as u64 * ipl;
         let end = (first + ipl).min(p.count);
+        #[cfg(not(target_arch = "nvptx64"))]
+        if w.lanes == 1 {
+            // SAFETY: `t < tiles` is this warp's; its blocks are `first..end`.
+            unsafe { plan_tile_alone(p, t, first, end) };
+            continue;
+        }
         // Lane aggregate.
         let mut agg = 0u64;
         let mut i = first;
@@ -172,25 +300,8 @@ pub unsafe fn plan(p: &PlanParams) {
             if t == 0 {
                 status(0).store(STATUS_P | tile_agg, Ordering::Release);
             } else {
-                status(t).store(STATUS_A | tile_agg, Ordering::Release);
-                let mut acc = 0u64;
-                let mut u = t - 1;
-                loop {
-                    let mut s = status(u).load(Ordering::Acquire);
-                    let mut attempt = 0;
-                    while s == 0 {
-                        backoff(attempt);
-                        attempt += 1;
-                        s = status(u).load(Ordering::Acquire);
-                    }
-                    acc = combine(s & ELEMENT, acc);
-                    // Tile 0 always publishes P, so `u` never goes below 0.
-                    if s & STATUS_P != 0 || acc & RESET != 0 || u == 0 {
-                        break;
-                    }
-                    u -= 1;
-                }
-                prefix = acc;
+                // SAFETY: `0 < t < tiles`.
+                prefix = unsafe { look_back(p, t, tile_agg) };
                 status(t).store(STATUS_P | combine(prefix, tile_agg), Ordering::Release);
             }
         }
