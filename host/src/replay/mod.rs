@@ -89,8 +89,8 @@ mod seeding;
 mod strategy;
 
 pub use capacity::{choose_capacity, default_capacity};
-pub(crate) use engine::SearchOutcome;
 pub use device::{replay_device, DeviceHeapEnd, DeviceReplayOptions};
+pub(crate) use engine::SearchOutcome;
 pub use error::{CompactionFailure, DeviceFailure, Refusal, Refused, ReplayError};
 pub use materialize::{MeasureOutcome, Measured};
 pub use options::{
@@ -160,8 +160,9 @@ pub(crate) fn replay_search(
     };
     let align = choose_alignment(trace, opts.align).map_err(Refusal::Alignment)?;
     let pytorch_snapshot = matches!(trace.format, TraceFormat::PytorchSnapshot(_));
-    let mut target = strategy::StrategyTarget::new(dev, opts, capacity.clone(), align, pytorch_snapshot, None, Some(scan))
-        .map_err(|e| e.in_file(&trace.source, opts.capacity.is_none().then_some(&capacity)))?;
+    let mut target =
+        strategy::StrategyTarget::new(dev, opts, capacity.clone(), align, pytorch_snapshot, None, Some(scan))
+            .map_err(|e| e.in_file(&trace.source, opts.capacity.is_none().then_some(&capacity)))?;
     engine::run_search(&mut target, dev, stop_at_failure)
 }
 

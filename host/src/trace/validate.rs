@@ -182,9 +182,11 @@ struct Live {
 /// (seed `n` has id `n`). With `assign`, returns the id of every event; otherwise checks that the
 /// ids the seeds and events carry are the ones the matching gives, and returns `None`.
 fn walk(trace: &DeviceTrace, addresses: AddressKind, assign: bool) -> Result<Option<Vec<u32>>, ValidationError> {
-    let mut blocks: AddrMap<Live> = AddrMap::with_capacity_and_hasher(trace.initial_blocks.len() + 1024, Default::default());
+    let mut blocks: AddrMap<Live> =
+        AddrMap::with_capacity_and_hasher(trace.initial_blocks.len() + 1024, Default::default());
     let mut freed: AddrMap<usize> = AddrMap::default();
-    let mut segs: AddrMap<Live> = AddrMap::with_capacity_and_hasher(trace.initial_segments.len() + 64, Default::default());
+    let mut segs: AddrMap<Live> =
+        AddrMap::with_capacity_and_hasher(trace.initial_segments.len() + 64, Default::default());
     let mut seg_freed: AddrMap<usize> = AddrMap::default();
     for (n, s) in trace.initial_segments.iter().enumerate() {
         let id = n as u32;

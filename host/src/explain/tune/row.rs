@@ -99,7 +99,8 @@ mod tests {
     /// at its first failed request.
     #[test]
     fn search_replays_report_what_the_full_replay_reports() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/decomfl_opt_zo_federated_memory.pickle");
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/decomfl_opt_zo_federated_memory.pickle");
         let trace = read_trace(&path).unwrap();
         let dev = &trace.devices[0];
         let peak = crate::facts::peaks(dev).allocated as u64;

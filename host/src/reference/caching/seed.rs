@@ -57,7 +57,11 @@ impl TraceScan {
 }
 
 /// [`config_for_trace`] with the events' evidence read from `scan` (made of `dev`).
-pub(crate) fn config_for_scanned(dev: &DeviceTrace, capacity: u64, scan: &TraceScan) -> (CachingConfig, Vec<ConfigWarning>) {
+pub(crate) fn config_for_scanned(
+    dev: &DeviceTrace,
+    capacity: u64,
+    scan: &TraceScan,
+) -> (CachingConfig, Vec<ConfigWarning>) {
     let (mut cfg, warnings) = match &dev.allocator_settings {
         Some(s) => CachingConfig::from_settings(s, capacity),
         None => (CachingConfig::new(capacity), Vec::new()),
@@ -120,7 +124,11 @@ pub fn seed_from_trace(dev: &DeviceTrace, config: CachingConfig) -> Result<Seede
 ///
 /// # Errors
 /// As [`seed_from_trace`].
-pub(crate) fn seed_from_scanned(dev: &DeviceTrace, config: CachingConfig, scan: &TraceScan) -> Result<Seeded, AllocError> {
+pub(crate) fn seed_from_scanned(
+    dev: &DeviceTrace,
+    config: CachingConfig,
+    scan: &TraceScan,
+) -> Result<Seeded, AllocError> {
     let mut model = CachingAllocator::new(config)?;
     // (trace address, size, model offset), sorted by address below.
     let mut placed: Vec<(u64, u64, u64)> = Vec::with_capacity(dev.initial_segments.len());
