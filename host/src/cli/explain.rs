@@ -33,8 +33,9 @@ pub(crate) struct Args {
 pub(crate) fn run(a: &Args) -> Result<(), Error> {
     a.common.check_outputs()?;
     // Read once, the bytes kept: the stack frames come from them (a pipe cannot be read twice).
-    let snap = Snapshot::read(&a.common.trace)?;
+    let progress = Progress::new(a.common.json);
+    let snap = progress.reading(&a.common.trace, || Snapshot::read(&a.common.trace))?;
     let opts = Options { tune: !a.no_tune, without: a.without.clone(), ..a.common.options() };
-    let out = app::run_explain(&snap, &opts, &Progress::new(a.common.json))?;
+    let out = app::run_explain(&snap, &opts, &progress)?;
     a.common.write(&out)
 }

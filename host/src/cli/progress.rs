@@ -24,6 +24,23 @@ impl Progress {
         Progress { hidden: json || !std::io::stderr().is_terminal(), bar: Mutex::new(None) }
     }
 
+    /// Runs `read` (reading `path`) under a spinner that names the file (a 10^6-event snapshot takes
+    /// about a second to read), cleared when it returns.
+    pub fn reading<T>(&self, path: &std::path::Path, read: impl FnOnce() -> T) -> T {
+        if self.hidden {
+            return read();
+        }
+        let pb = ProgressBar::new_spinner();
+        if let Ok(style) = ProgressStyle::with_template("{spinner} reading {msg} {elapsed}") {
+            pb.set_style(style);
+        }
+        pb.set_message(path.display().to_string());
+        pb.enable_steady_tick(std::time::Duration::from_millis(100));
+        let r = read();
+        pb.finish_and_clear();
+        r
+    }
+
     fn with_bar(&self, f: impl FnOnce(&ProgressBar)) {
         if let Some(b) = self.bar.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             f(b);

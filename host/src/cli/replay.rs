@@ -32,8 +32,9 @@ pub(crate) struct Args {
 /// Runs `gpuheap replay`.
 pub(crate) fn run(a: &Args) -> Result<(), Error> {
     let plot = a.common.check_outputs(&a.trace)?;
-    let snap = Snapshot::from_trace(read_trace(&a.trace)?);
+    let progress = Progress::new(a.common.json);
+    let snap = Snapshot::from_trace(progress.reading(&a.trace, || read_trace(&a.trace))?);
     let opts = Options { strategy: a.strategy, ..a.common.options() };
-    let out = app::run_replay(&snap, &opts, &Progress::new(a.common.json))?;
+    let out = app::run_replay(&snap, &opts, &progress)?;
     a.common.write(plot, &out)
 }

@@ -23,7 +23,8 @@ pub(crate) struct Args {
 /// Runs `gpuheap tune`.
 pub(crate) fn run(a: &Args) -> Result<(), Error> {
     a.common.check_outputs()?;
-    let snap = Snapshot::from_trace(read_trace(&a.common.trace)?);
-    let out = app::run_tune(&snap, &a.common.options(), &Progress::new(a.common.json))?;
+    let progress = Progress::new(a.common.json);
+    let snap = Snapshot::from_trace(progress.reading(&a.common.trace, || read_trace(&a.common.trace))?);
+    let out = app::run_tune(&snap, &a.common.options(), &progress)?;
     a.common.write(&out)
 }

@@ -163,6 +163,99 @@ pub(crate) struct Setup<'a> {
     pub demand_peak_event: Option<usize>,
 }
 
+/// Hands event `i` (`e`; `prev`: the kind of the event before it) to `target`: the one dispatch of
+/// [`run`] and [`run_search`].
+#[inline(always)]
+fn step(
+    target: &mut dyn ReplayTarget,
+    l: &mut Ledger,
+    n_blocks: usize,
+    i: usize,
+    e: &Event,
+    prev: EventKind,
+) -> Result<(), ReplayError> {
+    match e.kind {
+        EventKind::Alloc => {
+            if (e.id as usize) < n_blocks {
+                let r = Request { event: Some(i), id: e.id, requested: e.size, stream: e.stream, mempool: e.mempool };
+                target.alloc(l, r)?;
+            }
+        }
+        EventKind::Free => {
+            if (e.id as usize) < n_blocks {
+                target.free(l, i, e.id)?;
+            }
+        }
+        EventKind::SegmentAlloc | EventKind::SegmentMap | EventKind::SegmentFree | EventKind::SegmentUnmap => {
+            target.segment_event(l, i, e, prev)?;
+        }
+        EventKind::FreeRequested | EventKind::Oom | EventKind::Snapshot | EventKind::Other => {}
+    }
+    Ok(())
+}
+
+/// Seeds `target` with what is alive before the first event ([`ReplayTarget::seed`], then the initial
+/// blocks left to the engine) and observes the state: the start of [`run`] and [`run_search`].
+fn seed(target: &mut dyn ReplayTarget, l: &mut Ledger, dev: &DeviceTrace) -> Result<(), ReplayError> {
+    let n_blocks = dev.block_ids as usize;
+    for i in target.seed(l, dev)? {
+        let b = &dev.initial_blocks[i];
+        if (b.id as usize) < n_blocks {
+            let r = Request { event: None, id: b.id, requested: b.size, stream: b.stream, mempool: 0 };
+            target.alloc(l, r)?;
+        }
+    }
+    target.sync(l, None)?;
+    let f = target.footprint();
+    l.observe(None, f);
+    Ok(())
+}
+
+/// What [`run_search`] reports: the figures of a [`ReplayReport`] that the settings search reads.
+#[derive(Clone, Debug)]
+pub(crate) struct SearchOutcome {
+    /// Highest footprint observed (the report's `peak_reserved`), bytes; up to the first failure when the
+    /// run stopped there.
+    pub peak_reserved: u64,
+    /// The failed requests (the report's `failed`); only the first when the run stopped there.
+    pub failed: Vec<FailedRequest>,
+}
+
+/// The event loop of [`run`] without what the settings search does not read (timeline, PyTorch's
+/// reserved series, the snapshots at the demand peak and at the end, the report). It makes the calls of
+/// [`run`] that change a target's state, in the same order (seeding, requests, frees, segment events;
+/// [`ReplayTarget::sync`] only at the end), so for a target whose `sync`, `external` and `snapshot`
+/// change nothing (the host strategies and the caching model, `super::strategy`) `peak_reserved` and
+/// `failed` are those of [`run`]'s report. With `stop_at_failure` it returns at the first failed
+/// request (a minimum-capacity probe needs only to know whether one fails).
+///
+/// # Errors
+/// Those of the target.
+pub(crate) fn run_search(
+    target: &mut dyn ReplayTarget,
+    dev: &DeviceTrace,
+    stop_at_failure: bool,
+) -> Result<SearchOutcome, ReplayError> {
+    let n_blocks = dev.block_ids as usize;
+    let mut l = Ledger::default();
+    seed(target, &mut l, dev)?;
+    let stopped = |l: &Ledger| stop_at_failure && !l.failed.is_empty();
+    if !stopped(&l) {
+        let mut prev_kind = EventKind::Other;
+        for (i, e) in dev.events.iter().enumerate() {
+            step(target, &mut l, n_blocks, i, e, prev_kind)?;
+            prev_kind = e.kind;
+            if stopped(&l) {
+                break;
+            }
+        }
+    }
+    if !stopped(&l) {
+        target.sync(&mut l, dev.events.len().checked_sub(1))?;
+    }
+    Ok(SearchOutcome { peak_reserved: l.peaks.max_footprint, failed: l.failed })
+}
+
 /// Replays `setup.dev` through `target`. `progress` is called with the number of events done, every
 /// 65,536 events and at the end.
 ///
@@ -180,16 +273,7 @@ pub(crate) fn run(
     let has_segments =
         pytorch_snapshot && (!dev.initial_segments.is_empty() || dev.events.iter().any(|e| e.kind.is_segment()));
     let mut l = Ledger::default();
-    for i in target.seed(&mut l, dev)? {
-        let b = &dev.initial_blocks[i];
-        if (b.id as usize) < n_blocks {
-            let r = Request { event: None, id: b.id, requested: b.size, stream: b.stream, mempool: 0 };
-            target.alloc(&mut l, r)?;
-        }
-    }
-    target.sync(&mut l, None)?;
-    let f = target.footprint();
-    l.observe(None, f);
+    seed(target, &mut l, dev)?;
     let peak_event = setup.demand_peak_event;
     let mut at_peak = None;
     if peak_event.is_none() {
@@ -210,26 +294,12 @@ pub(crate) fn run(
     for (i, e) in dev.events.iter().enumerate() {
         pt.event(i, e);
         match e.kind {
-            EventKind::Alloc => {
-                allocs += 1;
-                if (e.id as usize) < n_blocks {
-                    let r =
-                        Request { event: Some(i), id: e.id, requested: e.size, stream: e.stream, mempool: e.mempool };
-                    target.alloc(&mut l, r)?;
-                }
-            }
-            EventKind::Free => {
-                frees += 1;
-                if (e.id as usize) < n_blocks {
-                    target.free(&mut l, i, e.id)?;
-                }
-            }
+            EventKind::Alloc => allocs += 1,
+            EventKind::Free => frees += 1,
             EventKind::FreeRequested => free_requests += 1,
-            EventKind::SegmentAlloc | EventKind::SegmentMap | EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                target.segment_event(&mut l, i, e, prev_kind)?;
-            }
-            EventKind::Oom | EventKind::Snapshot | EventKind::Other => {}
+            _ => {}
         }
+        step(target, &mut l, n_blocks, i, e, prev_kind)?;
         prev_kind = e.kind;
         let at_peak_event = Some(i) == peak_event;
         let by_stride = i == next_stride_sample;

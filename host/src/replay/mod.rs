@@ -102,6 +102,7 @@ mod strategy;
 
 pub use capacity::{choose_capacity, default_capacity};
 pub use device::{replay_device, DeviceHeapEnd, DeviceReplayOptions, DEVICE_HEAP, POLICY_NA};
+pub(crate) use engine::SearchOutcome;
 pub use error::{CompactionFailure, DeviceFailure, Refusal, Refused, ReplayError};
 pub use materialize::{MeasureOutcome, Measured};
 pub use options::{
@@ -133,7 +134,7 @@ pub fn replay(
     let pytorch_snapshot = matches!(trace.format, TraceFormat::PytorchSnapshot(_));
     // A capacity the strategy cannot use names the file and, when derived, where the capacity came from
     // (a snapshot's OOM on a GPU another process fills derives 1 MiB, below the caching model's least).
-    let mut target = strategy::StrategyTarget::new(dev, opts, capacity.clone(), align, pytorch_snapshot, backend)
+    let mut target = strategy::StrategyTarget::new(dev, opts, capacity.clone(), align, pytorch_snapshot, backend, None)
         .map_err(|e| e.in_file(&trace.source, opts.capacity.is_none().then_some(&capacity)))?;
     let setup = engine::Setup {
         trace,
@@ -145,6 +146,36 @@ pub fn replay(
         demand_peak_event,
     };
     engine::run(&mut target, &setup, progress)
+}
+
+/// The replay of [`replay`] at `opts.capacity` (required: a search always names it) reduced to what the
+/// settings search reads ([`crate::explain::tune`]): the peak reserved bytes and the failed requests,
+/// with the same target and the same calls into it, so both equal those of [`replay`]'s report. `scan`
+/// is the caching model's scan of `dev` ([`crate::reference::caching::TraceScan`]), made once per
+/// searched trace. Neither
+/// the timeline, nor PyTorch's reserved series, nor the fragmentation snapshots are made, and the demand
+/// peak is not searched. With `stop_at_failure` it returns at the first failed request (then
+/// `peak_reserved` is the peak up to it and `failed` holds that one).
+///
+/// # Errors
+/// As [`replay`]; a missing capacity is [`ReplayError::Config`] as the default capacity's.
+pub(crate) fn replay_search(
+    trace: &Trace,
+    dev: &DeviceTrace,
+    opts: &ReplayOptions,
+    scan: &crate::reference::caching::TraceScan,
+    stop_at_failure: bool,
+) -> Result<SearchOutcome, ReplayError> {
+    let capacity = match opts.capacity {
+        Some(c) => crate::facts::Capacity::given(c),
+        None => default_capacity(trace, dev)?,
+    };
+    let align = choose_alignment(trace, opts.align).map_err(Refusal::Alignment)?;
+    let pytorch_snapshot = matches!(trace.format, TraceFormat::PytorchSnapshot(_));
+    let mut target =
+        strategy::StrategyTarget::new(dev, opts, capacity.clone(), align, pytorch_snapshot, None, Some(scan))
+            .map_err(|e| e.in_file(&trace.source, opts.capacity.is_none().then_some(&capacity)))?;
+    engine::run_search(&mut target, dev, stop_at_failure)
 }
 
 /// The level name of a fraction (re-exported for tables).

@@ -20,13 +20,26 @@ pub(crate) struct SeededModel {
 }
 
 /// Seeds `model`'s configuration with `dev`'s segments and blocks alive before the first event
-/// ([`caching::seed_from_trace`]).
+/// ([`caching::seed_from_trace`]), reading the events from `scan` when given ([`caching::TraceScan`],
+/// made of `dev`; `None`: made here).
 ///
 /// # Errors
 /// [`ReplayError::Config`] when the state cannot be seeded at this capacity.
-pub(crate) fn seed_caching(dev: &DeviceTrace, model: &CachingAllocator) -> Result<SeededModel, ReplayError> {
-    let seeded = caching::seed_from_trace(dev, model.config()).map_err(Refusal::Seed)?;
-    let recorded = caching::RecordedSegments::new(dev, &seeded);
+pub(crate) fn seed_caching(
+    dev: &DeviceTrace,
+    model: &CachingAllocator,
+    scan: Option<&caching::TraceScan>,
+) -> Result<SeededModel, ReplayError> {
+    let owned;
+    let scan = match scan {
+        Some(s) => s,
+        None => {
+            owned = caching::TraceScan::new(dev);
+            &owned
+        }
+    };
+    let seeded = caching::seed_from_scanned(dev, model.config(), scan).map_err(Refusal::Seed)?;
+    let recorded = caching::RecordedSegments::from_scan(dev, &seeded, scan);
     let mut unplaced = seeded.unplaced;
     unplaced.sort_by_key(|&i| dev.initial_blocks[i].addr);
     Ok(SeededModel { model: seeded.model, blocks: seeded.blocks, unplaced, segments: seeded.segments, recorded })

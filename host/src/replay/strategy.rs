@@ -20,7 +20,7 @@ use super::{CompactionFailure, Refusal, ReplayError};
 use crate::analysis::{self, external_ratio, Fragmentation};
 use crate::backend::Backend;
 use crate::facts::{Capacity, MIN_CAPACITY};
-use crate::reference::caching::{self, CachingAllocator, RecordedSegments};
+use crate::reference::caching::{self, CachingAllocator, RecordedSegments, TraceScan};
 use crate::reference::compact::plan_slide;
 use crate::reference::{
     build_with_granule, AllocError, AllocatedBlock, Allocation, Handle, StrategyKind, SubAllocator, Tiered,
@@ -193,6 +193,7 @@ fn make_model(
     align: u64,
     dev: &DeviceTrace,
     tiers: Option<(u64, u64)>,
+    scan: Option<&TraceScan>,
 ) -> Result<(Model, u64), ReplayError> {
     let granule = if align.is_power_of_two() { align.min(DEFAULT_GRANULE) } else { DEFAULT_GRANULE };
     if !(MIN_CAPACITY..=crate::reference::MAX_BYTES).contains(&capacity) {
@@ -200,7 +201,10 @@ fn make_model(
     }
     match kind {
         StrategyKind::Caching => {
-            let (cfg, _) = caching::config_for_trace(dev, capacity);
+            let (cfg, _) = match scan {
+                Some(scan) => caching::config_for_scanned(dev, capacity, scan),
+                None => caching::config_for_trace(dev, capacity),
+            };
             let c = CachingAllocator::new(cfg).map_err(|source| Refusal::Caching { capacity, source })?;
             Ok((Model::Caching(Box::new(c)), u64::MAX))
         }
@@ -245,10 +249,13 @@ pub(crate) struct StrategyTarget<'a> {
     seed_from_snapshot: bool,
     /// Tiered strategy: per-tier figures.
     tiers: Option<Box<Tiers>>,
+    /// The trace's scan, when the caller made it once for many replays.
+    scan: Option<&'a TraceScan>,
 }
 
 impl<'a> StrategyTarget<'a> {
-    /// A target for `opts` over `dev` at `capacity`, requests aligned to `align` bytes.
+    /// A target for `opts` over `dev` at `capacity`, requests aligned to `align` bytes; `scan`: the caching
+    /// model's scan of `dev` when the caller made it ([`TraceScan`]; `None`: made here).
     ///
     /// # Errors
     /// [`ReplayError::Config`] for a capacity or tiers the strategy cannot use.
@@ -259,8 +266,9 @@ impl<'a> StrategyTarget<'a> {
         align: u64,
         pytorch_snapshot: bool,
         backend: Option<&'a Backend>,
+        scan: Option<&'a TraceScan>,
     ) -> Result<Self, ReplayError> {
-        let (model, large_min) = make_model(opts.strategy, capacity.bytes, align, dev, opts.tiers)?;
+        let (model, large_min) = make_model(opts.strategy, capacity.bytes, align, dev, opts.tiers, scan)?;
         let caching = matches!(model, Model::Caching(_));
         let limit = opts.materialize_limit.unwrap_or_else(|| match backend {
             Some(Backend::Gpu(g)) => {
@@ -283,7 +291,7 @@ impl<'a> StrategyTarget<'a> {
             high_water: HighWater::new(if caching { 0 } else { n }, capacity.bytes),
             capacity,
             model,
-            slots: vec![Slot::default(); n],
+            slots: Vec::new(),
             align,
             policy: opts.policy,
             armed: true,
@@ -292,7 +300,21 @@ impl<'a> StrategyTarget<'a> {
             recorded: None,
             seeded_segments: 0,
             seed_from_snapshot: caching && pytorch_snapshot,
+            scan,
         })
+    }
+
+    /// The slot of block `id`, the vector grown to hold it: slots are made as ids are first used
+    /// rather than for every id of the trace up front, so that a replay that stops at its first failed
+    /// request ([`super::replay_search`]) does not fill the slots of a whole long trace (40 B each,
+    /// 20 MB per replay at 10^6 events).
+    #[inline]
+    fn slot(&mut self, id: u32) -> &mut Slot {
+        let i = id as usize;
+        if i >= self.slots.len() {
+            self.slots.resize(i + 1, Slot::default());
+        }
+        &mut self.slots[i]
     }
 
     #[inline]
@@ -336,7 +358,7 @@ impl<'a> StrategyTarget<'a> {
             t.live[k as usize] += requested;
             st.peak_live = st.peak_live.max(t.live[k as usize]);
         }
-        self.slots[id as usize] = s;
+        *self.slot(id) = s;
         if !self.caching() {
             self.high_water.push(id, &s);
         }
@@ -414,7 +436,7 @@ impl<'a> StrategyTarget<'a> {
                 }
             }
         }
-        self.slots[r.id as usize].state = FAILED;
+        self.slot(r.id).state = FAILED;
         if let Some(t) = self.tiers.as_mut() {
             let k = t.of(round_request(r.requested, self.align));
             t.stats[k as usize].failed += 1;
@@ -449,10 +471,10 @@ impl ReplayTarget for StrategyTarget<'_> {
             v.sort_by_key(|&i| dev.initial_blocks[i].addr);
             return Ok(v);
         }
-        let seeded = seed_caching(dev, c)?;
+        let seeded = seed_caching(dev, c, self.scan)?;
         for &(id, a) in &seeded.blocks {
             let requested = dev.initial_blocks[id as usize].size;
-            self.slots[id as usize] = Slot { alloc: a, requested, state: LIVE, top: false, tier: 0 };
+            *self.slot(id) = Slot { alloc: a, requested, state: LIVE, top: false, tier: 0 };
             l.allocated += requested;
         }
         self.seeded_segments = seeded.segments;

@@ -27,7 +27,13 @@
 //! The request of each recorded `oom` event is tried where it failed and released right after
 //! ([`super::with_oom_requests`]): a row that serves it would have avoided that OOM.
 //!
-//! Settings run in parallel (rayon); a callback reports each finished replay.
+//! # Cost
+//! Settings run in parallel (rayon; the report is the same on any number of threads); a callback
+//! reports each finished replay. The search's replays compute only what a row reports (peak reserved
+//! bytes and failed requests: `RowTrace::search`, no timeline, series or fragmentation snapshots), a
+//! probe of the capacity search stops at its first failed request, and what the caching model reads
+//! from the whole event list is scanned once per row ([`crate::reference::caching`]'s `TraceScan`).
+//! The rows, ranks, figures and replay counts are those of full replays.
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -118,7 +124,7 @@ fn min_capacity(
     let cap_max = MAX_BYTES / GRANULE * GRANULE;
     // A capacity the allocator cannot be built with (the caching model below 2 MiB) fails like an OOM.
     let ok = |c: u64| -> Result<bool, ExplainError> {
-        let r = row.replay(trace, setting, c, 1);
+        let r = row.search(trace, setting, c, true);
         progress();
         match r {
             Ok(r) => Ok(r.failed.is_empty()),
@@ -173,7 +179,8 @@ pub fn least_capacity(
     fallback_hint: u64,
     progress: &(dyn Fn() + Sync),
 ) -> Result<(Option<u64>, usize), ExplainError> {
-    let free_run = row.replay(trace, setting, MAX_BYTES / GRANULE * GRANULE, 1);
+    // The unconstrained peak: a replay on the largest device modelled.
+    let free_run = row.search(trace, setting, MAX_BYTES / GRANULE * GRANULE, false);
     progress();
     let hint = match &free_run {
         Ok(x) if x.failed.is_empty() => x.peak_reserved,
@@ -227,7 +234,7 @@ pub fn tune(
             // At the capacity; a capacity the row cannot use (below the caching model's 2 MiB) is its note,
             // and the search still runs.
             let mut r = row(None);
-            match row_trace.replay(trace, s, capacity.bytes, 1) {
+            match row_trace.search(trace, s, capacity.bytes, false) {
                 Ok(at) => {
                     r.peak_reserved = at.peak_reserved;
                     r.failed = at.failed.len();

@@ -4,8 +4,9 @@
 //! for PyTorch rows the row's settings in place of the snapshot's.
 
 use super::Setting;
+use crate::reference::caching::TraceScan;
 use crate::reference::StrategyKind;
-use crate::replay::{self, CompactPolicy, ReplayError, ReplayOptions, ReplayReport};
+use crate::replay::{self, CompactPolicy, ReplayError, ReplayOptions, ReplayReport, SearchOutcome};
 use crate::trace::{DeviceTrace, Trace};
 
 /// The trace one row of the search replays: the recorded OOM requests tried where they failed
@@ -18,6 +19,9 @@ pub struct RowTrace {
     /// Per event of `dev`, the index of the event of the file's trace it comes from (an inserted free
     /// maps to its `oom` event).
     pub map: Vec<usize>,
+    /// What every replay of the caching model reads from `dev`'s whole event list, made once for the
+    /// row's replays ([`RowTrace::search`]).
+    scan: TraceScan,
 }
 
 impl RowTrace {
@@ -27,7 +31,8 @@ impl RowTrace {
         if let Setting::Pytorch { settings, .. } = setting {
             d.allocator_settings = Some(settings.clone());
         }
-        RowTrace { dev: d, map }
+        let scan = TraceScan::new(&d);
+        RowTrace { dev: d, map, scan }
     }
 
     /// The event of the file's trace that event `e` of the row trace comes from.
@@ -48,6 +53,28 @@ impl RowTrace {
         capacity: u64,
         timeline_points: usize,
     ) -> Result<ReplayReport, ReplayError> {
+        let mut opts = Self::options(setting, capacity);
+        opts.timeline_points = timeline_points;
+        replay::replay(trace, &self.dev, &opts, None, &mut |_| {})
+    }
+
+    /// [`RowTrace::replay`] reduced to the peak reserved bytes and the failed requests (equal to the
+    /// report's), stopping at the first failed request with `stop_at_failure`: the replays of the search.
+    ///
+    /// # Errors
+    /// Those of [`replay::replay`].
+    pub(crate) fn search(
+        &self,
+        trace: &Trace,
+        setting: &Setting,
+        capacity: u64,
+        stop_at_failure: bool,
+    ) -> Result<SearchOutcome, ReplayError> {
+        replay::replay_search(trace, &self.dev, &Self::options(setting, capacity), &self.scan, stop_at_failure)
+    }
+
+    /// The replay options of `setting` at `capacity` bytes.
+    fn options(setting: &Setting, capacity: u64) -> ReplayOptions {
         let (strategy, policy) = match setting {
             Setting::Pytorch { .. } => (StrategyKind::Caching, CompactPolicy::Never),
             Setting::CompactingCaching => (StrategyKind::Caching, CompactPolicy::OnOom),
@@ -56,7 +83,41 @@ impl RowTrace {
         let mut opts = ReplayOptions::new(strategy);
         opts.capacity = Some(capacity);
         opts.policy = policy;
-        opts.timeline_points = timeline_points;
-        replay::replay(trace, &self.dev, &opts, None, &mut |_| {})
+        opts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::explain::tune::{grid, GRANULE};
+    use crate::trace::read_trace;
+
+    /// The search's replays ([`RowTrace::search`]) report the peak reserved bytes and the failed requests
+    /// of the full replay ([`RowTrace::replay`]) for every row of the grid, at the capacity that fails and
+    /// at one that does not; stopped at the first failure, they fail exactly when the full replay does,
+    /// at its first failed request.
+    #[test]
+    fn search_replays_report_what_the_full_replay_reports() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/decomfl_opt_zo_federated_memory.pickle");
+        let trace = read_trace(&path).unwrap();
+        let dev = &trace.devices[0];
+        let peak = crate::facts::peaks(dev).allocated as u64;
+        let mut failing = 0;
+        for s in grid(dev) {
+            let row = RowTrace::new(dev, &s);
+            for capacity in [peak / GRANULE * GRANULE + GRANULE, 4 * peak / GRANULE * GRANULE] {
+                let full = row.replay(&trace, &s, capacity, 1).unwrap();
+                let lean = row.search(&trace, &s, capacity, false).unwrap();
+                assert_eq!(lean.peak_reserved, full.peak_reserved, "{} at {capacity}", s.label());
+                assert_eq!(lean.failed, full.failed, "{} at {capacity}", s.label());
+                let stopped = row.search(&trace, &s, capacity, true).unwrap();
+                assert_eq!(stopped.failed.first(), full.failed.first(), "{} at {capacity}", s.label());
+                assert!(stopped.failed.len() <= 1);
+                failing += usize::from(!full.failed.is_empty());
+            }
+        }
+        assert!(failing > 0, "no row fails at the live peak: the stop at the first failure is not exercised");
     }
 }

@@ -146,6 +146,7 @@ pub use rules::{
 pub use seed::{
     capacity_at_oom, config_for_trace, fidelity, fidelity_until, seed_from_trace, Fidelity, RecordedSegments, Seeded,
 };
+pub(crate) use seed::{config_for_scanned, seed_from_scanned, TraceScan};
 pub use vspace::SegmentInfo;
 
 /// Counters beyond [`Stats`]. Bytes unless named as counts.

@@ -93,17 +93,19 @@ impl RecordedRelease {
 /// bytes are walked as the segment events add and remove them (initial segments, `+` allocs and maps,
 /// `−` frees and unmaps), and the largest is compared with the final state's too.
 pub fn recorded_releases(dev: &DeviceTrace) -> Vec<RecordedRelease> {
-    let mut r: u128 = dev.initial_segments.iter().map(|s| s.size as u128).sum();
-    // Reserved bytes before each event, and the largest reached.
-    let mut before = Vec::with_capacity(dev.events.len());
-    let mut peak = r;
+    let initial: u128 = dev.initial_segments.iter().map(|s| s.size as u128).sum();
+    // Reserved bytes after event `e` from `r` before it.
+    let after = |r: u128, e: &crate::trace::Event| match e.kind {
+        EventKind::SegmentAlloc | EventKind::SegmentMap => r + e.size as u128,
+        EventKind::SegmentFree | EventKind::SegmentUnmap => r.saturating_sub(e.size as u128),
+        _ => r,
+    };
+    // The largest reserved bytes reached; the walk below recomputes the bytes before each release (no
+    // vector of the bytes before every event: this runs once per replay of the caching model).
+    let mut peak = initial;
+    let mut r = initial;
     for e in &dev.events {
-        before.push(r);
-        match e.kind {
-            EventKind::SegmentAlloc | EventKind::SegmentMap => r += e.size as u128,
-            EventKind::SegmentFree | EventKind::SegmentUnmap => r = r.saturating_sub(e.size as u128),
-            _ => {}
-        }
+        r = after(r, e);
         peak = peak.max(r);
     }
     if let Some(f) = &dev.final_state {
@@ -114,14 +116,20 @@ pub fn recorded_releases(dev: &DeviceTrace) -> Vec<RecordedRelease> {
     let is_release = |k: EventKind| matches!(k, EventKind::SegmentFree | EventKind::SegmentUnmap);
     let mut out = Vec::new();
     let mut i = 0;
+    // Reserved bytes before event `i`.
+    let mut r = initial;
     while i < dev.events.len() {
         if !is_release(dev.events[i].kind) {
+            r = after(r, &dev.events[i]);
             i += 1;
             continue;
         }
         let first = i;
+        let reserved_before = r;
+        r = after(r, &dev.events[i]);
         while i + 1 < dev.events.len() && is_release(dev.events[i + 1].kind) {
             i += 1;
+            r = after(r, &dev.events[i]);
         }
         let last = i;
         i += 1;
@@ -131,7 +139,6 @@ pub fn recorded_releases(dev: &DeviceTrace) -> Vec<RecordedRelease> {
             .get(last + 1)
             .filter(|n| matches!(n.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
             .map(|n| (last + 1, n.size));
-        let reserved_before = before[first];
         let (cause, evidence) = if callers.contains(&ReleaseCaller::EmptyCache) {
             (ReleaseCause::Program, ReleaseEvidence::EmptyCacheFrames)
         } else if callers.contains(&ReleaseCaller::Malloc) {
