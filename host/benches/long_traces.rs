@@ -23,7 +23,7 @@ fn repeated(steps: u32) -> (PathBuf, Vec<u8>) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let input = root.join("data/decomfl_opt_zo_federated_memory.pickle");
     let (trace, bytes) = read_trace_and_bytes(&input).expect("the shipped snapshot reads");
-    let plan = Repeat::new(&trace, &bytes, RepeatOptions { steps, gap_us: 1000 }).expect("it repeats");
+    let plan = Repeat::new(&trace, &bytes, RepeatOptions::new(steps, 1000)).expect("it repeats");
     let out = plan.write_to(Vec::new()).expect("written to memory");
     (PathBuf::from(format!("decomfl.x{steps}.pickle")), out)
 }
