@@ -43,7 +43,10 @@
 //! their frames, ...); `device_traces[d]` holds the N steps, each event with the keys and stack frames
 //! the input gives it; `time_us` of step `k` is shifted by `k × (duration + gap)`, the duration being the
 //! input's last event time minus its first (over all devices); the events between steps carry the time
-//! halfway through the gap and no frames (as PyTorch records frees under `context='alloc'`).
+//! halfway through the gap and no frames (as PyTorch records frees under `context='alloc'`), except the
+//! segment releases, whose one frame is `torch/cuda/memory.py empty_cache`: a run returns to its start
+//! state between steps by calling `torch.cuda.empty_cache()`, and a replay keeps program releases as
+//! recorded.
 //! `external_annotations` are repeated with their times shifted the same way (kept once when the events
 //! have no times). The pickle is written by `PickleWriter` with CPython's opcodes and memo, so values
 //! the input shares (frames, keys) are written once; `--steps 1` writes the input's bytes (for a file
@@ -643,7 +646,13 @@ impl<'t, 'a> Repeat<'t, 'a> {
         let required = ["action", "addr", "size", "stream"];
         let missing: Vec<&'static str> =
             required.iter().copied().filter(|r| !kept.iter().any(|&(k, _)| name(k) == r.as_bytes())).collect();
-        w.begin_dict(kept.len() + missing.len())?;
+        // A segment released between steps is the program's `torch.cuda.empty_cache()` (a run returns to
+        // its start state only so): its one frame says so, so that a replay keeps it as recorded
+        // (`reference::caching::releases`) instead of leaving it to the allocator model.
+        let release = matches!(b.kind, EventKind::SegmentFree | EventKind::SegmentUnmap);
+        let has_frames = kept.iter().any(|&(k, _)| name(k) == b"frames");
+        let extra = usize::from(release && !has_frames);
+        w.begin_dict(kept.len() + missing.len() + extra)?;
         let action = b.kind.pytorch_name();
         let mut str_of = |w: &mut PickleWriter<W>, s: &'static str| -> io::Result<()> {
             match strs.get(s) {
@@ -652,6 +661,24 @@ impl<'t, 'a> Repeat<'t, 'a> {
                     strs.insert(s, m);
                 }),
             }
+        };
+        let write_frames = |w: &mut PickleWriter<W>,
+                            str_of: &mut dyn FnMut(&mut PickleWriter<W>, &'static str) -> io::Result<()>|
+         -> io::Result<()> {
+            if !release {
+                w.begin_list(0)?;
+                return w.end().map(drop);
+            }
+            w.begin_list(1)?;
+            w.begin_dict(3)?;
+            str_of(w, "filename")?;
+            str_of(w, "torch/cuda/memory.py")?;
+            str_of(w, "line")?;
+            w.int(0)?;
+            str_of(w, "name")?;
+            str_of(w, "empty_cache")?;
+            w.end()?;
+            w.end().map(drop)
         };
         for (k, v) in kept {
             c.copy(w, k)?;
@@ -663,12 +690,13 @@ impl<'t, 'a> Repeat<'t, 'a> {
                 b"stream" => w.int(i128::from(b.stream))?,
                 b"time_us" if matches!(p.node(v), Node::Int(_)) => w.int(i128::from(time))?,
                 b"time_us" if matches!(p.node(v), Node::Float(_)) => w.float(time as f64)?,
-                b"frames" => {
-                    w.begin_list(0)?;
-                    w.end()?;
-                }
+                b"frames" => write_frames(w, &mut str_of)?,
                 _ => c.copy(w, v)?,
             }
+        }
+        if release && !has_frames {
+            str_of(w, "frames")?;
+            write_frames(w, &mut str_of)?;
         }
         for k in missing {
             str_of(w, k)?;
