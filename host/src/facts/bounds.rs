@@ -32,7 +32,7 @@ pub struct RequestBounds {
     /// `capacity − reserved` (0 when reserved exceeds it).
     pub device_free: u64,
     /// Every request of 1 B up to this size is served, by PyTorch's rules with default settings
-    /// ([`served_up_to`]: from a hole of its size class, or from a new segment the device's free bytes
+    /// (`served_up_to`: from a hole of its size class, or from a new segment the device's free bytes
     /// hold).
     pub fits_up_to: u64,
     /// Requests above `fits_up_to` and up to this size may fail although the bytes are there (in pieces,

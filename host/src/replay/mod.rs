@@ -52,7 +52,7 @@
 //! * **Failed requests** are classified with [`crate::analysis::diagnose`]: *fragmentation* when the free bytes
 //!   would hold the request after a perfect compaction, else *capacity* when the live requested bytes and
 //!   the request exceed the capacity, else *rounding* (the strategy's rounding left too few free bytes:
-//!   [`FailureClass::of_request`]); other refusals (a size over the strategy's limit) are *rejected*. A
+//!   `FailureClass::of_request`); other refusals (a size over the strategy's limit) are *rejected*. A
 //!   host strategy's granule is the requests' alignment up to 256 B (1 B for a minimalloc instance).
 //! * **Compaction** ([`CompactPolicy`]): `on-oom` compacts when a request fails for fragmentation and
 //!   retries it; `threshold=F` compacts after a free that leaves external fragmentation above `F` (once,

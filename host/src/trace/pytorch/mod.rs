@@ -710,7 +710,7 @@ pub const LIBRARY_PACKAGES: &[&str] = &[
 
 impl Frame {
     /// Whether the frame is user code: a Python file outside PyTorch (`torch/`) and its ecosystem (a first
-    /// path component starting with `torch`), the libraries of [`LIBRARY_PACKAGES`] and any file under a `site-packages/` or `dist-packages/` folder, the Python
+    /// path component starting with `torch`), the libraries of `LIBRARY_PACKAGES` and any file under a `site-packages/` or `dist-packages/` folder, the Python
     /// standard library (`python-stdlib/`), `<frozen …>` and other `<…>` pseudo-files; C++ and `??`
     /// frames are not.
     pub fn is_user(&self) -> bool {
@@ -768,13 +768,13 @@ pub struct SnapshotFrames {
 
 /// Reads the stack frames the snapshot `bytes` (the content of `path`) records for the events at
 /// `events` (indices into `device_traces[device]`) and for the blocks of device `device`'s segments
-/// at the addresses `blocks`. Frames are skipped by [`parse`] to keep traces small; this decodes the
-/// pickle again (the cost of one [`parse`]).
+/// at the addresses `blocks`. Frames are skipped by `parse` to keep traces small; this decodes the
+/// pickle again (the cost of one `parse`).
 ///
 /// Frames are supplementary: an entry that is not a dict of `name`/`filename`/`line` is left out.
 ///
 /// # Errors
-/// The [`TraceError`]s of [`parse`] for a pickle that cannot be decoded.
+/// The [`TraceError`]s of `parse` for a pickle that cannot be decoded.
 pub fn read_frames(
     path: &Path,
     bytes: &[u8],
