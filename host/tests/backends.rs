@@ -141,7 +141,10 @@ fn gpu_kernel_limits_follow_the_registers_and_oversized_launches_are_refused() {
         // SAFETY: as above.
         match unsafe { b.launch(k, over, &p) } {
             Err(BackendError::LaunchLimit { kernel, requested, limit, .. }) => {
-                assert_eq!((kernel.as_str(), requested, limit), ("gpuheap_heap_malloc", 1024, malloc.max_threads_per_block as u64))
+                assert_eq!(
+                    (kernel.as_str(), requested, limit),
+                    ("gpuheap_heap_malloc", 1024, malloc.max_threads_per_block as u64)
+                )
             }
             r => panic!("a 1024-thread malloc launch: {r:?}"),
         }

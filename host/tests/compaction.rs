@@ -12,9 +12,7 @@ mod common;
 
 use gpuheap::backend::Backend;
 use gpuheap::bench::SplitMix64;
-use gpuheap::compaction::{
-    oracle, CompactHeap, CompactionError, Compactor, Handle, HandleRegion, LiveBlock, GRANULE,
-};
+use gpuheap::compaction::{oracle, CompactHeap, CompactionError, Compactor, Handle, HandleRegion, LiveBlock, GRANULE};
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;
 
@@ -27,7 +25,11 @@ fn is_lockstep(b: &Backend) -> bool {
 }
 
 fn with_tile(heap: &mut CompactHeap, tile_bytes: u32) {
-    let t = { let mut o = heap.tuning(); o.tile_bytes = tile_bytes; o };
+    let t = {
+        let mut o = heap.tuning();
+        o.tile_bytes = tile_bytes;
+        o
+    };
     heap.set_tuning(t);
 }
 
@@ -522,8 +524,7 @@ fn tile_wait_ranges_cover_every_overwritten_source() {
             // SAFETY: `p` points at live host vectors holding a valid plan.
             let (lo, hi) = unsafe { wait_range(&p, t) };
             assert!(hi <= t + 1, "seed {seed}: tile {t} waits for a later tile ({lo}..{hi})");
-            let writes: std::collections::HashSet<u64> =
-                dst.iter().copied().filter(|&d| tile_of(d) == t).collect();
+            let writes: std::collections::HashSet<u64> = dst.iter().copied().filter(|&d| tile_of(d) == t).collect();
             for (i, s) in src.iter().enumerate() {
                 let u = tile_of(dst[i]);
                 if u != t && writes.contains(s) {

@@ -27,9 +27,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::pickle::{pickle, V};
+use gpuheap::analysis::FailureClass;
 use gpuheap::explain::{explain_with_bytes, Explanation, Moment, Verdict};
 use gpuheap::reference::StrategyKind;
-use gpuheap::analysis::FailureClass;
 use gpuheap::replay::{replay, ReplayOptions, ReplayReport};
 use gpuheap::trace::{parse_trace, read_trace_and_bytes, DeviceTrace, Event, EventKind, Trace};
 use gpuheap::units::fmt_bytes;

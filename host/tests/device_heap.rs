@@ -11,8 +11,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use gpuheap::backend::Backend;
-use gpuheap::device_heap::ops::{self, Batch};
 use gpuheap::device_heap::ops::Sizes;
+use gpuheap::device_heap::ops::{self, Batch};
 use gpuheap::device_heap::{BuddyBlock, DeviceHeap, HeapStats};
 use gpuheap_kernels::heap::layout::{class_of, class_size, order_of, CLASSES, PAGE, UNIT};
 

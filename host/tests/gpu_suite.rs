@@ -71,7 +71,8 @@ fn the_dry_run_orders_the_steps_and_fits_the_benchmarks_in_the_default_budget() 
         "gpuheap bench launch-limit",
         "repeat",
     ];
-    let at: Vec<usize> = order.iter().map(|s| text.find(s).unwrap_or_else(|| panic!("{s:?} missing:\n{text}"))).collect();
+    let at: Vec<usize> =
+        order.iter().map(|s| text.find(s).unwrap_or_else(|| panic!("{s:?} missing:\n{text}"))).collect();
     assert!(at.windows(2).all(|w| w[0] < w[1]), "steps out of order ({order:?} at {at:?}):\n{text}");
     // Every test binary runs on the GPU alone, with the GPU required.
     let tests: Vec<&str> = text.lines().filter(|l| l.contains("/tests/")).collect();

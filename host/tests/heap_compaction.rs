@@ -18,9 +18,9 @@ mod common;
 
 use gpuheap::backend::Backend;
 use gpuheap::bench::SplitMix64;
-use gpuheap::compaction::{oracle, HandleRegion, CompactionError, CompactionReport, Handle};
-use gpuheap::device_heap::ops::{self, Batch};
+use gpuheap::compaction::{oracle, CompactionError, CompactionReport, Handle, HandleRegion};
 use gpuheap::device_heap::ops::Sizes;
+use gpuheap::device_heap::ops::{self, Batch};
 use gpuheap::device_heap::DeviceHeap;
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;
@@ -76,14 +76,22 @@ fn live_handles(heap: &mut DeviceHeap) -> Vec<Handle> {
 /// Writes each handle's pattern over its block with the device kernel (which
 /// resolves the handle when it runs).
 fn fill_handles(heap: &mut DeviceHeap, hs: &[Handle]) {
-    assert_eq!(heap.movable().unwrap().touch_handles(hs, 0, false).unwrap(), (0, 0), "fill: a live handle did not resolve");
+    assert_eq!(
+        heap.movable().unwrap().touch_handles(hs, 0, false).unwrap(),
+        (0, 0),
+        "fill: a live handle did not resolve"
+    );
 }
 
 /// Checks every word of every live handle block, on the device (resolving
 /// each handle) and on the host (read back through the host resolve).
 fn check_handles(heap: &mut DeviceHeap, what: &str) {
     let hs = live_handles(heap);
-    assert_eq!(heap.movable().unwrap().touch_handles(&hs, 0, true).unwrap(), (0, 0), "{what}: device check of the handle patterns");
+    assert_eq!(
+        heap.movable().unwrap().touch_handles(&hs, 0, true).unwrap(),
+        (0, 0),
+        "{what}: device check of the handle patterns"
+    );
     for h in &hs {
         let bytes = heap.movable().unwrap().read(*h).unwrap();
         let words: &[u32] = bytemuck::cast_slice(&bytes);
@@ -104,7 +112,8 @@ fn raw_blocks(heap: &DeviceHeap, sizes: Vec<u64>, seed: u64) -> Batch {
 
 /// Raw blocks never lie in the movable region.
 fn assert_outside_movable(heap: &mut DeviceHeap, batch: &Batch, what: &str) {
-    let (lo, hi) = (heap.movable().unwrap().base(), heap.movable().unwrap().base() + heap.movable().unwrap().capacity());
+    let (lo, hi) =
+        (heap.movable().unwrap().base(), heap.movable().unwrap().base() + heap.movable().unwrap().capacity());
     for (p, s) in batch.read_ptrs().unwrap().into_iter().zip(batch.read_sizes().unwrap()) {
         assert!(p == 0 || p + s <= lo || p >= hi, "{what}: raw block {p:#x}+{s} inside the movable region");
     }
@@ -184,7 +193,9 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         // Raw blocks before and after the handle allocations, every size class and large.
         let raw1 = raw_blocks(&heap, (0..300).map(|i| 16 << (i % 10)).collect(), 77);
         let from_kernel: Vec<Handle> = heap
-            .movable().unwrap().alloc_batch(&sizes(&mut rng, 3000, 1024))
+            .movable()
+            .unwrap()
+            .alloc_batch(&sizes(&mut rng, 3000, 1024))
             .unwrap()
             .into_iter()
             .map(|h| h.expect("handle_alloc"))
@@ -230,7 +241,10 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         let end = heap.movable().unwrap().stats().unwrap().cursor;
         let more: Vec<Handle> =
             heap.movable().unwrap().alloc_batch(&[64; 100]).unwrap().into_iter().map(|h| h.unwrap()).collect();
-        assert!(more.iter().all(|h| heap.movable().unwrap().resolve(*h).unwrap().offset >= end), "{what}: allocation below the cursor");
+        assert!(
+            more.iter().all(|h| heap.movable().unwrap().resolve(*h).unwrap().offset >= end),
+            "{what}: allocation below the cursor"
+        );
         fill_handles(&mut heap, &more);
         let r3 = compact_and_check(&mut heap, &format!("{what}, unpinned"));
         assert_eq!(r3.after.free_blocks, 1, "{what}");
@@ -277,9 +291,16 @@ fn stale_handles_are_detected() {
         heap.movable().unwrap().free(old).unwrap();
         // Freed: rejected by the host, by the device free and by the device resolve.
         assert!(matches!(heap.movable().unwrap().resolve(old), Err(CompactionError::InvalidHandle(_))));
-        assert!(matches!(heap.movable().unwrap().free(old), Err(CompactionError::InvalidHandle(_))), "{what}: double free");
+        assert!(
+            matches!(heap.movable().unwrap().free(old), Err(CompactionError::InvalidHandle(_))),
+            "{what}: double free"
+        );
         assert_eq!(heap.movable().unwrap().free_batch(&[old]).unwrap(), vec![false], "{what}: device double free");
-        assert_eq!(heap.movable().unwrap().touch_handles(&[old], 0, true).unwrap(), (0, 1), "{what}: device resolved a freed handle");
+        assert_eq!(
+            heap.movable().unwrap().touch_handles(&[old], 0, true).unwrap(),
+            (0, 1),
+            "{what}: device resolved a freed handle"
+        );
         // Handle 0 (skipped by the touch kernel, rejected by free), an index
         // out of range, a wrong generation.
         let forged = [Handle(0), Handle(99), Handle(hs[2].0 + (7 << 32))];
@@ -292,10 +313,21 @@ fn stale_handles_are_detected() {
         let new = heap.movable().unwrap().alloc(16).unwrap();
         assert_eq!(new.index(), old.index(), "{what}: the freed entry is reused");
         assert_ne!(new.generation(), old.generation(), "{what}: with a new generation");
-        assert!(matches!(heap.movable().unwrap().resolve(old), Err(CompactionError::InvalidHandle(_))), "{what}: stale handle resolved");
-        assert_eq!(heap.movable().unwrap().touch_handles(&[old], 0, true).unwrap(), (0, 1), "{what}: stale handle on the device");
+        assert!(
+            matches!(heap.movable().unwrap().resolve(old), Err(CompactionError::InvalidHandle(_))),
+            "{what}: stale handle resolved"
+        );
+        assert_eq!(
+            heap.movable().unwrap().touch_handles(&[old], 0, true).unwrap(),
+            (0, 1),
+            "{what}: stale handle on the device"
+        );
         assert!(heap.movable().unwrap().resolve(new).is_ok());
-        assert_eq!(heap.movable().unwrap().stats().unwrap().failed_requests, 1, "{what}: the device failure is counted");
+        assert_eq!(
+            heap.movable().unwrap().stats().unwrap().failed_requests,
+            1,
+            "{what}: the device failure is counted"
+        );
     });
 }
 
@@ -312,7 +344,10 @@ fn full_movable_region_accepts_a_large_handle_only_after_compaction() {
             heap.movable().unwrap().alloc_batch(&[4 * KIB; 16]).unwrap().into_iter().map(|h| h.unwrap()).collect();
         hs.sort_by_key(|h| heap.movable().unwrap().resolve(*h).unwrap().offset);
         fill_handles(&mut heap, &hs);
-        assert!(heap.movable().unwrap().alloc_batch(&[16]).unwrap()[0].is_none(), "{what}: the movable region is not full");
+        assert!(
+            heap.movable().unwrap().alloc_batch(&[16]).unwrap()[0].is_none(),
+            "{what}: the movable region is not full"
+        );
         let odd: Vec<Handle> = hs.iter().skip(1).step_by(2).copied().collect();
         assert!(heap.movable().unwrap().free_batch(&odd).unwrap().iter().all(|&ok| ok));
         match heap.movable().unwrap().alloc(32 * KIB) {
@@ -321,10 +356,14 @@ fn full_movable_region_accepts_a_large_handle_only_after_compaction() {
             }
             other => panic!("{what}: {other:?}"),
         }
-        assert!(heap.movable().unwrap().alloc_batch(&[32 * KIB]).unwrap()[0].is_none(), "{what}: the device request succeeded");
+        assert!(
+            heap.movable().unwrap().alloc_batch(&[32 * KIB]).unwrap()[0].is_none(),
+            "{what}: the device request succeeded"
+        );
         let r = compact_and_check(&mut heap, what);
         assert_eq!((r.before.external, r.after.external), (0.875, 0.0), "{what}");
-        let big = heap.movable().unwrap().alloc_batch(&[32 * KIB]).unwrap()[0].expect("the request fails after compaction");
+        let big =
+            heap.movable().unwrap().alloc_batch(&[32 * KIB]).unwrap()[0].expect("the request fails after compaction");
         assert_eq!(heap.movable().unwrap().resolve(big).unwrap().offset, 32 * KIB, "{what}");
         fill_handles(&mut heap, &[big]);
         check_handles(&mut heap, what);
@@ -366,7 +405,11 @@ fn bl_16_pending_op_sees_its_block_after_heap_compaction() {
         let bytes = heap.movable().unwrap().read(h).unwrap();
         let words: &[u32] = bytemuck::cast_slice(&bytes);
         assert!(words.iter().enumerate().all(|(i, &w)| w == pattern(h.0 ^ pending.1, i as u64)), "{what}");
-        assert_eq!(heap.movable().unwrap().touch_handles(&[other], 0, true).unwrap(), (0, 0), "{what}: P wrote H's old range");
+        assert_eq!(
+            heap.movable().unwrap().touch_handles(&[other], 0, true).unwrap(),
+            (0, 0),
+            "{what}: P wrote H's old range"
+        );
     });
 }
 
@@ -377,7 +420,9 @@ fn empty_movable_region_and_no_holes() {
         let r = compact_and_check(&mut heap, what);
         assert_eq!((r.blocks, r.launches, r.after.free_blocks), (0, 0, 1), "{what}");
         let mut hs: Vec<Handle> = heap
-            .movable().unwrap().alloc_batch(&(1..200).collect::<Vec<u64>>())
+            .movable()
+            .unwrap()
+            .alloc_batch(&(1..200).collect::<Vec<u64>>())
             .unwrap()
             .into_iter()
             .map(|h| h.unwrap())
@@ -461,7 +506,10 @@ fn movable_arena_is_outside_the_buddy() {
     heap.reset().unwrap();
     let s = heap.stats().unwrap();
     assert_eq!((s.free_bytes, s.movable_bytes), ((1 << 20) - 25 * 4096, 25 * 4096));
-    assert!(matches!(heap.movable().unwrap().resolve(h), Err(CompactionError::InvalidHandle(_))), "reset frees handles");
+    assert!(
+        matches!(heap.movable().unwrap().resolve(h), Err(CompactionError::InvalidHandle(_))),
+        "reset frees handles"
+    );
     let h2 = heap.movable().unwrap().alloc(64).unwrap();
     assert_eq!(h2.index(), h.index());
     assert_ne!(h2, h, "generations survive a reset");
@@ -489,10 +537,16 @@ fn handle_api_rejects_misuse() {
     heap.movable().unwrap().pin(h).unwrap();
     assert!(matches!(heap.movable().unwrap().free(h), Err(CompactionError::Pinned(_))));
     heap.movable().unwrap().unpin(h).unwrap();
-    assert!(matches!(heap.movable().unwrap().write(h, 100, &[0; 16]), Err(CompactionError::Backend(_))), "write past the block");
+    assert!(
+        matches!(heap.movable().unwrap().write(h, 100, &[0; 16]), Err(CompactionError::Backend(_))),
+        "write past the block"
+    );
     heap.movable().unwrap().write(h, 96, &[7; 16]).unwrap();
     assert_eq!(&heap.movable().unwrap().read(h).unwrap()[96..], &[7; 16]);
-    assert!(matches!(heap.movable().unwrap().touch_handles(&[h, h], 0, false), Err(CompactionError::Backend(_))), "two writers");
+    assert!(
+        matches!(heap.movable().unwrap().touch_handles(&[h, h], 0, false), Err(CompactionError::Backend(_))),
+        "two writers"
+    );
     heap.movable().unwrap().free(h).unwrap();
     assert!(matches!(heap.movable().unwrap().pin(h), Err(CompactionError::InvalidHandle(_))));
 }

@@ -361,7 +361,8 @@ fn device_library_exports_the_c_abi_and_assembles_as_relocatable_code() {
     assert!(!lib.contains(".entry"), "the device library has a kernel entry (feature `device-library` drops them)");
     // `.extern .shared` is the dynamic shared memory array `arch` declares (every module's
     // dynamic shared memory is the same); anything else external would need another library.
-    let external: Vec<&str> = lib.lines().filter(|l| l.starts_with(".extern") && !l.starts_with(".extern .shared")).collect();
+    let external: Vec<&str> =
+        lib.lines().filter(|l| l.starts_with(".extern") && !l.starts_with(".extern .shared")).collect();
     assert!(external.is_empty(), "the device library needs external symbols: {external:?}");
     let Some(ptxas) = find_tool("GPUHEAP_PTXAS", "ptxas", &["nvidia/cuda_nvcc/bin/ptxas"]) else {
         return skip("ptxas not found (set GPUHEAP_PTXAS or pip install nvidia-cuda-nvcc-cu12)");

@@ -13,12 +13,12 @@
 
 use std::collections::BTreeMap;
 
-use gpuheap::reference::Buddy;
 use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
 use gpuheap::reference::compact;
+use gpuheap::reference::Buddy;
+use gpuheap::reference::{AllocError, Allocation, BestFit, FirstFit, SubAllocator, Tlsf};
 use gpuheap::reference::{Slab, SlabConfig};
 use gpuheap::reference::{Tiered, TieredConfig};
-use gpuheap::reference::{AllocError, Allocation, BestFit, FirstFit, SubAllocator, Tlsf};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]

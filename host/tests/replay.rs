@@ -97,7 +97,11 @@ fn every_strategy_replays_every_trace_consistently() {
         let d = &t.devices[0];
         let (_, demand) = demand_peak(d);
         for k in StrategyKind::ALL {
-            let opts = { let mut o = ReplayOptions::new(k); o.timeline_points = 500; o };
+            let opts = {
+                let mut o = ReplayOptions::new(k);
+                o.timeline_points = 500;
+                o
+            };
             let r = match replay::replay(&t, d, &opts, None, &mut |_| {}) {
                 Ok(r) => r,
                 Err(e) => {
@@ -146,7 +150,11 @@ fn on_oom_compaction_is_measured_checked_and_saves_requests() {
     let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
     let backend = Backend::cpu();
     let never = run(&t, &ReplayOptions::new(StrategyKind::FirstFit), None);
-    let opts = { let mut o = ReplayOptions::new(StrategyKind::FirstFit); o.policy = CompactPolicy::OnOom; o };
+    let opts = {
+        let mut o = ReplayOptions::new(StrategyKind::FirstFit);
+        o.policy = CompactPolicy::OnOom;
+        o
+    };
     let r = run(&t, &opts, Some(&backend));
     assert!(!r.compactions.is_empty());
     assert!(r.failed.len() < never.failed.len(), "{} < {}", r.failed.len(), never.failed.len());
@@ -208,7 +216,11 @@ fn caching_segments_compact_per_segment_with_the_kernel() {
 fn buddy_plans_with_alignment_gaps_are_not_measured() {
     let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
     let backend = Backend::cpu();
-    let opts = { let mut o = ReplayOptions::new(StrategyKind::Buddy); o.policy = CompactPolicy::Threshold(0.0); o };
+    let opts = {
+        let mut o = ReplayOptions::new(StrategyKind::Buddy);
+        o.policy = CompactPolicy::Threshold(0.0);
+        o
+    };
     let r = run(&t, &opts, Some(&backend));
     for c in &r.compactions {
         if let MeasureOutcome::NotMeasured { reason } = &c.measurement {
@@ -251,9 +263,21 @@ fn each_format_has_its_default_strategy_and_alignment() {
     assert_eq!((r.strategy.as_str(), r.align), ("best-fit", 1));
     assert!(r.align_source.contains("minimalloc"), "{}", r.align_source);
     // A given alignment is used and said to be given; a bad one is bad input.
-    let r = run(&csv, &{ let mut o = ReplayOptions::new(StrategyKind::BestFit); o.align = Some(256); o }, None);
+    let r = run(
+        &csv,
+        &{
+            let mut o = ReplayOptions::new(StrategyKind::BestFit);
+            o.align = Some(256);
+            o
+        },
+        None,
+    );
     assert_eq!((r.align, r.align_source.as_str()), (256, "given"));
-    let bad = { let mut o = ReplayOptions::new(StrategyKind::BestFit); o.align = Some(3); o };
+    let bad = {
+        let mut o = ReplayOptions::new(StrategyKind::BestFit);
+        o.align = Some(3);
+        o
+    };
     assert!(replay::replay(&csv, &csv.devices[0], &bad, None, &mut |_| {}).unwrap_err().is_input());
 }
 
@@ -262,7 +286,11 @@ fn tiered_per_tier_statistics_add_up_to_the_trace() {
     let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
     let d = &t.devices[0];
     let (small_max, large_min) = (1024u64, 64 << 10);
-    let opts = { let mut o = ReplayOptions::new(StrategyKind::Tiered); o.tiers = Some((small_max, large_min)); o };
+    let opts = {
+        let mut o = ReplayOptions::new(StrategyKind::Tiered);
+        o.tiers = Some((small_max, large_min));
+        o
+    };
     let r = run(&t, &opts, None);
     let tiers = r.tiers.as_ref().expect("the tiered strategy reports its tiers");
     assert_eq!(tiers.iter().map(|x| x.tier.as_str()).collect::<Vec<_>>(), ["small", "medium", "large"]);
@@ -292,10 +320,18 @@ fn tiered_per_tier_statistics_add_up_to_the_trace() {
     }
     // Other strategies have no tiers, and tiers are refused for them.
     assert!(run(&t, &ReplayOptions::new(StrategyKind::BestFit), None).tiers.is_none());
-    let bad = { let mut o = ReplayOptions::new(StrategyKind::BestFit); o.tiers = Some((small_max, large_min)); o };
+    let bad = {
+        let mut o = ReplayOptions::new(StrategyKind::BestFit);
+        o.tiers = Some((small_max, large_min));
+        o
+    };
     assert!(replay::replay(&t, d, &bad, None, &mut |_| {}).unwrap_err().is_input());
     // A large tier above the capacity (1 MiB here) is refused, not reported as a tier at 8 EiB.
-    let beyond = { let mut o = ReplayOptions::new(StrategyKind::Tiered); o.tiers = Some((small_max, 1 << 63)); o };
+    let beyond = {
+        let mut o = ReplayOptions::new(StrategyKind::Tiered);
+        o.tiers = Some((small_max, 1 << 63));
+        o
+    };
     let e = replay::replay(&t, d, &beyond, None, &mut |_| {}).unwrap_err();
     assert!(e.is_input() && e.to_string().contains("above the capacity"), "{e}");
 }
@@ -314,7 +350,11 @@ fn caching_replay_with_thousands_of_streams_is_not_quadratic_in_classes() {
             &format!("1,{}.{:06},allocate,{:#x},512,{}\n", i / 1_000_000, i % 1_000_000, 0x1000_0000 + i * 512, i + 1);
     }
     let t = gpuheap::trace::parse_trace(Path::new("streams.rmm.csv"), log.as_bytes()).expect("parses");
-    let opts = { let mut o = ReplayOptions::new(StrategyKind::Caching); o.capacity = Some(2 << 30); o };
+    let opts = {
+        let mut o = ReplayOptions::new(StrategyKind::Caching);
+        o.capacity = Some(2 << 30);
+        o
+    };
     let start = std::time::Instant::now();
     let r = run(&t, &opts, None);
     let took = start.elapsed();

@@ -6,8 +6,8 @@
 
 use gpuheap::backend::Backend;
 use gpuheap::facts::demand_peak;
-use gpuheap::replay::{DEVICE_HEAP, POLICY_NA};
 use gpuheap::replay::{alignment_for, default_capacity, replay_device, DeviceReplayOptions, ReplayError, ReplayReport};
+use gpuheap::replay::{DEVICE_HEAP, POLICY_NA};
 use gpuheap::trace::{read_trace, EventKind, Trace};
 
 mod common;
@@ -86,7 +86,11 @@ fn check_common(trace: &Trace, r: &ReplayReport, scale: u64) {
 #[test]
 fn device_heap_replays_the_minimalloc_csv_with_disjoint_blocks() {
     let t = read_trace(workspace().join("data/K.1048576.csv")).unwrap();
-    let r = run(&t, &{ let mut o = DeviceReplayOptions::default(); o.verify_bytes = true; o });
+    let r = run(&t, &{
+        let mut o = DeviceReplayOptions::default();
+        o.verify_bytes = true;
+        o
+    });
     check_common(&t, &r, 1);
     assert_eq!(r.capacity.bytes, 1 << 20, "the capacity from the file name, unscaled");
     assert!(!r.failed.is_empty(), "1 MiB with power-of-two blocks cannot hold this instance");
@@ -112,7 +116,12 @@ fn device_heap_replays_the_shipped_snapshot_at_full_size() {
     assert!(r.peak_reserved >= r.peak_allocated && r.peak_reserved <= cap);
     // Filled and checked on a scaled trace.
     let limit = 512 << 20;
-    let s = run(&t, &{ let mut o = DeviceReplayOptions::default(); o.verify_bytes = true; o.heap_limit = Some(limit); o });
+    let s = run(&t, &{
+        let mut o = DeviceReplayOptions::default();
+        o.verify_bytes = true;
+        o.heap_limit = Some(limit);
+        o
+    });
     check_common(&t, &s, 16);
     assert_eq!(s.capacity.bytes, 512 << 20);
 }
@@ -121,7 +130,12 @@ fn device_heap_replays_the_shipped_snapshot_at_full_size() {
 fn device_heap_replays_the_training_step_trace() {
     let Some(p) = common::shared("traces/memory_ctx512_fullstep_.pickle") else { return };
     let t = read_trace(&p).unwrap();
-    let r = run(&t, &{ let mut o = DeviceReplayOptions::default(); o.verify_bytes = true; o.heap_limit = Some(512 << 20); o });
+    let r = run(&t, &{
+        let mut o = DeviceReplayOptions::default();
+        o.verify_bytes = true;
+        o.heap_limit = Some(512 << 20);
+        o
+    });
     // 59 GiB scaled to at most 512 MiB: 1/128.
     check_common(&t, &r, 128);
     assert!(r.failed.iter().any(|f| f.class == "fragmentation"), "power-of-two blocks fragment this trace");
@@ -135,14 +149,23 @@ fn device_heap_bad_capacity_is_input_and_scaling_is_explained() {
         &t,
         &t.devices[0],
         &Backend::cpu(),
-        &{ let mut o = DeviceReplayOptions::default(); o.capacity = Some(100); o },
+        &{
+            let mut o = DeviceReplayOptions::default();
+            o.capacity = Some(100);
+            o
+        },
         &mut |_| {},
     )
     .unwrap_err();
     assert!(e.is_input(), "{e}");
     assert!(matches!(e, ReplayError::Config(_)));
     // A limit below the capacity scales by the next power of two, labelled.
-    let r = run(&t, &{ let mut o = DeviceReplayOptions::default(); o.heap_limit = Some(300 << 10); o.verify_bytes = true; o });
+    let r = run(&t, &{
+        let mut o = DeviceReplayOptions::default();
+        o.heap_limit = Some(300 << 10);
+        o.verify_bytes = true;
+        o
+    });
     check_common(&t, &r, 4);
     assert_eq!(r.capacity.bytes, 256 << 10);
 }

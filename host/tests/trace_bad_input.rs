@@ -236,13 +236,17 @@ fn negative_or_overflowing_size_in_csv() {
 /// file does not contain.
 #[test]
 fn largest_size_in_a_lifetime_csv_is_a_request_on_every_row() {
-    use gpuheap::reference::StrategyKind;
     use gpuheap::analysis::FailureClass;
+    use gpuheap::reference::StrategyKind;
     use gpuheap::replay::{self, ReplayOptions};
     for rows in ["0,0,10,18446744073709551615\n1,0,10,100\n", "0,0,10,100\n1,0,10,18446744073709551615\n"] {
         let path = temp_file("huge_row.csv", format!("id,lower,upper,size\n{rows}").as_bytes());
         let t = read_trace(&path).unwrap_or_else(|e| panic!("{rows:?}: {e}"));
-        let opts = { let mut o = ReplayOptions::new(StrategyKind::BestFit); o.capacity = Some(1 << 20); o };
+        let opts = {
+            let mut o = ReplayOptions::new(StrategyKind::BestFit);
+            o.capacity = Some(1 << 20);
+            o
+        };
         let r = replay::replay(&t, &t.devices[0], &opts, None, &mut |_| {}).unwrap();
         let huge: Vec<_> = r.failed.iter().filter(|f| f.size == u64::MAX).collect();
         assert_eq!(huge.len(), 1, "{rows:?}: {:?}", r.failed);

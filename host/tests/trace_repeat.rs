@@ -12,8 +12,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::pickle::{pickle, V};
-use gpuheap::reference::caching::{capacity_at_oom, config_for_trace, fidelity, Fidelity};
 use gpuheap::facts::pytorch_series;
+use gpuheap::reference::caching::{capacity_at_oom, config_for_trace, fidelity, Fidelity};
 use gpuheap::trace::repeat::{Repeat, RepeatError, RepeatOptions};
 use gpuheap::trace::{parse_trace, read_trace_and_bytes, validate, AddressKind, DeviceTrace, EventKind, Trace};
 
@@ -241,12 +241,7 @@ fn python_loads_the_repeated_file() {
         print(sorted(d), len(t), len(d['segments']), len(d['external_annotations']), all(a <= b for a, b in zip(ts, ts[1:])))\n";
     let o = std::process::Command::new("python3").arg("-c").arg(script).arg(&out).output().expect("python3 runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let n = Repeat::new(&trace, &bytes, RepeatOptions::new(3, 1000))
-        .unwrap()
-        .devices()
-        .next()
-        .unwrap()
-        .events_out;
+    let n = Repeat::new(&trace, &bytes, RepeatOptions::new(3, 1000)).unwrap().devices().next().unwrap().events_out;
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).trim(),
         format!("['allocator_settings', 'device_traces', 'external_annotations', 'segments'] {n} 61 24 True")
@@ -459,10 +454,7 @@ fn a_partial_history_is_refused_naming_the_block() {
             ev("alloc", SEG, 3 * MIB, 4),
         ],
     );
-    assert!(matches!(
-        Repeat::new(&t, &b, RepeatOptions::new(2, 0)),
-        Err(RepeatError::SeedBlockNotRestored { .. })
-    ));
+    assert!(matches!(Repeat::new(&t, &b, RepeatOptions::new(2, 0)), Err(RepeatError::SeedBlockNotRestored { .. })));
 }
 
 #[test]
@@ -499,10 +491,7 @@ fn ooms_recur_in_every_step_unless_the_history_released_segments_from_before() {
 #[test]
 fn no_history_and_expandable_segments_are_refused() {
     let (t, b) = snapshot(vec![seg(SEG, 20 * MIB, vec![blk(SEG, 20 * MIB, 20 * MIB, "active_allocated")])], vec![]);
-    assert!(matches!(
-        Repeat::new(&t, &b, RepeatOptions::new(2, 0)),
-        Err(RepeatError::NoHistory { events: 0, .. })
-    ));
+    assert!(matches!(Repeat::new(&t, &b, RepeatOptions::new(2, 0)), Err(RepeatError::NoHistory { events: 0, .. })));
     let (t, b) = snapshot(vec![], vec![ev("segment_map", SEG, 20 * MIB, 1), ev("alloc", SEG, 2 * MIB, 2)]);
     assert!(matches!(
         Repeat::new(&t, &b, RepeatOptions::new(2, 0)),

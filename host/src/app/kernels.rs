@@ -34,7 +34,8 @@ pub fn write_kernels(out: &mut dyn Write, b: &Backend) -> Result<(), Error> {
     let rt = |e: crate::backend::BackendError| Error::runtime(e);
     let m = g.builtin().map_err(rt)?;
     let l = m.load_info();
-    w!(out, 
+    w!(
+        out,
         "PTX module: {} bytes, loaded in {:.1} ms (the JIT's own time {:.1} ms)",
         l.ptx_bytes,
         l.load_time.as_secs_f64() * 1e3,
@@ -50,7 +51,8 @@ pub fn write_kernels(out: &mut dyn Write, b: &Backend) -> Result<(), Error> {
     }
     let arch = g.arch().map_err(rt)?;
     let sms = g.sm_count().map_err(rt)?;
-    w!(out, 
+    w!(
+        out,
         "\n{} SMs, compute capability {}.{}: {} registers per SM, {} threads, {} blocks, {} B shared memory per SM\n",
         sms,
         arch.compute_capability.0,
@@ -61,7 +63,7 @@ pub fn write_kernels(out: &mut dyn Write, b: &Backend) -> Result<(), Error> {
         arch.shared_per_sm
     );
     let tuning = CompactTuning::for_backend(b);
-    w!(out, 
+    w!(out,
         "| kernel | registers | local B | static shared B | const B | largest block (driver) | largest block (computed) | \
          blocks/SM at {BLOCK} (driver) | blocks/SM at {BLOCK} (computed) | warps/SM | limited by |"
     );
@@ -71,7 +73,8 @@ pub fn write_kernels(out: &mut dyn Write, b: &Backend) -> Result<(), Error> {
         let shared = if k.name == MOVE.name() { tuning.shared_bytes() as u32 } else { 0 };
         let driver = m.max_active_blocks(&k.name, BLOCK, shared).map_or_else(|e| e.to_string(), |n| n.to_string());
         let o = arch.occupancy(k.registers, k.static_shared_bytes, BLOCK, shared);
-        w!(out, 
+        w!(
+            out,
             "| {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:?} |",
             k.name,
             if shared > 0 { format!(" (+{shared} B dynamic)") } else { String::new() },
@@ -87,7 +90,7 @@ pub fn write_kernels(out: &mut dyn Write, b: &Backend) -> Result<(), Error> {
             o.limited_by
         );
     }
-    w!(out, 
+    w!(out,
         "\ncompaction: {} threads per block, move/copy grid {} blocks, plan grid {} blocks (resident blocks per SM x {sms} SMs)",
         tuning.block_threads, tuning.grid, tuning.plan_grid
     );

@@ -15,8 +15,8 @@ use nvml_wrapper::enum_wrappers::device::Clock;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
-use crate::backend::gpu::driver_present;
 use super::kernels::{write_kernels, write_kernels_of_device};
+use crate::backend::gpu::driver_present;
 use crate::backend::{Backend, BackendChoice, GpuBackend};
 use crate::Error;
 

@@ -108,9 +108,7 @@ impl GpuBackend {
 
     /// Number of streaming multiprocessors.
     pub fn sm_count(&self) -> Result<i32> {
-        self.ctx
-            .attribute(Dev::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| driver("cuDeviceGetAttribute", e))
+        self.ctx.attribute(Dev::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(|e| driver("cuDeviceGetAttribute", e))
     }
 
     /// The device's per-SM and per-block resources: the driver's attributes, with the allocation

@@ -142,7 +142,8 @@ impl Arch {
         let shared = static_shared as u64 + dynamic_shared as u64 + self.shared_reserved_per_block as u64;
         let shared = shared.div_ceil(self.shared_alloc_unit as u64) * self.shared_alloc_unit as u64;
         let limit = self.shared_per_block as u64 + self.shared_reserved_per_block as u64;
-        let by_shared = if shared > limit { 0 } else { (self.shared_per_sm as u64 / shared).min(u32::MAX as u64) as u32 };
+        let by_shared =
+            if shared > limit { 0 } else { (self.shared_per_sm as u64 / shared).min(u32::MAX as u64) as u32 };
         let candidates = [
             (by_regs, Limiter::Registers),
             (by_shared, Limiter::SharedMemory),
@@ -293,7 +294,7 @@ mod tests {
             assert_eq!(arch.max_block_threads(80), 768); // 2560: 24 warps = 61440
             assert_eq!(arch.max_block_threads(64), 1024); // 2048: 32 warps = 65536 exactly
             assert_eq!(arch.max_block_threads(65), 896); // 2304 (72 rounded): 28 warps = 64512
-            // malloc (52 / 54), churn (59 / 57), loop (54): 1792 or 2048 per warp, 32 warps fit.
+                                                         // malloc (52 / 54), churn (59 / 57), loop (54): 1792 or 2048 per warp, 32 warps fit.
             assert_eq!(arch.regs_per_warp(54), 1792);
             assert_eq!(arch.regs_per_warp(59), 2048);
             for regs in [52, 54, 57, 59] {

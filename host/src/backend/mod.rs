@@ -74,9 +74,9 @@ use std::time::Duration;
 pub use buffer::DeviceBuffer;
 pub use cpu::{CpuBackend, CpuMode};
 pub use gpu::GpuBackend;
+use gpuheap_kernels::Kernel;
 pub use limits::{Arch, KernelInfo, Limiter, Occupancy};
 pub use module::{KernelModule, ModuleLoad};
-use gpuheap_kernels::Kernel;
 
 /// Errors of the backends.
 #[derive(Debug, thiserror::Error)]

@@ -88,7 +88,8 @@ fn attribute(f: sys::CUfunction, a: Attr) -> Result<u32> {
 /// [`BackendError::ModuleLoad`] with the JIT's error log when the driver refuses the PTX;
 /// `InvalidArgument` for PTX with a NUL byte; driver errors.
 pub(super) fn load(ctx: &Arc<CudaContext>, ptx: &str) -> Result<KernelModule> {
-    let src = CString::new(ptx).map_err(|_| BackendError::InvalidArgument("the PTX text contains a NUL byte".into()))?;
+    let src =
+        CString::new(ptx).map_err(|_| BackendError::InvalidArgument("the PTX text contains a NUL byte".into()))?;
     ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
     let mut info = vec![0u8; INFO_LOG_BYTES];
     let mut error = vec![0u8; ERROR_LOG_BYTES];
@@ -223,7 +224,8 @@ impl KernelModule {
             info.check(&cfg)?;
         }
         let ctx = &self.inner.ctx;
-        let event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| driver("cuEventCreate", e));
+        let event =
+            || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| driver("cuEventCreate", e));
         let (start, end) = (event()?, event()?);
         start.record(stream).map_err(|e| driver("cuEventRecord", e))?;
         let mut arg = *params;
@@ -233,7 +235,14 @@ impl KernelModule {
         // alive until the call returns (the driver copies parameters at launch); the caller
         // vouches for the addresses inside it.
         unsafe {
-            result::launch_kernel(f, (cfg.grid, 1, 1), (cfg.block, 1, 1), cfg.shared_bytes, stream.cu_stream(), &mut args)
+            result::launch_kernel(
+                f,
+                (cfg.grid, 1, 1),
+                (cfg.block, 1, 1),
+                cfg.shared_bytes,
+                stream.cu_stream(),
+                &mut args,
+            )
         }
         .map_err(|e| driver("cuLaunchKernel", e))?;
         end.record(stream).map_err(|e| driver("cuEventRecord", e))?;

@@ -1,8 +1,8 @@
 //! `gpuheap bench launch-limit [--json] [--blocks LIST]`: the launch-limit probe
 //! ([`crate::bench::launch`]), GPU backend only.
 
-use crate::bench::launch;
 use crate::backend::BackendError;
+use crate::bench::launch;
 
 use super::args::BackendArgs;
 use crate::Error;

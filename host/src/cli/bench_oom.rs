@@ -43,7 +43,11 @@ pub(crate) fn run(a: &Args) -> Result<(), Error> {
         cfg.reps = r;
     }
     cfg.validate().map_err(|e| Error::input(e.to_string()))?;
-    let head = format!("gpuheap bench oom on {}: a {} B heap run dry, then one launch of failing requests", backend.describe(), oom::POOL_BYTES);
+    let head = format!(
+        "gpuheap bench oom on {}: a {} B heap run dry, then one launch of failing requests",
+        backend.describe(),
+        oom::POOL_BYTES
+    );
     // Rows go out as they finish, so a run stopped by a time limit keeps them.
     let (json, progress_to_stdout) = (a.json, !a.json);
     let say = |line: &str| if progress_to_stdout { println!("{line}") } else { eprintln!("{line}") };

@@ -150,15 +150,7 @@ const CONTROL_WORDS: usize = 2;
 impl Compactor {
     /// A compactor with `tuning` (see [`CompactTuning::for_backend`]).
     pub fn new(tuning: CompactTuning) -> Self {
-        Self {
-            tuning,
-            blocks: None,
-            new_offset: None,
-            status: None,
-            flags: None,
-            control: None,
-            epoch: 0,
-        }
+        Self { tuning, blocks: None, new_offset: None, status: None, flags: None, control: None, epoch: 0 }
     }
 
     /// The tuning.

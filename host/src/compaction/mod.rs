@@ -52,14 +52,13 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 pub use compactor::{CompactTuning, Compactor, LayoutCompaction, MAX_SHARED_BYTES};
-pub(crate) use region::{block_bytes, occupied};
-pub use region::HandleRegion;
 use gpuheap_kernels::compact::handle::{
     make_handle, split_handle, DeviceHandleTable, HandleEntry, HandleFillParams, ENTRY_LIVE, ENTRY_PINNED, HANDLE_FILL,
 };
 use gpuheap_kernels::compact::movable::PIN_SHIFT;
 pub use gpuheap_kernels::compact::{LiveBlock, BLOCK_PINNED, GRANULE};
-
+pub use region::HandleRegion;
+pub(crate) use region::{block_bytes, occupied};
 
 use crate::analysis::Fragmentation;
 use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig};

@@ -30,8 +30,8 @@ use gpuheap_kernels::heap::layout::{UNIT, UNIT_SHIFT};
 
 use super::ops::BLOCK;
 use super::{DeviceHeap, Heap};
-use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig, Result as BackendResult};
 use crate::analysis::Fragmentation;
+use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig, Result as BackendResult};
 use crate::compaction::{
     block_bytes, occupied, oracle, region_fragmentation, BlockInfo, CompactTuning, CompactionError, CompactionReport,
     Compactor, Handle, HandleRegion, Result,
@@ -167,7 +167,9 @@ impl MovableRegion<'_> {
 
     fn read_entry(&self, index: u32) -> Result<HandleEntry> {
         let mut e = [HandleEntry::default()];
-        self.mv.buf.read_into(TABLE_OFFSET as usize + index as usize * ENTRY_BYTES, bytemuck::cast_slice_mut(&mut e))?;
+        self.mv
+            .buf
+            .read_into(TABLE_OFFSET as usize + index as usize * ENTRY_BYTES, bytemuck::cast_slice_mut(&mut e))?;
         Ok(e[0])
     }
 

@@ -28,12 +28,12 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::facts::RequestBounds;
 use crate::facts::{
     self, capacity_from_evidence, choose_device, final_state, gpu_capacity_at_oom, oom_capacity, peaks, state_after,
     summarize, Capacity, CapacityRangeError, DeviceChoice, DeviceError, DeviceSummary, SegmentView, SnapshotBlock,
     StateError,
 };
-use crate::facts::RequestBounds;
 use crate::reference::caching;
 use crate::trace::pytorch::{self, Frame};
 use crate::trace::{DeviceTrace, Location, MempoolId, Trace, TraceError, TraceFormat};
@@ -45,9 +45,9 @@ pub mod tune;
 pub mod without;
 
 pub use breakdown::{Breakdown, Kind, Site, SiteOrigin};
-pub use without::{what_if_without, WithoutReport};
 pub use oom::{explain_oom, reproduce, with_oom_requests, OomExplanation, Reproduction, Verdict};
 pub use render::{capacity_text, devices_text, settings_warnings_text, warnings_text};
+pub use without::{what_if_without, WithoutReport};
 
 /// Which moment the detail of an [`Explanation`] describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -81,7 +81,6 @@ pub struct Tensor {
     /// What it is, inferred from its frames ([`breakdown::kind_of`]).
     pub kind: Kind,
 }
-
 
 /// How many largest live tensors and segments with holes an [`Explanation`] lists.
 pub const TOP_ITEMS: usize = 8;

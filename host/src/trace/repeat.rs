@@ -475,7 +475,12 @@ impl<'t, 'a> Repeat<'t, 'a> {
             1 => "1 step".to_string(),
             n => format!("{n} steps"),
         };
-        format!("{}: {steps} of {} ({period}; {}), {bytes} bytes", output.display(), input.display(), devices.join("; "))
+        format!(
+            "{}: {steps} of {} ({period}; {}), {bytes} bytes",
+            output.display(),
+            input.display(),
+            devices.join("; ")
+        )
     }
 
     fn annotations(&self) -> Option<&[NodeId]> {

@@ -50,7 +50,10 @@ fn run(dir: &Path) -> Result<String, Outcome> {
     let (major, minor) = gpu.compute_capability().map_err(fail)?;
     let cubin = dir.join(format!("grow_sm{major}{minor}.cubin"));
     let image = std::fs::read(&cubin).map_err(|e| {
-        Outcome::Skip(format!("{}: {e} (link.py builds sm_80 and sm_90 cubins; this GPU is sm_{major}{minor})", cubin.display()))
+        Outcome::Skip(format!(
+            "{}: {e} (link.py builds sm_80 and sm_90 cubins; this GPU is sm_{major}{minor})",
+            cubin.display()
+        ))
     })?;
     let heap = DeviceHeap::new(&backend, 64 << 20).map_err(fail)?;
     let checksums = backend.alloc_zeroed(THREADS as usize * 8).map_err(fail)?;
