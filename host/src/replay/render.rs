@@ -79,15 +79,7 @@ fn compaction_lines(r: &ReplayReport) -> String {
 fn table(r: &ReplayReport, strategy_note: &str) -> String {
     let mut s = String::new();
     s += &format!("trace          {} ({}), device {}\n", r.trace, r.format, r.device);
-    s += &format!(
-        "strategy       {}{strategy_note}\ncapacity       {} ({}), requests aligned to {} B ({}), compaction {}\n",
-        r.strategy,
-        fmt_bytes(r.capacity.bytes),
-        r.capacity.describe(),
-        r.align,
-        r.align_source,
-        r.policy
-    );
+    s += &format!("strategy       {}{strategy_note}\ncapacity       {}\n", r.strategy, setup_line(r));
     s += &format!(
         "events         {} ({} alloc, {} free_completed, {} free_requested) after {} initial blocks\n",
         r.events, r.allocs, r.frees, r.free_requests, r.initial_blocks
@@ -222,23 +214,32 @@ fn tier_lines(r: &ReplayReport) -> String {
 
 /// The comparison table.
 ///
+/// The replay's setup after "capacity": the capacity and where it came from, the request alignment and
+/// its source, the compaction policy (the replay and the compare pages).
+fn setup_line(r: &ReplayReport) -> String {
+    format!(
+        "{} ({}), requests aligned to {} B ({}), compaction {}",
+        fmt_bytes(r.capacity.bytes),
+        r.capacity.describe(),
+        r.align,
+        r.align_source,
+        r.policy
+    )
+}
+
 /// `demand` is the trace's peak of live requested bytes (PyTorch's row: PyTorch served every request).
 /// Compactions: one summary line per strategy that compacted ([`compaction_summary`]); with `verbose`
 /// also every compaction.
 fn compare_table(reports: &[ReplayReport], not_run: &[NotRun], demand: u64, verbose: bool) -> String {
     let Some(first) = reports.first() else { return String::new() };
     let mut s = format!(
-        "trace {} ({}), device {}: {} events, {} initial blocks\ncapacity {} ({}), requests aligned to {} B ({}), compaction {}\n\n",
+        "trace {} ({}), device {}: {} events, {} initial blocks\ncapacity {}\n\n",
         first.trace,
         first.format,
         first.device,
         first.events,
         first.initial_blocks,
-        fmt_bytes(first.capacity.bytes),
-        first.capacity.describe(),
-        first.align,
-        first.align_source,
-        first.policy
+        setup_line(first)
     );
     s += &format!(
         "{:<28}{:>12}{:>12}{:>8}{:>8}{:>16}{:>12}{:>16}{:>12}{:>16}{:>12}{:>9}\n",
