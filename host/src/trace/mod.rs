@@ -36,6 +36,7 @@ pub(crate) mod csv_lifetime;
 mod error;
 mod format;
 mod model;
+pub(crate) mod pages;
 pub(crate) mod pytorch;
 pub mod repeat;
 pub(crate) mod rmm;
@@ -78,8 +79,22 @@ pub fn read_trace_and_bytes(path: impl AsRef<Path>) -> Result<(Trace, Vec<u8>), 
             return Err(TraceError::IsDevice { path: path.to_path_buf() });
         }
     }
-    let bytes = std::fs::read(path).map_err(io)?;
+    let bytes = read_file(path, meta.len()).map_err(io)?;
     Ok((parse_trace(path, &bytes)?, bytes))
+}
+
+/// The content of `path`, `len` bytes by its metadata (a file that grew since is read to its end), into
+/// a buffer on huge pages ([`pages::advise_huge`]).
+fn read_file(path: &Path, len: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    // The metadata's length plus one byte, so that reading to the end needs no second allocation.
+    let hint = usize::try_from(len).unwrap_or(usize::MAX).saturating_add(1);
+    bytes.try_reserve_exact(hint).map_err(|e| std::io::Error::new(std::io::ErrorKind::OutOfMemory, e))?;
+    pages::advise_huge(&mut bytes);
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// Parses trace `bytes` (the content of the file `path`, which is only used in messages and in

@@ -495,8 +495,8 @@ impl<'t, 'a> Repeat<'t, 'a> {
     fn time_of(&self, dict: NodeId) -> Option<i64> {
         let Node::Dict(d) = self.pickle.node(dict) else { return None };
         match self.pickle.node(self.pickle.get(d, "time_us")?) {
-            Node::Int(v) => i64::try_from(*v).ok(),
-            Node::Float(f) if f.is_finite() => Some(*f as i64),
+            Node::Int(v) => i64::try_from(v).ok(),
+            Node::Float(f) if f.is_finite() => Some(f as i64),
             _ => None,
         }
     }
@@ -518,7 +518,7 @@ impl<'t, 'a> Repeat<'t, 'a> {
         let Node::Dict(root) = p.node(p.root) else { return Err(io::Error::other("not a dict")) };
         // The keys to write: each key's last pair (a key set twice has its last value, as in Python).
         let key = |k: NodeId| match p.node(k) {
-            Node::Str(s) => Some(&**s),
+            Node::Str(s) => Some(s),
             _ => None,
         };
         let keep: Vec<&(NodeId, NodeId)> = root
@@ -615,7 +615,7 @@ impl<'t, 'a> Repeat<'t, 'a> {
         w.begin_dict(pairs.len())?;
         for &(k, v) in pairs {
             c.copy(w, k)?;
-            let is_time = matches!(p.node(k), Node::Str(s) if **s == *b"time_us");
+            let is_time = matches!(p.node(k), Node::Str(s) if s == b"time_us");
             match p.node(v) {
                 // Checked in `new`: the shifted times fit.
                 Node::Int(t) if is_time => w.int(t + i128::from(shift))?,
@@ -644,7 +644,7 @@ impl<'t, 'a> Repeat<'t, 'a> {
             _ => &[],
         };
         let name = |k: NodeId| match p.node(k) {
-            Node::Str(s) => &**s,
+            Node::Str(s) => s,
             _ => b"",
         };
         let kept: Vec<(NodeId, NodeId)> = pairs.iter().copied().filter(|&(k, _)| name(k) != b"device_free").collect();
@@ -688,7 +688,7 @@ impl<'t, 'a> Repeat<'t, 'a> {
         for (k, v) in kept {
             c.copy(w, k)?;
             match name(k) {
-                b"action" if matches!(p.node(v), Node::Str(s) if **s == *action.as_bytes()) => c.copy(w, v)?,
+                b"action" if matches!(p.node(v), Node::Str(s) if s == action.as_bytes()) => c.copy(w, v)?,
                 b"action" => str_of(w, action)?,
                 b"addr" => w.int(i128::from(b.addr))?,
                 b"size" => w.int(i128::from(b.size))?,

@@ -90,7 +90,7 @@ struct EventExtras {
 }
 
 impl<'p, 'a> Reader<'p, 'a> {
-    fn node(&self, id: NodeId) -> &'p Node<'a> {
+    fn node(&self, id: NodeId) -> Node<'p> {
         self.p.node(id)
     }
 
@@ -122,7 +122,7 @@ impl<'p, 'a> Reader<'p, 'a> {
 
     fn int(&self, id: NodeId, at: &Location) -> Result<i128, TraceError> {
         match self.node(id) {
-            Node::Int(v) => Ok(*v),
+            Node::Int(v) => Ok(v),
             Node::BigInt => Err(self.bad(at.clone(), "integer does not fit in 64 bits")),
             _ => Err(self.expected(at.clone(), "an integer", id)),
         }
@@ -154,8 +154,8 @@ impl<'p, 'a> Reader<'p, 'a> {
 
     fn bool(&self, id: NodeId, at: Location) -> Result<bool, TraceError> {
         match self.node(id) {
-            Node::Bool(b) => Ok(*b),
-            Node::Int(v @ (0 | 1)) => Ok(*v == 1),
+            Node::Bool(b) => Ok(b),
+            Node::Int(v @ (0 | 1)) => Ok(v == 1),
             _ => Err(self.expected(at, "a bool", id)),
         }
     }
@@ -196,6 +196,7 @@ impl<'p, 'a> Reader<'p, 'a> {
             for (d, &t) in self.list(n, || Location::Key("device_traces"))?.iter().enumerate() {
                 let entries = self.list(t, || Location::Key("device_traces"))?;
                 let mut events = Vec::with_capacity(entries.len());
+                crate::trace::pages::advise_huge(&mut events);
                 let mut dev_extras = Vec::new();
                 let mut dev_ooms = Vec::new();
                 for (i, &e) in entries.iter().enumerate() {
@@ -468,7 +469,7 @@ impl<'p, 'a> Reader<'p, 'a> {
                 b"time_us" => {
                     time = match self.node(v) {
                         Node::None => None,
-                        Node::Float(f) if f.is_finite() => Some(*f as i64),
+                        Node::Float(f) if f.is_finite() => Some(f as i64),
                         _ => Some(self.i64(v, at(Some("time_us")))?),
                     }
                 }
@@ -606,7 +607,7 @@ impl<'p, 'a> Reader<'p, 'a> {
                 }
                 b"garbage_collection_threshold" => {
                     let g = match self.node(v) {
-                        Node::Float(f) => *f,
+                        Node::Float(f) => f,
                         _ => self.i64(v, at())? as f64,
                     };
                     // PyTorch accepts a threshold strictly between 0 and 1 (0: off).
@@ -651,7 +652,7 @@ impl<'p, 'a> Reader<'p, 'a> {
                 key => {
                     let value = match self.node(v) {
                         Node::None => "None".to_string(),
-                        Node::Bool(b) => if *b { "True" } else { "False" }.to_string(),
+                        Node::Bool(b) => if b { "True" } else { "False" }.to_string(),
                         Node::Int(i) => i.to_string(),
                         Node::Float(f) => f.to_string(),
                         Node::Str(t) => String::from_utf8_lossy(t).into_owned(),
@@ -801,7 +802,7 @@ pub fn read_frames(
                     _ => None,
                 };
                 let line = match p.get(fd, "line").map(|v| p.node(v)) {
-                    Some(Node::Int(v)) => i64::try_from(*v).unwrap_or(0),
+                    Some(Node::Int(v)) => i64::try_from(v).unwrap_or(0),
                     _ => 0,
                 };
                 Some(Frame { name: text("name")?, filename: text("filename").unwrap_or_default(), line })
@@ -818,7 +819,7 @@ pub fn read_frames(
         let entries: Vec<&[(NodeId, NodeId)]> =
             h.iter().filter_map(|&e| if let Node::Dict(d) = p.node(e) { Some(&d[..]) } else { None }).collect();
         let at_addr = entries.iter().find(|d| {
-            matches!(p.get(d, "addr").map(|v| p.node(v)), Some(Node::Int(v)) if u64::try_from(*v).ok() == Some(addr))
+            matches!(p.get(d, "addr").map(|v| p.node(v)), Some(Node::Int(v)) if u64::try_from(v).ok() == Some(addr))
         });
         at_addr.or(entries.first()).map_or_else(Vec::new, |d| frames_of(d))
     };
@@ -845,7 +846,7 @@ pub fn read_frames(
         for &s in segs {
             let Node::Dict(sd) = p.node(s) else { continue };
             let dev = match p.get(sd, "device").map(|v| p.node(v)) {
-                Some(Node::Int(v)) => i64::try_from(*v).unwrap_or(-1),
+                Some(Node::Int(v)) => i64::try_from(v).unwrap_or(-1),
                 _ => 0,
             };
             if dev != device {
@@ -853,7 +854,7 @@ pub fn read_frames(
             }
             let Some(Node::List(bl)) = p.get(sd, "blocks").map(|v| p.node(v)) else { continue };
             let int = |d: &[(NodeId, NodeId)], k: &str| match p.get(d, k).map(|v| p.node(v)) {
-                Some(Node::Int(v)) => u64::try_from(*v).ok(),
+                Some(Node::Int(v)) => u64::try_from(v).ok(),
                 _ => None,
             };
             // The PyTorch 2.0 layout records no block address: a block starts where the one before it ends

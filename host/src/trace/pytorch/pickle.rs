@@ -10,18 +10,19 @@
 //! refusing them, and it resolves memo references by cloning, which fails with a false
 //! "recursive structure" error on real PyTorch snapshots (the frames lists are shared through the
 //! memo) and would expand "billion laughs" pickles exponentially. This decoder keeps every value
-//! once, in one node vector; memo references and `DUP` share the node, and so do equal small constants
-//! (`None`, booleans, integers below 2^16). Memory and time are linear in the input: each opcode adds at
-//! most one node.
+//! once, as a 12-byte slot in one vector with the items of containers in shared arrays ([`Pickle`]);
+//! memo references and `DUP` share the node, and so do equal small constants (`None`, booleans, integers
+//! below 2^16). Memory and time are linear in the input: each opcode adds at most one node.
 
 use std::borrow::Cow;
 
-/// Index of a node in [`Pickle::nodes`].
+/// Index of a node of a [`Pickle`].
 pub(crate) type NodeId = u32;
 
-/// One decoded value. Strings borrow from the input where they can.
-#[derive(Debug, Clone)]
-pub(crate) enum Node<'a> {
+/// One decoded value, as [`Pickle::node`] gives it: strings borrow from the input where they can, and
+/// the items of lists, tuples and dicts from the pickle's item arrays.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Node<'p> {
     None,
     Bool(bool),
     /// Any integer up to 128 bits (addresses above 2^63 arrive as 9-byte `LONG1`).
@@ -30,11 +31,11 @@ pub(crate) enum Node<'a> {
     BigInt,
     Float(f64),
     /// A `str` (UTF-8 bytes, not checked) or a protocol-0/1 byte string.
-    Str(Cow<'a, [u8]>),
+    Str(&'p [u8]),
     Bytes,
-    List(Vec<NodeId>),
-    Tuple(Vec<NodeId>),
-    Dict(Vec<(NodeId, NodeId)>),
+    List(&'p [NodeId]),
+    Tuple(&'p [NodeId]),
+    Dict(&'p [(NodeId, NodeId)]),
 }
 
 impl Node<'_> {
@@ -54,25 +55,216 @@ impl Node<'_> {
     }
 }
 
-/// A decoded pickle: a vector of nodes and the root.
+/// How a node is stored: 12 bytes, a kind and two words whose meaning the kind gives.
+///
+/// Measured on a 1,005,465-event snapshot (67 MB of pickle, `decomfl` repeated 42 times): with one
+/// 32-byte enum per node and a heap vector per list and dict (a million dicts), reading spent most of its
+/// time writing fresh memory (the kernel's page clearing behind it) and in `malloc`. Here the items of
+/// every list, tuple and dict built in one run sit in two shared arrays (`items`, `pairs`); a container
+/// that grows again after other containers were built there (the long list of trace entries, built in
+/// batches of 1,000 between its entries' own items) moves once into a vector of its own.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    kind: Kind,
+    a: u32,
+    b: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    None,
+    True,
+    False,
+    /// An integer of 64 bits: `a` the low word, `b` the high word.
+    Int,
+    /// An integer of 65 to 128 bits: `wides[a]`.
+    Wide,
+    BigInt,
+    /// `a` the low word, `b` the high word of the bits.
+    Float,
+    /// `strs[a]`.
+    Str,
+    Bytes,
+    /// `items[a..a + b]`.
+    List,
+    /// `lists[a]`.
+    OwnList,
+    /// `items[a..a + b]`.
+    Tuple,
+    /// `pairs[a..a + b]`.
+    Dict,
+    /// `dicts[a]`.
+    OwnDict,
+}
+
+impl Slot {
+    const fn of(kind: Kind) -> Slot {
+        Slot { kind, a: 0, b: 0 }
+    }
+    fn type_name(&self) -> &'static str {
+        match self.kind {
+            Kind::None => "None",
+            Kind::True | Kind::False => "bool",
+            Kind::Int | Kind::Wide | Kind::BigInt => "int",
+            Kind::Float => "float",
+            Kind::Str => "str",
+            Kind::Bytes => "bytes",
+            Kind::List | Kind::OwnList => "list",
+            Kind::Tuple => "tuple",
+            Kind::Dict | Kind::OwnDict => "dict",
+        }
+    }
+}
+
+/// A decoded pickle: its nodes and the root. Memory and time are linear in the input (each opcode adds
+/// at most one node and each item is stored once, plus at most one move of a growing container).
 #[derive(Debug)]
 pub(crate) struct Pickle<'a> {
-    pub(crate) nodes: Vec<Node<'a>>,
+    slots: Vec<Slot>,
+    strs: Vec<Cow<'a, [u8]>>,
+    wides: Vec<i128>,
+    items: Vec<NodeId>,
+    pairs: Vec<(NodeId, NodeId)>,
+    lists: Vec<Vec<NodeId>>,
+    dicts: Vec<Vec<(NodeId, NodeId)>>,
     pub(crate) root: NodeId,
 }
 
 impl<'a> Pickle<'a> {
-    pub(crate) fn node(&self, id: NodeId) -> &Node<'a> {
-        &self.nodes[id as usize]
+    /// The number of nodes (ids `0..len`).
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Node `id` (an id this pickle gave).
+    #[inline]
+    pub(crate) fn node(&self, id: NodeId) -> Node<'_> {
+        let s = self.slots[id as usize];
+        let (a, b) = (s.a as usize, s.b as usize);
+        match s.kind {
+            Kind::None => Node::None,
+            Kind::True => Node::Bool(true),
+            Kind::False => Node::Bool(false),
+            Kind::Int => Node::Int(i128::from((u64::from(s.b) << 32 | u64::from(s.a)) as i64)),
+            Kind::Wide => Node::Int(self.wides[a]),
+            Kind::BigInt => Node::BigInt,
+            Kind::Float => Node::Float(f64::from_bits(u64::from(s.b) << 32 | u64::from(s.a))),
+            Kind::Str => Node::Str(&self.strs[a]),
+            Kind::Bytes => Node::Bytes,
+            Kind::List => Node::List(&self.items[a..a + b]),
+            Kind::OwnList => Node::List(&self.lists[a]),
+            Kind::Tuple => Node::Tuple(&self.items[a..a + b]),
+            Kind::Dict => Node::Dict(&self.pairs[a..a + b]),
+            Kind::OwnDict => Node::Dict(&self.dicts[a]),
+        }
     }
 
     /// Looks `key` up in the dict `id` (linear scan: snapshot dicts have a dozen keys). A key set twice
     /// (`SETITEM`s of one key) has its last value, as Python's `dict` does.
+    #[inline]
     pub(crate) fn get(&self, dict: &[(NodeId, NodeId)], key: &str) -> Option<NodeId> {
-        dict.iter()
-            .rev()
-            .find(|(k, _)| matches!(self.node(*k), Node::Str(s) if **s == *key.as_bytes()))
-            .map(|(_, v)| *v)
+        dict.iter().rev().find(|(k, _)| matches!(self.node(*k), Node::Str(s) if s == key.as_bytes())).map(|(_, v)| *v)
+    }
+
+    /// A slot for an integer.
+    fn int_slot(&mut self, v: i128) -> Result<Slot, ()> {
+        Ok(match i64::try_from(v) {
+            Ok(v) => Slot { kind: Kind::Int, a: v as u64 as u32, b: ((v as u64) >> 32) as u32 },
+            Err(_) => {
+                let a = u32::try_from(self.wides.len()).map_err(|_| ())?;
+                self.wides.push(v);
+                Slot { kind: Kind::Wide, a, b: 0 }
+            }
+        })
+    }
+
+    fn str_slot(&mut self, s: Cow<'a, [u8]>) -> Result<Slot, ()> {
+        let a = u32::try_from(self.strs.len()).map_err(|_| ())?;
+        self.strs.push(s);
+        Ok(Slot { kind: Kind::Str, a, b: 0 })
+    }
+
+    /// A list or tuple of `new` in the item array.
+    fn seq_slot(&mut self, kind: Kind, new: &[NodeId]) -> Result<Slot, ()> {
+        let a = u32::try_from(self.items.len()).map_err(|_| ())?;
+        let b = u32::try_from(new.len()).map_err(|_| ())?;
+        u32::try_from(self.items.len() + new.len()).map_err(|_| ())?;
+        self.items.extend_from_slice(new);
+        Ok(Slot { kind, a, b })
+    }
+
+    /// A dict of the key/value pairs `flat` (keys at even positions) in the pair array.
+    fn dict_slot(&mut self, flat: &[NodeId]) -> Result<Slot, ()> {
+        let a = u32::try_from(self.pairs.len()).map_err(|_| ())?;
+        let b = u32::try_from(flat.len() / 2).map_err(|_| ())?;
+        u32::try_from(self.pairs.len() + flat.len() / 2).map_err(|_| ())?;
+        self.pairs.extend(flat.chunks_exact(2).map(|p| (p[0], p[1])));
+        Ok(Slot { kind: Kind::Dict, a, b })
+    }
+
+    /// Appends `new` to list `id`: in place while the list is the last run of the item array (or empty),
+    /// else after moving it into a vector of its own (once). `Err(type name)` when `id` is no list.
+    fn append(&mut self, id: usize, new: &[NodeId]) -> Result<(), &'static str> {
+        let s = self.slots[id];
+        match s.kind {
+            Kind::List => {
+                let (a, b) = (s.a as usize, s.b as usize);
+                if b == 0 || a + b == self.items.len() {
+                    let start = if b == 0 { self.items.len() } else { a };
+                    let fits = u32::try_from(self.items.len() + new.len()).is_ok();
+                    if fits {
+                        self.items.extend_from_slice(new);
+                        self.slots[id] = Slot { kind: Kind::List, a: start as u32, b: (b + new.len()) as u32 };
+                        return Ok(());
+                    }
+                }
+                let mut own = Vec::with_capacity((b + new.len()).max(2 * b));
+                own.extend_from_slice(&self.items[a..a + b]);
+                own.extend_from_slice(new);
+                let at = u32::try_from(self.lists.len()).map_err(|_| "list")?;
+                self.lists.push(own);
+                self.slots[id] = Slot { kind: Kind::OwnList, a: at, b: 0 };
+                Ok(())
+            }
+            Kind::OwnList => {
+                self.lists[s.a as usize].extend_from_slice(new);
+                Ok(())
+            }
+            _ => Err(s.type_name()),
+        }
+    }
+
+    /// Sets the key/value pairs `flat` (keys at even positions) in dict `id`, as [`Pickle::append`] does
+    /// for lists. `Err(type name)` when `id` is no dict.
+    fn set_items(&mut self, id: usize, flat: &[NodeId]) -> Result<(), &'static str> {
+        let s = self.slots[id];
+        let new = flat.chunks_exact(2).map(|p| (p[0], p[1]));
+        match s.kind {
+            Kind::Dict => {
+                let (a, b) = (s.a as usize, s.b as usize);
+                let n = flat.len() / 2;
+                if b == 0 || a + b == self.pairs.len() {
+                    let start = if b == 0 { self.pairs.len() } else { a };
+                    if u32::try_from(self.pairs.len() + n).is_ok() {
+                        self.pairs.extend(new);
+                        self.slots[id] = Slot { kind: Kind::Dict, a: start as u32, b: (b + n) as u32 };
+                        return Ok(());
+                    }
+                }
+                let mut own = Vec::with_capacity((b + n).max(2 * b));
+                own.extend_from_slice(&self.pairs[a..a + b]);
+                own.extend(new);
+                let at = u32::try_from(self.dicts.len()).map_err(|_| "dict")?;
+                self.dicts.push(own);
+                self.slots[id] = Slot { kind: Kind::OwnDict, a: at, b: 0 };
+                Ok(())
+            }
+            Kind::OwnDict => {
+                self.dicts[s.a as usize].extend(new);
+                Ok(())
+            }
+            _ => Err(s.type_name()),
+        }
     }
 }
 
@@ -141,10 +333,11 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Little-endian two's complement (as `LONG1`/`LONG4` store it) to `Node::Int` or `Node::BigInt`.
-fn long_from_le(bytes: &[u8]) -> Node<'static> {
+/// Little-endian two's complement (as `LONG1`/`LONG4` store it) to its value; `None` for a value that
+/// needs more than 128 bits.
+fn long_from_le(bytes: &[u8]) -> Option<i128> {
     if bytes.is_empty() {
-        return Node::Int(0);
+        return Some(0);
     }
     let negative = bytes[bytes.len() - 1] & 0x80 != 0;
     let fill = if negative { 0xff } else { 0 };
@@ -154,11 +347,17 @@ fn long_from_le(bytes: &[u8]) -> Node<'static> {
         n -= 1;
     }
     if n > 16 {
-        return Node::BigInt;
+        return None;
     }
     let mut buf = [fill; 16];
     buf[..n].copy_from_slice(&bytes[..n]);
-    Node::Int(i128::from_le_bytes(buf))
+    Some(i128::from_le_bytes(buf))
+}
+
+/// The slot of a float.
+fn float_slot(v: f64) -> Slot {
+    let bits = v.to_bits();
+    Slot { kind: Kind::Float, a: bits as u32, b: (bits >> 32) as u32 }
 }
 
 /// The names of the opcodes that are refused, by opcode byte.
@@ -184,34 +383,50 @@ fn code_opcode(op: u8) -> Option<&'static str> {
 
 /// Decodes `data` (a whole pickle, protocols 0 to 5) into a vector of plain values.
 pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
+    use crate::trace::pages::reserve_huge as huge;
     let mut r = Reader { data, pos: 0, op_pos: 0 };
-    let mut nodes: Vec<Node<'_>> = Vec::with_capacity(data.len() / 8);
+    let mut p = Pickle {
+        // Room for more than a snapshot needs (`decomfl` repeated 5 times: a dict pair per 10 bytes of
+        // pickle, a list item per 29), reserved but written only as far as the pickle fills it.
+        slots: huge(data.len() / 8),
+        strs: Vec::new(),
+        wides: Vec::new(),
+        items: huge(data.len() / 8),
+        pairs: huge(data.len() / 4),
+        lists: Vec::new(),
+        dicts: Vec::new(),
+        root: 0,
+    };
     let mut stack: Vec<NodeId> = Vec::with_capacity(64);
     let mut marks: Vec<usize> = Vec::new();
     let mut memo: Vec<Option<NodeId>> = Vec::new();
-    // The last two string literals pushed, to name the global a STACK_GLOBAL would import.
-    let mut last_strs: [Option<NodeId>; 2] = [None, None];
 
     macro_rules! push {
-        ($node:expr) => {{
-            let id = NodeId::try_from(nodes.len()).map_err(|_| r.malformed("too many values"))?;
-            nodes.push($node);
+        ($slot:expr) => {{
+            let slot = $slot;
+            let id = NodeId::try_from(p.slots.len()).map_err(|_| r.malformed("too many values"))?;
+            p.slots.push(slot);
             stack.push(id);
         }};
     }
+    // A slot an arena index must fit: `Err(())` when the pickle has more than 2^32 values of a kind.
+    macro_rules! fits {
+        ($slot:expr) => {
+            $slot.map_err(|()| r.malformed("too many values"))?
+        };
+    }
     // `None`, the booleans and the integers below 2^16 (`BININT1`, `BININT2`: a stream, a size class, a
     // frame's line) share one node per value, made at its first use: values are never changed once made
-    // (only lists and dicts grow), and a writer copies integers by value (`pickle_write`). Measured on a
-    // 1,005,465-event snapshot (`decomfl` repeated 42 times): the decoder's time went into writing new
-    // nodes to fresh memory (its node stores and the page faults behind them), so every node not made
-    // is time saved.
+    // (only lists and dicts grow), and a writer copies integers by value (`pickle_write`): every node not
+    // made is memory not written (see [`Slot`]).
     let mut shared_const: [NodeId; 3] = [NodeId::MAX; 3];
     let mut shared_u16: Vec<NodeId> = vec![NodeId::MAX; 1 << 16];
     macro_rules! push_shared {
         ($slot:expr, $node:expr) => {{
             if $slot == NodeId::MAX {
-                $slot = NodeId::try_from(nodes.len()).map_err(|_| r.malformed("too many values"))?;
-                nodes.push($node);
+                let slot = $node;
+                $slot = NodeId::try_from(p.slots.len()).map_err(|_| r.malformed("too many values"))?;
+                p.slots.push(slot);
             }
             stack.push($slot);
         }};
@@ -224,19 +439,10 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
             stack.pop().ok_or_else(|| r.malformed("stack underflow"))?
         }};
     }
-    macro_rules! pop_mark {
-        () => {{
-            let m = marks.pop().ok_or_else(|| r.malformed("no MARK on the stack"))?;
-            if m > stack.len() {
-                return Err(r.malformed("stack underflow below MARK"));
-            }
-            stack.split_off(m)
-        }};
-    }
     // APPENDS and SETITEMS: the items above the last MARK stay on the stack until they are moved into
     // the container below them (no temporary vector per batch). `mark_start!` pops the MARK and gives
-    // where its items start; `container_below!(m)` is the node under them, as `top_container!` after a
-    // `pop_mark!` would give it.
+    // where its items start; `container_below!(m)` is the node under them, as `top_container!` would give it
+    // once they were gone.
     macro_rules! mark_start {
         () => {{
             let m = marks.pop().ok_or_else(|| r.malformed("no MARK on the stack"))?;
@@ -281,25 +487,6 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
     loop {
         r.op_pos = r.pos;
         let op = r.u8()?;
-        if let Some(name) = code_opcode(op) {
-            let global = match op {
-                b'c' | b'i' => {
-                    let module = String::from_utf8_lossy(r.line()?).into_owned();
-                    let name = String::from_utf8_lossy(r.line()?).into_owned();
-                    Some(format!("{module}.{name}"))
-                }
-                0x93 => {
-                    let name = |id: Option<NodeId>| match id.map(|i| &nodes[i as usize]) {
-                        Some(Node::Str(s)) => String::from_utf8_lossy(s).into_owned(),
-                        _ => "?".to_string(),
-                    };
-                    Some(format!("{}.{}", name(last_strs[0]), name(last_strs[1])))
-                }
-                _ => None,
-            };
-            return Err(r.err(PickleErrorKind::RunsCode { opcode: name, global }));
-        }
-        let mut pushed_str = false;
         match op {
             0x80 => {
                 let proto = r.u8()?;
@@ -311,8 +498,8 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
                 r.take(8)?;
             }
             b'.' => {
-                let root = pop!();
-                return Ok(Pickle { nodes, root });
+                p.root = pop!();
+                return Ok(p);
             }
             b'(' => marks.push(stack.len()),
             b'0' => {
@@ -323,83 +510,78 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
                 }
             }
             b'1' => {
-                let _ = pop_mark!();
+                let m = mark_start!();
+                stack.truncate(m);
             }
             b'2' => {
                 let t = *stack.last().ok_or_else(|| r.malformed("stack underflow"))?;
                 stack.push(t);
             }
-            b'N' => push_shared!(shared_const[0], Node::None),
-            0x88 => push_shared!(shared_const[1], Node::Bool(true)),
-            0x89 => push_shared!(shared_const[2], Node::Bool(false)),
-            b'J' => push!(Node::Int(i32::from_le_bytes(r.le()?).into())),
+            b'N' => push_shared!(shared_const[0], Slot::of(Kind::None)),
+            0x88 => push_shared!(shared_const[1], Slot::of(Kind::True)),
+            0x89 => push_shared!(shared_const[2], Slot::of(Kind::False)),
+            b'J' => push!(fits!(p.int_slot(i32::from_le_bytes(r.le()?).into()))),
             b'K' => {
                 let v = r.u8()?;
-                push_shared!(shared_u16[v as usize], Node::Int(v.into()))
+                push_shared!(shared_u16[v as usize], fits!(p.int_slot(v.into())))
             }
             b'M' => {
                 let v = u16::from_le_bytes(r.le()?);
-                push_shared!(shared_u16[v as usize], Node::Int(v.into()))
+                push_shared!(shared_u16[v as usize], fits!(p.int_slot(v.into())))
             }
-            0x8a => {
-                let n = r.u8()? as usize;
+            0x8a | 0x8b => {
+                let n = if op == 0x8a { r.u8()? as usize } else { r.len32()? };
                 let b = r.take(n)?;
-                push!(long_from_le(b));
-            }
-            0x8b => {
-                let n = r.len32()?;
-                let b = r.take(n)?;
-                push!(long_from_le(b));
+                match long_from_le(b) {
+                    Some(v) => push!(fits!(p.int_slot(v))),
+                    None => push!(Slot::of(Kind::BigInt)),
+                }
             }
             b'I' | b'L' => {
                 let line = r.line()?;
                 let text = std::str::from_utf8(line).map_err(|_| r.malformed("integer literal is not text"))?;
                 let text = text.trim_end_matches('L');
-                let node = match text {
-                    "01" if op == b'I' => Node::Bool(true),
-                    "00" if op == b'I' => Node::Bool(false),
+                let slot = match text {
+                    "01" if op == b'I' => Slot::of(Kind::True),
+                    "00" if op == b'I' => Slot::of(Kind::False),
                     _ => match text.parse::<i128>() {
-                        Ok(v) => Node::Int(v),
+                        Ok(v) => fits!(p.int_slot(v)),
                         Err(_)
                             if !text.is_empty() && text.trim_start_matches('-').bytes().all(|b| b.is_ascii_digit()) =>
                         {
-                            Node::BigInt
+                            Slot::of(Kind::BigInt)
                         }
                         Err(_) => {
                             return Err(r.malformed(format!("bad integer literal {}", crate::trace::excerpt(text))))
                         }
                     },
                 };
-                push!(node);
+                push!(slot);
             }
-            b'G' => push!(Node::Float(f64::from_be_bytes(r.le()?))),
+            b'G' => push!(float_slot(f64::from_be_bytes(r.le()?))),
             b'F' => {
                 let line = r.line()?;
                 let v = std::str::from_utf8(line)
                     .ok()
                     .and_then(|t| t.trim().parse::<f64>().ok())
                     .ok_or_else(|| r.malformed("bad float literal"))?;
-                push!(Node::Float(v));
+                push!(float_slot(v));
             }
             0x8c | b'U' => {
                 let n = r.u8()? as usize;
-                push!(Node::Str(Cow::Borrowed(r.take(n)?)));
-                pushed_str = true;
+                push!(fits!(p.str_slot(Cow::Borrowed(r.take(n)?))));
             }
             b'X' | b'T' => {
                 let n = r.len32()?;
-                push!(Node::Str(Cow::Borrowed(r.take(n)?)));
-                pushed_str = true;
+                push!(fits!(p.str_slot(Cow::Borrowed(r.take(n)?))));
             }
             0x8d => {
                 let n = r.len64()?;
-                push!(Node::Str(Cow::Borrowed(r.take(n)?)));
-                pushed_str = true;
+                push!(fits!(p.str_slot(Cow::Borrowed(r.take(n)?))));
             }
             b'V' => {
                 // raw-unicode-escape: kept as is (only `\uXXXX` escapes would differ).
-                push!(Node::Str(Cow::Borrowed(r.line()?)));
-                pushed_str = true;
+                push!(fits!(p.str_slot(Cow::Borrowed(r.line()?))));
             }
             b'S' => {
                 let line = r.line()?;
@@ -407,79 +589,71 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
                     [q @ (b'\'' | b'"'), mid @ .., e] if q == e => mid,
                     _ => return Err(r.malformed("bad string literal")),
                 };
-                push!(Node::Str(unescape(inner)));
-                pushed_str = true;
+                push!(fits!(p.str_slot(unescape(inner))));
             }
             b'C' => {
                 let n = r.u8()? as usize;
                 r.take(n)?;
-                push!(Node::Bytes);
+                push!(Slot::of(Kind::Bytes));
             }
             b'B' => {
                 let n = r.len32()?;
                 r.take(n)?;
-                push!(Node::Bytes);
+                push!(Slot::of(Kind::Bytes));
             }
             0x8e | 0x96 => {
                 let n = r.len64()?;
                 r.take(n)?;
-                push!(Node::Bytes);
+                push!(Slot::of(Kind::Bytes));
             }
             0x98 => {
                 stack.last().ok_or_else(|| r.malformed("stack underflow"))?;
             }
-            b']' | 0x8f => push!(Node::List(Vec::new())),
-            b')' => push!(Node::Tuple(Vec::new())),
-            b'}' => push!(Node::Dict(Vec::new())),
-            b'l' | 0x91 => {
-                let items = pop_mark!();
-                push!(Node::List(items));
-            }
-            b't' => {
-                let items = pop_mark!();
-                push!(Node::Tuple(items));
+            b']' | 0x8f => push!(Slot::of(Kind::List)),
+            b')' => push!(Slot::of(Kind::Tuple)),
+            b'}' => push!(Slot::of(Kind::Dict)),
+            b'l' | 0x91 | b't' => {
+                let m = mark_start!();
+                let kind = if op == b't' { Kind::Tuple } else { Kind::List };
+                let slot = fits!(p.seq_slot(kind, &stack[m..]));
+                stack.truncate(m);
+                push!(slot);
             }
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
                 if stack.len() < n || marks.last().is_some_and(|&m| m > stack.len() - n) {
                     return Err(r.malformed("stack underflow"));
                 }
-                let items = stack.split_off(stack.len() - n);
-                push!(Node::Tuple(items));
+                let m = stack.len() - n;
+                let slot = fits!(p.seq_slot(Kind::Tuple, &stack[m..]));
+                stack.truncate(m);
+                push!(slot);
             }
             b'd' => {
-                let items = pop_mark!();
-                if items.len() % 2 != 0 {
+                let m = mark_start!();
+                if (stack.len() - m) % 2 != 0 {
                     return Err(r.malformed("odd number of items for DICT"));
                 }
-                let pairs = items.chunks_exact(2).map(|p| (p[0], p[1])).collect();
-                push!(Node::Dict(pairs));
+                let slot = fits!(p.dict_slot(&stack[m..]));
+                stack.truncate(m);
+                push!(slot);
             }
             b'a' => {
                 let v = pop!();
                 let t = top_container!();
-                match &mut nodes[t] {
-                    Node::List(l) => l.push(v),
-                    other => return Err(r.malformed(format!("APPEND to a {}", other.type_name()))),
-                }
+                p.append(t, &[v]).map_err(|other| r.malformed(format!("APPEND to a {other}")))?;
             }
             b'e' | 0x90 => {
                 let m = mark_start!();
                 let t = container_below!(m);
-                match &mut nodes[t] {
-                    Node::List(l) => l.extend_from_slice(&stack[m..]),
-                    other => return Err(r.malformed(format!("APPENDS to a {}", other.type_name()))),
-                }
+                p.append(t, &stack[m..]).map_err(|other| r.malformed(format!("APPENDS to a {other}")))?;
                 stack.truncate(m);
             }
             b's' => {
                 let v = pop!();
                 let k = pop!();
                 let t = top_container!();
-                match &mut nodes[t] {
-                    Node::Dict(d) => d.push((k, v)),
-                    other => return Err(r.malformed(format!("SETITEM on a {}", other.type_name()))),
-                }
+                p.set_items(t, &[k, v]).map_err(|other| r.malformed(format!("SETITEM on a {other}")))?;
             }
             b'u' => {
                 let m = mark_start!();
@@ -487,10 +661,7 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
                     return Err(r.malformed("odd number of items for SETITEMS"));
                 }
                 let t = container_below!(m);
-                match &mut nodes[t] {
-                    Node::Dict(d) => d.extend(stack[m..].chunks_exact(2).map(|p| (p[0], p[1]))),
-                    other => return Err(r.malformed(format!("SETITEMS on a {}", other.type_name()))),
-                }
+                p.set_items(t, &stack[m..]).map_err(|other| r.malformed(format!("SETITEMS on a {other}")))?;
                 stack.truncate(m);
             }
             0x94 => {
@@ -529,15 +700,30 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
                     .ok()
                     .and_then(|i| memo.get(i).copied().flatten())
                     .ok_or_else(|| r.malformed(format!("memo index {id} was never stored")))?;
-                pushed_str = matches!(nodes[v as usize], Node::Str(_));
                 stack.push(v);
             }
-            other => return Err(r.err(PickleErrorKind::UnknownOpcode(other))),
-        }
-        if pushed_str {
-            last_strs = [last_strs[1], stack.last().copied()];
-        } else if !matches!(op, 0x94 | b'p' | b'q' | b'r' | 0x95 | 0x80) {
-            last_strs = [None, None];
+            other => {
+                let Some(name) = code_opcode(other) else {
+                    return Err(r.err(PickleErrorKind::UnknownOpcode(other)));
+                };
+                let global = match op {
+                    b'c' | b'i' => {
+                        let module = String::from_utf8_lossy(r.line()?).into_owned();
+                        let name = String::from_utf8_lossy(r.line()?).into_owned();
+                        Some(format!("{module}.{name}"))
+                    }
+                    // STACK_GLOBAL imports the module and name on top of the stack.
+                    0x93 => {
+                        let name = |from_top: usize| match stack.len().checked_sub(from_top).map(|i| p.node(stack[i])) {
+                            Some(Node::Str(s)) => String::from_utf8_lossy(s).into_owned(),
+                            _ => "?".to_string(),
+                        };
+                        Some(format!("{}.{}", name(2), name(1)))
+                    }
+                    _ => None,
+                };
+                return Err(r.err(PickleErrorKind::RunsCode { opcode: name, global }));
+            }
         }
     }
 }
@@ -588,7 +774,37 @@ mod tests {
         assert_eq!(a, b, "memo reference shares the node");
         let Node::List(l) = p.node(a) else { panic!() };
         assert!(matches!(p.node(l[0]), Node::Int(1)));
-        assert!(matches!(p.node(l[1]), Node::Int(v) if *v == 1i128 << 64));
+        assert!(matches!(p.node(l[1]), Node::Int(v) if v == 1i128 << 64));
+    }
+
+    /// A list that grows again after other containers were built in the shared item array (the trace
+    /// entries' list, built in batches of 1,000 around its entries' own lists) moves into a vector of its
+    /// own and keeps every item in order; a dict does the same; a list holding itself (through the memo)
+    /// is decoded.
+    #[test]
+    fn containers_that_grow_in_batches_keep_their_items() {
+        // pickle.dumps({'l': [[1], [2], [3]], 'd': {...}}) written by hand: list L = [] MEMO, MARK
+        // [] (K1 APPEND) APPENDS, MARK [] (K2) [] (K3) APPENDS, then L APPEND L (itself).
+        let data = b"\x80\x04]\x94(]K\x01ae(]K\x02a]K\x03aeh\x00a.";
+        let p = decode(data).unwrap();
+        let Node::List(l) = p.node(p.root) else { panic!() };
+        assert_eq!(l.len(), 4);
+        let inner = |i: usize| match p.node(l[i]) {
+            Node::List(x) => x.iter().map(|&v| if let Node::Int(v) = p.node(v) { v } else { -1 }).collect::<Vec<_>>(),
+            _ => panic!(),
+        };
+        assert_eq!([inner(0), inner(1), inner(2)], [vec![1], vec![2], vec![3]]);
+        assert_eq!(l[3], p.root, "the list holds itself");
+        // A dict set in two batches around another dict's items: {} MARK k1 {} (MARK k v SETITEMS)
+        // SETITEMS, MARK k2 v2 SETITEMS.
+        let data = b"\x80\x04}\x94(\x8c\x01a}(\x8c\x01xK\x07uu(\x8c\x01bK\x08u.";
+        let p = decode(data).unwrap();
+        let Node::Dict(d) = p.node(p.root) else { panic!() };
+        assert_eq!(d.len(), 2);
+        let Node::Dict(a) = p.node(p.get(d, "a").unwrap()) else { panic!() };
+        assert!(matches!(p.node(p.get(a, "x").unwrap()), Node::Int(7)));
+        assert!(matches!(p.node(p.get(d, "b").unwrap()), Node::Int(8)));
+        assert!(decode(b"\x80\x04K\x01K\x02a.").is_err(), "APPEND to an int is refused");
     }
 
     #[test]
@@ -609,13 +825,18 @@ mod tests {
 
     #[test]
     fn long_encodings() {
-        assert!(matches!(long_from_le(&[0xff]), Node::Int(-1)));
-        assert!(matches!(long_from_le(&[0x00, 0x80, 0x00]), Node::Int(0x8000)));
-        assert!(matches!(long_from_le(&[0x00, 0x80]), Node::Int(-0x8000)));
-        assert!(matches!(long_from_le(&[0u8; 40]), Node::Int(0)));
+        assert_eq!(long_from_le(&[0xff]), Some(-1));
+        assert_eq!(long_from_le(&[0x00, 0x80, 0x00]), Some(0x8000));
+        assert_eq!(long_from_le(&[0x00, 0x80]), Some(-0x8000));
+        assert_eq!(long_from_le(&[0u8; 40]), Some(0));
         let mut big = [0u8; 20];
         big[18] = 1;
-        assert!(matches!(long_from_le(&big), Node::BigInt));
+        assert_eq!(long_from_le(&big), None);
+        // Integers of 64 to 128 bits keep their value through the wide table, negative ones too.
+        let p = decode(b"\x80\x04]\x94(\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\x00\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x80\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\xffe.").unwrap();
+        let Node::List(l) = p.node(p.root) else { panic!() };
+        let ints: Vec<i128> = l.iter().map(|&i| if let Node::Int(v) = p.node(i) { v } else { panic!() }).collect();
+        assert_eq!(ints, [1i128 << 63, i128::from(i64::MIN), -(1i128 << 64)]);
     }
 
     #[test]

@@ -438,7 +438,7 @@ pub(crate) struct NodeCopier<'p, 'a> {
 
 impl<'p, 'a> NodeCopier<'p, 'a> {
     pub(crate) fn new(pickle: &'p Pickle<'a>) -> Self {
-        NodeCopier { pickle, memo: vec![u32::MAX; pickle.nodes.len()], in_progress: vec![false; pickle.nodes.len()] }
+        NodeCopier { pickle, memo: vec![u32::MAX; pickle.len()], in_progress: vec![false; pickle.len()] }
     }
 
     /// The memo slot of `id` if it has been written.
@@ -467,10 +467,10 @@ impl<'p, 'a> NodeCopier<'p, 'a> {
         let p = self.pickle;
         match p.node(id) {
             Node::None => w.none()?,
-            Node::Bool(b) => w.bool(*b)?,
-            Node::Int(v) => w.int(*v)?,
+            Node::Bool(b) => w.bool(b)?,
+            Node::Int(v) => w.int(v)?,
             Node::BigInt => return Err(CopyError::NoContent("an integer wider than 128 bits")),
-            Node::Float(f) => w.float(*f)?,
+            Node::Float(f) => w.float(f)?,
             Node::Bytes => return Err(CopyError::NoContent("a bytes value")),
             Node::Str(s) => {
                 let m = w.str_bytes(s)?;
@@ -633,10 +633,7 @@ mod tests {
         let Node::List(top) = p.node(p.root) else { panic!() };
         let Node::List(ints) = p.node(top[0]) else { panic!() };
         assert_eq!(ints.len(), 2500);
-        assert!(ints
-            .iter()
-            .enumerate()
-            .all(|(i, &n)| matches!(p.node(n), Node::Int(v) if *v == i as i128 * 1_000_003)));
+        assert!(ints.iter().enumerate().all(|(i, &n)| matches!(p.node(n), Node::Int(v) if v == i as i128 * 1_000_003)));
         let Node::Dict(d) = p.node(top[1]) else { panic!() };
         assert_eq!(d.len(), 1000);
         assert!(matches!(p.node(p.get(d, "k999").unwrap()), Node::Int(999)));
