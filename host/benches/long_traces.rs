@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpuheap::explain::{explain_with_bytes, tune::tune};
 use gpuheap::facts::capacity_from_evidence;
+use gpuheap::reference::StrategyKind;
+use gpuheap::replay::{replay, ReplayOptions};
 use gpuheap::trace::repeat::{Repeat, RepeatOptions};
 use gpuheap::trace::{parse_trace, read_trace_and_bytes};
 
@@ -78,5 +80,28 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// A replay of the caching model through a new stream per request (an RMM log of 3,000 streams, 512 B
+/// each) at a capacity that holds 1,024 small segments, so that every later request fails and releases
+/// cached blocks across every stream (`tests/replay.rs`,
+/// `caching_replay_with_thousands_of_streams_is_not_quadratic_in_classes`, checks its result; it took
+/// 11 s when each release walked every size class of every stream).
+fn many_streams(c: &mut Criterion) {
+    const N: u64 = 3000;
+    let mut log = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    for i in 0..N {
+        log +=
+            &format!("1,{}.{:06},allocate,{:#x},512,{}\n", i / 1_000_000, i % 1_000_000, 0x1000_0000 + i * 512, i + 1);
+    }
+    let trace = parse_trace(Path::new("streams.rmm.csv"), log.as_bytes()).expect("parses");
+    let mut opts = ReplayOptions::new(StrategyKind::Caching);
+    opts.capacity = Some(2 << 30);
+    let mut g = c.benchmark_group("long_traces/many_streams");
+    g.sample_size(10);
+    g.bench_function("caching_3000_streams", |b| {
+        b.iter(|| replay(&trace, &trace.devices[0], &opts, None, &mut |_| {}).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, many_streams);
 criterion_main!(benches);

@@ -340,7 +340,9 @@ fn tiered_per_tier_statistics_add_up_to_the_trace() {
 /// capacity that holds 1,024 of the caching model's 2 MiB small segments: every later request fails, and
 /// each failure releases cached blocks by walking the free blocks of every stream. That walk visited
 /// every size class of every stream (2,048 per stream and pool): 11 s for this replay, minutes for
-/// `tune`, which replays it dozens of times. It now visits the non-empty classes only.
+/// `tune`, which replays it dozens of times. It now visits the non-empty classes only. This test checks
+/// the replay's result; its time is measured by the `many_streams` group of `benches/long_traces.rs`
+/// (a speed goal belongs in a benchmark, not in a test that fails on a loaded machine).
 #[test]
 fn caching_replay_with_thousands_of_streams_is_not_quadratic_in_classes() {
     const N: u64 = 3000;
@@ -355,10 +357,6 @@ fn caching_replay_with_thousands_of_streams_is_not_quadratic_in_classes() {
         o.capacity = Some(2 << 30);
         o
     };
-    let start = std::time::Instant::now();
     let r = run(&t, &opts, None);
-    let took = start.elapsed();
-    println!("{N} streams: {took:?}");
     assert_eq!(r.failed.len() as u64, N - 1024, "1,024 small segments of 2 MiB fit in 2 GiB");
-    assert!(took < std::time::Duration::from_secs(3), "{N} streams took {took:?}");
 }

@@ -453,13 +453,8 @@ fn table(t: &TuneReport, oom: bool) -> String {
                 "\nBest PyTorch setting (least memory needed: {}):",
                 r.min_capacity.map_or_else(String::new, fmt_bytes)
             );
-            if env.trim_end() == "PYTORCH_CUDA_ALLOC_CONF=" {
-                s += "  PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)\n";
-            } else {
-                let _ = writeln!(s, "  {env}");
-                for line in options::env_support(env) {
-                    let _ = writeln!(s, "  {line}.");
-                }
+            for line in best_setting_lines(env) {
+                let _ = writeln!(s, "  {line}");
             }
             if let Some(o) = own.filter(|o| o.env.as_ref().is_none_or(|e| e != env)) {
                 let _ = writeln!(
@@ -474,6 +469,16 @@ fn table(t: &TuneReport, oom: bool) -> String {
         _ => s += "\nNo PyTorch setting of the grid replays the whole trace on any device modelled.\n",
     }
     s
+}
+
+/// The best PyTorch setting `env` (a `PYTORCH_CUDA_ALLOC_CONF=…` line, [`TuneReport::best_env`]) as the
+/// text and HTML pages give it: the line (or "PyTorch's defaults" when it sets nothing), then for each key
+/// the PyTorch versions that read it ([`options::env_support`]).
+pub(crate) fn best_setting_lines(env: &str) -> Vec<String> {
+    if env.trim_end() == "PYTORCH_CUDA_ALLOC_CONF=" {
+        return vec!["PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)".to_string()];
+    }
+    std::iter::once(env.to_string()).chain(options::env_support(env).into_iter().map(|l| format!("{l}."))).collect()
 }
 
 /// A site in words: its label, marked when it is not a user frame.

@@ -186,7 +186,7 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
     if let Some(t) = &page.tune {
         tables.push(tune_table(t, !page.ooms.is_empty()));
         if let Some(env) = &t.best_env {
-            notes.push(format!("Best PyTorch setting: {env}"));
+            notes.extend(super::best_setting_notes(env));
         }
     }
     Ok(HtmlReport { title: title.to_string(), notes, parameters, series, markers, tables })

@@ -147,7 +147,7 @@ pub fn tune_page(
             .into(),
     );
     if let Some(env) = &t.best_env {
-        notes.push(format!("Best PyTorch setting: {env}"));
+        notes.extend(super::best_setting_notes(env));
     }
     Ok(HtmlReport {
         title: title.to_string(),
