@@ -104,12 +104,6 @@ impl SizeBuckets {
         self.spare_tries.clear();
     }
 
-    /// log2 of the granule.
-    #[inline(always)]
-    pub(crate) fn granule_log2(&self) -> u32 {
-        self.granule_log2
-    }
-
     /// Is bucket `s` non-empty?
     #[inline(always)]
     pub(crate) fn is_filled(&self, s: usize) -> bool {
