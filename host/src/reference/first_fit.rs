@@ -36,7 +36,7 @@
 //! live blocks, 35,976 free blocks), first-fit went from 1930.6 instructions (the address index alone) to
 //! 1076.5 (best-fit: 496.4), with the same placements and end state. Head trees of 3 levels of 16
 //! (1076.5), 4 levels of 8 (1104.6) and a binary tournament (1132.2) were measured; see
-//! `bench/results/2026-12-02-*-first-fit-classes.md`. What is left is about 200 instructions in the head
+//! `bench/results/2026-12-02-aa4ddae-first-fit-classes.md`. What is left is about 200 instructions in the head
 //! query, 145 in re-measuring groups when a head leaves and 210 in bucket insertions.
 //!
 //! # The address index (`AddressIndex`): large blocks of first-fit, and the tiered strategy's shared range
