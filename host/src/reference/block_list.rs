@@ -769,7 +769,7 @@ mod tests {
 #[cfg(test)]
 mod churn_tests {
     use super::super::best_fit::BestFitIndex;
-    use super::super::first_fit::AddressIndex;
+    use super::super::first_fit::{AddressIndex, FirstFitIndex};
     use super::super::tlsf::TlsfIndex;
     use super::*;
 
@@ -833,6 +833,7 @@ mod churn_tests {
 
     #[test]
     fn first_fit_churn_keeps_invariants() {
+        churn(BlockList::new(1 << 22, 64, FirstFitIndex::new(1 << 22, 64)).unwrap(), false);
         churn(BlockList::new(1 << 22, 64, AddressIndex::new(u64::MAX)).unwrap(), false);
     }
 

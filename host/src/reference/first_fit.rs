@@ -1,5 +1,45 @@
-//! Address-ordered first-fit: the lowest-address free block that fits, found by scanning cache lines.
+//! Address-ordered first-fit: the lowest-address free block that fits.
 //!
+//! # First-fit's index (`FirstFitIndex`)
+//! A free block of `s < EXACT` granules (4096: 1 MiB at the default 256 B granule) is in the exact-size
+//! *bucket* `s` of a [`SizeBuckets`] (`buckets.rs`, shared with best-fit: a bitmap over the sizes, each
+//! bucket an address-ordered trie of lists linked through the nodes' `a`/`b`, O(1) unlink). Every block of
+//! a bucket fits a request of at most `s` granules, so the lowest block of at least `n` granules is the
+//! lowest *head* (lowest address) among the buckets `s ≥ n`, or the lowest large block. The heads sit in a
+//! small min tree (`Heads`): bucket heads packed as `offset_g << 12 | s` (distinct, and the minimum names
+//! its bucket), the minimum of every 16 of them, and of every 16 of those: the query scans the rest of
+//! one group on each of the three levels (at most 15 + 15 + 15 entries). Blocks of `EXACT` granules or
+//! more are in an `AddressIndex` (below) of their own, which answers requests of that size exactly
+//! (alignment included) and gives the lowest large block for smaller ones.
+//!
+//! With an alignment above the granule the answer is the lowest of: the large index's lowest aligned fit,
+//! the lowest head of the buckets of at least `size + align - granule` bytes (all of whose blocks fit), and
+//! for each smaller non-empty bucket of at least `size`, its first block in address order that fits, looked
+//! for only below the best so far.
+//!
+//! ## Invariants
+//! - A free block of `s < EXACT` granules is in bucket `s` of `small` (as `buckets.rs` says), a larger one
+//!   in `large`, each once.
+//! - `leaf[s]` is the packed head of bucket `s` (`EMPTY` when empty) and `node[s]` its node; `mid[g]` is the
+//!   minimum of `leaf[16g..16g + 16]`, `top[t]` of `mid[16t..16t + 16]`, exactly.
+//!
+//! ## Time complexity
+//! `alloc` below `EXACT` granules: at most 45 head entries read, one descent of the chosen bucket's trie and
+//! an update of the carved block (unlink, insert into its new bucket); a head that leaves re-measures at
+//! most two groups of 16. `free`: O(1) through the handle, plus the index updates of the merged
+//! neighbours. Requests and blocks of `EXACT` granules or more: as the address index below over the large
+//! blocks only. Aligned requests: in addition, the blocks of the buckets of `size` to
+//! `size + align - granule` bytes below the best candidate, one by one.
+//!
+//! ## Measurement behind the design
+//! Per alloc+free pair of the strategies benchmark (callgrind, `host/benches/strategies_icount.rs`, 100k
+//! live blocks, 35,976 free blocks), first-fit went from 1930.6 instructions (the address index alone) to
+//! 1076.5 (best-fit: 496.4), with the same placements and end state. Head trees of 3 levels of 16
+//! (1076.5), 4 levels of 8 (1104.6) and a binary tournament (1132.2) were measured; see
+//! `bench/results/2026-12-02-aa4ddae-first-fit-classes.md`. What is left is about 200 instructions in the head
+//! query, 145 in re-measuring groups when a head leaves and 210 in bucket insertions.
+//!
+//! # The address index (`AddressIndex`): large blocks of first-fit, and the tiered strategy's shared range
 //! Free blocks are kept in address order in *chunks*: sorted arrays of up to `CHUNK` (32) entries (offset,
 //! size and node, each in its own array, so a scan reads consecutive cache lines). The chunks are listed
 //! in address order in a directory that keeps, per chunk, its first offset and its largest size, and per
@@ -18,7 +58,7 @@
 //! list (offset-allocator style), so merging with free neighbours on free is O(1) and immediate, and a split
 //! or merge that keeps a free block's address order updates the index in place.
 //!
-//! # Invariants
+//! ## Invariants of the address index
 //! - Concatenating the chunks in directory order lists the free blocks by ascending offset; no chunk is
 //!   empty; a free node's `a` is its chunk's id and `pos[chunk]` its directory position.
 //! - `first[p]` and `max[p]` are the first offset and the largest size of the chunk at position `p`;
@@ -26,7 +66,7 @@
 //!   chunks, and a shrink is left stale until a search finds nothing in the group or `largest` measures it).
 //! - No two physically adjacent blocks are free.
 //!
-//! # Time complexity
+//! ## Time complexity of the address index
 //! With n free blocks: `alloc` reads O(n / (CHUNK · GROUP) + GROUP + CHUNK) consecutive words (about
 //! fifteen cache lines at n = 36k), `free` O(log n) plus O(CHUNK) moves; a chunk split or merge costs
 //! O(n / CHUNK). `largest_free` is O(n / (CHUNK · GROUP) + GROUP) when the bounds are fresh. With an
@@ -34,7 +74,297 @@
 //! the first block of length `size + align - granule` (which always fits).
 
 use super::block_list::{block_list_strategy, BlockList, FreeIndex, Node, Placement, NIL};
+use super::buckets::{SizeBuckets, EXACT};
 use super::{fit_back, fit_front};
+
+/// No block: the value of an empty bucket's head.
+const EMPTY: u64 = u64::MAX;
+
+/// Buckets per group of the head tree (each level keeps the minimum of `FAN` entries of the one below).
+const FAN: usize = 16;
+
+/// The lowest address of every bucket of `small` and minima over groups of them: "the lowest head among the
+/// buckets of at least `n` granules" is a scan of at most `FAN - 1` entries on each of three levels. A head
+/// is packed as `offset_g << 12 | s` (offset in granules, `< 2^48`, and bucket `s < EXACT = 2^12`), so that
+/// the minimum names its bucket and no two heads are equal (free blocks have distinct offsets).
+#[derive(Debug)]
+struct Heads {
+    /// The packed head of each bucket, `EMPTY` for an empty one.
+    leaf: Vec<u64>,
+    /// The minimum of each group of `FAN` leaves.
+    mid: [u64; EXACT / FAN],
+    /// The minimum of each group of `FAN` mid entries.
+    top: [u64; EXACT / FAN / FAN],
+    /// The node of each bucket's head (meaningful while the bucket is non-empty).
+    node: Vec<u32>,
+}
+
+impl Heads {
+    fn new() -> Self {
+        Heads {
+            leaf: vec![EMPTY; EXACT],
+            mid: [EMPTY; EXACT / FAN],
+            top: [EMPTY; EXACT / FAN / FAN],
+            node: vec![NIL; EXACT],
+        }
+    }
+
+    fn clear(&mut self) {
+        self.leaf.fill(EMPTY);
+        self.mid = [EMPTY; EXACT / FAN];
+        self.top = [EMPTY; EXACT / FAN / FAN];
+    }
+
+    /// The packed head of bucket `s`.
+    #[inline(always)]
+    fn head(&self, s: usize) -> u64 {
+        self.leaf[s]
+    }
+
+    /// The smallest packed head among buckets `s ≥ n` (`n < EXACT`), `EMPTY` if they are all empty.
+    #[inline(always)]
+    fn at_least(&self, n: usize) -> u64 {
+        let mut m = EMPTY;
+        for &x in &self.leaf[n..(n | (FAN - 1)) + 1] {
+            m = m.min(x);
+        }
+        let g = n / FAN;
+        for &x in &self.mid[g + 1..(g | (FAN - 1)) + 1] {
+            m = m.min(x);
+        }
+        for &x in &self.top[g / FAN + 1..] {
+            m = m.min(x);
+        }
+        m
+    }
+
+    /// Bucket `s`'s head becomes `head` (packed), lower than before: the minima only go down.
+    #[inline(always)]
+    fn lower(&mut self, s: usize, head: u64, node: u32) {
+        self.leaf[s] = head;
+        self.node[s] = node;
+        let g = s / FAN;
+        if head < self.mid[g] {
+            self.mid[g] = head;
+            if head < self.top[g / FAN] {
+                self.top[g / FAN] = head;
+            }
+        }
+    }
+
+    /// Bucket `s`'s head `old` (packed) left; the new head is `head` (`EMPTY` if none), higher. The groups
+    /// whose minimum was `old` are measured again.
+    #[inline(always)]
+    fn raise(&mut self, s: usize, old: u64, head: u64, node: u32) {
+        self.leaf[s] = head;
+        self.node[s] = node;
+        let g = s / FAN;
+        if self.mid[g] == old {
+            self.mid[g] = self.leaf[g * FAN..(g + 1) * FAN].iter().copied().min().unwrap_or(EMPTY);
+            let t = g / FAN;
+            if self.top[t] == old {
+                self.top[t] = self.mid[t * FAN..(t + 1) * FAN].iter().copied().min().unwrap_or(EMPTY);
+            }
+        }
+    }
+}
+
+/// First-fit's index: exact-size buckets below `EXACT` granules with their heads in a min tree, the larger
+/// blocks in an [`AddressIndex`]. See the [module docs](self).
+#[derive(Debug)]
+pub(crate) struct FirstFitIndex {
+    granule_log2: u32,
+    small: SizeBuckets,
+    heads: Heads,
+    large: AddressIndex,
+}
+
+impl FirstFitIndex {
+    /// The index of a range of `capacity` bytes with offsets and sizes in multiples of `granule`.
+    pub(crate) fn new(capacity: u64, granule: u64) -> Self {
+        FirstFitIndex {
+            granule_log2: granule.trailing_zeros(),
+            small: SizeBuckets::new(capacity, granule),
+            heads: Heads::new(),
+            large: AddressIndex::new(u64::MAX),
+        }
+    }
+
+    /// The packed head of a block at `offset` in bucket `s`.
+    #[inline(always)]
+    fn pack(&self, offset: u64, s: usize) -> u64 {
+        (offset >> self.granule_log2) << 12 | s as u64
+    }
+
+    /// Removes free node `n`, filed as a block of `size` bytes at `offset` (its node may hold new values).
+    #[inline(always)]
+    fn unfile(&mut self, nodes: &mut [Node], n: u32, offset: u64, size: u64) {
+        let g = size >> self.granule_log2;
+        if g >= EXACT as u64 {
+            self.large.remove_filed(nodes, n, offset, size);
+            return;
+        }
+        let s = g as usize;
+        self.small.remove(nodes, n);
+        if self.heads.node[s] == n {
+            let old = self.heads.head(s);
+            if self.small.is_filled(s) {
+                let h = self.small.bucket_min(s);
+                let head = self.pack(nodes[h as usize].offset, s);
+                self.heads.raise(s, old, head, h);
+            } else {
+                self.heads.raise(s, old, EMPTY, NIL);
+            }
+        }
+    }
+
+    /// The lowest block of `small` of at least `g` granules (`g < EXACT`) and its offset.
+    #[inline(always)]
+    fn small_at_least(&self, g: usize) -> Option<(u64, u32)> {
+        let head = self.heads.at_least(g);
+        (head != EMPTY)
+            .then(|| ((head >> 12) << self.granule_log2, self.heads.node[(head & (EXACT as u64 - 1)) as usize]))
+    }
+
+    /// [`FreeIndex::find`] for `size` below `EXACT` granules at an alignment above the granule: the lowest
+    /// of the lowest fitting large block, the lowest head of the buckets whose blocks all fit (those of at
+    /// least `size + align - granule` bytes), and in each smaller bucket the first fitting block below the
+    /// best so far.
+    #[inline(never)]
+    fn find_aligned(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<u32> {
+        let fits = |n: u32| {
+            let node = &nodes[n as usize];
+            fit_front(node.offset, node.size, size, align).is_some()
+        };
+        let mut best = self.large.find(nodes, size, align, granule).map(|(n, _)| (nodes[n as usize].offset, n));
+        // Buckets from `sure` granules on hold only blocks that fit.
+        let sure = size.checked_add(align - granule).map_or(EXACT, |s| ((s >> self.granule_log2) as usize).min(EXACT));
+        if sure < EXACT {
+            if let Some((o, n)) = self.small_at_least(sure) {
+                if best.is_none_or(|(b, _)| o < b) {
+                    best = Some((o, n));
+                }
+            }
+        }
+        let mut g = (size >> self.granule_log2) as usize;
+        while g < sure {
+            let Some(s) = self.small.bucket_at_least(g).filter(|&s| s < sure) else { break };
+            let bound = best.map_or(u64::MAX, |(b, _)| b);
+            if (self.heads.head(s) >> 12) << self.granule_log2 < bound {
+                let first = self.small.first_where(nodes, s, &mut |n| nodes[n as usize].offset >= bound || fits(n));
+                if let Some(n) = first.filter(|&n| nodes[n as usize].offset < bound) {
+                    best = Some((nodes[n as usize].offset, n));
+                }
+            }
+            g = s + 1;
+        }
+        best.map(|(_, n)| n)
+    }
+
+    /// Panics unless every free node is filed once as the invariants of the [module docs](self) say;
+    /// returns (free blocks filed, largest size). Tests only.
+    #[cfg(test)]
+    pub(crate) fn check(&self, nodes: &[Node]) -> (usize, u64) {
+        let g = self.granule_log2;
+        let (large, largest) = self.large.check(nodes);
+        for ch in self.large.dir.iter().map(|&c| &self.large.chunks[c as usize]) {
+            assert!(ch.sizes[..ch.len].iter().all(|&s| s >> g >= EXACT as u64), "small block in large");
+        }
+        let small = self.small.check(nodes);
+        for s in 0..EXACT {
+            if s > 0 && self.small.is_filled(s) {
+                let h = self.small.bucket_min(s);
+                assert_eq!(self.heads.head(s), self.pack(nodes[h as usize].offset, s), "head of bucket {s}");
+                assert_eq!(self.heads.node[s], h, "head node of bucket {s}");
+            } else {
+                assert_eq!(self.heads.head(s), EMPTY, "head of empty bucket {s}");
+            }
+        }
+        for (i, &m) in self.heads.mid.iter().enumerate() {
+            assert_eq!(m, self.heads.leaf[i * FAN..(i + 1) * FAN].iter().copied().min().unwrap(), "mid {i}");
+        }
+        for (i, &m) in self.heads.top.iter().enumerate() {
+            assert_eq!(m, self.heads.mid[i * FAN..(i + 1) * FAN].iter().copied().min().unwrap(), "top {i}");
+        }
+        let free = nodes.iter().filter(|n| n.a != super::block_list::LIVE && n.size > 0).count();
+        assert_eq!(small + large, free, "free nodes filed");
+        let largest = largest.max(self.small.highest().map_or(0, |s| (s as u64) << g));
+        assert_eq!(self.largest(nodes), largest);
+        (free, largest)
+    }
+}
+
+impl FreeIndex for FirstFitIndex {
+    #[inline(always)]
+    fn insert(&mut self, nodes: &mut [Node], n: u32) {
+        let Node { size, offset, .. } = nodes[n as usize];
+        let g = size >> self.granule_log2;
+        if g >= EXACT as u64 {
+            self.large.insert(nodes, n);
+            return;
+        }
+        let s = g as usize;
+        self.small.insert(nodes, n, s, offset >> self.granule_log2);
+        let head = self.pack(offset, s);
+        if head < self.heads.head(s) {
+            self.heads.lower(s, head, n);
+        }
+    }
+
+    #[inline(always)]
+    fn remove(&mut self, nodes: &mut [Node], n: u32) {
+        let Node { size, offset, .. } = nodes[n as usize];
+        self.unfile(nodes, n, offset, size);
+    }
+
+    #[inline(always)]
+    fn update(&mut self, nodes: &mut [Node], n: u32, old_offset: u64, old_size: u64) {
+        let big = (EXACT as u64) << self.granule_log2;
+        if old_size >= big && nodes[n as usize].size >= big {
+            self.large.update(nodes, n, old_offset, old_size);
+        } else {
+            self.unfile(nodes, n, old_offset, old_size);
+            self.insert(nodes, n);
+        }
+    }
+
+    #[inline(always)]
+    fn find(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
+        let g = size >> self.granule_log2;
+        if g >= EXACT as u64 {
+            return self.large.find(nodes, size, align, granule);
+        }
+        if align > granule {
+            return self.find_aligned(nodes, size, align, granule).map(|n| (n, Placement::Front));
+        }
+        // Every block of at least `size` bytes fits: the lower of the lowest such bucket head and the
+        // lowest large block.
+        let small = self.small_at_least(g as usize);
+        let n = match (small, self.large.lowest()) {
+            (Some((o, n)), Some((lo, ln))) => {
+                if o < lo {
+                    n
+                } else {
+                    ln
+                }
+            }
+            (Some((_, n)), None) | (None, Some((_, n))) => n,
+            (None, None) => return None,
+        };
+        Some((n, Placement::Front))
+    }
+
+    fn largest(&self, nodes: &[Node]) -> u64 {
+        let small = self.small.highest().map_or(0, |s| (s as u64) << self.granule_log2);
+        small.max(self.large.largest(nodes))
+    }
+
+    fn clear(&mut self) {
+        self.small.clear();
+        self.heads.clear();
+        self.large.clear();
+    }
+}
 
 /// Most entries of a chunk.
 const CHUNK: usize = 32;
@@ -308,6 +638,45 @@ impl AddressIndex {
         (ch.offsets[i], ch.sizes[i], ch.nodes[i])
     }
 
+    /// Removes free node `n`, filed at `offset` with `size` bytes (its node may hold new values already).
+    #[inline]
+    pub(crate) fn remove_filed(&mut self, nodes: &mut [Node], n: u32, offset: u64, size: u64) {
+        let c = nodes[n as usize].a;
+        let p = self.pos[c as usize] as usize;
+        let ch = &mut self.chunks[c as usize];
+        let i = ch.find(offset);
+        debug_assert_eq!(ch.nodes[i], n);
+        ch.remove_at(i);
+        let (left, first) = (ch.len, ch.offsets[0]);
+        if left == 0 {
+            self.drop_position(p);
+            self.reindex_from(p);
+            return;
+        }
+        if i == 0 {
+            self.first[p] = first;
+        }
+        if size == self.max[p] {
+            let m = self.chunks[c as usize].max();
+            self.set_max(p, m);
+        }
+        if left <= CHUNK / 4 {
+            let fits = |q: usize| self.chunk(q).len + left <= CHUNK * 3 / 4;
+            if p + 1 < self.dir.len() && fits(p + 1) {
+                self.merge(nodes, p);
+            } else if p > 0 && fits(p - 1) {
+                self.merge(nodes, p - 1);
+            }
+        }
+    }
+
+    /// Offset and node of the lowest free block.
+    #[inline]
+    pub(crate) fn lowest(&self) -> Option<(u64, u32)> {
+        let ch = &self.chunks[*self.dir.first()? as usize];
+        Some((ch.offsets[0], ch.nodes[0]))
+    }
+
     /// Checks every invariant of the module doc; returns (entries, largest size). Tests only.
     #[cfg(test)]
     fn check(&self, nodes: &[Node]) -> (usize, u64) {
@@ -371,33 +740,8 @@ impl FreeIndex for AddressIndex {
     }
 
     fn remove(&mut self, nodes: &mut [Node], n: u32) {
-        let Node { offset, size, a: c, .. } = nodes[n as usize];
-        let p = self.pos[c as usize] as usize;
-        let ch = &mut self.chunks[c as usize];
-        let i = ch.find(offset);
-        debug_assert_eq!(ch.nodes[i], n);
-        ch.remove_at(i);
-        let (left, first) = (ch.len, ch.offsets[0]);
-        if left == 0 {
-            self.drop_position(p);
-            self.reindex_from(p);
-            return;
-        }
-        if i == 0 {
-            self.first[p] = first;
-        }
-        if size == self.max[p] {
-            let m = self.chunks[c as usize].max();
-            self.set_max(p, m);
-        }
-        if left <= CHUNK / 4 {
-            let fits = |q: usize| self.chunk(q).len + left <= CHUNK * 3 / 4;
-            if p + 1 < self.dir.len() && fits(p + 1) {
-                self.merge(nodes, p);
-            } else if p > 0 && fits(p - 1) {
-                self.merge(nodes, p - 1);
-            }
-        }
+        let Node { offset, size, .. } = nodes[n as usize];
+        self.remove_filed(nodes, n, offset, size);
     }
 
     /// The key changed without changing the order: the entry is rewritten in place, O(log CHUNK).
@@ -488,9 +832,9 @@ impl FreeIndex for AddressIndex {
 
 /// Address-ordered first-fit sub-allocator over `[0, capacity)`. See the module docs.
 #[derive(Debug)]
-pub struct FirstFit(pub(crate) BlockList<AddressIndex>);
+pub struct FirstFit(pub(crate) BlockList<FirstFitIndex>);
 
-block_list_strategy!(FirstFit, "first-fit", |_, _| AddressIndex::new(u64::MAX));
+block_list_strategy!(FirstFit, "first-fit", FirstFitIndex::new);
 
 #[cfg(test)]
 mod tests {
@@ -587,6 +931,60 @@ mod tests {
                 step += 1;
             }
             assert!(h.index.dir.len() > 2 * GROUP, "only {} chunks", h.index.dir.len());
+            for b in live {
+                h.free(b).unwrap();
+            }
+            h.index.check(h.nodes());
+            assert_eq!(h.free_blocks().collect::<Vec<_>>(), vec![(0, h.capacity())]);
+        }
+    }
+
+    /// The shadow model of first-fit: random allocations (half with an alignment above the granule) and
+    /// frees of sizes on both sides of `EXACT` granules, every placement compared with a brute-force scan of
+    /// the free blocks (the lowest that fits at the alignment) and every invariant of the index checked
+    /// after every step; then everything is freed. Over 64 MiB at 64 B granules, and over 2^48 bytes at 1 B
+    /// granules (heads packed from offsets up to 2^48).
+    #[test]
+    fn first_fit_index_matches_a_scan_under_churn() {
+        type Config = (u64, u64, u64, fn(u64) -> u64);
+        let configs: [Config; 2] = [
+            (1 << 26, 64, 5000, |r| match r % 20 {
+                0..14 => 1 + (r >> 8) % 2560,
+                14..19 => 64 * (EXACT as u64 - 200 + (r >> 8) % 400),
+                _ => 64 * (EXACT as u64 + (r >> 8) % 20_000),
+            }),
+            (1 << 48, 1, 2000, |r| match r % 10 {
+                0..6 => 1 + (r >> 8) % 5000,
+                _ => 1 << (12 + (r >> 8) % 30),
+            }),
+        ];
+        for (capacity, granule, steps, size_of) in configs {
+            let mut h = BlockList::new(capacity, granule, FirstFitIndex::new(capacity, granule)).unwrap();
+            let mut rng = crate::bench::SplitMix64::new(capacity ^ granule);
+            let mut live = Vec::new();
+            for step in 0..steps {
+                let r = rng.next_u64();
+                if !r.is_multiple_of(3) || live.is_empty() {
+                    let size = size_of(r >> 4);
+                    let align = if r.is_multiple_of(2) { 1 } else { granule << ((r >> 40) % 9) };
+                    let rounded = size.div_ceil(granule) * granule;
+                    let want = h.free_blocks().find(|&(o, l)| fit_front(o, l, rounded, align.max(granule)).is_some());
+                    match h.alloc(size, align) {
+                        Ok(b) => {
+                            let (o, l) = want.unwrap_or_else(|| panic!("step {step}: allocated although nothing fits"));
+                            assert!(b.offset >= o && b.offset < o + l, "step {step}: want ({o}, {l}), got {b:?}");
+                            live.push(b);
+                        }
+                        Err(_) => assert_eq!(want, None, "step {step}: nothing allocated although a block fits"),
+                    }
+                } else {
+                    h.free(live.swap_remove((r >> 20) as usize % live.len())).unwrap();
+                }
+                h.check_invariants();
+                let (count, max) = h.index.check(h.nodes());
+                assert_eq!((count, max), (h.stats().free_blocks, h.stats().largest_free), "step {step}");
+            }
+            assert!(!h.index.large.dir.is_empty() || granule == 1, "no large free block at the end");
             for b in live {
                 h.free(b).unwrap();
             }

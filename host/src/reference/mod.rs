@@ -38,6 +38,7 @@ use std::str::FromStr;
 
 pub(crate) mod best_fit;
 pub(crate) mod block_list;
+pub(crate) mod buckets;
 pub(crate) mod buddy;
 pub mod caching;
 pub(crate) mod class_index;
