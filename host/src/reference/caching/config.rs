@@ -312,6 +312,22 @@ impl CachingConfig {
 mod tests {
     use super::*;
 
+    /// `per_process_memory_fraction` takes `[0, 1]` as PyTorch's parser does; at 0.0 the model builds
+    /// and every request fails (nothing may be reserved), outside the range the value is refused.
+    #[test]
+    fn a_zero_memory_fraction_is_read_and_fails_every_request() {
+        use crate::reference::{AllocError, SubAllocator};
+        let (c, w) = CachingConfig::from_env("per_process_memory_fraction:0.0", 1 << 30).unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!((c.memory_fraction, c.allowed_memory_maximum()), (Some(0.0), 0));
+        let mut model = super::super::CachingAllocator::new(c).unwrap();
+        assert!(matches!(model.alloc(512, 1), Err(AllocError::OutOfMemory { requested: 512, .. })));
+        for bad in ["-0.1", "1.5", "nan"] {
+            let e = CachingConfig::from_env(&format!("per_process_memory_fraction:{bad}"), 1 << 30).unwrap_err();
+            assert!(e.to_string().contains("not in [0.0, 1.0]"), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn list_form_follows_pytorch_quirks_and_round_trips() {
         let (c, w) = CachingConfig::from_env("roundup_power2_divisions:[256:1,512:2,>:4]", 1 << 34).unwrap();

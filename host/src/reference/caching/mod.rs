@@ -218,7 +218,7 @@ impl CachingAllocator {
     /// # Errors
     /// [`AllocError::InvalidConfig`] if the capacity is below 2 MiB or above 2^48 bytes, `max_split_size`
     /// is not above 1 MiB (PyTorch's limit is 20 MiB; the model accepts smaller values for experiments),
-    /// the garbage-collection threshold is outside `[0, 1)`, a memory fraction is outside `(0, 1]`, a
+    /// the garbage-collection threshold is outside `[0, 1)`, a memory fraction is outside `[0, 1]`, a
     /// division count is not 0 or a power of two, or the request pad exceeds 2^20.
     pub fn new(config: CachingConfig) -> Result<Self, AllocError> {
         let cap = config.device_capacity;
@@ -231,8 +231,8 @@ impl CachingAllocator {
         if !(0.0..1.0).contains(&config.garbage_collection_threshold) {
             return Err(AllocError::InvalidConfig("garbage_collection_threshold must lie in [0, 1)"));
         }
-        if config.memory_fraction.is_some_and(|f| !(f > 0.0 && f <= 1.0)) {
-            return Err(AllocError::InvalidConfig("the memory fraction must lie in (0, 1]"));
+        if config.memory_fraction.is_some_and(|f| !(0.0..=1.0).contains(&f)) {
+            return Err(AllocError::InvalidConfig("the memory fraction must lie in [0, 1]"));
         }
         if config.roundup_power2_divisions.iter().any(|&d| d != 0 && !d.is_power_of_two()) {
             return Err(AllocError::InvalidConfig("roundup_power2_divisions must be 0 or powers of two"));

@@ -105,12 +105,13 @@ pub(super) fn parse_garbage_collection_threshold(t: &[String], i: usize, c: &mut
     Ok((i, None))
 }
 
-/// In `(0, 1]`. PyTorch also accepts 0.0 (every allocation then fails); the model refuses it, as
-/// [`super::CachingAllocator::new`] does.
+/// In `[0, 1]`, as `CUDAAllocatorConfig::parsePerProcessMemoryFraction` (c10/cuda/CUDAAllocatorConfig.cpp)
+/// and `torch.cuda.set_per_process_memory_fraction` check it; at 0.0 every `cudaMalloc` of the allocator
+/// fails (the allowed maximum is 0 bytes).
 pub(super) fn parse_per_process_memory_fraction(t: &[String], i: usize, c: &mut CachingConfig) -> Parsed {
     let f = number(t, i)?;
-    if !(f > 0.0 && f <= 1.0) {
-        return Err(ConfigError(format!("`per_process_memory_fraction` = {} is not in (0.0, 1.0]", t[i])));
+    if !(0.0..=1.0).contains(&f) {
+        return Err(ConfigError(format!("`per_process_memory_fraction` = {} is not in [0.0, 1.0]", t[i])));
     }
     c.memory_fraction = Some(f);
     Ok((i, None))
