@@ -206,66 +206,56 @@ impl<'a> Pickle<'a> {
     /// else after moving it into a vector of its own (once). `Err(type name)` when `id` is no list.
     fn append(&mut self, id: usize, new: &[NodeId]) -> Result<(), &'static str> {
         let s = self.slots[id];
-        match s.kind {
-            Kind::List => {
-                let (a, b) = (s.a as usize, s.b as usize);
-                if b == 0 || a + b == self.items.len() {
-                    let start = if b == 0 { self.items.len() } else { a };
-                    let fits = u32::try_from(self.items.len() + new.len()).is_ok();
-                    if fits {
-                        self.items.extend_from_slice(new);
-                        self.slots[id] = Slot { kind: Kind::List, a: start as u32, b: (b + new.len()) as u32 };
-                        return Ok(());
-                    }
-                }
-                let mut own = Vec::with_capacity((b + new.len()).max(2 * b));
-                own.extend_from_slice(&self.items[a..a + b]);
-                own.extend_from_slice(new);
-                let at = u32::try_from(self.lists.len()).map_err(|_| "list")?;
-                self.lists.push(own);
-                self.slots[id] = Slot { kind: Kind::OwnList, a: at, b: 0 };
-                Ok(())
-            }
-            Kind::OwnList => {
-                self.lists[s.a as usize].extend_from_slice(new);
-                Ok(())
-            }
-            _ => Err(s.type_name()),
+        if !matches!(s.kind, Kind::List | Kind::OwnList) {
+            return Err(s.type_name());
         }
+        self.slots[id] = grow(&mut self.items, &mut self.lists, s, Kind::List, Kind::OwnList, new.iter().copied());
+        Ok(())
     }
 
     /// Sets the key/value pairs `flat` (keys at even positions) in dict `id`, as [`Pickle::append`] does
     /// for lists. `Err(type name)` when `id` is no dict.
     fn set_items(&mut self, id: usize, flat: &[NodeId]) -> Result<(), &'static str> {
         let s = self.slots[id];
-        let new = flat.chunks_exact(2).map(|p| (p[0], p[1]));
-        match s.kind {
-            Kind::Dict => {
-                let (a, b) = (s.a as usize, s.b as usize);
-                let n = flat.len() / 2;
-                if b == 0 || a + b == self.pairs.len() {
-                    let start = if b == 0 { self.pairs.len() } else { a };
-                    if u32::try_from(self.pairs.len() + n).is_ok() {
-                        self.pairs.extend(new);
-                        self.slots[id] = Slot { kind: Kind::Dict, a: start as u32, b: (b + n) as u32 };
-                        return Ok(());
-                    }
-                }
-                let mut own = Vec::with_capacity((b + n).max(2 * b));
-                own.extend_from_slice(&self.pairs[a..a + b]);
-                own.extend(new);
-                let at = u32::try_from(self.dicts.len()).map_err(|_| "dict")?;
-                self.dicts.push(own);
-                self.slots[id] = Slot { kind: Kind::OwnDict, a: at, b: 0 };
-                Ok(())
-            }
-            Kind::OwnDict => {
-                self.dicts[s.a as usize].extend(new);
-                Ok(())
-            }
-            _ => Err(s.type_name()),
+        if !matches!(s.kind, Kind::Dict | Kind::OwnDict) {
+            return Err(s.type_name());
         }
+        let new = flat.chunks_exact(2).map(|p| (p[0], p[1]));
+        self.slots[id] = grow(&mut self.pairs, &mut self.dicts, s, Kind::Dict, Kind::OwnDict, new);
+        Ok(())
     }
+}
+
+/// The slot of container `s` (kind `run`: `arena[a..a + b]`, or `own`: `owned[a]`) with `new` appended: in
+/// place while its run is the last of `arena` (or empty), else moved once into a vector of `owned`.
+fn grow<T: Copy>(
+    arena: &mut Vec<T>,
+    owned: &mut Vec<Vec<T>>,
+    s: Slot,
+    run: Kind,
+    own: Kind,
+    new: impl ExactSizeIterator<Item = T>,
+) -> Slot {
+    let (a, b) = (s.a as usize, s.b as usize);
+    if s.kind == own {
+        owned[a].extend(new);
+        return s;
+    }
+    let n = new.len();
+    let last = b == 0 || a + b == arena.len();
+    // Arena indices and lengths are u32; a container that would pass that moves to its own vector.
+    if last && u32::try_from(arena.len() + n).is_ok() {
+        let start = if b == 0 { arena.len() } else { a };
+        arena.extend(new);
+        return Slot { kind: run, a: start as u32, b: (b + n) as u32 };
+    }
+    let mut vec = Vec::with_capacity((b + n).max(2 * b));
+    vec.extend_from_slice(&arena[a..a + b]);
+    vec.extend(new);
+    // Each owned vector belongs to a distinct slot, and there are at most 2^32 slots (ids are u32).
+    let at = owned.len() as u32;
+    owned.push(vec);
+    Slot { kind: own, a: at, b: 0 }
 }
 
 /// Why decoding stopped.
