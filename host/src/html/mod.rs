@@ -163,6 +163,18 @@ pub fn downsample(points: &[Point], max: usize) -> Vec<Point> {
     out
 }
 
+/// A note as HTML: escaped, its `` `code` `` spans (the settings and calls the text pages quote so) as
+/// `<code>`; a note with an odd number of backticks is escaped as it is.
+fn note_html(n: &str) -> String {
+    if n.matches('`').count() % 2 != 0 {
+        return escape(n);
+    }
+    n.split('`')
+        .enumerate()
+        .map(|(i, part)| if i % 2 == 1 { format!("<code>{}</code>", escape(part)) } else { escape(part) })
+        .collect()
+}
+
 /// Escapes text for HTML element content and attribute values.
 pub fn escape(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
@@ -266,7 +278,7 @@ impl HtmlReport {
         let _ = writeln!(h, "<style>\n{STYLE}</style>\n</head>\n<body>");
         let _ = writeln!(h, "<h1>{}</h1>", escape(&self.title));
         for n in &self.notes {
-            let _ = writeln!(h, "<p>{}</p>", escape(n));
+            let _ = writeln!(h, "<p>{}</p>", note_html(n));
         }
         if !self.parameters.is_empty() {
             h += "<h2>Parameters</h2>\n<table class=\"params\">\n";
@@ -336,6 +348,15 @@ fn table_html(t: &Table) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn notes_show_quoted_settings_as_code() {
+        assert_eq!(
+            note_html("`max_split_size_mb:129` is read <here>"),
+            "<code>max_split_size_mb:129</code> is read &lt;here&gt;"
+        );
+        assert_eq!(note_html("one ` tick"), "one ` tick");
+    }
 
     fn pts(v: &[(u64, u64)]) -> Vec<Point> {
         v.iter()
