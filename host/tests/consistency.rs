@@ -26,7 +26,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::pickle::{pickle, V};
+use common::pickle::{block, pickle, V};
 use gpuheap::analysis::FailureClass;
 use gpuheap::explain::{explain_with_bytes, Explanation, Moment, Verdict};
 use gpuheap::reference::StrategyKind;
@@ -311,15 +311,6 @@ fn every_sentence_of_every_shipped_and_shared_trace_agrees_with_its_numbers() {
 }
 
 // --- Generated snapshots -------------------------------------------------------------------------------
-
-fn block<'a>(addr: u64, size: u64, requested: u64, state: &'a str) -> V<'a> {
-    V::Dict(vec![
-        ("address", V::Int(addr as i128)),
-        ("size", V::Int(size as i128)),
-        ("requested_size", V::Int(requested as i128)),
-        ("state", V::Str(state)),
-    ])
-}
 
 /// One generated segment: its pool kind, its size in 512 B units and its blocks as (units, live).
 #[derive(Clone, Debug)]

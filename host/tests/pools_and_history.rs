@@ -15,7 +15,7 @@ mod common;
 
 use std::path::Path;
 
-use common::pickle::{pickle, V};
+use common::pickle::{block, pickle, V};
 use gpuheap::explain::explain;
 use gpuheap::facts::CapacitySource;
 use gpuheap::facts::{
@@ -46,15 +46,6 @@ fn replay_at(t: &Trace, dev: &DeviceTrace, capacity: Option<u64>) -> ReplayRepor
     let mut opts = ReplayOptions::new(StrategyKind::Caching);
     opts.capacity = capacity;
     replay(t, dev, &opts, None, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn block<'a>(addr: u64, size: u64, requested: u64, state: &'a str) -> V<'a> {
-    V::Dict(vec![
-        ("address", V::Int(addr as i128)),
-        ("size", V::Int(size as i128)),
-        ("requested_size", V::Int(requested as i128)),
-        ("state", V::Str(state)),
-    ])
 }
 
 fn segment<'a>(addr: u64, size: u64, pool: (i128, i128), blocks: Vec<V<'a>>) -> V<'a> {

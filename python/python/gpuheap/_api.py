@@ -90,6 +90,20 @@ def _str_arg(name: str, v: object) -> str:
     return v
 
 
+def _str_list_arg(name: str, v: Optional[Sequence[str]], what: str) -> Optional[list[str]]:
+    """``v`` as a list of str (``None`` stays ``None``); ConfigError naming ``name`` and the item for one
+    str alone (a common slip for a one-item list) or an item that is no str."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        raise ConfigError(f"{name}: expected a list of {what}s (str), not one str")
+    items = list(v)
+    for i, x in enumerate(items):
+        if not isinstance(x, str):
+            raise ConfigError(f"{name}[{i}]: expected a {what} (str), not {type(x).__qualname__}")
+    return items
+
+
 def _device_arg(v: Optional[int]) -> Optional[int]:
     if v is None:
         return None
@@ -245,13 +259,7 @@ def explain(
     snap = load(snapshot)
     if not isinstance(tune, bool):
         raise ConfigError(f"tune: expected a bool, not {type(tune).__qualname__}")
-    if without is not None:
-        if isinstance(without, str):
-            raise ConfigError("without: expected a list of frame patterns (str), not one str")
-        without = list(without)
-        for i, x in enumerate(without):
-            if not isinstance(x, str):
-                raise ConfigError(f"without[{i}]: expected a frame pattern (str), not {type(x).__qualname__}")
+    without = _str_list_arg("without", without, "frame pattern")
     out = _gpuheap.explain(
         snap, capacity=_bytes_arg("capacity", capacity), device=_device_arg(device), tune=tune, without=without
     )
@@ -292,13 +300,7 @@ def tune(
         in ``settings`` that is no row of the grid.
     """
     snap = load(snapshot)
-    if settings is not None:
-        if isinstance(settings, str):
-            raise ConfigError("settings: expected a list of setting names (str), not one str")
-        settings = list(settings)
-        for i, x in enumerate(settings):
-            if not isinstance(x, str):
-                raise ConfigError(f"settings[{i}]: expected a setting name (str), not {type(x).__qualname__}")
+    settings = _str_list_arg("settings", settings, "setting name")
     out = _gpuheap.tune(snap, capacity=_bytes_arg("capacity", capacity), device=_device_arg(device), settings=settings)
     return TuneResult(json.loads(out.json), out.text, out.html)
 
