@@ -66,17 +66,6 @@ pub fn emit(v: &V, out: &mut Vec<u8>) {
     }
 }
 
-/// A block of a snapshot segment's `blocks` list (PyTorch 2.1+ layout): address, size and requested size
-/// in bytes, and its `state` (`active_allocated`, `inactive`, ...).
-pub fn block<'a>(addr: u64, size: u64, requested: u64, state: &'a str) -> V<'a> {
-    V::Dict(vec![
-        ("address", V::Int(addr as i128)),
-        ("size", V::Int(size as i128)),
-        ("requested_size", V::Int(requested as i128)),
-        ("state", V::Str(state)),
-    ])
-}
-
 /// The protocol-4 pickle of `v`.
 pub fn pickle(v: &V) -> Vec<u8> {
     let mut out = vec![0x80, 4];
@@ -91,11 +80,11 @@ pub fn ev<'a>(action: &'a str, addr: i128, size: V<'a>) -> V<'a> {
 }
 
 /// A block of a segment's `blocks` (`state`: `active_allocated`, `inactive`, ...).
-pub fn block<'a>(addr: i128, size: i128, requested: i128, state: &'a str) -> V<'a> {
+pub fn block<'a>(addr: impl Into<i128>, size: impl Into<i128>, requested: impl Into<i128>, state: &'a str) -> V<'a> {
     V::Dict(vec![
-        ("address", V::Int(addr)),
-        ("size", V::Int(size)),
-        ("requested_size", V::Int(requested)),
+        ("address", V::Int(addr.into())),
+        ("size", V::Int(size.into())),
+        ("requested_size", V::Int(requested.into())),
         ("state", V::Str(state)),
     ])
 }
