@@ -80,7 +80,8 @@ pub fn ev<'a>(action: &'a str, addr: i128, size: V<'a>) -> V<'a> {
 }
 
 /// A block of a segment's `blocks` (`state`: `active_allocated`, `inactive`, ...).
-pub fn block<'a>(addr: impl Into<i128>, size: impl Into<i128>, requested: impl Into<i128>, state: &'a str) -> V<'a> {
+/// The three integers share one type (`u64` or `i128`), so a literal takes the type of the others.
+pub fn block<'a, I: Into<i128>>(addr: I, size: I, requested: I, state: &'a str) -> V<'a> {
     V::Dict(vec![
         ("address", V::Int(addr.into())),
         ("size", V::Int(size.into())),
