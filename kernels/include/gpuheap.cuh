@@ -64,7 +64,16 @@
 /*
  * gpuheap_malloc is the largest of the five. To launch larger blocks, cap the
  * registers at link time (nvJitLink or nvcc -maxrregcount=N): the allocator
- * then spills to local memory.
+ * then spills to local memory (ptxas 12.9, sm_80, device functions capped at
+ * 64 registers: 120 bytes of spills in gpuheap_malloc).
+ *
+ * The Rust kernels that inline the same allocator use 52 to 59 registers.
+ * The difference is the relocatable function: ptxas cannot prove a warp
+ * converged at a device function's warp collectives, so each gets a
+ * divergent fallback that calls a runtime helper (__cuda_sm70_shflsync_idx
+ * and others) under the full calling convention, and values live across
+ * those calls take more registers. The same PTX compiled as a kernel entry
+ * takes 56.
  *
  * MOVABLE BLOCKS. A heap created with DeviceHeap::with_movable also has a
  * movable region, whose blocks are named by handles (0 is never a handle)
