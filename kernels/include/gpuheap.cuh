@@ -67,13 +67,12 @@
  * then spills to local memory (ptxas 12.9, sm_80, device functions capped at
  * 64 registers: 120 bytes of spills in gpuheap_malloc).
  *
- * The Rust kernels that inline the same allocator use 52 to 59 registers.
- * The difference is the relocatable function: ptxas cannot prove a warp
- * converged at a device function's warp collectives, so each gets a
- * divergent fallback that calls a runtime helper (__cuda_sm70_shflsync_idx
- * and others) under the full calling convention, and values live across
- * those calls take more registers. The same PTX compiled as a kernel entry
- * takes 56.
+ * The Rust kernels that inline the same allocator use 52 to 59 registers,
+ * and the same PTX compiled as a kernel entry takes 56: the difference is
+ * the relocatable function. In its SASS the divergent fallbacks of the warp
+ * collectives call external runtime helpers (__cuda_sm70_shflsync_idx and
+ * others) under the full calling convention, where an entry calls
+ * module-local copies; values live across such calls take more registers.
  *
  * MOVABLE BLOCKS. A heap created with DeviceHeap::with_movable also has a
  * movable region, whose blocks are named by handles (0 is never a handle)
