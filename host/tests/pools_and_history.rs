@@ -166,13 +166,13 @@ fn per_pool_state_and_bounds_count_only_the_requests_pool() {
     );
     assert_eq!(st.private_hole_bytes(), 12 * MIB);
     // 64 MiB GPU, 40 MiB reserved: 24 MiB free on the device; ordinary requests see D's 14 MiB hole only.
-    let b = request_bounds(&st, 64 * MIB, MempoolId::DEFAULT);
+    let b = request_bounds(&st, &CachingConfig::new(64 * MIB), MempoolId::DEFAULT);
     assert_eq!((b.device_free, b.fits_up_to, b.fragmentation_up_to), (24 * MIB, 24 * MIB, 38 * MIB));
     assert_eq!(b.other_pools_hole_bytes, 12 * MIB);
     let e = explain_of(graph_pool_pickle((1, 0), false, false), Some(64 * MIB));
     assert_eq!(e.request_bounds, Some(b), "explain's bounds are the default pool's");
     // A request made in the graph's pool sees P's 12 MiB hole.
-    let g = request_bounds(&st, 64 * MIB, MempoolId(1, 0));
+    let g = request_bounds(&st, &CachingConfig::new(64 * MIB), MempoolId(1, 0));
     assert_eq!((g.fits_up_to, g.fragmentation_up_to, g.other_pools_hole_bytes), (24 * MIB, 36 * MIB, 14 * MIB));
 }
 
@@ -504,4 +504,45 @@ fn the_caching_model_serves_a_private_pool_only_from_its_own_segments() {
     gpuheap::reference::SubAllocator::free(&mut c, a2).unwrap();
     assert_eq!(c.empty_cache(), 20 * MIB);
     assert_eq!(c.reserved_bytes(), 20 * MIB);
+}
+
+#[test]
+fn dumped_state_bounds_follow_the_recorded_settings() {
+    // A history-less dump, all reserved (capacity = peak reserved, 0 B free on the device): a 2 MiB
+    // small-pool segment with a 1 MiB hole and a 600 MiB large-pool segment with a 500 MiB hole.
+    const S: u64 = A + 1024 * MIB;
+    let small = || {
+        V::Dict(vec![
+            ("device", V::Int(0)),
+            ("address", V::Int(S as i128)),
+            ("total_size", V::Int((2 * MIB) as i128)),
+            ("stream", V::Int(0)),
+            ("segment_type", V::Str("small")),
+            ("segment_pool_id", V::Tuple(vec![V::Int(0), V::Int(0)])),
+            ("is_expandable", V::Bool(false)),
+            ("blocks", V::List(vec![block(S, MIB, MIB, "active_allocated"), block(S + MIB, MIB, 0, "inactive")])),
+        ])
+    };
+    let large = || {
+        segment(
+            A,
+            600 * MIB,
+            (0, 0),
+            vec![block(A, 100 * MIB, 100 * MIB, "active_allocated"), block(A + 100 * MIB, 500 * MIB, 0, "inactive")],
+        )
+    };
+    let bounds = |settings: Vec<(&str, V)>| {
+        let top = vec![
+            ("segments", V::List(vec![small(), large()])),
+            ("device_traces", V::List(vec![V::List(vec![])])),
+            ("allocator_settings", V::Dict(settings)),
+        ];
+        explain_of(top, None).request_bounds.expect("a dumped state has bounds")
+    };
+    let d = bounds(vec![]);
+    assert_eq!((d.device_free, d.fits_up_to, d.fragmentation_up_to), (0, 500 * MIB, 501 * MIB));
+    // max_split_size 100 MiB (`get_free_block`): the 500 MiB hole serves no request below 100 MiB, and
+    // above it only those within max_non_split_rounding (20 MiB) of 500 MiB: beyond 1 MiB, nothing is sure.
+    let m = bounds(vec![("max_split_size", V::Int((100 * MIB) as i128))]);
+    assert_eq!((m.device_free, m.fits_up_to, m.fragmentation_up_to), (0, MIB, 501 * MIB));
 }

@@ -359,9 +359,9 @@ pub fn explain_with_bytes(
     with_holes.sort_by(|a, b| b.hole_bytes().cmp(&a.hole_bytes()).then(a.addr.cmp(&b.addr)));
     with_holes.truncate(TOP_ITEMS);
     // Ordinary requests: the default pool's holes only.
+    let (settings, warnings) = caching::config_for_trace(dev, cap.bytes);
     let request_bounds =
-        (moment == Moment::DumpedState).then(|| facts::request_bounds(&st, cap.bytes, MempoolId::DEFAULT));
-    let warnings = caching::config_for_trace(dev, cap.bytes).1;
+        (moment == Moment::DumpedState).then(|| facts::request_bounds(&st, &settings, MempoolId::DEFAULT));
     Ok(Explanation {
         trace: trace.source.display().to_string(),
         format: trace.format.to_string(),

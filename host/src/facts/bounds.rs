@@ -11,7 +11,9 @@
 use serde::Serialize;
 
 use super::state::{HeapState, SegmentView};
-use crate::reference::caching::{LARGE_BUFFER, MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
+use crate::reference::caching::{
+    CachingConfig, LARGE_BUFFER, MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
+};
 use crate::trace::MempoolId;
 
 fn is_default_pool(m: &MempoolId) -> bool {
@@ -23,17 +25,17 @@ fn is_zero(v: &u64) -> bool {
 }
 
 /// For a state without a recorded failure: which requests of one memory pool it would have served, at
-/// a capacity. Bytes.
+/// a capacity and under allocator settings. Bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct RequestBounds {
     /// The capacity assumed.
     pub capacity: u64,
-    /// `capacity − reserved` (0 when reserved exceeds it).
+    /// The bytes a new segment may take: `capacity − reserved`, or with `per_process_memory_fraction`
+    /// `fraction × capacity − reserved` when that is less (0 when reserved exceeds it).
     pub device_free: u64,
-    /// Every request of 1 B up to this size is served, by PyTorch's rules with default settings
-    /// (`served_up_to`: from a hole of its size class, or from a new segment the device's free bytes
-    /// hold).
+    /// Every request of 1 B up to this size is served, by PyTorch's rules under the settings
+    /// ([`served_up_to`]: from a hole its rounded size may use, or from new device memory).
     pub fits_up_to: u64,
     /// Requests above `fits_up_to` and up to this size may fail although the bytes are there (in pieces,
     /// or fewer than the segment PyTorch asks the driver for): `device_free + the pool's holes`; larger
@@ -48,22 +50,24 @@ pub struct RequestBounds {
     pub other_pools_hole_bytes: u64,
 }
 
-/// The [`RequestBounds`] of requests of `mempool` in the state `st` on a GPU of `capacity` bytes.
-pub fn request_bounds(st: &HeapState, capacity: u64, mempool: MempoolId) -> RequestBounds {
-    let device_free = capacity.saturating_sub(st.reserved);
+/// The [`RequestBounds`] of requests of `mempool` in the state `st` under the settings `cfg` (its
+/// `device_capacity` is the capacity assumed).
+pub fn request_bounds(st: &HeapState, cfg: &CachingConfig, mempool: MempoolId) -> RequestBounds {
+    let capacity = cfg.device_capacity;
+    let device_free = capacity.min(cfg.allowed_memory_maximum()).saturating_sub(st.reserved);
     let pool = st.pool(mempool);
-    let largest = |small: bool| {
+    let holes = |small: bool| {
         st.segments
             .iter()
-            .filter(|s| s.mempool == mempool && is_small_segment(s) == small)
-            .map(SegmentView::largest_hole)
-            .max()
-            .unwrap_or(0)
+            .filter(move |s| s.mempool == mempool && is_small_segment(s) == small)
+            .flat_map(|s| s.holes.iter().map(|h| h.size))
     };
+    let small_hole = holes(true).max().unwrap_or(0);
+    let large_holes: Vec<u64> = holes(false).collect();
     RequestBounds {
         capacity,
         device_free,
-        fits_up_to: served_up_to(device_free, largest(true), largest(false)),
+        fits_up_to: served_up_to(cfg, device_free, small_hole, &large_holes),
         fragmentation_up_to: device_free.saturating_add(pool.hole_bytes),
         mempool,
         other_pools_hole_bytes: st.hole_bytes.saturating_sub(pool.hole_bytes),
@@ -81,52 +85,186 @@ fn is_small_segment(s: &SegmentView) -> bool {
     s.pool == "small" || s.pool == "unknown" && s.size <= SMALL_BUFFER
 }
 
-/// The largest `x` such that every request of 1 B to `x` is served, by PyTorch's rules with default
-/// settings (`c10/cuda/CUDACachingAllocator.cpp`: `get_pool`, `round_size`, `get_allocation_size`), given
-/// the device's free bytes and the largest holes of the request pool's small- and large-pool segments.
-/// A request of at most 1 MiB (`kSmallSize`) is served from a small-pool hole or a new 2 MiB segment
-/// (`kSmallBuffer`); a larger one from a large-pool hole or a new segment of 20 MiB (`kLargeBuffer`)
-/// below 10 MiB (`kMinLargeAlloc`), else of its size rounded up to 2 MiB (`kRoundLarge`), which the
-/// device's free bytes must hold. Requests and holes are counted in PyTorch's 512 B blocks. So the free
-/// bytes alone are no bound: with 15 MiB free and no hole, a 2 MiB request fails (it needs 20 MiB) while
-/// a 12 MiB one fits.
-pub fn served_up_to(device_free: u64, small_hole: u64, large_hole: u64) -> u64 {
+/// The largest `x` such that every request of 1 B to `x` is served under the settings `cfg`, given the
+/// bytes new memory may take (`device_free`), the largest hole of the request pool's small-pool segments
+/// and the holes of its large-pool segments. The rules (`c10/cuda/CUDACachingAllocator.cpp`):
+///
+/// - A request is rounded first (`round_size`: 512 B blocks, or `roundup_power2_divisions`;
+///   [`CachingConfig::round_size`]) and served by its rounded size `r`, from the pool `get_pool` picks:
+///   the small pool up to 1 MiB (`kSmallSize`), else the large pool.
+/// - From a cached block (`get_free_block`): any small-pool hole of at least `r`; a large-pool hole `h ≥ r`
+///   that is below `max_split_size` when `r` is, or else less than `r + max_non_split_rounding`.
+/// - From new memory (`alloc_block`, `get_allocation_size`): a 2 MiB segment (`kSmallBuffer`) for the
+///   small pool; for the large pool 20 MiB (`kLargeBuffer`) below 10 MiB (`kMinLargeAlloc`), else `r`
+///   rounded up to 2 MiB (`kRoundLarge`). With `expandable_segments`, pages of 2 MiB (small) or 20 MiB
+///   (large) mapped for `r` (`ExpandableSegment::map`), here counted whole: a free tail of an expandable
+///   segment that would also serve is left out, so the bound is a lower one there.
+///
+/// What PyTorch tries after a first failure (releasing cached blocks, `release_cached_blocks`) is not
+/// counted either: the bound says what is served without it. So the free bytes alone are no bound: with
+/// 15 MiB free and no hole, a 2 MiB request fails (it needs 20 MiB) while a 12 MiB one fits.
+pub fn served_up_to(cfg: &CachingConfig, device_free: u64, small_hole: u64, large_holes: &[u64]) -> u64 {
     let blocks = |b: u64| b - b % MIN_BLOCK;
-    let from_device_small = if device_free >= SMALL_BUFFER { SMALL_SIZE } else { 0 };
-    let small = blocks(small_hole).min(SMALL_SIZE).max(from_device_small);
-    if small < SMALL_SIZE {
-        return small;
+    let max_split = cfg.max_split_size;
+    // The rounded sizes served, as closed intervals of 512 B multiples.
+    let mut served: Vec<(u64, u64)> = Vec::with_capacity(large_holes.len() + 4);
+    let mut add = |lo: u64, hi: u64| {
+        if lo <= hi {
+            served.push((lo, hi));
+        }
+    };
+    add(MIN_BLOCK, blocks(small_hole).min(SMALL_SIZE));
+    if device_free >= SMALL_BUFFER {
+        add(MIN_BLOCK, SMALL_SIZE);
     }
-    let mut up_to = SMALL_SIZE.max(blocks(large_hole));
-    // New large segments: the largest the device holds, for every request above 1 MiB when that is at
-    // least 20 MiB, else for those from 10 MiB (rounded to 512 B: from 10 MiB − 511 B) up to it.
-    let largest_segment = device_free - device_free % ROUND_LARGE;
-    let first = if device_free >= LARGE_BUFFER { SMALL_SIZE + 1 } else { MIN_LARGE_ALLOC - MIN_BLOCK + 1 };
-    if largest_segment >= MIN_LARGE_ALLOC && up_to + 1 >= first {
-        up_to = up_to.max(largest_segment);
+    let large = SMALL_SIZE + MIN_BLOCK;
+    let below_split = large_holes.iter().copied().filter(|&h| h < max_split).max().unwrap_or(0);
+    add(large, blocks(below_split).min(max_split.saturating_sub(1)));
+    for &h in large_holes.iter().filter(|&&h| h >= max_split) {
+        // `r ≥ max_split_size` with `r ≤ h < r + max_non_split_rounding`.
+        let lo = max_split.max(h.saturating_sub(cfg.max_non_split_rounding) + 1);
+        add(lo.div_ceil(MIN_BLOCK).saturating_mul(MIN_BLOCK), blocks(h));
     }
-    up_to
+    if cfg.expandable_segments {
+        add(large, device_free - device_free % LARGE_BUFFER);
+    } else {
+        if device_free >= LARGE_BUFFER {
+            add(large, MIN_LARGE_ALLOC - MIN_BLOCK);
+        }
+        add(MIN_LARGE_ALLOC, device_free - device_free % ROUND_LARGE);
+    }
+    // The first rounded size not served.
+    served.sort_unstable();
+    let mut first_unserved = MIN_BLOCK;
+    for &(lo, hi) in &served {
+        if lo > first_unserved {
+            break;
+        }
+        first_unserved = first_unserved.max(hi.saturating_add(MIN_BLOCK));
+    }
+    // The largest request whose rounded size is below it (`round_size` is monotone).
+    let rounds_below = |x: u64| cfg.round_size(x).is_some_and(|r| r < first_unserved);
+    let (mut lo, mut hi) = (0u64, first_unserved);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if rounds_below(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 #[cfg(test)]
 mod tests {
     use super::served_up_to;
+    use crate::reference::caching::CachingConfig;
 
     const MIB: u64 = 1 << 20;
 
+    fn dflt() -> CachingConfig {
+        CachingConfig::new(80 << 30)
+    }
+
+    /// The bound with default settings as it was written before settings were read: the reference
+    /// the interval sweep must agree with.
+    fn default_rule(device_free: u64, small_hole: u64, large_hole: u64) -> u64 {
+        let blocks = |b: u64| b - b % 512;
+        let small = blocks(small_hole).min(MIB).max(if device_free >= 2 * MIB { MIB } else { 0 });
+        if small < MIB {
+            return small;
+        }
+        let mut up_to = MIB.max(blocks(large_hole));
+        let largest_segment = device_free - device_free % (2 * MIB);
+        let first = if device_free >= 20 * MIB { MIB + 1 } else { 10 * MIB - 511 };
+        if largest_segment >= 10 * MIB && up_to + 1 >= first {
+            up_to = up_to.max(largest_segment);
+        }
+        up_to
+    }
+
     #[test]
     fn served_up_to_follows_pytorchs_segment_sizes() {
+        let c = dflt();
         // No hole: 2 MiB free serves the small pool only; 15 MiB cannot make a 20 MiB segment; 23 MiB can.
-        assert_eq!(served_up_to(2 * MIB, 0, 0), MIB);
-        assert_eq!(served_up_to(2 * MIB - 512, 0, 0), 0);
-        assert_eq!(served_up_to(15 * MIB, 0, 0), MIB);
-        assert_eq!(served_up_to(23 * MIB, 0, 0), 22 * MIB);
+        assert_eq!(served_up_to(&c, 2 * MIB, 0, &[]), MIB);
+        assert_eq!(served_up_to(&c, 2 * MIB - 512, 0, &[]), 0);
+        assert_eq!(served_up_to(&c, 15 * MIB, 0, &[]), MIB);
+        assert_eq!(served_up_to(&c, 23 * MIB, 0, &[]), 22 * MIB);
         // A small-pool hole serves up to its size; without it nothing larger, whatever the large holes.
-        assert_eq!(served_up_to(0, 4096, 100 * MIB), 4096);
-        assert_eq!(served_up_to(0, 2 * MIB, 100 * MIB), 100 * MIB);
+        assert_eq!(served_up_to(&c, 0, 4096, &[100 * MIB]), 4096);
+        assert_eq!(served_up_to(&c, 0, 2 * MIB, &[100 * MIB]), 100 * MIB);
         // A large hole of 9.5 MiB, 15 MiB free: up to 9.5 MiB from the hole, then 10 MiB to 14 MiB from the
         // device is not contiguous with it (9.5 MiB + 512 B needs a 20 MiB segment).
-        assert_eq!(served_up_to(15 * MIB, 2 * MIB, 9 * MIB + MIB / 2), 9 * MIB + MIB / 2);
-        assert_eq!(served_up_to(15 * MIB, 2 * MIB, 10 * MIB - 512), 14 * MIB);
+        assert_eq!(served_up_to(&c, 15 * MIB, 2 * MIB, &[9 * MIB + MIB / 2]), 9 * MIB + MIB / 2);
+        assert_eq!(served_up_to(&c, 15 * MIB, 2 * MIB, &[10 * MIB - 512]), 14 * MIB);
+    }
+
+    #[test]
+    fn default_settings_give_the_closed_rule() {
+        let c = dflt();
+        let sizes = [
+            0,
+            511,
+            512,
+            MIB - 512,
+            MIB,
+            2 * MIB - 1,
+            2 * MIB,
+            9 * MIB,
+            10 * MIB - 512,
+            10 * MIB,
+            15 * MIB,
+            20 * MIB,
+            20 * MIB + 1,
+            23 * MIB,
+            64 * MIB + 700,
+        ];
+        for &free in &sizes {
+            for &small in &sizes {
+                for &large in &sizes {
+                    let holes: &[u64] = if large == 0 { &[] } else { &[large, large / 3] };
+                    assert_eq!(
+                        served_up_to(&c, free, small, holes),
+                        default_rule(free, small, large),
+                        "free {free}, small hole {small}, large hole {large}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn max_split_size_keeps_requests_below_it_out_of_larger_holes() {
+        // `get_free_block`: with max_split_size 100 MiB, a 500 MiB hole serves no request below 100 MiB,
+        // and above it only those within max_non_split_rounding (20 MiB) of its size.
+        let (c, _) = CachingConfig::from_env("max_split_size_mb:100", 80 << 30).unwrap();
+        assert_eq!(served_up_to(&c, 0, 2 * MIB, &[500 * MIB]), MIB);
+        assert_eq!(served_up_to(&dflt(), 0, 2 * MIB, &[500 * MIB]), 500 * MIB);
+        // A 90 MiB hole serves up to 90 MiB; a 110 MiB one also (100..=110 MiB are within 20 MiB of it),
+        // after a 99 MiB hole that covers up to it.
+        assert_eq!(served_up_to(&c, 0, 2 * MIB, &[90 * MIB]), 90 * MIB);
+        assert_eq!(served_up_to(&c, 0, 2 * MIB, &[100 * MIB - 512, 110 * MIB]), 110 * MIB);
+        // 130 MiB free makes a segment of any size up to 130 MiB: the hole does not matter then.
+        assert_eq!(served_up_to(&c, 130 * MIB, 2 * MIB, &[500 * MIB]), 130 * MIB);
+    }
+
+    #[test]
+    fn expandable_segments_map_whole_pages() {
+        // Large pages are 20 MiB: 23 MiB free maps one page, so requests up to 20 MiB.
+        let c = dflt().expandable(true);
+        assert_eq!(served_up_to(&c, 23 * MIB, 0, &[]), 20 * MIB);
+        assert_eq!(served_up_to(&c, 15 * MIB, 0, &[]), MIB);
+        assert_eq!(served_up_to(&c, 45 * MIB, 2 * MIB, &[]), 40 * MIB);
+    }
+
+    #[test]
+    fn rounding_settings_bound_the_requests_not_the_rounded_sizes() {
+        // 25 MiB free makes segments up to 24 MiB. With roundup_power2_divisions:1 a request rounds to the
+        // next power of two: up to 16 MiB rounds to at most 16 MiB, 16 MiB + 1 B to 32 MiB, which fails.
+        let c = dflt().roundup_divisions(1);
+        assert_eq!(served_up_to(&c, 25 * MIB, 2 * MIB, &[]), 16 * MIB);
+        assert_eq!(served_up_to(&dflt(), 25 * MIB, 2 * MIB, &[]), 24 * MIB);
     }
 }
