@@ -122,7 +122,7 @@ pub fn served_up_to(cfg: &CachingConfig, device_free: u64, small_hole: u64, larg
     add(large, blocks(below_split).min(max_split.saturating_sub(1)));
     for &h in large_holes.iter().filter(|&&h| h >= max_split) {
         // `r ≥ max_split_size` with `r ≤ h < r + max_non_split_rounding`.
-        let lo = max_split.max(h.saturating_sub(cfg.max_non_split_rounding) + 1);
+        let lo = max_split.max(h.saturating_sub(cfg.max_non_split_rounding).saturating_add(1));
         add(lo.div_ceil(MIN_BLOCK).saturating_mul(MIN_BLOCK), blocks(h));
     }
     if cfg.expandable_segments {
@@ -266,5 +266,20 @@ mod tests {
         let c = dflt().roundup_divisions(1);
         assert_eq!(served_up_to(&c, 25 * MIB, 2 * MIB, &[]), 16 * MIB);
         assert_eq!(served_up_to(&dflt(), 25 * MIB, 2 * MIB, &[]), 24 * MIB);
+    }
+
+    #[test]
+    fn extreme_inputs_give_a_bound_without_overflow() {
+        let big = u64::MAX;
+        for cfg in [
+            dflt(),
+            dflt().max_split(0).max_non_split_rounding(0),
+            dflt().max_split(big).expandable(true).roundup_divisions(1).request_pad(big),
+        ] {
+            for free in [0, big] {
+                let got = served_up_to(&cfg, free, big, &[big, 0, big - 1]);
+                assert!(cfg.round_size(got).is_some() || got == 0, "{cfg:?}: {got}");
+            }
+        }
     }
 }
