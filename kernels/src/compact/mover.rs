@@ -302,11 +302,13 @@ const STREAM_MAX_WORDS: usize = 256;
 /// ascending stretch, so streaming stores fill whole lines in the
 /// write-combining buffers and that read is saved. Measured on the
 /// 720,088-block `tiny` layout (2-core AMD EPYC VM, `gpuheap bench compact
-/// --backend cpu --reps 15`, three alternating runs on a loaded machine): move
-/// 3.6–3.9 ms with streaming stores against 4.2–7.4 ms with plain ones; long
-/// runs streamed as well made `hole-at-start` slower (0.82–1.04 → 1.04–1.16 ×
-/// the copy), hence the limit. The stores are weakly ordered: [`store_fence`]
-/// must run before another thread may read the destination.
+/// --backend cpu --layout tiny --reps 31`), with [`move_short`]: move 2.8–3.2
+/// ms against 4.0–5.5 ms before, compact/copy median 2.23 → 1.81 on a quiet
+/// machine and 2.15 → 1.53 at load 7
+/// (`bench/results/2026-12-02-7f46ca1-compaction-streaming-stores.md`). Long
+/// runs streamed as well made `hole-at-start` slower in a trial (0.82–1.04 →
+/// 1.04–1.16 × the copy), hence the limit. The stores are weakly ordered:
+/// [`store_fence`] must run before another thread may read the destination.
 ///
 /// # Safety
 /// Both ranges lie inside the allocation at `region`, and no one else
