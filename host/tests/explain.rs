@@ -169,11 +169,23 @@ fn capacity_oom_is_never_called_fragmentation() {
     // BL-02 (b) in small: a 20 MiB request with 4 MiB free on the device and 10 MiB of holes: 14 MiB
     // even after a perfect compaction, 6 MiB short.
     let trace = parse("cap.pickle", &oom_snapshot(20 * MIB, 4 * MIB));
-    let o = explain::explain_oom(&trace.devices[0], 9, Some(4 * MIB)).unwrap();
+    let o = explain::explain_oom(
+        &trace.devices[0],
+        9,
+        Some(4 * MIB),
+        &gpuheap::reference::caching::config_for_trace(&trace.devices[0], 1 << 40).0,
+    )
+    .unwrap();
     assert_eq!(o.verdict, Verdict::Capacity);
     assert_eq!((o.free_total, o.shortfall, o.capacity), (Some(14 * MIB), 6 * MIB, Some(44 * MIB)));
     // Without the driver's free bytes the verdict is not guessed.
-    let o = explain::explain_oom(&trace.devices[0], 9, None).unwrap();
+    let o = explain::explain_oom(
+        &trace.devices[0],
+        9,
+        None,
+        &gpuheap::reference::caching::config_for_trace(&trace.devices[0], 1 << 40).0,
+    )
+    .unwrap();
     assert_eq!(o.verdict, Verdict::Undetermined);
 }
 

@@ -181,7 +181,8 @@ fn an_oom_is_judged_by_the_holes_of_its_own_pool() {
     // 16 MiB failed with 0 B free on the device: D's 14 MiB hole cannot hold it, and P's 12 MiB are not the
     // default pool's, so the GPU was full for it (counting P's hole would call it fragmentation: 26 >= 16).
     let t = graph_pool_snapshot((1, 0), true, true);
-    let x = gpuheap::explain::explain_oom(&t.devices[0], 4, Some(0)).unwrap();
+    let x =
+        gpuheap::explain::explain_oom(&t.devices[0], 4, Some(0), &config_for_trace(&t.devices[0], 1 << 40).0).unwrap();
     assert_eq!(x.verdict, gpuheap::explain::Verdict::Capacity);
 }
 

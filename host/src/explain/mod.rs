@@ -284,6 +284,7 @@ pub fn explain_with_bytes(
     let dev = &trace.devices[choice.index];
     let cap = capacity_from_evidence(trace, dev, capacity)?;
     let gpu = gpu_capacity_at_oom(trace, dev)?.map(|c| c.bytes);
+    let (settings, warnings) = caching::config_for_trace(dev, cap.bytes);
     let mut ooms = Vec::with_capacity(dev.ooms.len().min(MAX_EXPLAINED_OOMS));
     for o in dev.ooms.iter().take(MAX_EXPLAINED_OOMS) {
         // With a capacity of the user's, the driver's free bytes are what that capacity leaves.
@@ -294,7 +295,7 @@ pub fn explain_with_bytes(
             }
             (None, f) => f,
         };
-        let mut x = explain_oom(dev, o.event, free).map_err(|e| trace_error(trace, dev, e))?;
+        let mut x = explain_oom(dev, o.event, free, &settings).map_err(|e| trace_error(trace, dev, e))?;
         let replay_capacity = match (capacity, x.device_free) {
             // A given capacity is at least MIN_CAPACITY (`facts::check_capacity`).
             (Some(_), _) => x.capacity,
@@ -359,7 +360,6 @@ pub fn explain_with_bytes(
     with_holes.sort_by(|a, b| b.hole_bytes().cmp(&a.hole_bytes()).then(a.addr.cmp(&b.addr)));
     with_holes.truncate(TOP_ITEMS);
     // Ordinary requests: the default pool's holes only.
-    let (settings, warnings) = caching::config_for_trace(dev, cap.bytes);
     let request_bounds =
         (moment == Moment::DumpedState).then(|| facts::request_bounds(&st, &settings, MempoolId::DEFAULT));
     Ok(Explanation {

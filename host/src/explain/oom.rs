@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::ExplainError;
 use crate::analysis::{self, OomClass};
 use crate::facts::{state_after, HeapState, StateError};
-use crate::reference::caching;
+use crate::reference::caching::CachingConfig;
 use crate::trace::{DeviceTrace, EventKind, Trace};
 
 /// The answer to "why did this request fail?".
@@ -47,8 +47,9 @@ pub struct OomExplanation {
     pub event: usize,
     /// The request (the event's `size`: PyTorch records the request rounded to its block size).
     pub request: u64,
-    /// What PyTorch asks the driver for when no cached block fits: the segment size for the request
-    /// (`get_allocation_size`: 2 MiB up to 1 MiB, 20 MiB below 10 MiB, else rounded up to 2 MiB).
+    /// What PyTorch asks the driver for when no cached block fits ([`CachingConfig::new_memory`]): the
+    /// segment size for the request (`get_allocation_size`: 2 MiB up to 1 MiB, 20 MiB below 10 MiB, else
+    /// rounded up to 2 MiB), or with expandable segments the request in whole 2 MiB or 20 MiB pages.
     pub segment_request: u64,
     /// PyTorch allocated bytes (live blocks) at the event.
     pub allocated: u64,
@@ -82,11 +83,17 @@ pub struct OomExplanation {
 }
 
 /// Explains the `oom` event at index `event` of `dev` with the driver's free bytes `device_free` (the
-/// event's own, or capacity − reserved when the user gives a capacity).
+/// event's own, or capacity − reserved when the user gives a capacity), under the allocator settings
+/// `settings` (the trace's own: [`crate::reference::caching::config_for_trace`]).
 ///
 /// # Errors
 /// [`StateError`] when the state's sums exceed 2^64 − 1.
-pub fn explain_oom(dev: &DeviceTrace, event: usize, device_free: Option<u64>) -> Result<OomExplanation, StateError> {
+pub fn explain_oom(
+    dev: &DeviceTrace,
+    event: usize,
+    device_free: Option<u64>,
+    settings: &CachingConfig,
+) -> Result<OomExplanation, StateError> {
     let st = state_after(dev, Some(event))?;
     let request = dev.events.get(event).map_or(0, |e| e.size);
     // Only the request's own memory pool's holes could have served it.
@@ -102,7 +109,7 @@ pub fn explain_oom(dev: &DeviceTrace, event: usize, device_free: Option<u64>) ->
     Ok(OomExplanation {
         event,
         request,
-        segment_request: caching::segment_size(caching::round_size(request).unwrap_or(request)).unwrap_or(request),
+        segment_request: settings.new_memory(request).unwrap_or(request),
         allocated: st.allocated,
         reserved: st.reserved,
         reserved_unallocated: st.hole_bytes,

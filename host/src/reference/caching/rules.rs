@@ -114,6 +114,20 @@ impl CachingConfig {
     }
 }
 
+impl CachingConfig {
+    /// What `alloc_block` asks the driver for when no cached block serves a request of `rounded` bytes
+    /// (already rounded by [`CachingConfig::round_size`]): the segment of [`segment_size`], or with
+    /// expandable segments the request in whole pages of its pool ([`Pool::page`]: 2 MiB small, 20 MiB
+    /// large; `ExpandableSegment::map`), counting no free tail of an existing segment. `None` on overflow.
+    pub fn new_memory(&self, rounded: u64) -> Option<u64> {
+        if self.expandable_segments {
+            round_up_to(rounded.max(1), pool_of(rounded).page())
+        } else {
+            segment_size(rounded)
+        }
+    }
+}
+
 /// PyTorch's `get_allocation_size`: the segment size for a rounded request.
 pub fn segment_size(rounded: u64) -> Option<u64> {
     if rounded <= SMALL_SIZE {
@@ -153,6 +167,19 @@ mod tests {
         assert_eq!(c.empty_cache(), 22 * MIB);
         assert_eq!((c.reserved_bytes(), c.segment_count()), (0, 0));
         assert_eq!(c.free_at(a.offset), Err(AllocError::DoubleFree { offset: a.offset }));
+    }
+
+    #[test]
+    fn new_memory_is_a_segment_or_whole_expandable_pages() {
+        let c = CachingConfig::new(1 << 30);
+        assert_eq!(c.new_memory(512), Some(2 * MIB));
+        assert_eq!(c.new_memory(3 * MIB), Some(20 * MIB));
+        assert_eq!(c.new_memory(31 * MIB), Some(32 * MIB));
+        let e = c.expandable(true);
+        assert_eq!(e.new_memory(512), Some(2 * MIB), "one small page");
+        assert_eq!(e.new_memory(3 * MIB), Some(20 * MIB), "one large page");
+        assert_eq!(e.new_memory(31 * MIB), Some(40 * MIB), "two large pages, not a 32 MiB segment");
+        assert_eq!(e.new_memory(u64::MAX - 1), None);
     }
 
     #[test]
