@@ -35,7 +35,7 @@ pub struct RequestBounds {
     /// `fraction × capacity − reserved` when that is less (0 when reserved exceeds it).
     pub device_free: u64,
     /// Every request of 1 B up to this size is served, by PyTorch's rules under the settings
-    /// ([`served_up_to`]: from a hole its rounded size may use, or from new device memory).
+    /// (`served_up_to`: from a hole its rounded size may use, or from new device memory).
     pub fits_up_to: u64,
     /// Requests above `fits_up_to` and up to this size may fail although the bytes are there (in pieces,
     /// or fewer than the segment PyTorch asks the driver for): `device_free + the pool's holes`; larger
