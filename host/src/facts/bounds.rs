@@ -11,9 +11,7 @@
 use serde::Serialize;
 
 use super::state::{HeapState, SegmentView};
-use crate::reference::caching::{
-    CachingConfig, LARGE_BUFFER, MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
-};
+use crate::reference::caching::{CachingConfig, MIN_BLOCK, MIN_LARGE_ALLOC, SMALL_BUFFER, SMALL_SIZE};
 use crate::trace::MempoolId;
 
 fn is_default_pool(m: &MempoolId) -> bool {
@@ -114,9 +112,6 @@ pub fn served_up_to(cfg: &CachingConfig, device_free: u64, small_hole: u64, larg
         }
     };
     add(MIN_BLOCK, blocks(small_hole).min(SMALL_SIZE));
-    if device_free >= SMALL_BUFFER {
-        add(MIN_BLOCK, SMALL_SIZE);
-    }
     let large = SMALL_SIZE + MIN_BLOCK;
     let below_split = large_holes.iter().copied().filter(|&h| h < max_split).max().unwrap_or(0);
     add(large, blocks(below_split).min(max_split.saturating_sub(1)));
@@ -125,13 +120,15 @@ pub fn served_up_to(cfg: &CachingConfig, device_free: u64, small_hole: u64, larg
         let lo = max_split.max(h.saturating_sub(cfg.max_non_split_rounding).saturating_add(1));
         add(lo.div_ceil(MIN_BLOCK).saturating_mul(MIN_BLOCK), blocks(h));
     }
-    if cfg.expandable_segments {
-        add(large, device_free - device_free % LARGE_BUFFER);
-    } else {
-        if device_free >= LARGE_BUFFER {
-            add(large, MIN_LARGE_ALLOC - MIN_BLOCK);
+    // New memory ([`CachingConfig::new_memory`]) grows with `r` within each of these ranges (a segment of
+    // 2 MiB; of 20 MiB below 10 MiB, else `r` rounded up to 2 MiB; or whole pages when expandable), so
+    // the sizes it serves are a prefix of each.
+    let fits_new = |r: u64| cfg.new_memory(r).is_some_and(|m| m <= device_free);
+    let top = blocks(device_free);
+    for (lo, hi) in [(MIN_BLOCK, SMALL_SIZE), (large, MIN_LARGE_ALLOC - MIN_BLOCK), (MIN_LARGE_ALLOC, top)] {
+        if lo <= hi.min(top) && fits_new(lo) {
+            add(lo, last_where(lo, hi.min(top), MIN_BLOCK, fits_new));
         }
-        add(MIN_LARGE_ALLOC, device_free - device_free % ROUND_LARGE);
     }
     // The first rounded size not served.
     served.sort_unstable();
@@ -143,17 +140,22 @@ pub fn served_up_to(cfg: &CachingConfig, device_free: u64, small_hole: u64, larg
         first_unserved = first_unserved.max(hi.saturating_add(MIN_BLOCK));
     }
     // The largest request whose rounded size is below it (`round_size` is monotone).
-    let rounds_below = |x: u64| cfg.round_size(x).is_some_and(|r| r < first_unserved);
-    let (mut lo, mut hi) = (0u64, first_unserved);
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if rounds_below(mid) {
-            lo = mid;
+    last_where(0, first_unserved, 1, |x| cfg.round_size(x).is_some_and(|r| r < first_unserved))
+}
+
+/// The largest `lo + k × step ≤ hi` at which `pred` holds, for a `pred` that holds up to some value and
+/// not after it (`lo` when it holds at no later one). `lo ≤ hi`, `step > 0`.
+fn last_where(lo: u64, hi: u64, step: u64, pred: impl Fn(u64) -> bool) -> u64 {
+    let (mut a, mut b) = (0u64, (hi - lo) / step);
+    while a < b {
+        let m = a + (b - a).div_ceil(2);
+        if pred(lo + m * step) {
+            a = m;
         } else {
-            hi = mid - 1;
+            b = m - 1;
         }
     }
-    lo
+    lo + a * step
 }
 
 #[cfg(test)]

@@ -112,9 +112,7 @@ impl CachingConfig {
             align_up(size, MIN_BLOCK)
         }
     }
-}
 
-impl CachingConfig {
     /// What `alloc_block` asks the driver for when no cached block serves a request of `rounded` bytes
     /// (already rounded by [`CachingConfig::round_size`]): the segment of [`segment_size`], or with
     /// expandable segments the request in whole pages of its pool ([`Pool::page`]: 2 MiB small, 20 MiB
