@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 
 use gpuheap::bench::SplitMix64;
 use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
-use gpuheap::reference::{Allocation, BestFit, Buddy, FirstFit, Slab, SubAllocator, Tiered, Tlsf};
+use gpuheap::reference::{AllocError, Allocation, BestFit, Buddy, FirstFit, Handle, Slab, SubAllocator, Tiered, Tlsf};
 
 pub const CAPACITY: u64 = 128 << 30;
 pub const LIVE: usize = 100_000;
@@ -54,6 +54,7 @@ pub trait Bench {
     }
 }
 
+/// One of our strategies, keeping each live block's whole [`Allocation`] (`Option<Allocation>`: 32 bytes).
 pub struct Ours<A>(pub A);
 
 impl<A: SubAllocator> Bench for Ours<A> {
@@ -67,8 +68,50 @@ impl<A: SubAllocator> Bench for Ours<A> {
         self.0.free(h).expect("live block");
     }
     fn report(&self) -> String {
-        let s = self.0.stats();
+        Ours::report_stats(&self.0)
+    }
+}
+
+impl Ours<()> {
+    fn report_stats(a: &dyn SubAllocator) -> String {
+        let s = a.stats();
         format!("{} live, {} free blocks, largest free {} B", s.live_blocks, s.free_blocks, s.largest_free)
+    }
+}
+
+/// Our block-list strategies (first-fit, best-fit, TLSF) freed by the handle alone, the 8 bytes a caller
+/// needs to keep per live block (`Option<Handle>`: 8 bytes).
+pub struct ByHandle<A>(pub A);
+
+/// The strategies with a `free_handle`.
+pub trait FreeHandle: SubAllocator {
+    fn free_handle(&mut self, h: Handle) -> Result<(), AllocError>;
+}
+
+macro_rules! free_handle {
+    ($($t:ty),*) => {$(
+        impl FreeHandle for $t {
+            #[inline]
+            fn free_handle(&mut self, h: Handle) -> Result<(), AllocError> {
+                <$t>::free_handle(self, h)
+            }
+        }
+    )*};
+}
+free_handle!(BestFit, FirstFit, Tlsf);
+
+impl<A: FreeHandle> Bench for ByHandle<A> {
+    type Handle = Handle;
+    #[inline]
+    fn alloc(&mut self, size: u64) -> Option<Handle> {
+        self.0.alloc(size, 1).ok().map(|a| a.handle)
+    }
+    #[inline]
+    fn free(&mut self, h: Handle) {
+        self.0.free_handle(h).expect("live block");
+    }
+    fn report(&self) -> String {
+        Ours::report_stats(&self.0)
     }
 }
 
@@ -123,13 +166,16 @@ pub trait Visitor {
     fn visit<B: Bench>(&mut self, name: &str, b: B);
 }
 
-/// Every allocator of the comparison, in report order: the three crates, then ours.
-pub const NAMES: [&str; 10] = [
+/// Every allocator of the comparison, in report order: the three crates, then ours. `tlsf`, `best-fit` and
+/// `first-fit` keep the 8-byte handle per live block and free by it; `best-fit-allocation` is best-fit
+/// keeping the whole allocation, as the other rows of ours do.
+pub const NAMES: [&str; 11] = [
     "offset-allocator",
     "rlsf",
     "buddy_system_allocator",
     "tlsf",
     "best-fit",
+    "best-fit-allocation",
     "first-fit",
     "buddy",
     "slab",
@@ -155,9 +201,10 @@ pub fn visit<V: Visitor>(name: &str, v: &mut V) -> bool {
             f.add_frame(0, (CAPACITY / UNIT) as usize);
             v.visit(name, BuddyFrames(f))
         }
-        "tlsf" => v.visit(name, Ours(Tlsf::new(CAPACITY).unwrap())),
-        "best-fit" => v.visit(name, Ours(BestFit::new(CAPACITY).unwrap())),
-        "first-fit" => v.visit(name, Ours(FirstFit::new(CAPACITY).unwrap())),
+        "tlsf" => v.visit(name, ByHandle(Tlsf::new(CAPACITY).unwrap())),
+        "best-fit" => v.visit(name, ByHandle(BestFit::new(CAPACITY).unwrap())),
+        "best-fit-allocation" => v.visit(name, Ours(BestFit::new(CAPACITY).unwrap())),
+        "first-fit" => v.visit(name, ByHandle(FirstFit::new(CAPACITY).unwrap())),
         "buddy" => v.visit(name, Ours(Buddy::new(CAPACITY).unwrap())),
         "slab" => v.visit(name, Ours(Slab::with_backing(Box::new(BestFit::new(CAPACITY).unwrap())).unwrap())),
         "tiered" => v.visit(name, Ours(Tiered::new(CAPACITY).unwrap())),

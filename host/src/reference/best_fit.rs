@@ -130,7 +130,7 @@ impl BestFitIndex {
             size_class(n.size >> g)
         });
         let count = filed + self.small.check(nodes);
-        let free = nodes.iter().filter(|n| n.a != super::block_list::LIVE && n.size > 0).count();
+        let free = nodes.iter().filter(|n| n.is_free()).count();
         assert_eq!(count, free, "free nodes filed");
     }
 }

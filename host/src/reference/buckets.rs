@@ -371,7 +371,7 @@ impl SizeBuckets {
                 let (mut prev, mut cur, mut len, mut last) = (r, v, 0, None);
                 while cur != NIL {
                     let n = &nodes[cur as usize];
-                    assert!(n.a != super::block_list::LIVE && n.size > 0, "live or spare node {cur} filed");
+                    assert!(n.is_free(), "live or spare node {cur} filed");
                     assert_eq!(n.size >> g, s as u64, "node {cur} in the wrong bucket");
                     assert_eq!(n.a, prev, "back link of node {cur}");
                     let digits = (n.offset >> g) >> j;

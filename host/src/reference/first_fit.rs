@@ -286,7 +286,7 @@ impl FirstFitIndex {
         for (i, &m) in self.heads.top.iter().enumerate() {
             assert_eq!(m, self.heads.mid[i * FAN..(i + 1) * FAN].iter().copied().min().unwrap(), "top {i}");
         }
-        let free = nodes.iter().filter(|n| n.a != super::block_list::LIVE && n.size > 0).count();
+        let free = nodes.iter().filter(|n| n.is_free()).count();
         assert_eq!(small + large, free, "free nodes filed");
         let largest = largest.max(self.small.highest().map_or(0, |s| (s as u64) << g));
         assert_eq!(self.largest(nodes), largest);

@@ -34,6 +34,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroU64;
 use std::str::FromStr;
 
 pub(crate) mod best_fit;
@@ -69,40 +70,47 @@ pub const DEFAULT_GRANULE: u64 = 256;
 pub const MAX_BYTES: u64 = 1 << 48;
 
 /// Opaque name of a live block, carried in its [`Allocation`]: the index of the strategy's record of the
-/// block (a block-list node, a slot), so that [`SubAllocator::free`] finds the block in O(1) without hashing
-/// its offset.
+/// block (a block-list node, a slot) and a stamp of the record's current use, so that
+/// [`SubAllocator::free`] finds the block in O(1) without hashing its offset.
 ///
-/// A handle is only meaningful to the allocator that returned it, and only while its block is live. In
-/// debug builds it also carries the record's generation, so a handle kept past its free is rejected even
-/// after the record was reused; release builds check that the record is live and starts at the
-/// allocation's offset. Either way a stale or foreign handle gives an [`AllocError`], never undefined
-/// behaviour or a panic. Handles survive [`SubAllocator::apply_relocation`] (only offsets change).
+/// A handle is only meaningful to the allocator that returned it, and only while its block is live.
+/// First-fit, best-fit and TLSF stamp every allocation in every build (a 30-bit counter kept in the
+/// block's own record, so checking it loads nothing more): a handle kept past its free is rejected even
+/// after the record was reused for a block at the same offset, and their `free_handle` frees by the
+/// handle alone (8 bytes, `Option<Handle>` too). The other strategies carry a generation in debug
+/// builds only and in release builds check that the record is live and starts at the allocation's
+/// offset. Either way a stale or foreign handle gives an [`AllocError`], never undefined behaviour or a
+/// panic. Handles survive [`SubAllocator::apply_relocation`] (only offsets change).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Handle(u64);
+pub struct Handle(NonZeroU64);
 
 impl Handle {
     /// The handle of strategies that find blocks by offset (no record index): [`SubAllocator::free`] then
     /// uses the allocation's offset.
-    pub const NONE: Handle = Handle(u64::MAX);
+    pub const NONE: Handle = Handle(NonZeroU64::new(!(u32::MAX as u64)).unwrap());
 
-    /// Record `index` at generation `generation` (kept in debug builds only).
+    /// Record `index` at generation (or stamp) `generation`. Stored complemented, so that the value 0, the
+    /// niche of `Option<Handle>`, is index and generation `u32::MAX`, which no record has (indices stay
+    /// below 2^31); any `index == u32::MAX` gives [`Handle::NONE`].
     #[inline]
     pub(crate) fn new(index: u32, generation: u32) -> Self {
-        let generation = if cfg!(debug_assertions) { generation } else { 0 };
-        Handle(index as u64 | (generation as u64) << 32)
+        let raw = index as u64 | (generation as u64) << 32;
+        match NonZeroU64::new(!raw) {
+            Some(v) if index != u32::MAX => Handle(v),
+            _ => Handle::NONE,
+        }
     }
 
-    /// The record index.
+    /// The record index (`u32::MAX` for [`Handle::NONE`], which names no record).
     #[inline]
     pub(crate) fn index(self) -> usize {
-        self.0 as u32 as usize
+        !self.0.get() as u32 as usize
     }
 
-    /// The generation (0 in release builds).
+    /// The generation or stamp given to [`Handle::new`].
     #[inline]
-    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     pub(crate) fn generation(self) -> u32 {
-        (self.0 >> 32) as u32
+        (!self.0.get() >> 32) as u32
     }
 }
 
@@ -170,6 +178,11 @@ pub enum AllocError {
         /// Offset of the allocation in bytes.
         offset: u64,
     },
+    /// [`free_handle`](BestFit::free_handle) was given a handle that names no live block of this
+    /// allocator: its block was freed already (its record may hold another block now), or the handle
+    /// comes from another allocator.
+    #[error("unknown handle: it names no live block of this allocator (freed already, or foreign)")]
+    UnknownHandle,
     /// A zero-byte request.
     #[error("zero-size request")]
     ZeroSize,
