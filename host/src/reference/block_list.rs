@@ -920,6 +920,7 @@ mod churn_tests {
     #[test]
     fn free_by_handle_alone() {
         assert_eq!(std::mem::size_of::<Option<Handle>>(), 8);
+        assert_eq!(std::mem::size_of::<Option<Allocation>>(), 24);
         let mut a = BlockList::new(1 << 20, 64, BestFitIndex::new(1 << 20, 64)).unwrap();
         let v: Vec<Allocation> = (0..4).map(|i| a.alloc(100 * (i + 1), 1).unwrap()).collect();
         // A free node's links are never taken for a stamp: a handle carrying one is unknown.

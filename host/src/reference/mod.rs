@@ -91,24 +91,21 @@ impl Handle {
 
     /// Record `index` at generation (or stamp) `generation`. Stored complemented, so that the value 0, the
     /// niche of `Option<Handle>`, is index and generation `u32::MAX`, which no record has (indices stay
-    /// below 2^31); any `index == u32::MAX` gives [`Handle::NONE`].
-    #[inline]
+    /// below 2^31; that pair gives [`Handle::NONE`]). Any handle of index `u32::MAX` names no record.
+    #[inline(always)]
     pub(crate) fn new(index: u32, generation: u32) -> Self {
         let raw = index as u64 | (generation as u64) << 32;
-        match NonZeroU64::new(!raw) {
-            Some(v) if index != u32::MAX => Handle(v),
-            _ => Handle::NONE,
-        }
+        NonZeroU64::new(!raw).map_or(Handle::NONE, Handle)
     }
 
     /// The record index (`u32::MAX` for [`Handle::NONE`], which names no record).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn index(self) -> usize {
         !self.0.get() as u32 as usize
     }
 
     /// The generation or stamp given to [`Handle::new`].
-    #[inline]
+    #[inline(always)]
     pub(crate) fn generation(self) -> u32 {
         (!self.0.get() >> 32) as u32
     }
