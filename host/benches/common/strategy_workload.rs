@@ -54,7 +54,7 @@ pub trait Bench {
     }
 }
 
-/// One of our strategies, keeping each live block's whole [`Allocation`] (`Option<Allocation>`: 32 bytes).
+/// One of our strategies, keeping each live block's whole [`Allocation`] (`Option<Allocation>`: 24 bytes).
 pub struct Ours<A>(pub A);
 
 impl<A: SubAllocator> Bench for Ours<A> {
