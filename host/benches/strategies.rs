@@ -15,7 +15,8 @@
 //! our TLSF, best-fit and first-fit their `Option<Handle>` (8, freed by `free_handle`), and our other
 //! strategies their `Option<Allocation>` (24; the row `best-fit-allocation` is best-fit kept that way).
 //! The slots are the largest random-access array of the benchmark (100k of them), so their size shows in
-//! the time per pair: with 24 bytes instead of 8, best-fit takes about 1.6 times as long.
+//! the time per pair: with 24 bytes instead of 8, best-fit took 1.3 to 1.8 times as long in three runs
+//! (`bench/results/2026-12-02-467cbcf-best-fit-handle.md`).
 //!
 //! Time is the benchmark thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not wall time: on a shared build
 //! machine wall time also counts the time the thread waits for a core. Cache interference from other

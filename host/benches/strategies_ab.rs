@@ -2,8 +2,9 @@
 //! slice by slice, so that both see the same interference from the other guests of a shared machine.
 //!
 //! Criterion times one allocator after the other, a few seconds each; on the project's 2-core VM the
-//! same binary's offset-allocator row moved from 102 to 199 ns per pair between runs minutes apart, and
-//! a ratio of two rows taken seconds apart moved with it. Here both allocators are built, filled with
+//! offset-allocator row took between 102 and 199 ns per pair in runs of one afternoon, and a ratio of two
+//! rows taken seconds apart moved with it. Alternation does not remove the noise (offset-allocator
+//! against itself: quartiles 0.70–1.44 over 101 rounds), but both sides of a round share it. Here both allocators are built, filled with
 //! the same 100k live blocks and warmed up, then measured in `ROUNDS` rounds; each round runs `SLICE`
 //! pairs on one and then on the other (the order alternating from round to round), from the same stream
 //! position. The ratio of each round (B / A) is printed, then their median and quartiles, which are what
