@@ -107,7 +107,12 @@ impl<A: Bench> Visitor for Second<'_, A> {
                 (a.pairs(w, start, slice), y)
             };
             let (na, nb) = (x as f64 / slice as f64, y as f64 / slice as f64);
-            println!("round {r:3}: {} {na:7.1} ns/pair, {} {nb:7.1} ns/pair, ratio {:.3}", self.a_name, b_name, nb / na);
+            println!(
+                "round {r:3}: {} {na:7.1} ns/pair, {} {nb:7.1} ns/pair, ratio {:.3}",
+                self.a_name,
+                b_name,
+                nb / na
+            );
             ratios.push(nb / na);
             (ta, tb) = (ta + x, tb + y);
         }

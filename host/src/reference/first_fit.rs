@@ -7,8 +7,8 @@
 //! a bucket fits a request of at most `s` granules, so the lowest block of at least `n` granules is the
 //! lowest *head* (lowest address) among the buckets `s ≥ n`, or the lowest large block. The heads sit in a
 //! small min tree (`Heads`): bucket heads packed as `offset_g << 12 | s` (distinct, and the minimum names
-//! its bucket), the minimum of every 16 of them, and of every 16 of those: the query scans the rest of
-//! one group on each of the three levels (at most 15 + 15 + 15 entries). Blocks of `EXACT` granules or
+//! its bucket) in groups of 16, groups of 16 groups, and the 16 of those, each level keeping the minimum
+//! from each entry to the end of its group: the query reads one entry on each of the three levels. Blocks of `EXACT` granules or
 //! more are in an `AddressIndex` (below) of their own, which answers requests of that size exactly
 //! (alignment included) and gives the lowest large block for smaller ones.
 //!
@@ -20,13 +20,15 @@
 //! ## Invariants
 //! - A free block of `s < EXACT` granules is in bucket `s` of `small` (as `buckets.rs` says), a larger one
 //!   in `large`, each once.
-//! - `leaf[s]` is the packed head of bucket `s` (`EMPTY` when empty) and `node[s]` its node; `mid[g]` is the
-//!   minimum of `leaf[16g..16g + 16]`, `top[t]` of `mid[16t..16t + 16]`, exactly.
+//! - `leaf[s]` is the packed head of bucket `s` (`EMPTY` when empty) and `node[s]` its node;
+//!   `leaf_min[s]` is the minimum of `leaf[s..=s | 15]`, `mid_min[g]` of `leaf[16g..16 (g | 15) + 16]`,
+//!   `top_min[t]` of `leaf[256t..EXACT]`, exactly.
 //!
 //! ## Time complexity
-//! `alloc` below `EXACT` granules: at most 45 head entries read, one descent of the chosen bucket's trie and
-//! an update of the carved block (unlink, insert into its new bucket); a head that leaves re-measures at
-//! most two groups of 16. `free`: O(1) through the handle, plus the index updates of the merged
+//! `alloc` below `EXACT` granules: three head entries read, one descent of the chosen bucket's trie and
+//! an update of the carved block (unlink, insert into its new bucket); a head that changes rewrites at most
+//! 16 entries on each level (the ones it undercuts, or the ones that were it), about log2(16) for random
+//! heads. `free`: O(1) through the handle, plus the index updates of the merged
 //! neighbours. Requests and blocks of `EXACT` granules or more: as the address index below over the large
 //! blocks only. Aligned requests: in addition, the blocks of the buckets of `size` to
 //! `size + align - granule` bytes below the best candidate, one by one.
@@ -36,8 +38,10 @@
 //! live blocks, 35,976 free blocks), first-fit went from 1930.6 instructions (the address index alone) to
 //! 1076.5 (best-fit: 496.4), with the same placements and end state. Head trees of 3 levels of 16
 //! (1076.5), 4 levels of 8 (1104.6) and a binary tournament (1132.2) were measured; see
-//! `bench/results/2026-12-02-aa4ddae-first-fit-classes.md`. What is left is about 200 instructions in the head
-//! query, 145 in re-measuring groups when a head leaves and 210 in bucket insertions.
+//! `bench/results/2026-12-02-aa4ddae-first-fit-classes.md`. Keeping suffix minima instead of group minima
+//! took the head query from about 200 instructions to 15, and the pair to 960.1 (best-fit: 497.1, the
+//! target 1.5 × that = 745.7: missed). What is left is mostly the buckets' insertions and removals
+//! (about 195 instructions per pair) over 36k free blocks, almost three times best-fit's 12.8k.
 //!
 //! # The address index (`AddressIndex`): large blocks of first-fit, and the tiered strategy's shared range
 //! Free blocks are kept in address order in *chunks*: sorted arrays of up to `CHUNK` (32) entries (offset,
@@ -83,36 +87,79 @@ const EMPTY: u64 = u64::MAX;
 /// Buckets per group of the head tree (each level keeps the minimum of `FAN` entries of the one below).
 const FAN: usize = 16;
 
-/// The lowest address of every bucket of `small` and minima over groups of them: "the lowest head among the
-/// buckets of at least `n` granules" is a scan of at most `FAN - 1` entries on each of three levels. A head
-/// is packed as `offset_g << 12 | s` (offset in granules, `< 2^48`, and bucket `s < EXACT = 2^12`), so that
+/// Entries of the top level of the head tree (each the minimum of `FAN * FAN` buckets).
+const TOP: usize = EXACT / FAN / FAN;
+
+/// The lowest address of every bucket of `small` and suffix minima over groups of them: "the lowest head
+/// among the buckets of at least `n` granules" is the minimum of three entries, one per level. A head is
+/// packed as `offset_g << 12 | s` (offset in granules, `< 2^48`, and bucket `s < EXACT = 2^12`), so that
 /// the minimum names its bucket and no two heads are equal (free blocks have distinct offsets).
+///
+/// Each level keeps, for every entry, the minimum from it to the end of its group of `FAN` (a *suffix
+/// minimum*): `leaf_min` over the buckets' heads, `mid_min` over the groups' minima (group `g`'s is
+/// `leaf_min[FAN * g]`), `top_min` over the 16 top entries (entry `t`'s is `mid_min[FAN * t]`), the whole
+/// top level being one group. A head that goes down lowers the entries before it that it undercuts; one
+/// that goes up recomputes the entries that were it, from it down to the first that was not: about
+/// log(FAN) entries for random heads, and a level only when the group's minimum changed.
 #[derive(Debug)]
 struct Heads {
     /// The packed head of each bucket, `EMPTY` for an empty one.
     leaf: Vec<u64>,
-    /// The minimum of each group of `FAN` leaves.
-    mid: [u64; EXACT / FAN],
-    /// The minimum of each group of `FAN` mid entries.
-    top: [u64; EXACT / FAN / FAN],
+    /// `leaf_min[s]`: the minimum of `leaf[s..=s | (FAN - 1)]`.
+    leaf_min: Vec<u64>,
+    /// `mid_min[g]`: the minimum of groups `g..=g | (FAN - 1)`' minima.
+    mid_min: [u64; EXACT / FAN],
+    /// `top_min[t]`: the minimum of top entries `t..TOP`.
+    top_min: [u64; TOP],
     /// The node of each bucket's head (meaningful while the bucket is non-empty).
     node: Vec<u32>,
+}
+
+/// `suf` holds the suffix minima of one group (`suf[j]` is the minimum of the group's values from `j` on);
+/// value `i` went down to `v`. Lowers the entries it undercuts; returns whether the group's minimum
+/// (`suf[0]`) changed.
+#[inline(always)]
+fn suffix_lower(suf: &mut [u64], i: usize, v: u64) -> bool {
+    for j in (0..=i).rev() {
+        if suf[j] <= v {
+            return false;
+        }
+        suf[j] = v;
+    }
+    true
+}
+
+/// `suf` as for [`suffix_lower`]; value `i` went up from `old` (`value(j)` is value `j` now). Recomputes the
+/// entries that were `old`; returns whether the group's minimum was `old` (and so changed).
+#[inline(always)]
+fn suffix_raise(suf: &mut [u64], i: usize, old: u64, value: impl Fn(usize) -> u64) -> bool {
+    let mut above = suf.get(i + 1).copied().unwrap_or(EMPTY);
+    for j in (0..=i).rev() {
+        if suf[j] != old {
+            return false;
+        }
+        above = value(j).min(above);
+        suf[j] = above;
+    }
+    true
 }
 
 impl Heads {
     fn new() -> Self {
         Heads {
             leaf: vec![EMPTY; EXACT],
-            mid: [EMPTY; EXACT / FAN],
-            top: [EMPTY; EXACT / FAN / FAN],
+            leaf_min: vec![EMPTY; EXACT],
+            mid_min: [EMPTY; EXACT / FAN],
+            top_min: [EMPTY; TOP],
             node: vec![NIL; EXACT],
         }
     }
 
     fn clear(&mut self) {
         self.leaf.fill(EMPTY);
-        self.mid = [EMPTY; EXACT / FAN];
-        self.top = [EMPTY; EXACT / FAN / FAN];
+        self.leaf_min.fill(EMPTY);
+        self.mid_min = [EMPTY; EXACT / FAN];
+        self.top_min = [EMPTY; TOP];
     }
 
     /// The packed head of bucket `s`.
@@ -124,16 +171,13 @@ impl Heads {
     /// The smallest packed head among buckets `s ≥ n` (`n < EXACT`), `EMPTY` if they are all empty.
     #[inline(always)]
     fn at_least(&self, n: usize) -> u64 {
-        let mut m = EMPTY;
-        for &x in &self.leaf[n..(n | (FAN - 1)) + 1] {
-            m = m.min(x);
+        let (g, t) = (n / FAN, n / FAN / FAN);
+        let mut m = self.leaf_min[n];
+        if (g + 1) % FAN != 0 {
+            m = m.min(self.mid_min[g + 1]);
         }
-        let g = n / FAN;
-        for &x in &self.mid[g + 1..(g | (FAN - 1)) + 1] {
-            m = m.min(x);
-        }
-        for &x in &self.top[g / FAN + 1..] {
-            m = m.min(x);
+        if t + 1 < TOP {
+            m = m.min(self.top_min[t + 1]);
         }
         m
     }
@@ -143,29 +187,31 @@ impl Heads {
     fn lower(&mut self, s: usize, head: u64, node: u32) {
         self.leaf[s] = head;
         self.node[s] = node;
-        let g = s / FAN;
-        if head < self.mid[g] {
-            self.mid[g] = head;
-            if head < self.top[g / FAN] {
-                self.top[g / FAN] = head;
-            }
+        let (g, t) = (s / FAN, s / FAN / FAN);
+        if suffix_lower(&mut self.leaf_min[g * FAN..(g + 1) * FAN], s % FAN, head)
+            && suffix_lower(&mut self.mid_min[t * FAN..(t + 1) * FAN], g % FAN, head)
+        {
+            suffix_lower(&mut self.top_min, t, head);
         }
     }
 
-    /// Bucket `s`'s head `old` (packed) left; the new head is `head` (`EMPTY` if none), higher. The groups
-    /// whose minimum was `old` are measured again.
+    /// Bucket `s`'s head `old` (packed) left; the new head is `head` (`EMPTY` if none), higher. The entries
+    /// that were `old` are computed again.
     #[inline(always)]
     fn raise(&mut self, s: usize, old: u64, head: u64, node: u32) {
         self.leaf[s] = head;
         self.node[s] = node;
-        let g = s / FAN;
-        if self.mid[g] == old {
-            self.mid[g] = self.leaf[g * FAN..(g + 1) * FAN].iter().copied().min().unwrap_or(EMPTY);
-            let t = g / FAN;
-            if self.top[t] == old {
-                self.top[t] = self.mid[t * FAN..(t + 1) * FAN].iter().copied().min().unwrap_or(EMPTY);
-            }
+        let (g, t) = (s / FAN, s / FAN / FAN);
+        let leaf = &self.leaf[g * FAN..(g + 1) * FAN];
+        if !suffix_raise(&mut self.leaf_min[g * FAN..(g + 1) * FAN], s % FAN, old, |j| leaf[j]) {
+            return;
         }
+        let leaf_min = &self.leaf_min;
+        if !suffix_raise(&mut self.mid_min[t * FAN..(t + 1) * FAN], g % FAN, old, |j| leaf_min[(t * FAN + j) * FAN]) {
+            return;
+        }
+        let mid_min = &self.mid_min;
+        suffix_raise(&mut self.top_min, t, old, |j| mid_min[j * FAN]);
     }
 }
 
@@ -280,11 +326,16 @@ impl FirstFitIndex {
                 assert_eq!(self.heads.head(s), EMPTY, "head of empty bucket {s}");
             }
         }
-        for (i, &m) in self.heads.mid.iter().enumerate() {
-            assert_eq!(m, self.heads.leaf[i * FAN..(i + 1) * FAN].iter().copied().min().unwrap(), "mid {i}");
+        let leaf = &self.heads.leaf;
+        let min_of = |from: usize, to: usize| leaf[from..to].iter().copied().min().unwrap_or(EMPTY);
+        for s in 0..EXACT {
+            assert_eq!(self.heads.leaf_min[s], min_of(s, (s | (FAN - 1)) + 1), "leaf suffix minimum {s}");
         }
-        for (i, &m) in self.heads.top.iter().enumerate() {
-            assert_eq!(m, self.heads.mid[i * FAN..(i + 1) * FAN].iter().copied().min().unwrap(), "top {i}");
+        for g in 0..EXACT / FAN {
+            assert_eq!(self.heads.mid_min[g], min_of(g * FAN, ((g | (FAN - 1)) + 1) * FAN), "mid suffix minimum {g}");
+        }
+        for t in 0..TOP {
+            assert_eq!(self.heads.top_min[t], min_of(t * FAN * FAN, EXACT), "top suffix minimum {t}");
         }
         let free = nodes.iter().filter(|n| n.is_free()).count();
         assert_eq!(small + large, free, "free nodes filed");
