@@ -8,9 +8,9 @@
 //! lowest *head* (lowest address) among the buckets `s ≥ n`, or the lowest large block. The heads sit in a
 //! small min tree (`Heads`): bucket heads packed as `offset_g << 12 | s` (distinct, and the minimum names
 //! its bucket) in groups of 16, groups of 16 groups, and the 16 of those, each level keeping the minimum
-//! from each entry to the end of its group: the query reads one entry on each of the three levels. Blocks of `EXACT` granules or
-//! more are in an `AddressIndex` (below) of their own, which answers requests of that size exactly
-//! (alignment included) and gives the lowest large block for smaller ones.
+//! from each entry to the end of its group: the query reads one entry on each of the three levels. Blocks
+//! of `EXACT` granules or more are in an `AddressIndex` (below) of their own, which answers requests of
+//! that size exactly (alignment included) and gives the lowest large block for smaller ones.
 //!
 //! With an alignment above the granule the answer is the lowest of: the large index's lowest aligned fit,
 //! the lowest head of the buckets of at least `size + align - granule` bytes (all of whose blocks fit), and
@@ -39,9 +39,10 @@
 //! 1076.5 (best-fit: 496.4), with the same placements and end state. Head trees of 3 levels of 16
 //! (1076.5), 4 levels of 8 (1104.6) and a binary tournament (1132.2) were measured; see
 //! `bench/results/2026-12-02-aa4ddae-first-fit-classes.md`. Keeping suffix minima instead of group minima
-//! took the head query from about 200 instructions to 15, and the pair to 960.1 (best-fit: 497.1, the
-//! target 1.5 × that = 745.7: missed). What is left is mostly the buckets' insertions and removals
-//! (about 195 instructions per pair) over 36k free blocks, almost three times best-fit's 12.8k.
+//! took the head query from about 200 instructions to 12, and the pair to 960.1 (best-fit: 497.1, the
+//! target 1.5 × that = 745.7: missed; `bench/results/2026-12-02-495c42d-first-fit-suffix-minima.md`). What
+//! is left is mostly the buckets' insertions and removals (about 195 instructions per pair) over 36k free
+//! blocks, almost three times best-fit's 12.8k.
 //!
 //! # The address index (`AddressIndex`): large blocks of first-fit, and the tiered strategy's shared range
 //! Free blocks are kept in address order in *chunks*: sorted arrays of up to `CHUNK` (32) entries (offset,
