@@ -68,15 +68,14 @@ impl<A: SubAllocator> Bench for Ours<A> {
         self.0.free(h).expect("live block");
     }
     fn report(&self) -> String {
-        Ours::report_stats(&self.0)
+        report_stats(&self.0)
     }
 }
 
-impl Ours<()> {
-    fn report_stats(a: &dyn SubAllocator) -> String {
-        let s = a.stats();
-        format!("{} live, {} free blocks, largest free {} B", s.live_blocks, s.free_blocks, s.largest_free)
-    }
+/// The end state of one of our strategies: live and free blocks, largest free block.
+fn report_stats(a: &dyn SubAllocator) -> String {
+    let s = a.stats();
+    format!("{} live, {} free blocks, largest free {} B", s.live_blocks, s.free_blocks, s.largest_free)
 }
 
 /// Our block-list strategies (first-fit, best-fit, TLSF) freed by the handle alone, the 8 bytes a caller
@@ -111,7 +110,7 @@ impl<A: FreeHandle> Bench for ByHandle<A> {
         self.0.free_handle(h).expect("live block");
     }
     fn report(&self) -> String {
-        Ours::report_stats(&self.0)
+        report_stats(&self.0)
     }
 }
 

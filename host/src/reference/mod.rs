@@ -74,13 +74,15 @@ pub const MAX_BYTES: u64 = 1 << 48;
 /// [`SubAllocator::free`] finds the block in O(1) without hashing its offset.
 ///
 /// A handle is only meaningful to the allocator that returned it, and only while its block is live.
-/// First-fit, best-fit and TLSF stamp every allocation in every build (a 30-bit counter kept in the
-/// block's own record, so checking it loads nothing more): a handle kept past its free is rejected even
+/// First-fit, best-fit and TLSF stamp every allocation in every build (a counter over about 2^29.6
+/// values, kept in the block's own record, so checking it loads nothing more): a handle kept past its free is rejected even
 /// after the record was reused for a block at the same offset, and their `free_handle` frees by the
 /// handle alone (8 bytes, `Option<Handle>` too). The other strategies carry a generation in debug
 /// builds only and in release builds check that the record is live and starts at the allocation's
-/// offset. Either way a stale or foreign handle gives an [`AllocError`], never undefined behaviour or a
-/// panic. Handles survive [`SubAllocator::apply_relocation`] (only offsets change).
+/// offset. Either way a stale handle gives an [`AllocError`], never undefined behaviour or a panic; so
+/// does a handle of another allocator, unless it happens to name a live block there (two allocators with
+/// the same history hand out the same handles: a handle is not a capability). Handles survive
+/// [`SubAllocator::apply_relocation`] (only offsets change).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Handle(NonZeroU64);
 
