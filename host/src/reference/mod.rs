@@ -83,8 +83,19 @@ pub const MAX_BYTES: u64 = 1 << 48;
 /// does a handle of another allocator, unless it happens to name a live block there (two allocators with
 /// the same history hand out the same handles: a handle is not a capability). Handles survive
 /// [`SubAllocator::apply_relocation`] (only offsets change).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Handle(NonZeroU64);
+
+impl fmt::Debug for Handle {
+    /// `Handle(index/generation)`, or `Handle::NONE`; the stored complement is not shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == Handle::NONE {
+            write!(f, "Handle::NONE")
+        } else {
+            write!(f, "Handle({}/{:#x})", self.index(), self.generation())
+        }
+    }
+}
 
 impl Handle {
     /// The handle of strategies that find blocks by offset (no record index): [`SubAllocator::free`] then
@@ -569,6 +580,15 @@ pub(crate) fn check_layout(live: &[AllocatedBlock], capacity: u64, granule: u64)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handles_show_index_and_generation() {
+        assert_eq!(format!("{:?}", Handle::NONE), "Handle::NONE");
+        assert_eq!(format!("{:?}", Handle::new(3, 0xD000_0005)), "Handle(3/0xd0000005)");
+        assert_eq!((Handle::new(3, 7).index(), Handle::new(3, 7).generation()), (3, 7));
+        assert_eq!(Handle::new(u32::MAX, u32::MAX), Handle::NONE);
+        assert_eq!(Handle::default(), Handle::NONE);
+    }
 
     #[test]
     fn strategy_names_round_trip() {
