@@ -17,6 +17,7 @@
 //! defaults to 41 and `SLICE` to 200,000 pairs (about 20 to 80 ms per slice).
 
 use std::hint::black_box;
+use std::io::Write;
 
 #[path = "common/strategy_workload.rs"]
 #[allow(dead_code)]
@@ -107,7 +108,9 @@ impl<A: Bench> Visitor for Second<'_, A> {
                 (a.pairs(w, start, slice), y)
             };
             let (na, nb) = (x as f64 / slice as f64, y as f64 / slice as f64);
-            println!(
+            // A reader that stops early (`| head`) ends the output, not the run with a panic.
+            let _ = writeln!(
+                std::io::stdout(),
                 "round {r:3}: {} {na:7.1} ns/pair, {} {nb:7.1} ns/pair, ratio {:.3}",
                 self.a_name,
                 b_name,
@@ -119,7 +122,8 @@ impl<A: Bench> Visitor for Second<'_, A> {
         ratios.sort_by(f64::total_cmp);
         let q = |f: f64| ratios[((ratios.len() - 1) as f64 * f).round() as usize];
         let n = (self.cfg.rounds * slice) as f64;
-        println!(
+        let _ = writeln!(
+            std::io::stdout(),
             "{b_name} / {}: median ratio {:.3} (quartiles {:.3}–{:.3}) over {} rounds of {slice} pairs; \
              totals {:.1} and {:.1} ns/pair",
             self.a_name,
