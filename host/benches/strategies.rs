@@ -27,26 +27,16 @@
 //! The workload and adapters live in `common/strategy_workload.rs`, shared with the `strategies_icount`
 //! harness, which counts instructions per pair under callgrind (deterministic, unlike CPU time).
 
-use std::hint::black_box;
-
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 #[path = "common/strategy_workload.rs"]
 #[allow(dead_code)] // `Bench::report` is for the icount harness
 mod workload;
-use workload::{visit, Bench, Visitor, Workload, NAMES, STREAM};
+use workload::{pair, thread_cpu_ns, visit, Bench, Visitor, Workload, NAMES, STREAM};
 
 /// Thread CPU time in nanoseconds.
 struct ThreadCpuTime;
-
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable `timespec`; `clock_gettime` only writes it.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "CLOCK_THREAD_CPUTIME_ID unavailable");
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 impl Measurement for ThreadCpuTime {
     type Intermediate = u64;
@@ -97,13 +87,7 @@ fn run<B: Bench>(c: &mut criterion::BenchmarkGroup<'_, ThreadCpuTime>, name: &st
     let mut i = 0usize;
     c.bench_function(name, |bench| {
         bench.iter(|| {
-            let v = w.victims[i] as usize;
-            if let Some(h) = slots[v].take() {
-                b.free(h);
-            }
-            let h = b.alloc(black_box(w.sizes[i]));
-            failed += usize::from(h.is_none());
-            slots[v] = h;
+            failed += usize::from(pair(&mut b, &mut slots, w, i));
             i = (i + 1) % STREAM;
         })
     });

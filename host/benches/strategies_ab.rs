@@ -16,22 +16,12 @@
 //! `A` and `B` are rows of the `strategies` benchmark (`offset-allocator`, `best-fit`, ...); `ROUNDS`
 //! defaults to 41 and `SLICE` to 200,000 pairs (about 20 to 80 ms per slice).
 
-use std::hint::black_box;
 use std::io::Write;
 
 #[path = "common/strategy_workload.rs"]
 #[allow(dead_code)]
 mod workload;
-use workload::{visit, Bench, Visitor, Workload, NAMES, STREAM};
-
-/// Thread CPU time in nanoseconds.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable `timespec`; `clock_gettime` only writes it.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "CLOCK_THREAD_CPUTIME_ID unavailable");
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+use workload::{pair, thread_cpu_ns, visit, Bench, Visitor, Workload, NAMES, STREAM};
 
 /// One allocator of the pair: its heap and its slots.
 struct Side<B: Bench> {
@@ -52,13 +42,8 @@ impl<B: Bench> Side<B> {
     #[inline(never)]
     fn pairs(&mut self, w: &Workload, start: usize, n: usize) -> u64 {
         let t = thread_cpu_ns();
-        for k in 0..n {
-            let i = (start + k) % STREAM;
-            let v = w.victims[i] as usize;
-            if let Some(h) = self.slots[v].take() {
-                self.b.free(h);
-            }
-            self.slots[v] = self.b.alloc(black_box(w.sizes[i]));
+        for i in start..start + n {
+            pair(&mut self.b, &mut self.slots, w, i);
         }
         thread_cpu_ns() - t
     }

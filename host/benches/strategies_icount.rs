@@ -11,13 +11,12 @@
 //! bringing the heap to its steady state) run outside `measured_pairs`, so they are not counted.
 //! Without valgrind it prints the CPU time per pair of the measured part (a rough cross-check).
 
-use std::hint::black_box;
 use std::time::Instant;
 
 #[path = "common/strategy_workload.rs"]
 #[allow(dead_code)]
 mod workload;
-use workload::{visit, Bench, Visitor, Workload, NAMES, STREAM};
+use workload::{pair, visit, Bench, Visitor, Workload, NAMES};
 
 struct Run<'a> {
     w: &'a Workload,
@@ -33,18 +32,7 @@ fn measured_pairs<B: Bench>(
     start: usize,
     pairs: usize,
 ) -> usize {
-    let mut failed = 0;
-    for k in 0..pairs {
-        let i = (start + k) % STREAM;
-        let v = w.victims[i] as usize;
-        if let Some(h) = slots[v].take() {
-            b.free(h);
-        }
-        let h = b.alloc(black_box(w.sizes[i]));
-        failed += usize::from(h.is_none());
-        slots[v] = h;
-    }
-    failed
+    (start..start + pairs).filter(|&i| pair(b, slots, w, i)).count()
 }
 
 impl Visitor for Run<'_> {
@@ -66,17 +54,7 @@ impl Visitor for Run<'_> {
 
 #[inline(never)]
 fn warm_up<B: Bench>(b: &mut B, slots: &mut [Option<B::Handle>], w: &Workload, pairs: usize) -> usize {
-    let mut failed = 0;
-    for i in 0..pairs {
-        let v = w.victims[i % STREAM] as usize;
-        if let Some(h) = slots[v].take() {
-            b.free(h);
-        }
-        let h = b.alloc(w.sizes[i % STREAM]);
-        failed += usize::from(h.is_none());
-        slots[v] = h;
-    }
-    failed
+    (0..pairs).filter(|&i| pair(b, slots, w, i)).count()
 }
 
 fn main() {

@@ -43,6 +43,32 @@ impl Workload {
     }
 }
 
+/// One alloc+free pair at stream position `i` (taken modulo [`STREAM`]): frees the block in the victim's
+/// slot, if any, and allocates the next size into it. Returns whether the request failed (the slot is then
+/// left empty). The one step of every harness of this workload.
+#[inline(always)]
+pub fn pair<B: Bench>(b: &mut B, slots: &mut [Option<B::Handle>], w: &Workload, i: usize) -> bool {
+    let i = i % STREAM;
+    let v = w.victims[i] as usize;
+    if let Some(h) = slots[v].take() {
+        b.free(h);
+    }
+    let h = b.alloc(std::hint::black_box(w.sizes[i]));
+    let failed = h.is_none();
+    slots[v] = h;
+    failed
+}
+
+/// Thread CPU time in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`): on a shared build machine wall time also
+/// counts the time the thread waits for a core.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable `timespec`; `clock_gettime` only writes it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "CLOCK_THREAD_CPUTIME_ID unavailable");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// The minimal interface the benchmark drives.
 pub trait Bench {
     type Handle: Copy;

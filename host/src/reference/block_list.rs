@@ -258,7 +258,8 @@ impl<I: FreeIndex> BlockList<I> {
             self.free_count -= 1;
             n
         };
-        self.make_live(live, size, requested, align_log2);
+        let stamp = self.next_stamp();
+        self.make_live(live, size, requested, align_log2, stamp);
         self.free_bytes -= size;
         live
     }
@@ -271,10 +272,9 @@ impl<I: FreeIndex> BlockList<I> {
         stamp
     }
 
-    /// Marks node `n` (offset and size set, linked) live with the given request, under a new stamp.
+    /// Marks node `n` (offset and size set, linked) live with the given request under `stamp`.
     #[inline(always)]
-    fn make_live(&mut self, n: u32, size: u64, requested: u64, align_log2: u8) {
-        let stamp = self.next_stamp();
+    fn make_live(&mut self, n: u32, size: u64, requested: u64, align_log2: u8, stamp: u32) {
         let slack = size - requested;
         if slack >= BIG_SLACK {
             self.big_slack.insert(n as u64, requested);
@@ -544,22 +544,19 @@ impl<I: FreeIndex> BlockList<I> {
             if b.offset > cursor {
                 prev = self.link_free(cursor, b.offset - cursor, prev);
             }
-            let (n, kept_stamp) = match keep {
+            // A kept block keeps its stamp, so its handle stays valid.
+            let (n, stamp) = match keep {
                 Some(n) => {
                     let node = &mut self.nodes[n as usize];
                     (node.offset, node.size, node.prev, node.next) = (b.offset, b.size, prev, NIL);
-                    (n, Some(node.a))
+                    (n, node.a)
                 }
-                None => (self.new_node(b.offset, b.size, prev, NIL), None),
+                None => (self.new_node(b.offset, b.size, prev, NIL), self.next_stamp()),
             };
             if prev != NIL {
                 self.nodes[prev as usize].next = n;
             }
-            self.make_live(n, b.size, b.requested, align_log2);
-            if let Some(stamp) = kept_stamp {
-                // A kept block keeps its stamp, so its handle stays valid.
-                self.nodes[n as usize].a = stamp;
-            }
+            self.make_live(n, b.size, b.requested, align_log2, stamp);
             (cursor, prev) = (b.offset + b.size, n);
         }
         if cursor < self.capacity {
