@@ -301,6 +301,29 @@ mod tests {
         assert_eq!(h.free_blocks().collect::<Vec<_>>(), vec![(0, 1 << 14)]);
     }
 
+    /// Holes filed in decreasing address order each land at the front of their bucket's list, which grows
+    /// past `LIST_MAX` without a burst; the first that lands past the list's eighth block bursts it, and
+    /// the lowest hole is taken first throughout.
+    #[test]
+    fn a_list_grows_at_its_front_and_bursts_behind() {
+        let mut h = BestFit::with_granule(1 << 12, 1).unwrap();
+        let live: Vec<_> = (0..64).map(|_| h.alloc(1, 1).unwrap()).collect();
+        // Every other block, from the 46th down: holes of one granule, none adjacent to another.
+        for i in (1..=23).rev().map(|k| 2 * k) {
+            h.free(live[i]).unwrap();
+            h.0.index.check(h.0.nodes());
+        }
+        assert_eq!(h.0.index.trie_nodes(), 0, "front insertions burst a list");
+        h.free(live[60]).unwrap();
+        h.0.index.check(h.0.nodes());
+        assert!(h.0.index.trie_nodes() > 0, "an insertion past the eighth block did not burst the list");
+        for i in (1..=23).map(|k| 2 * k).chain([60]) {
+            assert_eq!(h.alloc(1, 1).unwrap().offset, live[i].offset);
+            h.0.index.check(h.0.nodes());
+        }
+        assert_eq!(h.0.index.trie_nodes(), 0, "trie nodes left");
+    }
+
     /// Sizes on both sides of `EXACT` granules: requests move between the buckets and `large`, aligned
     /// requests skip candidates of both.
     #[test]

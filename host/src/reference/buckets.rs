@@ -8,10 +8,11 @@
 //!   through the nodes' `a` (previous) and `b` (next) fields, or a 64-ary trie node that splits its blocks by
 //!   six bits of their *digit key* `(offset / granule) >> log2(s)` (distinct within a bucket, since blocks
 //!   of `s ≥ 2^log2(s)` granules do not overlap, and ordered like the offsets). A node has a bitmap of its
-//!   non-empty slots; a list that would grow past `LIST_MAX` blocks is split into a node one level down
-//!   (a *burst*). A bucket's smallest address is the head of the list reached by following the lowest set
-//!   bit of each node from the bucket's slot: at most three nodes in the strategies benchmark, whose fullest
-//!   bucket holds about 2,000 blocks (best-fit).
+//!   non-empty slots; an insertion that would land past the `LIST_MAX`-th block of a list first splits the
+//!   list into a node one level down (a *burst*), so an insertion walks at most `LIST_MAX` list nodes and
+//!   never the list's tail (a list grows past `LIST_MAX` blocks only at its front). A bucket's smallest
+//!   address is the head of the list reached by following the lowest set bit of each node from the
+//!   bucket's slot.
 //! - A list head's `a` names the slot that holds it (a *slot ref*) and a node names its parent slot, so a
 //!   removal unlinks the block in O(1) without a search: only a head's removal writes its slot, and only a
 //!   slot that empties clears its bit (and frees a node that empties, up the tree).
@@ -26,20 +27,26 @@
 //!   `i` of a node with shift `h`, `(digit key >> h) & 63 == i`. The node in a bucket's slot has shift
 //!   `root_shift[log2(s)]` (the highest digit-key bits the range can have), each child node six less.
 //! - A list is sorted by ascending offset; `b` links to the next block (`NIL` at the end), `a` to the
-//!   previous block, or for the head to its slot (a slot ref). A list holds at most `LIST_MAX` blocks, and
-//!   at most one in a slot of a node with shift 0 (one digit key).
+//!   previous block, or for the head to its slot (a slot ref). A list in a slot of a node with shift 0
+//!   holds one block (one digit key), as does the slot of a bucket that cannot burst.
 //!
 //! # Time complexity
 //! The smallest non-empty bucket of at least `n` granules: O(1). A bucket's lowest address and an insertion
 //! descend the bucket's trie, at most `ceil(log64(capacity / granule))` nodes (5 at 128 GiB), plus a walk of
-//! at most `LIST_MAX` list nodes. A removal: O(1) (plus the nodes that empty with it).
+//! at most `LIST_MAX` list nodes (and a burst, O(list length), when it would walk further). A removal: O(1)
+//! (plus the nodes that empty with it).
+//!
+//! Walking only to the insertion point (before, an insertion also counted the list's tail to keep every
+//! list at most `LIST_MAX` long) took best-fit from 496.0 to 491.4 instructions, 9.92 to 9.70 D1 misses
+//! and 5.25 to 4.32 mispredicted branches per pair of the strategies benchmark (callgrind; first-fit 963.9
+//! to 960.2), with the same placements; see `bench/results/2026-12-02-*-bucket-walks.md`.
 
 use super::block_list::{Node, NIL};
 
 /// Blocks of fewer granules than this have exact-size buckets.
 pub(crate) const EXACT: usize = 4096;
 
-/// Most blocks in one list.
+/// Most list nodes an insertion walks past: one that would land further bursts the list first.
 const LIST_MAX: usize = 8;
 
 /// A slot value with this bit is a trie node (`CHILD | id`); without it, the node index of a list head.
@@ -165,55 +172,56 @@ impl SizeBuckets {
         let j = 63 - (s as u64).leading_zeros();
         let digits = off_g >> j;
         let (w, bit) = (s >> 6, 1u64 << (s & 63));
-        let mut r = BUCKET_REF | s as u32;
         if self.sizes[w] & bit == 0 {
             self.sizes[w] |= bit;
             self.size_summary |= 1 << w;
             self.buckets[s] = n;
-            (nodes[n as usize].a, nodes[n as usize].b) = (r, NIL);
+            (nodes[n as usize].a, nodes[n as usize].b) = (BUCKET_REF | s as u32, NIL);
             return;
         }
-        let mut v = self.buckets[s];
-        // The shift of a node that would replace the list's slot: 64 or more where the slot cannot burst
-        // (a never-bursting bucket, or a node of shift 0, whose lists hold one block).
-        let mut burst_shift = self.root_shift[j as usize];
-        while v & CHILD != 0 {
-            let t = v & !CHILD;
-            let node = &mut self.tries[t as usize];
-            let i = ((digits >> node.shift) & 63) as u32;
-            r = SLOT_REF | t << 6 | i;
-            if node.bitmap & (1 << i) == 0 {
-                node.bitmap |= 1 << i;
-                node.slots[i as usize] = n;
-                (nodes[n as usize].a, nodes[n as usize].b) = (r, NIL);
-                return;
-            }
-            burst_shift = node.shift.wrapping_sub(6);
-            v = node.slots[i as usize];
-        }
-        // `v` heads the list of slot `r`: insert by address.
         let offset = nodes[n as usize].offset;
-        let (mut prev, mut cur, mut len) = (NIL, v, 1);
-        while cur != NIL && nodes[cur as usize].offset < offset {
-            (prev, cur, len) = (cur, nodes[cur as usize].b, len + 1);
-        }
-        nodes[n as usize].b = cur;
-        if prev == NIL {
-            nodes[n as usize].a = r;
-            *self.slot_mut(r) = n;
-        } else {
-            nodes[n as usize].a = prev;
-            nodes[prev as usize].b = n;
-        }
-        if cur != NIL {
-            nodes[cur as usize].a = n;
-        }
-        let mut rest = cur;
-        while rest != NIL {
-            (rest, len) = (nodes[rest as usize].b, len + 1);
-        }
-        if len > LIST_MAX && burst_shift < 64 {
-            self.burst(nodes, r, burst_shift, j);
+        loop {
+            let (mut v, mut r) = (self.buckets[s], BUCKET_REF | s as u32);
+            // The shift of a node that would replace the list's slot: 64 or more where the slot cannot burst
+            // (a never-bursting bucket, or a node of shift 0, whose lists hold one block).
+            let mut burst_shift = self.root_shift[j as usize];
+            while v & CHILD != 0 {
+                let t = v & !CHILD;
+                let node = &mut self.tries[t as usize];
+                let i = ((digits >> node.shift) & 63) as u32;
+                r = SLOT_REF | t << 6 | i;
+                if node.bitmap & (1 << i) == 0 {
+                    node.bitmap |= 1 << i;
+                    node.slots[i as usize] = n;
+                    (nodes[n as usize].a, nodes[n as usize].b) = (r, NIL);
+                    return;
+                }
+                burst_shift = node.shift.wrapping_sub(6);
+                v = node.slots[i as usize];
+            }
+            // `v` heads the list of slot `r`: insert by address, among its first `LIST_MAX` blocks.
+            let (mut prev, mut cur, mut len) = (NIL, v, 0);
+            while len < LIST_MAX && cur != NIL && nodes[cur as usize].offset < offset {
+                (prev, cur, len) = (cur, nodes[cur as usize].b, len + 1);
+            }
+            if len == LIST_MAX {
+                // The block would land past the list's `LIST_MAX`-th: split the list, and descend again.
+                debug_assert!(burst_shift < 64, "a list of {LIST_MAX} blocks in a slot that cannot burst");
+                self.burst(nodes, r, burst_shift, j);
+                continue;
+            }
+            nodes[n as usize].b = cur;
+            if prev == NIL {
+                nodes[n as usize].a = r;
+                *self.slot_mut(r) = n;
+            } else {
+                nodes[n as usize].a = prev;
+                nodes[prev as usize].b = n;
+            }
+            if cur != NIL {
+                nodes[cur as usize].a = n;
+            }
+            return;
         }
     }
 
@@ -381,8 +389,12 @@ impl SizeBuckets {
                     assert!(last.is_none_or(|o| o < n.offset), "list unsorted at node {cur}");
                     (last, prev, cur, len) = (Some(n.offset), cur, n.b, len + 1);
                 }
-                assert!(len > 0 && len <= LIST_MAX, "list of {len} blocks");
+                assert!(len > 0, "empty list");
                 assert!(shift != Some(0) || len == 1, "several blocks with one digit key");
+                assert!(
+                    shift.is_some() || self.root_shift[j as usize] != u32::MAX || len == 1,
+                    "bucket {s} cannot burst"
+                );
                 count += len;
             }
         }
