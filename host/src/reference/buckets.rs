@@ -36,10 +36,11 @@
 //! at most `LIST_MAX` list nodes (and a burst, O(list length), when it would walk further). A removal: O(1)
 //! (plus the nodes that empty with it).
 //!
+//! # Measurement behind the design
 //! Walking only to the insertion point (before, an insertion also counted the list's tail to keep every
 //! list at most `LIST_MAX` long) took best-fit from 496.0 to 491.4 instructions, 9.92 to 9.70 D1 misses
 //! and 5.25 to 4.32 mispredicted branches per pair of the strategies benchmark (callgrind; first-fit 963.9
-//! to 960.2), with the same placements; see `bench/results/2026-12-02-*-bucket-walks.md`.
+//! to 960.2), with the same placements; see `bench/results/2026-12-02-79e840c-bucket-walks.md`.
 
 use super::block_list::{Node, NIL};
 
