@@ -269,6 +269,13 @@ impl SizeBuckets {
         }
     }
 
+    /// The block after free node `n` in its list, `NIL` at the list's end: the next lowest block of the
+    /// bucket when `n` is its lowest and the list goes on (read before `n` is removed).
+    #[inline(always)]
+    pub(crate) fn next_in_list(&self, nodes: &[Node], n: u32) -> u32 {
+        nodes[n as usize].b
+    }
+
     /// Unlinks free node `n` from its bucket.
     #[inline(always)]
     pub(crate) fn remove(&mut self, nodes: &mut [Node], n: u32) {

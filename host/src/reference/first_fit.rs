@@ -252,11 +252,13 @@ impl FirstFitIndex {
             return;
         }
         let s = g as usize;
+        let next = self.small.next_in_list(nodes, n);
         self.small.remove(nodes, n);
         if self.heads.node[s] == n {
             let old = self.heads.head(s);
             if self.small.is_filled(s) {
-                let h = self.small.bucket_min(s);
+                // A head is its bucket's lowest block: the next of its list, if any, is the next head.
+                let h = if next != NIL { next } else { self.small.bucket_min(s) };
                 let head = self.pack(nodes[h as usize].offset, s);
                 self.heads.raise(s, old, head, h);
             } else {
