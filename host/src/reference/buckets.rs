@@ -401,7 +401,7 @@ impl SizeBuckets {
                 assert!(shift != Some(0) || len == 1, "several blocks with one digit key");
                 assert!(
                     shift.is_some() || self.root_shift[j as usize] != u32::MAX || len == 1,
-                    "bucket {s} cannot burst"
+                    "several blocks in bucket {s}, which cannot burst"
                 );
                 count += len;
             }

@@ -155,6 +155,13 @@ fn suffix_raise(suf: &mut [u64; FAN], i: usize, old: u64, value: impl Fn(usize) 
     true
 }
 
+/// Bucket `s`'s group of `FAN` buckets and its group of `FAN * FAN` (its top entry), reduced modulo the
+/// lengths of `leaf` and `top_min` (see [`Heads`]).
+#[inline(always)]
+fn groups(s: usize) -> (usize, usize) {
+    (s / FAN % (EXACT / FAN), s / FAN / FAN % TOP)
+}
+
 impl Heads {
     fn new() -> Self {
         Heads {
@@ -176,13 +183,13 @@ impl Heads {
     /// The packed head of bucket `s`.
     #[inline(always)]
     fn head(&self, s: usize) -> u64 {
-        self.leaf[s / FAN % (EXACT / FAN)][s % FAN]
+        self.leaf[groups(s).0][s % FAN]
     }
 
     /// The smallest packed head among buckets `s ≥ n` (`n < EXACT`), `EMPTY` if they are all empty.
     #[inline(always)]
     fn at_least(&self, n: usize) -> u64 {
-        let (g, t) = (n / FAN % (EXACT / FAN), n / FAN / FAN % TOP);
+        let (g, t) = groups(n);
         let mut m = self.leaf_min[g][n % FAN];
         if (g + 1) % FAN != 0 {
             m = m.min(self.mid_min[t][(g + 1) % FAN]);
@@ -196,7 +203,7 @@ impl Heads {
     /// Bucket `s`'s head becomes `head` (packed), lower than before: the minima only go down.
     #[inline(always)]
     fn lower(&mut self, s: usize, head: u64, node: u32) {
-        let (g, t) = (s / FAN % (EXACT / FAN), s / FAN / FAN % TOP);
+        let (g, t) = groups(s);
         self.leaf[g][s % FAN] = head;
         self.node[s] = node;
         if suffix_lower(&mut self.leaf_min[g], s % FAN, head) && suffix_lower(&mut self.mid_min[t], g % FAN, head) {
@@ -208,7 +215,7 @@ impl Heads {
     /// that were `old` are computed again.
     #[inline(always)]
     fn raise(&mut self, s: usize, old: u64, head: u64, node: u32) {
-        let (g, t) = (s / FAN % (EXACT / FAN), s / FAN / FAN % TOP);
+        let (g, t) = groups(s);
         self.leaf[g][s % FAN] = head;
         self.node[s] = node;
         let leaf = &self.leaf[g];
