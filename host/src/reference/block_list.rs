@@ -16,11 +16,17 @@
 //! keeping 8 bytes per live block instead of the 24-byte `Option<Allocation>` made best-fit's alloc+free
 //! pair 1.3 to 1.8 times faster (`bench/results/2026-12-02-467cbcf-best-fit-handle.md`).
 //!
-//! A pair of alloc and free touches about four nodes: the freed node and its two neighbours, and the free
-//! node the request is carved from (the live block takes the node the free just recycled, which is still
-//! in cache). offset-allocator does the same; the previous design (free by offset through a 4 MiB table of
-//! live and free boundaries) paid two more cache misses per pair for the table (`strategies_icount` under
-//! callgrind: TLSF 1075 instructions, 12.2 D1 and 6.6 LL misses per pair, see `bench/results/`).
+//! A pair of alloc and free touches two or three nodes: the freed node, the free node the request is
+//! carved from (the live block takes the node the free just recycled, which is still in cache), and only
+//! those physical neighbours of the freed block that are free. Whether a neighbour is live is asked of the
+//! `live` bitmap (one bit per node: 14 KiB at 113k nodes), not of its 32-byte node, so the usual free,
+//! between two live blocks, reads no neighbour; and a node is 32-byte aligned, so it never straddles two
+//! cache lines. offset-allocator reads both neighbours' nodes on every free. Per pair of the strategies
+//! benchmark (callgrind, `host/benches/strategies_icount.rs`, 1 MiB LL), the two took TLSF's LL misses from
+//! 4.29 to 2.88 and best-fit's from 4.33 to 2.75 (offset-allocator: 4.79), for 23 to 25 more instructions,
+//! with the same placements; see `bench/results/2026-12-03-271d7a1-live-bitmap.md`. The design before
+//! this one (free by offset through a 4 MiB table of live and free boundaries) paid two more cache misses
+//! per pair for the table (TLSF 1075 instructions, 12.2 D1 and 6.6 LL misses per pair).
 //!
 //! `free_at(offset)` (callers that only have an address) uses an [`OffsetIndex`] built on its first call
 //! and kept up to date from then on.
@@ -29,6 +35,7 @@
 //! - Live and free nodes (size > 0) tile `[0, capacity)` in `prev`/`next` order without gaps or overlaps;
 //!   no two free blocks are adjacent (immediate coalescing). Spare nodes have size 0 and `a != LIVE`.
 //! - Every offset and size is a multiple of `granule`. A node is in the free index iff it is free.
+//! - Bit `n % 64` of `live[n / 64]` is set iff node `n` is live; `live` has `ceil(nodes / 64)` words.
 //! - A live node's slack is `reserved - requested` when below [`BIG_SLACK`], else the requested size is in
 //!   `big_slack` under the node index.
 //! - Counters (`free_bytes`, `free_count`, `allocated`, `live_count`) match the blocks; the reserved bytes in
@@ -52,11 +59,12 @@ pub(crate) const NIL: u32 = u32::MAX;
 /// indices' links (best-fit's slot refs stay below `0xC000_1000`); `NIL` is not a stamp either.
 pub(crate) const LIVE_MIN: u32 = 0xD000_0000;
 
-/// A block: 32 bytes. While free, `a` and `b` belong to the free index (free-list links for TLSF, the
+/// A block: 32 bytes, 32-byte aligned (one cache line holds two whole nodes). While free, `a` and `b` belong to the free index (free-list links for TLSF, the
 /// chunk id for first-fit's address index); while live, `a` is the block's stamp (`LIVE_MIN..NIL`, see
 /// the [module docs](self)) and `b` packs log2 of the requested alignment (bits 0–5) and the slack (from
 /// bit 6).
 #[derive(Clone, Copy, Debug)]
+#[repr(align(32))]
 pub(crate) struct Node {
     pub offset: u64,
     pub size: u64,
@@ -125,6 +133,10 @@ pub(crate) struct BlockList<I: FreeIndex> {
     granule: u64,
     /// Live blocks, free blocks (size > 0) and spare slots (size 0).
     nodes: Vec<Node>,
+    /// Bit `i % 64` of word `i / 64` is set iff node `i` is live: what `free` asks of the freed block's
+    /// physical neighbours, answered from 1 bit per node instead of two cold 32-byte nodes; see the
+    /// [module docs](self).
+    live: Vec<u64>,
     spare: Vec<u32>,
     /// The stamp of the next allocation (`LIVE_MIN..NIL`; not reset by `reset`, so that no handle from
     /// before a reset names a block after it until the counter wraps).
@@ -157,6 +169,7 @@ impl<I: FreeIndex> BlockList<I> {
             capacity,
             granule,
             nodes: Vec::new(),
+            live: Vec::new(),
             spare: Vec::new(),
             stamp: LIVE_MIN,
             by_offset: OffsetIndex::default(),
@@ -181,6 +194,7 @@ impl<I: FreeIndex> BlockList<I> {
 
     pub(crate) fn reset(&mut self) {
         self.nodes.clear();
+        self.live.clear();
         self.spare.clear();
         self.by_offset.clear();
         self.live_count = 0;
@@ -203,8 +217,28 @@ impl<I: FreeIndex> BlockList<I> {
             i
         } else {
             debug_assert!(self.nodes.len() < 1 << 31);
+            if self.nodes.len().is_multiple_of(64) {
+                self.live.push(0);
+            }
             self.nodes.push(node);
             (self.nodes.len() - 1) as u32
+        }
+    }
+
+    /// Is node `n` live? Reads the `live` bitmap, not the node.
+    #[inline(always)]
+    fn is_live_node(&self, n: u32) -> bool {
+        self.live[(n >> 6) as usize] & (1 << (n & 63)) != 0
+    }
+
+    /// Records in the `live` bitmap that node `n` is live (`true`) or not.
+    #[inline(always)]
+    fn set_live(&mut self, n: u32, live: bool) {
+        let (w, bit) = ((n >> 6) as usize, 1u64 << (n & 63));
+        if live {
+            self.live[w] |= bit;
+        } else {
+            self.live[w] &= !bit;
         }
     }
 
@@ -283,10 +317,12 @@ impl<I: FreeIndex> BlockList<I> {
         node.a = stamp;
         node.b = (align_log2 as u32 & 63) | (slack.min(BIG_SLACK) as u32) << 6;
         self.by_offset.insert(node.offset, n);
+        self.set_live(n, true);
         self.live_count += 1;
         self.allocated += requested;
     }
 
+    #[inline]
     pub(crate) fn alloc(&mut self, size: u64, align: u64) -> Result<Allocation, AllocError> {
         let rounded = check_request(size, align, self.granule)?;
         let eff_align = align.max(self.granule);
@@ -367,8 +403,9 @@ impl<I: FreeIndex> BlockList<I> {
         self.live_count -= 1;
         self.allocated -= requested;
         self.free_bytes += size;
-        let p_free = p != NIL && !self.nodes[p as usize].is_live();
-        let q_free = q != NIL && !self.nodes[q as usize].is_live();
+        self.set_live(l, false);
+        let p_free = p != NIL && !self.is_live_node(p);
+        let q_free = q != NIL && !self.is_live_node(q);
         match (p_free, q_free) {
             (false, false) => {
                 let node = &mut self.nodes[l as usize];
@@ -532,6 +569,7 @@ impl<I: FreeIndex> BlockList<I> {
             if !kept[i] {
                 let node = &mut self.nodes[i];
                 (node.size, node.a) = (0, NIL);
+                self.set_live(i as u32, false);
                 self.spare.push(i as u32);
             }
         }
@@ -612,7 +650,9 @@ impl<I: FreeIndex> BlockList<I> {
         assert_eq!(expect, self.capacity);
         for (i, x) in self.nodes.iter().enumerate() {
             assert_eq!(x.size == 0, self.spare.contains(&(i as u32)), "node {i}: spare iff size 0");
+            assert_eq!(self.is_live_node(i as u32), x.is_live(), "live bit of node {i}");
         }
+        assert_eq!(self.live.len(), self.nodes.len().div_ceil(64), "live bitmap length");
         assert_eq!(seen + self.spare.len(), self.nodes.len(), "a node is neither in the list nor spare");
         assert_eq!((free, count), (self.free_bytes, self.free_count));
         assert_eq!((reserved, allocated, live), (self.capacity - self.free_bytes, self.allocated, self.live_count));
