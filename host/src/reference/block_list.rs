@@ -24,7 +24,7 @@
 //! cache lines. offset-allocator reads both neighbours' nodes on every free. Per pair of the strategies
 //! benchmark (callgrind, `host/benches/strategies_icount.rs`, 1 MiB LL), the two took TLSF's LL misses from
 //! 4.29 to 2.88 and best-fit's from 4.33 to 2.75 (offset-allocator: 4.79), for 23 to 25 more instructions,
-//! with the same placements; see `bench/results/2026-12-03-271d7a1-live-bitmap.md`. The design before
+//! with the same placements; see `bench/results/2026-12-03-6d18e90-live-bitmap.md`. The design before
 //! this one (free by offset through a 4 MiB table of live and free boundaries) paid two more cache misses
 //! per pair for the table (TLSF 1075 instructions, 12.2 D1 and 6.6 LL misses per pair).
 //!
