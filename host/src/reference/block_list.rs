@@ -59,10 +59,10 @@ pub(crate) const NIL: u32 = u32::MAX;
 /// indices' links (best-fit's slot refs stay below `0xC000_1000`); `NIL` is not a stamp either.
 pub(crate) const LIVE_MIN: u32 = 0xD000_0000;
 
-/// A block: 32 bytes, 32-byte aligned (one cache line holds two whole nodes). While free, `a` and `b` belong to the free index (free-list links for TLSF, the
-/// chunk id for first-fit's address index); while live, `a` is the block's stamp (`LIVE_MIN..NIL`, see
-/// the [module docs](self)) and `b` packs log2 of the requested alignment (bits 0–5) and the slack (from
-/// bit 6).
+/// A block: 32 bytes, 32-byte aligned (one cache line holds two whole nodes). While free, `a` and `b`
+/// belong to the free index (free-list links for TLSF, the chunk id for first-fit's address index); while
+/// live, `a` is the block's stamp (`LIVE_MIN..NIL`, see the [module docs](self)) and `b` packs log2 of the
+/// requested alignment (bits 0–5) and the slack (from bit 6).
 #[derive(Clone, Copy, Debug)]
 #[repr(align(32))]
 pub(crate) struct Node {
