@@ -60,7 +60,7 @@ pub(crate) const NIL: u32 = u32::MAX;
 pub(crate) const LIVE_MIN: u32 = 0xD000_0000;
 
 /// A block: 32 bytes, 32-byte aligned (one cache line holds two whole nodes). While free, `a` and `b`
-/// belong to the free index (free-list links for TLSF, the chunk id for first-fit's address index); while
+/// belong to the free index (free-list links for TLSF and first-fit, the chunk id for the address index); while
 /// live, `a` is the block's stamp (`LIVE_MIN..NIL`, see the [module docs](self)) and `b` packs log2 of the
 /// requested alignment (bits 0–5) and the slack (from bit 6).
 #[derive(Clone, Copy, Debug)]

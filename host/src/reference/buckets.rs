@@ -1,6 +1,5 @@
 //! Exact-size buckets of address tries: the free blocks below `EXACT` granules by size, each size in address
-//! order. Shared by [best-fit](super::best_fit) (the smallest non-empty bucket, its lowest address) and
-//! [first-fit](super::first_fit) (the lowest head among the buckets of at least the request).
+//! order: [best-fit](super::best_fit)'s index (the smallest non-empty bucket, its lowest address).
 //!
 //! - **Sizes**: a two-level bitmap over the buckets answers "the smallest non-empty bucket of at least `n`
 //!   granules" with two `trailing_zeros`, without a tree walk.
@@ -112,9 +111,9 @@ impl SizeBuckets {
         self.spare_tries.clear();
     }
 
-    /// Is bucket `s` non-empty?
-    #[inline(always)]
-    pub(crate) fn is_filled(&self, s: usize) -> bool {
+    /// Is bucket `s` non-empty? Tests only.
+    #[cfg(test)]
+    fn is_filled(&self, s: usize) -> bool {
         self.sizes[s >> 6] & (1 << (s & 63)) != 0
     }
 
@@ -267,13 +266,6 @@ impl SizeBuckets {
         if bitmap.is_power_of_two() && shift > 0 {
             self.burst(nodes, SLOT_REF | t << 6 | bitmap.trailing_zeros(), shift - 6, j);
         }
-    }
-
-    /// The block after free node `n` in its list, `NIL` at the list's end: the next lowest block of the
-    /// bucket when `n` is its lowest and the list goes on (read before `n` is removed).
-    #[inline(always)]
-    pub(crate) fn next_in_list(&self, nodes: &[Node], n: u32) -> u32 {
-        nodes[n as usize].b
     }
 
     /// Unlinks free node `n` from its bucket.

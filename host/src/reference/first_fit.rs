@@ -1,48 +1,47 @@
 //! Address-ordered first-fit: the lowest-address free block that fits.
 //!
 //! # First-fit's index (`FirstFitIndex`)
-//! A free block of `s < EXACT` granules (4096: 1 MiB at the default 256 B granule) is in the exact-size
-//! *bucket* `s` of a [`SizeBuckets`] (`buckets.rs`, shared with best-fit: a bitmap over the sizes, each
-//! bucket an address-ordered trie of lists linked through the nodes' `a`/`b`, O(1) unlink). Every block of
-//! a bucket fits a request of at most `s` granules, so the lowest block of at least `n` granules is the
-//! lowest *head* (lowest address) among the buckets `s ≥ n`, or the lowest large block. The heads sit in a
-//! small min tree (`Heads`): bucket heads packed as `offset_g << 12 | s` (distinct, and the minimum names
-//! its bucket) in groups of 16, groups of 16 groups, and the 16 of those, each level keeping the minimum
-//! from each entry to the end of its group: the query reads one entry on each of the three levels. Blocks
-//! of `EXACT` granules or more are in an `AddressIndex` (below) of their own, which answers requests of
-//! that size exactly (alignment included) and gives the lowest large block for smaller ones.
+//! The range is cut into `2^region_log2`-byte *regions* (256 granules, or more so that there are at most
+//! `2^20` of them), and every free block is filed in the region its last byte lies in, in that region's
+//! address-ordered list (doubly linked through the nodes' `a`/`b`, O(1) unlink). Each region has a *key*:
+//! the largest [`size_key`] of its blocks (0 when it has none), and a max tree (`MaxTree`, 32 keys per
+//! group, one 64-byte cache line) keeps the largest key of every group of regions, of every group of
+//! groups, and so on up to one group. The lowest block of at least `n` granules is then in the lowest
+//! region whose key is at least `size_key(n)`: one descent of the tree, a compare of one cache line of
+//! keys per level, and a walk of that region's list. Filing by the last byte keeps a block in its region
+//! when an allocation carves its front (the usual first-fit split), and for disjoint blocks the order of
+//! last bytes is the order of offsets, so the lowest region with a fit holds the lowest fit.
 //!
-//! With an alignment above the granule the answer is the lowest of: the large index's lowest aligned fit,
-//! the lowest head of the buckets of at least `size + align - granule` bytes (all of whose blocks fit), and
-//! for each smaller non-empty bucket of at least `size`, its first block in address order that fits, looked
-//! for only below the best so far.
+//! A key is a block's size in granules below `2^14` granules (4 MiB at 256 B), and above that a
+//! floating-point code (exponent and 8 mantissa bits), so that it fits in 15 bits and a cache line holds
+//! 32 of them. The code is monotone: a key above `size_key(n)` always holds `n` granules, an equal one
+//! (only from `2^14` granules on) may not, and then the walk finds no fit in that region and the search
+//! goes on after it. With an alignment above the granule the search goes on the same way past blocks that
+//! fit the size but not the alignment, up to the first that fits both.
 //!
 //! ## Invariants
-//! - A free block of `s < EXACT` granules is in bucket `s` of `small` (as `buckets.rs` says), a larger one
-//!   in `large`, each once.
-//! - In flat indices (the levels are stored in groups of 16): `leaf[s]` is the packed head of bucket `s`
-//!   (`EMPTY` when empty) and `node[s]` its node; `leaf_min[s]` is the minimum of `leaf[s..=s | 15]`,
-//!   `mid_min[g]` of `leaf[16g..16 (g | 15) + 16]`, `top_min[t]` of `leaf[256t..EXACT]`, exactly.
+//! - A free block is in the list of region `(offset + size - 1) >> region_log2`, once; the lists are in
+//!   ascending offset order, `heads[r]` is one more than the node id of region `r`'s first block (0: empty).
+//! - A region's key (leaf `r` of the tree) is the largest `size_key` of its blocks, 0 for an empty region;
+//!   every inner entry is the largest key of its group of `FAN` entries on the level below, exactly.
+//! - No two physically adjacent blocks are free.
 //!
 //! ## Time complexity
-//! `alloc` below `EXACT` granules: three head entries read, one descent of the chosen bucket's trie and
-//! an update of the carved block (unlink, insert into its new bucket); a head that changes rewrites at most
-//! 16 entries on each level (the ones it undercuts, or the ones that were it), about log2(16) for random
-//! heads. `free`: O(1) through the handle, plus the index updates of the merged
-//! neighbours. Requests and blocks of `EXACT` granules or more: as the address index below over the large
-//! blocks only. Aligned requests: in addition, the blocks of the buckets of `size` to
-//! `size + align - granule` bytes below the best candidate, one by one.
+//! `alloc` reads one cache line of keys on each of the tree's four levels (`2^20` regions) and walks one
+//! region's list; a block whose key changes rewrites its leaf and the levels above while their maximum
+//! changes (a group maximum each, one cache line). `free` is O(1) through the handle
+//! plus those updates for the merged block. A region holds at most `2^(region_log2 - granule_log2 - 1)`
+//! free blocks (free blocks are never adjacent): 128 at the default region size, whatever the workload;
+//! only for ranges above `2^28` granules (64 GiB at 256 B) does the region grow with the range.
 //!
 //! ## Measurement behind the design
 //! Per alloc+free pair of the strategies benchmark (callgrind, `host/benches/strategies_icount.rs`, 100k
-//! live blocks, 35,976 free blocks), first-fit went from 1930.6 instructions (the address index alone) to
-//! 1076.5 (best-fit: 496.4), with the same placements and end state. Head trees of 3 levels of 16
-//! (1076.5), 4 levels of 8 (1104.6) and a binary tournament (1132.2) were measured; see
-//! `bench/results/2026-12-02-aa4ddae-first-fit-classes.md`. Keeping suffix minima instead of group minima
-//! took the head query from about 200 instructions to 12, and the pair to 960.1 (best-fit: 497.1, the
-//! target 1.5 × that = 745.7: missed; `bench/results/2026-12-02-495c42d-first-fit-suffix-minima.md`). What
-//! is left is mostly the buckets' insertions and removals (about 195 instructions per pair) over 36k free
-//! blocks, almost three times best-fit's 12.8k.
+//! live blocks, 36k free blocks): exact-size buckets with a min tree of their lowest addresses took
+//! 958.5 instructions (best-fit: 514.6), most of it in the buckets' tries and in the min tree's updates
+//! (about four a pair, since every allocation takes a bucket's lowest block); the address index below
+//! alone took 1949.4. This index takes 736.6 (1.43 × best-fit), 12.49 D1 and 5.06 LL misses per pair
+//! against 23.12 and 5.40; a variable-depth tree with scalar group scans took 1786.9, with SSE2 scans
+//! 930.9; at most `2^18` or `2^16` regions (longer lists), 920.9 and 1604.8 (DESIGN.md §4.4).
 //!
 //! # The address index (`AddressIndex`): large blocks of first-fit, and the tiered strategy's shared range
 //! Free blocks are kept in address order in *chunks*: sorted arrays of up to `CHUNK` (32) entries (offset,
@@ -79,285 +78,404 @@
 //! the first block of length `size + align - granule` (which always fits).
 
 use super::block_list::{block_list_strategy, BlockList, FreeIndex, Node, Placement, NIL};
-use super::buckets::{SizeBuckets, EXACT};
 use super::{fit_back, fit_front};
 
-/// No block: the value of an empty bucket's head.
-const EMPTY: u64 = u64::MAX;
+/// Sizes below `2^EXACT_LOG2` granules have keys equal to their size in granules.
+const EXACT_LOG2: u32 = 14;
 
-/// Buckets per group of the head tree (each level keeps the minimum of `FAN` entries of the one below).
-const FAN: usize = 16;
+/// Mantissa bits of a key from `2^EXACT_LOG2` granules on.
+const MANTISSA: u32 = 8;
 
-/// Entries of the top level of the head tree (each the minimum of `FAN * FAN` buckets).
-const TOP: usize = EXACT / FAN / FAN;
+/// The key of a free block of `g ≥ 1` granules: `g` below `2^14`, else `2^14 + (e - 14) · 2^8 + m`, where
+/// `e` is `g`'s highest bit and `m` the 8 bits below it. Monotone (`a ≤ b` ⇒ `key(a) ≤ key(b)`), exact
+/// below `2^14`, at most `2^14 + 50 · 2^8 < 2^15` for `g < 2^64`, so it is a positive `i16`.
+#[inline(always)]
+fn size_key(g: u64) -> i16 {
+    if g < 1 << EXACT_LOG2 {
+        return g as i16;
+    }
+    let e = 63 - g.leading_zeros();
+    ((1 << EXACT_LOG2) + ((e - EXACT_LOG2) << MANTISSA) + ((g >> (e - MANTISSA)) as u32 & 0xFF)) as i16
+}
 
-// The top level is one group of `FAN`.
-const _: () = assert!(TOP == FAN);
+/// Keys per group of the max tree: one 64-byte cache line.
+const FAN: usize = 32;
 
-/// The lowest address of every bucket of `small` and suffix minima over groups of them: "the lowest head
-/// among the buckets of at least `n` granules" is the minimum of three entries, one per level. A head is
-/// packed as `offset_g << 12 | s` (offset in granules, `< 2^48`, and bucket `s < EXACT = 2^12`), so that
-/// the minimum names its bucket and no two heads are equal (free blocks have distinct offsets).
-///
-/// Each level keeps, for every entry, the minimum from it to the end of its group of `FAN` (a *suffix
-/// minimum*): `leaf_min` over the buckets' heads, `mid_min` over the groups' minima (group `g`'s is
-/// `leaf_min[g][0]`), `top_min` over the 16 top entries (entry `t`'s is `mid_min[t][0]`), the whole top
-/// level being one group. A head that goes down lowers the entries before it that it undercuts; one
-/// that goes up recomputes the entries that were it, from it down to the first that was not: about
-/// log(FAN) entries for random heads, and a level only when the group's minimum changed.
-///
-/// Each level is kept in groups of `FAN` (`[u64; FAN]`), and every index into them is reduced modulo the
-/// array's length (a no-op for a bucket below `EXACT`) so that the compiler drops the bounds checks:
-/// 954.7 → 935.6 instructions per first-fit pair of the strategies benchmark (callgrind), against slices
-/// cut out of flat vectors.
+/// Granules per region, at least (`2^8`).
+const REGION_GRANULES_LOG2: u32 = 8;
+
+/// One group of keys, aligned to a cache line.
+#[derive(Clone, Copy, Debug, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Group([i16; FAN]);
+
+impl Group {
+    const EMPTY: Group = Group([0; FAN]);
+
+    /// Bit `k` is set iff key `k` is at least `need` (`need ≥ 1`): four SSE2 compares, two packs and two
+    /// byte masks on x86-64 (what LLVM makes of the scalar loop below is about 65 instructions).
+    #[inline(always)]
+    fn at_least(&self, need: i16) -> u32 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::*;
+            // SAFETY: SSE2 is part of the x86-64 baseline, so the intrinsics are available on every
+            // x86-64 target; `[i16; 32]` and `[__m128i; 4]` have the same size and every bit pattern is
+            // valid for both.
+            unsafe {
+                let v: [__m128i; 4] = std::mem::transmute(self.0);
+                let n = _mm_set1_epi16(need - 1);
+                let lo = _mm_packs_epi16(_mm_cmpgt_epi16(v[0], n), _mm_cmpgt_epi16(v[1], n));
+                let hi = _mm_packs_epi16(_mm_cmpgt_epi16(v[2], n), _mm_cmpgt_epi16(v[3], n));
+                (_mm_movemask_epi8(lo) as u32 & 0xFFFF) | (_mm_movemask_epi8(hi) as u32) << 16
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let mut m = 0u32;
+            for (k, &v) in self.0.iter().enumerate() {
+                m |= u32::from(v >= need) << k;
+            }
+            m
+        }
+    }
+
+    /// The largest key (keys are never negative).
+    #[inline(always)]
+    fn max(&self) -> i16 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::*;
+            // SAFETY: as in `at_least`.
+            unsafe {
+                let v: [__m128i; 4] = std::mem::transmute(self.0);
+                let m = _mm_max_epi16(_mm_max_epi16(v[0], v[1]), _mm_max_epi16(v[2], v[3]));
+                let m = _mm_max_epi16(m, _mm_shuffle_epi32::<0b01_00_11_10>(m));
+                let m = _mm_max_epi16(m, _mm_shuffle_epi32::<0b10_11_00_01>(m));
+                let m = _mm_max_epi16(m, _mm_srli_epi32::<16>(m));
+                _mm_cvtsi128_si32(m) as i16
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self.0.iter().copied().fold(0, i16::max)
+        }
+    }
+}
+
+/// Regions of a range: `FAN^4`, the leaves of a [`MaxTree`] (the region grows with the range above
+/// `2^20` of its minimum size).
+const REGIONS: usize = 1 << 20;
+
+/// Groups of leaves, of leaf-group maxima, and of those (`REGIONS / FAN`, `/ FAN^2`, `/ FAN^3`).
+const LEAF_GROUPS: usize = REGIONS / FAN;
+const MID_GROUPS: usize = LEAF_GROUPS / FAN;
+const HIGH_GROUPS: usize = MID_GROUPS / FAN;
+
+// The fourth level is one group.
+const _: () = assert!(HIGH_GROUPS == FAN);
+
+/// Largest keys over groups of `FAN`, four levels over [`REGIONS`] leaves: `leaf` holds the leaves (leaf
+/// `i` in group `i / FAN`, slot `i % FAN`), entry `g` of `mid` is the maximum of leaf group `g`, entry `h`
+/// of `high` the maximum of mid group `h`, entry `t` of `top` the maximum of high group `t`. Every index
+/// into a level is reduced modulo its length (a no-op for an index below [`REGIONS`]) so that the
+/// compiler drops the bounds checks. The big levels are allocated zeroed: pages never written cost
+/// nothing.
 #[derive(Debug)]
-struct Heads {
-    /// The packed head of each bucket (`leaf[s / FAN][s % FAN]`), `EMPTY` for an empty one.
-    leaf: Box<[[u64; FAN]; EXACT / FAN]>,
-    /// `leaf_min[s / FAN][s % FAN]`: the minimum of the heads of buckets `s..=s | (FAN - 1)`.
-    leaf_min: Box<[[u64; FAN]; EXACT / FAN]>,
-    /// `mid_min[g / FAN][g % FAN]`: the minimum of groups `g..=g | (FAN - 1)`' minima.
-    mid_min: [[u64; FAN]; TOP],
-    /// `top_min[t]`: the minimum of top entries `t..TOP`.
-    top_min: [u64; TOP],
-    /// The node of each bucket's head (meaningful while the bucket is non-empty).
-    node: Vec<u32>,
+struct MaxTree {
+    leaf: Box<[Group; LEAF_GROUPS]>,
+    mid: Box<[Group; MID_GROUPS]>,
+    high: [Group; HIGH_GROUPS],
+    top: Group,
 }
 
-/// `suf` holds the suffix minima of one group (`suf[j]` is the minimum of the group's values from `j` on);
-/// value `i` went down to `v`. Lowers the entries it undercuts; returns whether the group's minimum
-/// (`suf[0]`) changed.
+/// Sets `*entry` to `group`'s maximum; returns whether it changed.
 #[inline(always)]
-fn suffix_lower(suf: &mut [u64; FAN], i: usize, v: u64) -> bool {
-    let i = i % FAN;
-    for j in (0..=i).rev() {
-        if suf[j] <= v {
-            return false;
-        }
-        suf[j] = v;
-    }
-    true
+fn refresh(group: &Group, entry: &mut i16) -> bool {
+    let m = group.max();
+    let changed = *entry != m;
+    *entry = m;
+    changed
 }
 
-/// `suf` as for [`suffix_lower`]; value `i` went up from `old` (`value(j)` is value `j` now). Recomputes the
-/// entries that were `old`; returns whether the group's minimum was `old` (and so changed).
-#[inline(always)]
-fn suffix_raise(suf: &mut [u64; FAN], i: usize, old: u64, value: impl Fn(usize) -> u64) -> bool {
-    let i = i % FAN;
-    let mut above = suf.get(i + 1).copied().unwrap_or(EMPTY);
-    for j in (0..=i).rev() {
-        if suf[j] != old {
-            return false;
-        }
-        above = value(j).min(above);
-        suf[j] = above;
-    }
-    true
-}
-
-/// Bucket `s`'s group of `FAN` buckets and its group of `FAN * FAN` (its top entry), reduced modulo the
-/// lengths of `leaf` and `top_min` (see [`Heads`]).
-#[inline(always)]
-fn groups(s: usize) -> (usize, usize) {
-    (s / FAN % (EXACT / FAN), s / FAN / FAN % TOP)
-}
-
-impl Heads {
+impl MaxTree {
     fn new() -> Self {
-        Heads {
-            leaf: Box::new([[EMPTY; FAN]; EXACT / FAN]),
-            leaf_min: Box::new([[EMPTY; FAN]; EXACT / FAN]),
-            mid_min: [[EMPTY; FAN]; TOP],
-            top_min: [EMPTY; TOP],
-            node: vec![NIL; EXACT],
+        MaxTree {
+            leaf: bytemuck::zeroed_box(),
+            mid: bytemuck::zeroed_box(),
+            high: [Group::EMPTY; HIGH_GROUPS],
+            top: Group::EMPTY,
         }
     }
 
-    fn clear(&mut self) {
-        self.leaf.fill([EMPTY; FAN]);
-        self.leaf_min.fill([EMPTY; FAN]);
-        self.mid_min = [[EMPTY; FAN]; TOP];
-        self.top_min = [EMPTY; TOP];
-    }
-
-    /// The packed head of bucket `s`.
     #[inline(always)]
-    fn head(&self, s: usize) -> u64 {
-        self.leaf[groups(s).0][s % FAN]
+    fn leaf(&self, i: usize) -> i16 {
+        self.leaf[i / FAN % LEAF_GROUPS].0[i % FAN]
     }
 
-    /// The smallest packed head among buckets `s ≥ n` (`n < EXACT`), `EMPTY` if they are all empty.
+    /// The largest key.
     #[inline(always)]
-    fn at_least(&self, n: usize) -> u64 {
-        let (g, t) = groups(n);
-        let mut m = self.leaf_min[g][n % FAN];
-        if (g + 1) % FAN != 0 {
-            m = m.min(self.mid_min[t][(g + 1) % FAN]);
-        }
-        if t + 1 < TOP {
-            m = m.min(self.top_min[t + 1]);
-        }
-        m
+    fn max(&self) -> i16 {
+        self.top.max()
     }
 
-    /// Bucket `s`'s head becomes `head` (packed), lower than before: the minima only go down.
+    /// Sets leaf `i` to `key` and the entries above it to their groups' new maxima (up to the first that
+    /// does not change).
     #[inline(always)]
-    fn lower(&mut self, s: usize, head: u64, node: u32) {
-        let (g, t) = groups(s);
-        self.leaf[g][s % FAN] = head;
-        self.node[s] = node;
-        if suffix_lower(&mut self.leaf_min[g], s % FAN, head) && suffix_lower(&mut self.mid_min[t], g % FAN, head) {
-            suffix_lower(&mut self.top_min, t, head);
+    fn set(&mut self, i: usize, key: i16) {
+        let (g, h, t) = (i / FAN % LEAF_GROUPS, i / FAN / FAN % MID_GROUPS, i / FAN / FAN / FAN % HIGH_GROUPS);
+        self.leaf[g].0[i % FAN] = key;
+        if refresh(&self.leaf[g], &mut self.mid[h].0[g % FAN]) && refresh(&self.mid[h], &mut self.high[t].0[h % FAN]) {
+            refresh(&self.high[t], &mut self.top.0[t % FAN]);
         }
     }
 
-    /// Bucket `s`'s head `old` (packed) left; the new head is `head` (`EMPTY` if none), higher. The entries
-    /// that were `old` are computed again.
+    /// The lowest slot of `group` with a key of at least `need`, which has one.
     #[inline(always)]
-    fn raise(&mut self, s: usize, old: u64, head: u64, node: u32) {
-        let (g, t) = groups(s);
-        self.leaf[g][s % FAN] = head;
-        self.node[s] = node;
-        let leaf = &self.leaf[g];
-        if !suffix_raise(&mut self.leaf_min[g], s % FAN, old, |j| leaf[j % FAN]) {
-            return;
+    fn slot(group: &Group, need: i16) -> usize {
+        let m = group.at_least(need);
+        debug_assert!(m != 0, "max tree entry above its group's maximum");
+        m.trailing_zeros() as usize % FAN
+    }
+
+    /// The lowest leaf under entry `t` of `top`, `h` of `high` or `g` of `mid` (`level` 3, 2 or 1, the
+    /// entry holding a key of at least `need`) with a key of at least `need`.
+    #[inline(always)]
+    fn descend(&self, level: u32, mut i: usize, need: i16) -> usize {
+        if level >= 3 {
+            i = i * FAN + Self::slot(&self.high[i % HIGH_GROUPS], need);
         }
-        let leaf_min = &self.leaf_min;
-        if !suffix_raise(&mut self.mid_min[t], g % FAN, old, |j| leaf_min[(t * FAN + j) % (EXACT / FAN)][0]) {
-            return;
+        if level >= 2 {
+            i = i * FAN + Self::slot(&self.mid[i % MID_GROUPS], need);
         }
-        let mid_min = &self.mid_min;
-        suffix_raise(&mut self.top_min, t, old, |j| mid_min[j % TOP][0]);
+        if level >= 1 {
+            i = i * FAN + Self::slot(&self.leaf[i % LEAF_GROUPS], need);
+        }
+        i
+    }
+
+    /// The lowest leaf with a key of at least `need`.
+    #[inline(always)]
+    fn first(&self, need: i16) -> Option<usize> {
+        let m = self.top.at_least(need);
+        (m != 0).then(|| self.descend(3, m.trailing_zeros() as usize, need))
+    }
+
+    /// The lowest leaf from `i` on with a key of at least `need`: up from `i`'s leaf group to the first
+    /// level where a later entry has one, then down.
+    fn next(&self, i: usize, need: i16) -> Option<usize> {
+        if i >= REGIONS {
+            return None;
+        }
+        let after = |group: &Group, slot: usize| group.at_least(need) & (u32::MAX << slot);
+        let mut e = i;
+        for level in 0..4 {
+            let group = match level {
+                0 => &self.leaf[e / FAN % LEAF_GROUPS],
+                1 => &self.mid[e / FAN % MID_GROUPS],
+                2 => &self.high[e / FAN % HIGH_GROUPS],
+                _ => &self.top,
+            };
+            let m = after(group, e % FAN);
+            if m != 0 {
+                return Some(self.descend(level, e / FAN * FAN + m.trailing_zeros() as usize, need));
+            }
+            // Nothing after `e` in its group: on the level above, the entries after the group's own.
+            e = e / FAN + 1;
+            if e >= REGIONS >> (5 * (level + 1)) {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Zeroes every key; calls `leaf` on each leaf that was not zero. Visits only the non-zero groups.
+    fn clear(&mut self, leaf: &mut impl FnMut(usize)) {
+        let nonzero = |g: &Group| g.0.iter().enumerate().filter(|(_, &v)| v != 0).map(|(k, _)| k).collect::<Vec<_>>();
+        for t in nonzero(&self.top) {
+            for h in nonzero(&self.high[t]).into_iter().map(|k| t * FAN + k) {
+                for g in nonzero(&self.mid[h]).into_iter().map(|k| h * FAN + k) {
+                    for k in nonzero(&self.leaf[g]) {
+                        leaf(g * FAN + k);
+                    }
+                    self.leaf[g] = Group::EMPTY;
+                }
+                self.mid[h] = Group::EMPTY;
+            }
+            self.high[t] = Group::EMPTY;
+        }
+        self.top = Group::EMPTY;
     }
 }
 
-/// First-fit's index: exact-size buckets below `EXACT` granules with their heads in a min tree, the larger
-/// blocks in an [`AddressIndex`]. See the [module docs](self).
+/// First-fit's index: free blocks filed by address region, with a max tree over the regions' largest
+/// keys. See the [module docs](self).
 #[derive(Debug)]
 pub(crate) struct FirstFitIndex {
     granule_log2: u32,
-    small: SizeBuckets,
-    heads: Heads,
-    large: AddressIndex,
+    region_log2: u32,
+    /// One more than the node id of each region's lowest free block; 0 for an empty region.
+    heads: Box<[u32; REGIONS]>,
+    tree: MaxTree,
 }
 
 impl FirstFitIndex {
-    /// The index of a range of `capacity` bytes with offsets and sizes in multiples of `granule`.
+    /// The index of a range of `capacity` bytes (at most `2^48`) with offsets and sizes in multiples of
+    /// `granule`.
     pub(crate) fn new(capacity: u64, granule: u64) -> Self {
-        FirstFitIndex {
-            granule_log2: granule.trailing_zeros(),
-            small: SizeBuckets::new(capacity, granule),
-            heads: Heads::new(),
-            large: AddressIndex::new(u64::MAX),
+        let granule_log2 = granule.trailing_zeros();
+        let bits = u64::BITS - capacity.saturating_sub(1).leading_zeros();
+        let region_log2 = (granule_log2 + REGION_GRANULES_LOG2).max(bits.saturating_sub(REGIONS.ilog2()));
+        FirstFitIndex { granule_log2, region_log2, heads: bytemuck::zeroed_box(), tree: MaxTree::new() }
+    }
+
+    /// The region of a block of `size ≥ 1` bytes at `offset`: the one its last byte lies in.
+    #[inline(always)]
+    fn region(&self, offset: u64, size: u64) -> usize {
+        ((offset + size - 1) >> self.region_log2) as usize % REGIONS
+    }
+
+    #[inline(always)]
+    fn key(&self, size: u64) -> i16 {
+        size_key(size >> self.granule_log2)
+    }
+
+    /// The first block of region `r`'s list, `NIL` if it is empty.
+    #[inline(always)]
+    fn head(&self, r: usize) -> u32 {
+        self.heads[r % REGIONS].wrapping_sub(1)
+    }
+
+    /// The largest key of region `r`'s blocks (0 if none).
+    #[inline]
+    fn region_key(&self, nodes: &[Node], r: usize) -> i16 {
+        let (mut n, mut k) = (self.head(r), 0);
+        while n != NIL {
+            let node = &nodes[n as usize];
+            k = k.max(self.key(node.size));
+            n = node.a;
         }
+        k
     }
 
-    /// The packed head of a block at `offset` in bucket `s`.
+    /// Links free node `n` into region `r`'s list, in address order.
     #[inline(always)]
-    fn pack(&self, offset: u64, s: usize) -> u64 {
-        (offset >> self.granule_log2) << 12 | s as u64
-    }
-
-    /// Removes free node `n`, filed as a block of `size` bytes at `offset` (its node may hold new values).
-    #[inline(always)]
-    fn unfile(&mut self, nodes: &mut [Node], n: u32, offset: u64, size: u64) {
-        let g = size >> self.granule_log2;
-        if g >= EXACT as u64 {
-            self.large.remove_filed(nodes, n, offset, size);
+    fn link(&mut self, nodes: &mut [Node], n: u32, r: usize) {
+        let offset = nodes[n as usize].offset;
+        let h = self.head(r);
+        if h == NIL || nodes[h as usize].offset > offset {
+            (nodes[n as usize].a, nodes[n as usize].b) = (h, NIL);
+            if h != NIL {
+                nodes[h as usize].b = n;
+            }
+            self.heads[r % REGIONS] = n + 1;
             return;
         }
-        let s = g as usize;
-        let next = self.small.next_in_list(nodes, n);
-        self.small.remove(nodes, n);
-        if self.heads.node[s] == n {
-            let old = self.heads.head(s);
-            if self.small.is_filled(s) {
-                // A head is its bucket's lowest block: the next of its list, if any, is the next head.
-                let h = if next != NIL { next } else { self.small.bucket_min(s) };
-                let head = self.pack(nodes[h as usize].offset, s);
-                self.heads.raise(s, old, head, h);
-            } else {
-                self.heads.raise(s, old, EMPTY, NIL);
+        let mut p = h;
+        loop {
+            let next = nodes[p as usize].a;
+            if next == NIL || nodes[next as usize].offset > offset {
+                (nodes[n as usize].a, nodes[n as usize].b) = (next, p);
+                nodes[p as usize].a = n;
+                if next != NIL {
+                    nodes[next as usize].b = n;
+                }
+                return;
             }
+            p = next;
         }
     }
 
-    /// The lowest block of `small` of at least `g` granules (`g < EXACT`) and its offset.
+    /// Unlinks free node `n` from region `r`'s list.
     #[inline(always)]
-    fn small_at_least(&self, g: usize) -> Option<(u64, u32)> {
-        let head = self.heads.at_least(g);
-        (head != EMPTY)
-            .then(|| ((head >> 12) << self.granule_log2, self.heads.node[(head & (EXACT as u64 - 1)) as usize]))
+    fn unlink(&mut self, nodes: &mut [Node], n: u32, r: usize) {
+        let Node { a: next, b: prev, .. } = nodes[n as usize];
+        if prev == NIL {
+            self.heads[r % REGIONS] = next.wrapping_add(1);
+        } else {
+            nodes[prev as usize].a = next;
+        }
+        if next != NIL {
+            nodes[next as usize].b = prev;
+        }
     }
 
-    /// [`FreeIndex::find`] for `size` below `EXACT` granules at an alignment above the granule: the lowest
-    /// of the lowest fitting large block, the lowest head of the buckets whose blocks all fit (those of at
-    /// least `size + align - granule` bytes), and in each smaller bucket the first fitting block below the
-    /// best so far.
-    #[inline(never)]
-    fn find_aligned(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<u32> {
-        let fits = |n: u32| {
-            let node = &nodes[n as usize];
-            fit_front(node.offset, node.size, size, align).is_some()
-        };
-        let mut best = self.large.find(nodes, size, align, granule).map(|(n, _)| (nodes[n as usize].offset, n));
-        // Buckets from `sure` granules on hold only blocks that fit.
-        let sure = size.checked_add(align - granule).map_or(EXACT, |s| ((s >> self.granule_log2) as usize).min(EXACT));
-        if sure < EXACT {
-            if let Some((o, n)) = self.small_at_least(sure) {
-                if best.is_none_or(|(b, _)| o < b) {
-                    best = Some((o, n));
-                }
-            }
+    /// Removes free node `n`, filed at `offset` with `size` bytes (its node may hold new values).
+    #[inline(always)]
+    fn unfile(&mut self, nodes: &mut [Node], n: u32, offset: u64, size: u64) {
+        let r = self.region(offset, size);
+        self.unlink(nodes, n, r);
+        if self.key(size) == self.tree.leaf(r) {
+            let k = self.region_key(nodes, r);
+            self.tree.set(r, k);
         }
-        let mut g = (size >> self.granule_log2) as usize;
-        while g < sure {
-            let Some(s) = self.small.bucket_at_least(g).filter(|&s| s < sure) else { break };
-            let bound = best.map_or(u64::MAX, |(b, _)| b);
-            if (self.heads.head(s) >> 12) << self.granule_log2 < bound {
-                let first = self.small.first_where(nodes, s, &mut |n| nodes[n as usize].offset >= bound || fits(n));
-                if let Some(n) = first.filter(|&n| nodes[n as usize].offset < bound) {
-                    best = Some((nodes[n as usize].offset, n));
+    }
+
+    /// The lowest block from region `r` on, at or after node `from` when it is given (a block of region
+    /// `r`), holding at least `size` bytes and accepted by `fits`.
+    #[inline(always)]
+    fn first_from(
+        &self,
+        nodes: &[Node],
+        mut r: usize,
+        mut from: u32,
+        size: u64,
+        fits: impl Fn(&Node) -> bool,
+    ) -> Option<u32> {
+        let need = self.key(size);
+        loop {
+            let mut n = if from == NIL { self.head(r) } else { from };
+            while n != NIL {
+                let node = &nodes[n as usize];
+                if node.size >= size && fits(node) {
+                    return Some(n);
                 }
+                n = node.a;
             }
-            g = s + 1;
+            // No fit in region `r` (its key can be `need` with every block shorter, or a fit misaligned).
+            r = self.tree.next(r + 1, need)?;
+            from = NIL;
         }
-        best.map(|(_, n)| n)
     }
 
     /// Panics unless every free node is filed once as the invariants of the [module docs](self) say;
     /// returns (free blocks filed, largest size). Tests only.
     #[cfg(test)]
     pub(crate) fn check(&self, nodes: &[Node]) -> (usize, u64) {
-        let g = self.granule_log2;
-        let (large, largest) = self.large.check(nodes);
-        for ch in self.large.dir.iter().map(|&c| &self.large.chunks[c as usize]) {
-            assert!(ch.sizes[..ch.len].iter().all(|&s| s >> g >= EXACT as u64), "small block in large");
-        }
-        let small = self.small.check(nodes);
-        for s in 0..EXACT {
-            if s > 0 && self.small.is_filled(s) {
-                let h = self.small.bucket_min(s);
-                assert_eq!(self.heads.head(s), self.pack(nodes[h as usize].offset, s), "head of bucket {s}");
-                assert_eq!(self.heads.node[s], h, "head node of bucket {s}");
-            } else {
-                assert_eq!(self.heads.head(s), EMPTY, "head of empty bucket {s}");
+        let (mut count, mut largest) = (0, 0);
+        // The non-empty regions; a free node filed nowhere else makes the count below differ.
+        let mut next = self.tree.next(0, 1);
+        while let Some(r) = next {
+            next = self.tree.next(r + 1, 1);
+            let (mut n, mut prev, mut key) = (self.head(r), NIL, 0);
+            while n != NIL {
+                let node = &nodes[n as usize];
+                assert!(node.is_free(), "region {r} lists node {n}, not free");
+                assert_eq!(self.region(node.offset, node.size), r, "node {n} in the wrong region");
+                assert_eq!(node.b, prev, "back link of node {n}");
+                if prev != NIL {
+                    assert!(nodes[prev as usize].offset < node.offset, "address order in region {r}");
+                }
+                key = key.max(self.key(node.size));
+                largest = largest.max(node.size);
+                count += 1;
+                (prev, n) = (n, node.a);
             }
+            assert_eq!(self.tree.leaf(r), key, "key of region {r}");
         }
-        let leaf = self.heads.leaf.as_flattened();
-        let min_of = |from: usize, to: usize| leaf[from..to].iter().copied().min().unwrap_or(EMPTY);
-        for (s, &m) in self.heads.leaf_min.as_flattened().iter().enumerate() {
-            assert_eq!(m, min_of(s, (s | (FAN - 1)) + 1), "leaf suffix minimum {s}");
+        // Leaf groups under a zero entry hold no key: else their blocks were not counted above.
+        let t = &self.tree;
+        for (g, group) in t.leaf.iter().enumerate().filter(|&(g, _)| t.mid[g / FAN].0[g % FAN] != 0) {
+            assert_eq!(t.mid[g / FAN].0[g % FAN], group.max(), "maximum of leaf group {g}");
         }
-        for (g, &m) in self.heads.mid_min.as_flattened().iter().enumerate() {
-            assert_eq!(m, min_of(g * FAN, ((g | (FAN - 1)) + 1) * FAN), "mid suffix minimum {g}");
+        for (h, group) in t.mid.iter().enumerate() {
+            assert_eq!(t.high[h / FAN].0[h % FAN], group.max(), "maximum of mid group {h}");
         }
-        for t in 0..TOP {
-            assert_eq!(self.heads.top_min[t], min_of(t * FAN * FAN, EXACT), "top suffix minimum {t}");
+        for (i, group) in t.high.iter().enumerate() {
+            assert_eq!(t.top.0[i], group.max(), "maximum of high group {i}");
         }
         let free = nodes.iter().filter(|n| n.is_free()).count();
-        assert_eq!(small + large, free, "free nodes filed");
-        let largest = largest.max(self.small.highest().map_or(0, |s| (s as u64) << g));
+        assert_eq!(count, free, "free nodes filed");
         assert_eq!(self.largest(nodes), largest);
         (free, largest)
     }
@@ -367,16 +485,11 @@ impl FreeIndex for FirstFitIndex {
     #[inline(always)]
     fn insert(&mut self, nodes: &mut [Node], n: u32) {
         let Node { size, offset, .. } = nodes[n as usize];
-        let g = size >> self.granule_log2;
-        if g >= EXACT as u64 {
-            self.large.insert(nodes, n);
-            return;
-        }
-        let s = g as usize;
-        self.small.insert(nodes, n, s, offset >> self.granule_log2);
-        let head = self.pack(offset, s);
-        if head < self.heads.head(s) {
-            self.heads.lower(s, head, n);
+        let r = self.region(offset, size);
+        self.link(nodes, n, r);
+        let k = self.key(size);
+        if k > self.tree.leaf(r) {
+            self.tree.set(r, k);
         }
     }
 
@@ -388,50 +501,57 @@ impl FreeIndex for FirstFitIndex {
 
     #[inline(always)]
     fn update(&mut self, nodes: &mut [Node], n: u32, old_offset: u64, old_size: u64) {
-        let big = (EXACT as u64) << self.granule_log2;
-        if old_size >= big && nodes[n as usize].size >= big {
-            self.large.update(nodes, n, old_offset, old_size);
-        } else {
+        let Node { size, offset, .. } = nodes[n as usize];
+        let r = self.region(old_offset, old_size);
+        if self.region(offset, size) != r {
             self.unfile(nodes, n, old_offset, old_size);
             self.insert(nodes, n);
+            return;
+        }
+        // Same region and the same address order: the list stays; only the key may change.
+        let (old, new, leaf) = (self.key(old_size), self.key(size), self.tree.leaf(r));
+        if new > leaf {
+            self.tree.set(r, new);
+        } else if old == leaf && new < old {
+            let k = self.region_key(nodes, r);
+            self.tree.set(r, k);
         }
     }
 
     #[inline(always)]
     fn find(&mut self, nodes: &[Node], size: u64, align: u64, granule: u64) -> Option<(u32, Placement)> {
-        let g = size >> self.granule_log2;
-        if g >= EXACT as u64 {
-            return self.large.find(nodes, size, align, granule);
-        }
-        if align > granule {
-            return self.find_aligned(nodes, size, align, granule).map(|n| (n, Placement::Front));
-        }
-        // Every block of at least `size` bytes fits: the lower of the lowest such bucket head and the
-        // lowest large block.
-        let small = self.small_at_least(g as usize);
-        let n = match (small, self.large.lowest()) {
-            (Some((o, n)), Some((lo, ln))) => {
-                if o < lo {
-                    n
-                } else {
-                    ln
-                }
-            }
-            (Some((_, n)), None) | (None, Some((_, n))) => n,
-            (None, None) => return None,
+        let r = self.tree.first(self.key(size))?;
+        let n = if align <= granule {
+            self.first_from(nodes, r, NIL, size, |_| true)
+        } else {
+            self.first_from(nodes, r, NIL, size, |node| fit_front(node.offset, node.size, size, align).is_some())
         };
-        Some((n, Placement::Front))
+        n.map(|n| (n, Placement::Front))
     }
 
+    /// Exact below `2^14` granules (the top key is the size); above, the largest size among the blocks
+    /// of the regions with the top key (blocks within 1/256 of each other in size, usually few).
     fn largest(&self, nodes: &[Node]) -> u64 {
-        let small = self.small.highest().map_or(0, |s| (s as u64) << self.granule_log2);
-        small.max(self.large.largest(nodes))
+        let top = self.tree.max();
+        if top < 1 << EXACT_LOG2 {
+            return (top as u64) << self.granule_log2;
+        }
+        let mut best = 0;
+        let mut r = self.tree.first(top);
+        while let Some(i) = r {
+            let mut n = self.head(i);
+            while n != NIL {
+                best = best.max(nodes[n as usize].size);
+                n = nodes[n as usize].a;
+            }
+            r = self.tree.next(i + 1, top);
+        }
+        best
     }
 
     fn clear(&mut self) {
-        self.small.clear();
-        self.heads.clear();
-        self.large.clear();
+        let heads = &mut self.heads;
+        self.tree.clear(&mut |r| heads[r] = 0);
     }
 }
 
@@ -739,13 +859,6 @@ impl AddressIndex {
         }
     }
 
-    /// Offset and node of the lowest free block.
-    #[inline]
-    pub(crate) fn lowest(&self) -> Option<(u64, u32)> {
-        let ch = &self.chunks[*self.dir.first()? as usize];
-        Some((ch.offsets[0], ch.nodes[0]))
-    }
-
     /// Checks every invariant of the module doc; returns (entries, largest size). Tests only.
     #[cfg(test)]
     fn check(&self, nodes: &[Node]) -> (usize, u64) {
@@ -1009,7 +1122,7 @@ mod tests {
     }
 
     /// The shadow model of first-fit: random allocations (half with an alignment above the granule) and
-    /// frees of sizes on both sides of `EXACT` granules, every placement compared with a brute-force scan of
+    /// frees of sizes on both sides of `2^EXACT_LOG2` granules (where keys turn from exact to floating), every placement compared with a brute-force scan of
     /// the free blocks (the lowest that fits at the alignment) and every invariant of the index checked
     /// after every step; then everything is freed. Over 64 MiB at 64 B granules, and over 2^48 bytes at 1 B
     /// granules (heads packed from offsets up to 2^48).
@@ -1019,8 +1132,8 @@ mod tests {
         let configs: [Config; 2] = [
             (1 << 26, 64, 5000, |r| match r % 20 {
                 0..14 => 1 + (r >> 8) % 2560,
-                14..19 => 64 * (EXACT as u64 - 200 + (r >> 8) % 400),
-                _ => 64 * (EXACT as u64 + (r >> 8) % 20_000),
+                14..19 => 64 * ((1 << EXACT_LOG2) - 200 + (r >> 8) % 400),
+                _ => 64 * ((1 << EXACT_LOG2) + (r >> 8) % 20_000),
             }),
             (1 << 48, 1, 2000, |r| match r % 10 {
                 0..6 => 1 + (r >> 8) % 5000,
@@ -1031,6 +1144,7 @@ mod tests {
             let mut h = BlockList::new(capacity, granule, FirstFitIndex::new(capacity, granule)).unwrap();
             let mut rng = crate::bench::SplitMix64::new(capacity ^ granule);
             let mut live = Vec::new();
+            let mut floating = false;
             for step in 0..steps {
                 let r = rng.next_u64();
                 if !r.is_multiple_of(3) || live.is_empty() {
@@ -1052,14 +1166,63 @@ mod tests {
                 h.check_invariants();
                 let (count, max) = h.index.check(h.nodes());
                 assert_eq!((count, max), (h.stats().free_blocks, h.stats().largest_free), "step {step}");
+                floating |= h.free_blocks().filter(|&(_, l)| l / granule >= 1 << EXACT_LOG2).count() >= 2;
             }
-            assert!(!h.index.large.dir.is_empty() || granule == 1, "no large free block at the end");
+            assert!(floating, "never two free blocks with floating keys at once");
             for b in live {
                 h.free(b).unwrap();
             }
             h.index.check(h.nodes());
             assert_eq!(h.free_blocks().collect::<Vec<_>>(), vec![(0, h.capacity())]);
         }
+    }
+
+    /// Keys are monotone, exact below `2^EXACT_LOG2` granules, positive and below `2^15` up to `2^64`.
+    #[test]
+    fn size_keys_are_monotone() {
+        let mut sizes: Vec<u64> = (1..40_000).collect();
+        sizes.extend(
+            (14..64).flat_map(|e| [-2i64, -1, 0, 1, 2, 255, 256].map(move |d| (1u64 << e).wrapping_add(d as u64))),
+        );
+        sizes.push(u64::MAX);
+        sizes.sort_unstable();
+        for w in sizes.windows(2) {
+            assert!(size_key(w[0]) <= size_key(w[1]), "key({}) > key({})", w[0], w[1]);
+        }
+        assert!((1..1 << EXACT_LOG2).all(|g| size_key(g) as u64 == g));
+        assert!(size_key(u64::MAX) > 0 && size_key(1 << 20) > size_key((1 << 20) - 4096));
+    }
+
+    /// `MaxTree::first`, `next` and the inner maxima against a brute-force scan of the leaves, with keys
+    /// set and cleared across group boundaries on every level.
+    #[test]
+    fn max_tree_answers_like_a_scan() {
+        let mut t = MaxTree::new();
+        let mut keys = std::collections::BTreeMap::new();
+        let mut rng = crate::bench::SplitMix64::new(7);
+        let spots = [0, 31, 32, 1023, 1024, 32_767, 32_768, REGIONS / 2, REGIONS - 33, REGIONS - 1];
+        for step in 0..4000 {
+            let r = rng.next_u64();
+            let i = if r % 3 == 0 { spots[(r >> 8) as usize % spots.len()] } else { (r >> 12) as usize % REGIONS };
+            let k = if r % 5 == 0 { 0 } else { 1 + ((r >> 40) % 30_000) as i16 };
+            t.set(i, k);
+            if k == 0 {
+                keys.remove(&i);
+            } else {
+                keys.insert(i, k);
+            }
+            let need = 1 + (rng.next_u64() % 30_000) as i16;
+            let from = spots[step % spots.len()];
+            let want = keys.range(from..).find(|&(_, &v)| v >= need).map(|(&i, _)| i);
+            assert_eq!(t.next(from, need), want, "step {step}: next({from}, {need})");
+            let first = keys.iter().find(|&(_, &v)| v >= need).map(|(&i, _)| i);
+            assert_eq!(t.first(need), first, "step {step}: first({need})");
+            assert_eq!(t.max(), keys.values().copied().max().unwrap_or(0));
+        }
+        let mut seen = Vec::new();
+        t.clear(&mut |i| seen.push(i));
+        assert_eq!(seen, keys.keys().copied().collect::<Vec<_>>());
+        assert_eq!((t.max(), t.first(1), t.next(0, 1)), (0, None, None));
     }
 
     #[test]

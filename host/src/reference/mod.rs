@@ -5,7 +5,7 @@
 //!
 //! | strategy | module | search | free | notes |
 //! |---|---|---|---|---|
-//! | first-fit | `first_fit` | O(n / 2048 + 96) words scanned (chunked address order with maxima) | O(log n) | lowest-address fit, immediate coalescing |
+//! | first-fit | `first_fit` | 4 cache lines of keys (max tree over address regions), one region's list | O(1) unlink, then the max tree's update | lowest-address fit, immediate coalescing |
 //! | best-fit | `best_fit` | O(log64 capacity) (bitmap over exact sizes, address tries); O(log n) from 4096 granules | O(1) unlink, then one insertion | smallest fitting block, ties to lowest address |
 //! | TLSF | `tlsf` | O(1) (two-level bitmaps) | O(1) | good fit (exact-size holes first), immediate coalescing |
 //! | buddy | `buddy` | O(log capacity) | O(log capacity) | power-of-two blocks, any capacity |

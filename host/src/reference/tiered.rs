@@ -6,16 +6,16 @@
 //!
 //! Small and medium blocks therefore grow from the bottom and large blocks from the top, which keeps
 //! short-lived small blocks from splitting the extents large tensors need, while free space stays one
-//! pool: all tiers share one address-ordered free structure ([first-fit](super::first_fit)'s chunked
-//! address index), so freed memory coalesces across tiers and any tier can use it.
+//! pool: all tiers share one address-ordered free structure (the chunked address index, `AddressIndex`
+//! of [first-fit's module](super::first_fit)), so freed memory coalesces across tiers and any tier can
+//! use it.
 //!
 //! # Invariants
 //! Those of [`Slab`] and of the first-fit block list; a block of the shared range is a slab page, a medium block
 //! or a large block.
 //!
 //! # Time complexity
-//! Medium and large requests as [first-fit](super::first_fit) (scans of its address index's maxima, from the
-//! top for the large tier); small requests as [`Slab`].
+//! Medium and large requests: scans of the address index's maxima (from the top for the large tier); small requests as [`Slab`].
 
 use super::block_list::{block_list_strategy, BlockList};
 use super::compact::{CompactionLayout, CompactionPlan};
