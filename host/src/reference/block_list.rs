@@ -854,8 +854,9 @@ mod tests {
 
 #[cfg(test)]
 mod churn_tests {
+    use super::super::address_index::AddressIndex;
     use super::super::best_fit::BestFitIndex;
-    use super::super::first_fit::{AddressIndex, FirstFitIndex};
+    use super::super::first_fit::FirstFitIndex;
     use super::super::tlsf::TlsfIndex;
     use super::*;
 

@@ -37,6 +37,7 @@ use std::fmt;
 use std::num::NonZeroU64;
 use std::str::FromStr;
 
+pub(crate) mod address_index;
 pub(crate) mod best_fit;
 pub(crate) mod block_list;
 pub(crate) mod buckets;

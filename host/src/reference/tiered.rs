@@ -6,20 +6,20 @@
 //!
 //! Small and medium blocks therefore grow from the bottom and large blocks from the top, which keeps
 //! short-lived small blocks from splitting the extents large tensors need, while free space stays one
-//! pool: all tiers share one address-ordered free structure (the chunked address index, `AddressIndex`
-//! of [first-fit's module](super::first_fit)), so freed memory coalesces across tiers and any tier can
-//! use it.
+//! pool: all tiers share one address-ordered free structure (the chunked address index,
+//! [`AddressIndex`]), so freed memory coalesces across tiers and any tier can use it.
 //!
 //! # Invariants
 //! Those of [`Slab`] and of the first-fit block list; a block of the shared range is a slab page, a medium block
 //! or a large block.
 //!
 //! # Time complexity
-//! Medium and large requests: scans of the address index's maxima (from the top for the large tier); small requests as [`Slab`].
+//! Medium and large requests: scans of the address index's maxima (from the top for the large tier);
+//! small requests as [`Slab`].
 
+use super::address_index::AddressIndex;
 use super::block_list::{block_list_strategy, BlockList};
 use super::compact::{CompactionLayout, CompactionPlan};
-use super::first_fit::AddressIndex;
 use super::slab::{Slab, SlabConfig};
 use super::{AllocError, AllocatedBlock, Allocation, Stats, SubAllocator, DEFAULT_GRANULE};
 
