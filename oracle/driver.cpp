@@ -9,7 +9,8 @@
 // stdin: one request per line (blank lines and `#` comments skipped):
 //   alloc ID BYTES [STREAM [DEVICE]]  a tensor's storage (Allocator::allocate) on stream STREAM (0: the default
 //                                     stream; k > 0: the k-th side stream) of device DEVICE (default 0)
-//   free ID                           the storage is released (its DataPtr destroyed)
+//   free ID                           the storage is released (its DataPtr destroyed); nothing if ID's
+//                                     allocation ran out of memory (the record says "skipped")
 //   record ID STREAM                  Tensor.record_stream: the storage is used on STREAM too (recordStream)
 //   complete                          the GPU finishes its queued work: every recorded event completes
 //   empty_cache                       torch.cuda.empty_cache()
@@ -122,6 +123,8 @@ int main() {
         return cs;
     };
     std::unordered_map<long, std::pair<c10::DataPtr, int>> live;
+    // Ids whose allocation ran out of memory: their `free` (and `record`) does nothing, as the tensor never was.
+    std::unordered_map<long, int> failed;
     std::string text;
     long lineno = 0, i = 0;
     int last_dev = 0;
@@ -157,11 +160,16 @@ int main() {
                 live.emplace(id, std::make_pair(std::move(p), dev));
             } catch (const c10::OutOfMemoryError& e) {
                 out << ",\"oom\":" << json_str(e.what_without_backtrace());
+                failed[id] = dev;
             }
         } else if (op == "free") {
             long id;
             if (!(in >> id)) bad(lineno, "free needs ID");
             auto it = live.find(id);
+            if (it == live.end() && failed.erase(id)) {
+                std::cout << out.str() << ",\"id\":" << id << ",\"skipped\":true" << stats(last_dev) << "\n";
+                continue;
+            }
             if (it == live.end()) bad(lineno, "id " + std::to_string(id) + " is not live");
             last_dev = it->second.second;
             set_device(last_dev);
@@ -171,6 +179,10 @@ int main() {
             long id, s;
             if (!(in >> id >> s)) bad(lineno, "record needs ID STREAM");
             auto it = live.find(id);
+            if (it == live.end() && failed.count(id)) {
+                std::cout << out.str() << ",\"id\":" << id << ",\"skipped\":true" << stats(last_dev) << "\n";
+                continue;
+            }
             if (it == live.end()) bad(lineno, "id " + std::to_string(id) + " is not live");
             last_dev = it->second.second;
             a->recordStream(it->second.first, stream(s, last_dev));
@@ -221,7 +233,9 @@ int main() {
         o << (d ? "," : "") << "[";
         bool ft = true;
         for (auto& t : snap.device_traces[d]) {
-            o << (ft ? "" : ",") << "{\"action\":\"" << action_name(t.action_) << "\",\"addr\":" << t.addr_
+            // As torch/csrc/cuda/Module.cpp writes it: an `oom` entry's addr_ is the driver's free bytes.
+            o << (ft ? "" : ",") << "{\"action\":\"" << action_name(t.action_) << "\",\""
+              << (t.action_ == alloc::TraceEntry::OOM ? "device_free" : "addr") << "\":" << t.addr_
               << ",\"size\":" << t.size_ << ",\"stream\":" << reinterpret_cast<uintptr_t>(t.stream_)
               << ",\"time_us\":0,\"frames\":[]}";
             ft = false;

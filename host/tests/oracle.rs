@@ -1,0 +1,252 @@
+//! The caching model against PyTorch's own allocator, request by request.
+//!
+//! `oracle/` builds PyTorch's real `CUDACachingAllocator` (`libc10_cuda.so` of a torch wheel from PyPI) over
+//! a stand-in CUDA runtime, and a driver that replays a request sequence through it (oracle/README.md). This
+//! test generates seeded workloads over the settings `tune` searches, replays each through the real
+//! allocator of every built torch version and through [`CachingAllocator`] with the same
+//! `PYTORCH_CUDA_ALLOC_CONF` and capacity, and compares after every request: whether it failed (out of
+//! memory) and the reserved bytes (PyTorch's `reserved_bytes.all.current`, the model's
+//! [`CachingAllocator::reserved_bytes`]). Each mismatch names the version, the case's seed and settings,
+//! and the request.
+//!
+//! The versions are those `oracle/build` built under `target/oracle/` (GPUHEAP_ORACLE_VERSIONS, default
+//! `2.15.0 2.8.0`). Without them the test skips with the reason, unless `GPUHEAP_REQUIRE_ORACLE=1` (CI), when
+//! it fails. The sample is GPUHEAP_ORACLE_CASES cases (default 12) of GPUHEAP_ORACLE_REQUESTS requests
+//! (default 400) per version; the benchmark run (bench/results) sets both higher.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
+use gpuheap::reference::{AllocError, Allocation, SubAllocator};
+
+mod common;
+use common::workspace;
+
+const MIB: u64 = 1 << 20;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(default)
+}
+
+/// The built drivers, `(version, path)`; empty after printing why, or a panic under GPUHEAP_REQUIRE_ORACLE=1.
+fn drivers() -> Vec<(String, PathBuf)> {
+    let versions = std::env::var("GPUHEAP_ORACLE_VERSIONS").unwrap_or_else(|_| "2.15.0 2.8.0".into());
+    let required = std::env::var("GPUHEAP_REQUIRE_ORACLE").is_ok_and(|v| v.trim() == "1");
+    let mut out = Vec::new();
+    for v in versions.split_whitespace() {
+        let p = workspace().join(format!("target/oracle/torch-{v}/driver"));
+        if p.is_file() {
+            out.push((v.to_string(), p));
+        } else if required {
+            panic!("GPUHEAP_REQUIRE_ORACLE=1 but {} is missing (oracle/fetch {v} && oracle/build {v})", p.display());
+        } else {
+            eprintln!("oracle: torch {v} skipped: {} not built (oracle/fetch {v} && oracle/build {v})", p.display());
+        }
+    }
+    out
+}
+
+/// xorshift64*: the workloads are a function of their seed alone.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The settings `tune` searches, and the device's capacity, of case `seed`.
+const CONFS: &[&str] = &[
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:64",
+    "max_split_size_mb:200",
+    "roundup_power2_divisions:4",
+    "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+    "garbage_collection_threshold:0.6",
+    "expandable_segments:True,roundup_power2_divisions:8",
+    "max_split_size_mb:128,garbage_collection_threshold:0.8",
+];
+
+#[derive(Clone, Debug)]
+enum Req {
+    Alloc { id: u64, size: u64, stream: u64 },
+    Free { id: u64 },
+    EmptyCache,
+}
+
+struct Case {
+    seed: u64,
+    conf: &'static str,
+    capacity: u64,
+    fraction: Option<f64>,
+    reqs: Vec<Req>,
+}
+
+/// A workload: tensors of small (< 1 MiB), medium (1–10 MiB) and large sizes on up to three streams, freed
+/// in random order, now and then `empty_cache`; the capacity is small enough that some requests fail.
+fn case(seed: u64, n: usize) -> Case {
+    let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let conf = CONFS[(seed % CONFS.len() as u64) as usize];
+    let capacity = (256 + r.below(1792)) * MIB;
+    let fraction = conf.contains("garbage_collection_threshold").then(|| 0.5 + r.below(40) as f64 / 100.0);
+    let mut live: Vec<u64> = Vec::new();
+    let mut reqs = Vec::with_capacity(n);
+    let mut next_id = 0;
+    while reqs.len() < n {
+        let k = r.below(100);
+        if k < 55 || live.is_empty() {
+            let size = match r.below(10) {
+                0..=4 => 1 + r.below(MIB),
+                5..=7 => MIB + r.below(9 * MIB),
+                _ => 10 * MIB + r.below(150 * MIB),
+            };
+            reqs.push(Req::Alloc { id: next_id, size, stream: if r.below(4) == 0 { 1 + r.below(2) } else { 0 } });
+            live.push(next_id);
+            next_id += 1;
+        } else if k < 99 {
+            let id = live.swap_remove(r.below(live.len() as u64) as usize);
+            reqs.push(Req::Free { id });
+        } else {
+            reqs.push(Req::EmptyCache);
+        }
+    }
+    Case { seed, conf, capacity, fraction, reqs }
+}
+
+fn request_text(c: &Case) -> String {
+    let mut s = String::new();
+    if let Some(f) = c.fraction {
+        s += &format!("fraction {f}\n");
+    }
+    for q in &c.reqs {
+        match q {
+            Req::Alloc { id, size, stream } => s += &format!("alloc {id} {size} {stream}\n"),
+            Req::Free { id } => s += &format!("free {id}\n"),
+            Req::EmptyCache => s += "empty_cache\n",
+        }
+    }
+    s
+}
+
+/// What PyTorch did after each request: `(failed, reserved bytes)`.
+fn run_pytorch(driver: &PathBuf, c: &Case) -> Vec<(bool, u64)> {
+    let mut child = Command::new(driver)
+        .env("PYTORCH_CUDA_ALLOC_CONF", c.conf)
+        .env("GPUHEAP_STANDIN_CAPACITY", c.capacity.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the oracle driver starts");
+    let text = request_text(c);
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(text.as_bytes()));
+    let out = child.wait_with_output().expect("the oracle driver runs");
+    writer.join().unwrap().expect("requests written");
+    assert!(
+        out.status.success(),
+        "oracle driver {} failed on case {}: {}",
+        driver.display(),
+        c.seed,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut v = Vec::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let j: serde_json::Value = serde_json::from_str(line).expect("the driver prints JSON");
+        if j.get("snapshot").is_some() || j["op"] == "fraction" {
+            continue;
+        }
+        v.push((j.get("oom").is_some(), j["reserved"].as_u64().unwrap()));
+    }
+    v
+}
+
+/// What the model does after each request.
+fn run_model(c: &Case) -> Vec<(bool, u64)> {
+    let (cfg, _) = CachingConfig::from_env(c.conf, c.capacity).expect("a setting PyTorch accepts");
+    let mut m = CachingAllocator::new(cfg.memory_fraction(c.fraction)).expect("a valid model");
+    let mut live: std::collections::HashMap<u64, Allocation> = Default::default();
+    let mut v = Vec::with_capacity(c.reqs.len());
+    for q in &c.reqs {
+        let failed = match q {
+            Req::Alloc { id, size, stream } => match m.alloc_on(*size, *stream as i64) {
+                Ok(a) => {
+                    live.insert(*id, a);
+                    false
+                }
+                Err(AllocError::OutOfMemory { .. }) => true,
+                Err(e) => panic!("case {}: the model refused a request: {e}", c.seed),
+            },
+            Req::Free { id } => {
+                // A request that failed has nothing to free, in PyTorch as here.
+                if let Some(a) = live.remove(id) {
+                    m.free(a).expect("frees a live block");
+                }
+                false
+            }
+            Req::EmptyCache => {
+                m.empty_cache();
+                false
+            }
+        };
+        v.push((failed, m.reserved_bytes()));
+    }
+    v
+}
+
+/// The first request where the model and PyTorch differ, in words.
+fn first_mismatch(c: &Case, pt: &[(bool, u64)], model: &[(bool, u64)]) -> Option<String> {
+    if pt.len() != model.len() {
+        return Some(format!("{} results from PyTorch, {} from the model", pt.len(), model.len()));
+    }
+    let i = (0..pt.len()).find(|&i| pt[i] != model[i])?;
+    Some(format!(
+        "request {i} ({:?}): PyTorch {} with {} B reserved, the model {} with {} B",
+        c.reqs[i],
+        if pt[i].0 { "failed" } else { "served it" },
+        pt[i].1,
+        if model[i].0 { "failed" } else { "served it" },
+        model[i].1
+    ))
+}
+
+#[test]
+fn the_model_matches_pytorchs_allocator_request_by_request() {
+    let drivers = drivers();
+    if drivers.is_empty() {
+        return;
+    }
+    let cases = env_or("GPUHEAP_ORACLE_CASES", 12);
+    let n = env_or("GPUHEAP_ORACLE_REQUESTS", 400) as usize;
+    // Server-side knobs of the stand-in's device (sizes only): the driver reads no other environment.
+    let mut report = Vec::new();
+    let mut ooms = 0;
+    for (v, driver) in &drivers {
+        let mut mismatches = Vec::new();
+        for seed in 0..cases {
+            let c = case(seed, n);
+            let pt = run_pytorch(driver, &c);
+            ooms += pt.iter().filter(|r| r.0).count();
+            if let Some(m) = first_mismatch(&c, &pt, &run_model(&c)) {
+                mismatches.push(format!(
+                    "torch {v}, case {seed} (PYTORCH_CUDA_ALLOC_CONF={:?}, capacity {} MiB, fraction {:?}): {m}",
+                    c.conf,
+                    c.capacity / MIB,
+                    c.fraction
+                ));
+            }
+        }
+        println!("oracle: torch {v}: {cases} cases of {n} requests, {} mismatches", mismatches.len());
+        report.extend(mismatches);
+    }
+    assert!(ooms > 0, "the workloads never reach an out-of-memory: the failure paths went untested");
+    assert!(report.is_empty(), "{} mismatches:\n{}", report.len(), report.join("\n"));
+}
