@@ -92,6 +92,22 @@ static void set_device(int dev) {
     if (cudaSetDevice(dev) != cudaSuccess) bad(0, "cudaSetDevice failed");
 }
 
+// recordHistory(enabled, context_recorder, max_entries, when, [clearHistory (>= 2.6), [skip_actions (>= 2.10)]]):
+// the first overload that compiles against this wheel's header is taken.
+template <class A, class F>
+auto record_history(A* a, F f, long) -> decltype(a->recordHistory(true, f, 1, alloc::RecordContext::ALL, false)) {
+    return a->recordHistory(true, f, 1 << 30, alloc::RecordContext::ALL, false);
+}
+template <class A, class F>
+auto record_history(A* a, F f, int)
+    -> decltype(a->recordHistory(true, f, 1, alloc::RecordContext::ALL, false, std::vector<std::string>{})) {
+    return a->recordHistory(true, f, 1 << 30, alloc::RecordContext::ALL, false, std::vector<std::string>{});
+}
+template <class A, class F>
+auto record_history(A* a, F f, ...) -> decltype(a->recordHistory(true, f, 1, alloc::RecordContext::ALL)) {
+    return a->recordHistory(true, f, 1 << 30, alloc::RecordContext::ALL);
+}
+
 int main() {
     // Every stand-in device has its context from the start.
     c10::cuda::_internal::setHasPrimaryContext([](c10::DeviceIndex) { return true; });
@@ -103,11 +119,7 @@ int main() {
 #endif
     a->init(ndev);
     auto no_context = []() -> std::shared_ptr<c10::GatheredContext> { return nullptr; };
-#if GPUHEAP_TORCH_MINOR >= 10
-    a->recordHistory(true, no_context, 1 << 30, alloc::RecordContext::ALL, false, {});
-#else
-    a->recordHistory(true, no_context, 1 << 30, alloc::RecordContext::ALL, false);
-#endif
+    record_history(a, no_context, 0);
     // Side streams, created on demand per (device, index).
     std::map<std::pair<int, long>, c10::cuda::CUDAStream> streams;
     auto stream = [&](long idx, int dev) -> c10::cuda::CUDAStream {

@@ -236,6 +236,12 @@ fn the_model_matches_pytorchs_allocator_request_by_request() {
             let pt = run_pytorch(driver, &c);
             ooms += pt.iter().filter(|r| r.0).count();
             if let Some(m) = first_mismatch(&c, &pt, &run_model(&c)) {
+                // GPUHEAP_ORACLE_DUMP=DIR keeps the request file of each mismatch, for oracle/run.
+                if let Some(dir) = std::env::var_os("GPUHEAP_ORACLE_DUMP") {
+                    let f = PathBuf::from(dir).join(format!("torch-{v}-case-{seed}.txt"));
+                    std::fs::write(&f, format!("# PYTORCH_CUDA_ALLOC_CONF={} capacity {}\n{}", c.conf, c.capacity, request_text(&c)))
+                        .expect("writes the dump");
+                }
                 mismatches.push(format!(
                     "torch {v}, case {seed} (PYTORCH_CUDA_ALLOC_CONF={:?}, capacity {} MiB, fraction {:?}): {m}",
                     c.conf,

@@ -13,8 +13,9 @@
  *   compute capability 9.0;
  * - memory: physical memory is counted in whole 2 MiB pages (a cudaMalloc of n bytes takes n rounded up to
  *   2 MiB, as the driver does); cudaMalloc fails with cudaErrorMemoryAllocation when that would exceed the
- *   capacity; cudaMemGetInfo reports capacity minus used. Virtual addresses are handed out, 2 MiB aligned, from
- *   a range per device and never touched (nothing is read or written);
+ *   capacity; cudaMemGetInfo reports capacity minus used. Virtual addresses are handed out, 2 MiB aligned, lowest
+ *   unused range first, from a 1 TiB range per device, reused once freed, and never touched (nothing is read or
+ *   written);
  * - the driver's virtual memory API that expandable segments reach through cudaGetDriverEntryPointByVersion:
  *   cuMemAddressReserve/Free (virtual ranges, no memory), cuMemCreate/Release (physical memory, counted
  *   against the capacity; CUDA_ERROR_OUT_OF_MEMORY past it), cuMemMap/Unmap, cuMemSetAccess,
@@ -40,7 +41,7 @@ static void not_modelled(const char *name) { fprintf(stderr, "[standin] not mode
 
 /* ---- devices and memory ---- */
 static int ndev = 0, cur_dev = 0;
-static unsigned long long cap[MAX_DEVICES], used[MAX_DEVICES], next_va[MAX_DEVICES];
+static unsigned long long cap[MAX_DEVICES], used[MAX_DEVICES];
 
 static void init(void) {
     if (ndev) return;
@@ -51,16 +52,66 @@ static void init(void) {
         abort();
     }
     unsigned long long bytes = c ? strtoull(c, 0, 10) : (80ull << 30);
-    for (int i = 0; i < ndev; i++) {
-        cap[i] = bytes;
-        next_va[i] = 0x7f0000000000ull + ((unsigned long long)i << 40);
-    }
+    for (int i = 0; i < ndev; i++) cap[i] = bytes;
 }
 static unsigned long long pages(unsigned long long n) { return (n + PAGE - 1) / PAGE * PAGE; }
+
+/* Unused virtual ranges per device, sorted by start, merged: a new range is the lowest that fits (first fit),
+ * a freed one returns, so addresses are reused as a driver reuses them. The order of addresses matters: PyTorch
+ * breaks ties between equal-size cached blocks by address (BlockComparatorSize). gpuheap's caching model places
+ * segments by the same rule (host/src/reference/caching/vspace.rs, `va_alloc`), so the two see the same
+ * addresses, relative to the range's base. */
+typedef struct {
+    unsigned long long start, len;
+} range_t;
+static range_t *holes[MAX_DEVICES];
+static size_t nholes[MAX_DEVICES], capholes[MAX_DEVICES];
+static unsigned long long va_base(int dev) { return 0x7f0000000000ull + ((unsigned long long)dev << 40); }
+static void holes_insert(int dev, size_t at, range_t r) {
+    if (nholes[dev] == capholes[dev]) {
+        capholes[dev] = capholes[dev] ? 2 * capholes[dev] : 64;
+        holes[dev] = realloc(holes[dev], capholes[dev] * sizeof(range_t));
+        if (!holes[dev]) abort();
+    }
+    memmove(&holes[dev][at + 1], &holes[dev][at], (nholes[dev] - at) * sizeof(range_t));
+    holes[dev][at] = r;
+    nholes[dev]++;
+}
+static void holes_remove(int dev, size_t at) {
+    memmove(&holes[dev][at], &holes[dev][at + 1], (nholes[dev] - at - 1) * sizeof(range_t));
+    nholes[dev]--;
+}
+/* The lowest unused range of n bytes (rounded up to 2 MiB); 0 when none. */
 static unsigned long long take_va(int dev, unsigned long long n) {
-    unsigned long long a = next_va[dev];
-    next_va[dev] += pages(n ? n : 1);
-    return a;
+    n = pages(n ? n : 1);
+    if (nholes[dev] == 0 && capholes[dev] == 0) holes_insert(dev, 0, (range_t){va_base(dev), 1ull << 40});
+    for (size_t k = 0; k < nholes[dev]; k++)
+        if (holes[dev][k].len >= n) {
+            unsigned long long a = holes[dev][k].start;
+            holes[dev][k].start += n;
+            holes[dev][k].len -= n;
+            if (!holes[dev][k].len) holes_remove(dev, k);
+            return a;
+        }
+    return 0;
+}
+static void give_va(int dev, unsigned long long a, unsigned long long n) {
+    n = pages(n ? n : 1);
+    size_t i = 0;
+    while (i < nholes[dev] && holes[dev][i].start < a) i++;
+    int prev = i > 0 && holes[dev][i - 1].start + holes[dev][i - 1].len == a;
+    int next = i < nholes[dev] && holes[dev][i].start == a + n;
+    if (prev && next) {
+        holes[dev][i - 1].len += n + holes[dev][i].len;
+        holes_remove(dev, i);
+    } else if (prev) {
+        holes[dev][i - 1].len += n;
+    } else if (next) {
+        holes[dev][i].start = a;
+        holes[dev][i].len += n;
+    } else {
+        holes_insert(dev, i, (range_t){a, n});
+    }
 }
 
 /* Live cudaMalloc blocks and cuMemCreate handles: (start or handle, bytes counted, device). */
@@ -124,6 +175,10 @@ cudaError_t cudaMalloc(void **ptr, size_t n) {
         return cudaErrorMemoryAllocation;
     }
     unsigned long long a = take_va(cur_dev, n);
+    if (!a) {
+        *ptr = 0;
+        return cudaErrorMemoryAllocation;
+    }
     rec_add(&mallocs, a, b, cur_dev);
     used[cur_dev] += b;
     *ptr = (void *)(uintptr_t)a;
@@ -134,6 +189,7 @@ cudaError_t cudaFree(void *p) {
     if (!p) return cudaSuccess;
     if (!rec_take(&mallocs, (uintptr_t)p, &r)) return cudaErrorInvalidValue;
     used[r.dev] -= r.bytes;
+    give_va(r.dev, (uintptr_t)p, r.bytes);
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t) {
@@ -284,9 +340,16 @@ static CUresult d_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alig
     (void)align, (void)addr, (void)f;
     init();
     *ptr = take_va(ctx_dev(), size);
-    return CUDA_SUCCESS;
+    return *ptr ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
-static CUresult d_cuMemAddressFree(CUdeviceptr ptr, size_t size) { (void)ptr, (void)size; return CUDA_SUCCESS; }
+static CUresult d_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    for (int d = 0; d < ndev; d++)
+        if (ptr >= va_base(d) && ptr < va_base(d) + (1ull << 40)) {
+            give_va(d, ptr, size);
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_VALUE;
+}
 static unsigned long long next_handle = 1;
 static CUresult d_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *p, unsigned long long f) {
     (void)f;
