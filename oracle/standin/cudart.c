@@ -410,6 +410,17 @@ static void *driver_symbol(const char *sym) {
     UNMODELLED_DRIVER(STUBBED)
     return 0;
 }
+/* For the stand-in libcuda.so.1 (cuda.c): the modelled driver function NAME; a function that reports NAME as not
+ * modelled and fails for the others. */
+static CUresult unknown_driver_symbol(void) {
+    not_modelled("a driver function (see the line above)");
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+__attribute__((visibility("default"))) void *gpuheap_standin_driver_symbol(const char *name) {
+    void *f = driver_symbol(name);
+    if (!f) fprintf(stderr, "[standin] not modelled: driver function %s\n", name);
+    return f ? f : (void *)unknown_driver_symbol;
+}
 cudaError_t cudaGetDriverEntryPointByVersion(const char *sym, void **f, unsigned int v, unsigned long long fl,
                                              enum cudaDriverEntryPointQueryResult *q) {
     (void)v, (void)fl;
