@@ -22,6 +22,7 @@ use std::process::{Command, Stdio};
 
 use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
 use gpuheap::reference::{AllocError, Allocation, SubAllocator};
+use gpuheap::trace::{read_trace, EventKind};
 
 mod common;
 use common::workspace;
@@ -91,7 +92,7 @@ enum Req {
 
 struct Case {
     seed: u64,
-    conf: &'static str,
+    conf: String,
     capacity: u64,
     fraction: Option<f64>,
     reqs: Vec<Req>,
@@ -101,7 +102,7 @@ struct Case {
 /// in random order, now and then `empty_cache`; the capacity is small enough that some requests fail.
 fn case(seed: u64, n: usize) -> Case {
     let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    let conf = CONFS[(seed % CONFS.len() as u64) as usize];
+    let conf = CONFS[(seed % CONFS.len() as u64) as usize].to_string();
     let capacity = (256 + r.below(1792)) * MIB;
     let fraction = conf.contains("garbage_collection_threshold").then(|| 0.5 + r.below(40) as f64 / 100.0);
     let mut live: Vec<u64> = Vec::new();
@@ -146,7 +147,7 @@ fn request_text(c: &Case) -> String {
 /// What PyTorch did after each request: `(failed, reserved bytes)`.
 fn run_pytorch(driver: &PathBuf, c: &Case) -> Vec<Outcome> {
     let mut child = Command::new(driver)
-        .env("PYTORCH_CUDA_ALLOC_CONF", c.conf)
+        .env("PYTORCH_CUDA_ALLOC_CONF", &c.conf)
         .env("GPUHEAP_STANDIN_CAPACITY", c.capacity.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -180,7 +181,7 @@ fn run_pytorch(driver: &PathBuf, c: &Case) -> Vec<Outcome> {
 
 /// What the model does after each request.
 fn run_model(c: &Case) -> Vec<Outcome> {
-    let (cfg, _) = CachingConfig::from_env(c.conf, c.capacity).expect("a setting PyTorch accepts");
+    let (cfg, _) = CachingConfig::from_env(&c.conf, c.capacity).expect("a setting PyTorch accepts");
     let mut m = CachingAllocator::new(cfg.memory_fraction(c.fraction)).expect("a valid model");
     let mut live: std::collections::HashMap<u64, Allocation> = Default::default();
     let mut v = Vec::with_capacity(c.reqs.len());
@@ -288,7 +289,7 @@ fn the_model_matches_pytorchs_allocator_request_by_request() {
                 served(model[i]),
                 model[i].1
             );
-            match KNOWN.iter().position(|k| (k.matches)(v, c.conf, pt[i], model[i])) {
+            match KNOWN.iter().position(|k| (k.matches)(v, &c.conf, pt[i], model[i])) {
                 Some(k) => {
                     known_seen[k] += 1;
                     explained += 1;
@@ -307,4 +308,90 @@ fn the_model_matches_pytorchs_allocator_request_by_request() {
     assert!(ooms > 0, "the workloads never reach an out-of-memory: the failure paths went untested");
     assert!(report.is_empty(), "{} mismatches:\n{}", report.len(), report.join("\n"));
     println!("known mismatches seen: {known_seen:?}");
+}
+
+/// A trace's request sequence (device 0): the blocks its history frees but never allocates were live before it
+/// and are allocated first, then every allocation and completed free in order; streams numbered by first use.
+fn requests_of(path: &std::path::Path) -> Option<(String, Vec<Req>)> {
+    let t = read_trace(path).expect("a trace gpuheap reads");
+    let d = t.devices.first()?;
+    let conf = d.allocator_settings.as_ref().and_then(|s| s.alloc_conf.clone()).unwrap_or_default();
+    let mut streams: Vec<i64> = vec![0];
+    let mut stream_index = |s: i64| match streams.iter().position(|&x| x == s) {
+        Some(i) => i as u64,
+        None => {
+            streams.push(s);
+            streams.len() as u64 - 1
+        }
+    };
+    let allocated: std::collections::HashSet<u32> =
+        d.events.iter().filter(|e| e.kind == EventKind::Alloc).map(|e| e.id).collect();
+    let mut reqs = Vec::new();
+    let mut before: Vec<&gpuheap::trace::Event> =
+        d.events.iter().filter(|e| e.kind == EventKind::Free && !allocated.contains(&e.id)).collect();
+    before.sort_by_key(|e| e.addr);
+    for e in before {
+        reqs.push(Req::Alloc { id: e.id as u64, size: e.size, stream: stream_index(e.stream) });
+    }
+    for e in &d.events {
+        match e.kind {
+            EventKind::Alloc => reqs.push(Req::Alloc { id: e.id as u64, size: e.size, stream: stream_index(e.stream) }),
+            EventKind::Free => reqs.push(Req::Free { id: e.id as u64 }),
+            _ => {}
+        }
+    }
+    (!reqs.is_empty()).then_some((conf, reqs))
+}
+
+#[test]
+fn every_shared_trace_replays_alike_through_pytorch_and_the_model() {
+    let drivers = drivers();
+    if drivers.is_empty() {
+        return;
+    }
+    let traces = common::shared_files("traces", &["pickle", "pkl"]);
+    let mut report = Vec::new();
+    for (v, driver) in &drivers {
+        let (mut compared, mut mismatched, mut known) = (0, 0, 0);
+        for p in &traces {
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            let Some((conf, reqs)) = requests_of(p) else {
+                println!("{name}: no history, nothing to replay");
+                continue;
+            };
+            // A GPU of 80 GiB, as the traces' largest devices; the settings the snapshot records.
+            let c = Case { seed: 0, conf, capacity: 80 << 30, fraction: None, reqs };
+            if CachingConfig::from_env(&c.conf, c.capacity).is_err() {
+                println!("{name}: settings {:?} not for PyTorch's CUDA allocator, skipped", c.conf);
+                continue;
+            }
+            let pt = run_pytorch(driver, &c);
+            let model = run_model(&c);
+            compared += 1;
+            let Some(i) = first_mismatch(&pt, &model) else { continue };
+            let what = format!(
+                "torch {v}, {name} (PYTORCH_CUDA_ALLOC_CONF={:?}, {} requests): request {i} ({:?}): PyTorch {} with {} B \
+                 reserved, the model {} with {} B",
+                c.conf,
+                c.reqs.len(),
+                c.reqs[i],
+                served(pt[i]),
+                pt[i].1,
+                served(model[i]),
+                model[i].1
+            );
+            match KNOWN.iter().position(|k| (k.matches)(v, &c.conf, pt[i], model[i])) {
+                Some(k) => {
+                    known += 1;
+                    println!("known ({}): {what}", KNOWN[k].name);
+                }
+                None => {
+                    mismatched += 1;
+                    report.push(what);
+                }
+            }
+        }
+        println!("oracle: torch {v}: {compared} shared traces: {mismatched} mismatches, {known} known");
+    }
+    assert!(report.is_empty(), "{} mismatches:\n{}", report.len(), report.join("\n"));
 }
