@@ -123,7 +123,9 @@ fn expected(name: &str) -> Result<(), &'static str> {
         | "eor_nn_vae_latent_counterfactual.pickle"
         | "ftcourse_tinyllama_qlora_fwd_bwd.pickle"
         | "octree_nca_peso_slide_inference.pickle"
-        | "select_n_llama7b_offload_multistream.pickle" => Ok(()),
+        | "select_n_llama7b_offload_multistream.pickle"
+        | "oracle_capacity_oom.pickle"
+        | "oracle_fragmentation_oom.pickle" => Ok(()),
         // Gradients of the previous step freed and the new ones placed elsewhere; a layer's weights freed
         // and the next layer's loaded at another address; one input tensor freed: histories that do not
         // end in the state they started from.
