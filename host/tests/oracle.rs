@@ -1,19 +1,19 @@
 //! The caching model against PyTorch's own allocator, request by request.
 //!
 //! `oracle/` builds PyTorch's real `CUDACachingAllocator` (`libc10_cuda.so` of a torch wheel from PyPI) over
-//! a stand-in CUDA runtime, and a driver that replays a request sequence through it (oracle/README.md). This
-//! test generates seeded workloads over the settings `tune` searches, replays each through the real
-//! allocator of every built torch version and through [`CachingAllocator`] with the same
-//! `PYTORCH_CUDA_ALLOC_CONF` and capacity, and compares after every request: whether it failed (out of
-//! memory), the block's address (the stand-in hands out addresses by the model's rule, lowest unused range
-//! first, so PyTorch's address minus the stand-in's base is the model's offset) and the reserved bytes
-//! (PyTorch's `reserved_bytes.all.current`, the model's [`CachingAllocator::reserved_bytes`]). Each mismatch names the version, the case's seed and settings,
-//! and the request; the mismatches already explained ([`KNOWN`]: a version rule the model does not hold yet, an
-//! open question) are printed, every other one fails the test.
+//! a stand-in CUDA runtime, and a driver that replays a request sequence through it (oracle/README.md). These
+//! tests replay seeded workloads over the settings `tune` searches, and every shared trace with history, through
+//! the real allocator of every built torch version and through [`CachingAllocator`] with the same
+//! `PYTORCH_CUDA_ALLOC_CONF` and capacity, and compare after every request: whether it failed (out of memory),
+//! the block's address (the stand-in hands out addresses by the model's rule, lowest unused range first, so
+//! PyTorch's address minus the stand-in's base is the model's offset) and the reserved bytes (PyTorch's
+//! `reserved_bytes.all.current`, the model's [`CachingAllocator::reserved_bytes`]). Each mismatch names the
+//! version, the case's seed and settings, and the request; the mismatches already explained ([`KNOWN`]: version
+//! rules the model does not hold yet) are printed, every other one fails the test.
 //!
 //! The versions are those `oracle/build` built under `target/oracle/` (GPUHEAP_ORACLE_VERSIONS, default
-//! `2.15.0 2.8.0`). Without them the test skips with the reason, unless `GPUHEAP_REQUIRE_ORACLE=1` (CI), when
-//! it fails. The sample is GPUHEAP_ORACLE_CASES cases (default 12) of GPUHEAP_ORACLE_REQUESTS requests
+//! `2.15.0 2.8.0`). Without them the tests skip with the reason, unless `GPUHEAP_REQUIRE_ORACLE=1` (CI), when
+//! they fail. The sample is GPUHEAP_ORACLE_CASES cases (default 12) of GPUHEAP_ORACLE_REQUESTS requests
 //! (default 400) per version; the benchmark run (bench/results) sets both higher.
 
 use std::io::Write;
