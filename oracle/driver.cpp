@@ -2,9 +2,9 @@
 // a torch wheel) over the stand-in CUDA runtime (standin/cudart.c), and prints what PyTorch did. See
 // oracle/README.md for the request format and the output.
 //
-// Built by oracle/build against the wheel's headers; the allocator's C++ API moves between releases, so the
-// calls that differ are guarded by GPUHEAP_TORCH_MINOR (the wheel's minor version, 2.x), which oracle/build
-// passes.
+// Built by oracle/build against the wheel's headers. The allocator's C++ API moves between releases: the calls
+// that differ are chosen by what the header declares (record_history's overloads, __has_include), so one source
+// builds for 2.5.1, 2.8.0 and 2.15.0.
 //
 // stdin: one request per line (blank lines and `#` comments skipped):
 //   alloc ID BYTES [STREAM [DEVICE]]  a tensor's storage (Allocator::allocate) on stream STREAM (0: the default
