@@ -127,7 +127,9 @@ fn expected(name: &str) -> Result<(), &'static str> {
         | "select_n_llama7b_offload_multistream.pickle"
         | "cs336_naive_attention_fwd_bwd_512mib_scores.pickle"
         | "mlsys_linear_profile_grad_from_empty.pickle"
-        | "tomi_toy_mlp_sgd_17_steps.pickle" => Ok(()),
+        | "tomi_toy_mlp_sgd_17_steps.pickle"
+        | "oracle_capacity_oom.pickle"
+        | "oracle_fragmentation_oom.pickle" => Ok(()),
         // Gradients of the previous step freed and the new ones placed elsewhere; a layer's weights freed
         // and the next layer's loaded at another address; one input tensor freed: histories that do not
         // end in the state they started from.
