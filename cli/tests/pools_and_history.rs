@@ -371,6 +371,7 @@ fn histories_without_entries_are_dumped_states() {
 }
 
 #[test]
+#[allow(clippy::type_complexity)] // one row of figures per file, named in the comment below
 fn complete_histories_of_the_new_snapshots_match_their_files() {
     // (file, entries, peak live, its event, peak reserved, its event, final reserved), scripts/snapshot-facts.py.
     let cases: [(&str, usize, u128, Option<usize>, u128, Option<usize>, u64); 4] = [

@@ -165,7 +165,7 @@ fn audit_function(name: String, entry: bool, body: &[String], meta_offsets: &[u6
     use std::collections::HashSet;
     let mut a = FunctionAudit { name: name.clone(), entry, ..Default::default() };
     let split = |s: &str| -> (String, String) {
-        let s = s.trim_start_matches(|c: char| c == '@' || c == '!');
+        let s = s.trim_start_matches(['@', '!']);
         // A guard `@%p bra ...`: drop it.
         let s = if s.starts_with('%') { s.split_once(char::is_whitespace).map_or("", |x| x.1).trim() } else { s };
         let (op, rest) = s.split_once(char::is_whitespace).unwrap_or((s, ""));

@@ -166,7 +166,7 @@ pub fn downsample(points: &[Point], max: usize) -> Vec<Point> {
 /// A note as HTML: escaped, its `` `code` `` spans (the settings and calls the text pages quote so) as
 /// `<code>`; a note with an odd number of backticks is escaped as it is.
 fn note_html(n: &str) -> String {
-    if n.matches('`').count() % 2 != 0 {
+    if !n.matches('`').count().is_multiple_of(2) {
         return escape(n);
     }
     n.split('`')

@@ -647,8 +647,9 @@ mod tests {
         let spots = [0, 31, 32, 1023, 1024, 32_767, 32_768, REGIONS / 2, REGIONS - 33, REGIONS - 1];
         for step in 0..4000 {
             let r = rng.next_u64();
-            let i = if r % 3 == 0 { spots[(r >> 8) as usize % spots.len()] } else { (r >> 12) as usize % REGIONS };
-            let k = if r % 5 == 0 { 0 } else { 1 + ((r >> 40) % 30_000) as i16 };
+            let i =
+                if r.is_multiple_of(3) { spots[(r >> 8) as usize % spots.len()] } else { (r >> 12) as usize % REGIONS };
+            let k = if r.is_multiple_of(5) { 0 } else { 1 + ((r >> 40) % 30_000) as i16 };
             t.set(i, k);
             if k == 0 {
                 keys.remove(&i);

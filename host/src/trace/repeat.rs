@@ -745,7 +745,7 @@ impl<'t, 'a> Repeat<'t, 'a> {
                 (live_at_end(a) == live_at_end(b), "blocks allocated at the end"),
             ];
             if let Some((_, what)) = checks.iter().find(|(ok, _)| !ok) {
-                return Err(VerifyError::Differs { device: d, what: *what });
+                return Err(VerifyError::Differs { device: d, what });
             }
         }
         Ok(())

@@ -138,7 +138,9 @@ pub fn workspace() -> PathBuf {
 /// Runs the built `gpuheap` binary with `args` in the workspace root, on the CPU backend. Only the
 /// tests of the `gpuheap-cli` package (`cli/tests`, which include this module) have the binary.
 pub fn gpuheap(args: &[&str]) -> Output {
-    let bin = option_env!("CARGO_BIN_EXE_gpuheap").expect("the gpuheap binary: a test of the gpuheap-cli package");
+    let Some(bin) = option_env!("CARGO_BIN_EXE_gpuheap") else {
+        panic!("the gpuheap binary is built for the tests of the gpuheap-cli package only")
+    };
     Command::new(bin).args(args).current_dir(workspace()).env("GPUHEAP_BACKEND", "cpu").output().expect("runs")
 }
 

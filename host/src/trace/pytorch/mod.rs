@@ -817,7 +817,7 @@ pub fn read_frames(
             return Vec::new();
         };
         let entries: Vec<&[(NodeId, NodeId)]> =
-            h.iter().filter_map(|&e| if let Node::Dict(d) = p.node(e) { Some(&d[..]) } else { None }).collect();
+            h.iter().filter_map(|&e| if let Node::Dict(d) = p.node(e) { Some(d) } else { None }).collect();
         let at_addr = entries.iter().find(|d| {
             matches!(p.get(d, "addr").map(|v| p.node(v)), Some(Node::Int(v)) if u64::try_from(v).ok() == Some(addr))
         });

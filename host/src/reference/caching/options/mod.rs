@@ -314,7 +314,7 @@ impl AllocOption {
     }
 
     /// This row's `key:value` for `cfg`, `None` where `cfg` has the default.
-    pub(super) fn to_env(&self, cfg: &CachingConfig) -> Option<String> {
+    pub(super) fn to_env(self, cfg: &CachingConfig) -> Option<String> {
         (self.to_env)(cfg)
     }
 
