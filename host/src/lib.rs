@@ -46,6 +46,8 @@ pub mod ops;
 pub mod ptx;
 pub mod reference;
 pub mod replay;
+#[doc(hidden)]
+pub mod testing;
 pub mod trace;
 pub mod units;
 

@@ -37,6 +37,19 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The memory ceiling of reading a trace (e.g. `8GiB`): an input may be at most a quarter of it, and
+    /// what reading makes of the input at most all of it (default: half of the machine's memory).
+    #[arg(long, global = true, env = "GPUHEAP_MAX_MEMORY", value_parser = parse_max_memory)]
+    max_memory: Option<u64>,
+}
+
+/// `--max-memory`: a byte count ([`crate::app::options::parse_bytes`]) of at least 1 MiB.
+fn parse_max_memory(s: &str) -> Result<u64, String> {
+    let b = crate::app::options::parse_bytes(s).map_err(|e| e.to_string())?;
+    if b < 1 << 20 {
+        return Err(format!("{b} B is below the least ceiling of 1 MiB"));
+    }
+    Ok(b)
 }
 
 #[derive(Subcommand)]
@@ -91,6 +104,7 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
+    crate::trace::limits::set_max_memory(cli.max_memory);
     let r = match cli.command {
         Command::Info(a) => info::run(a),
         Command::Check(a) => check::run(a),
