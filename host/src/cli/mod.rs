@@ -23,6 +23,7 @@ mod info;
 mod output;
 mod progress;
 mod replay;
+mod stdout;
 mod trace;
 mod tune;
 
@@ -120,8 +121,9 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if stdout::is_broken_pipe(&e) => ExitCode::from(stdout::BROKEN_PIPE_STATUS),
         Err(e) => {
-            eprintln!("gpuheap: error: {e}");
+            stdout::err(format_args!("gpuheap: error: {e}\n"));
             ExitCode::from(e.exit_code())
         }
     }

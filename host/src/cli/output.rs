@@ -26,7 +26,7 @@ impl Plot {
             Ok(())
         })?;
         if let Some(n) = note {
-            eprintln!("gpuheap: note: {n}");
+            super::stdout::err(format_args!("gpuheap: note: {n}\n"));
         }
         Ok(())
     }
@@ -134,9 +134,9 @@ pub(crate) fn finish(html: Option<&Path>, json: bool, out: &Output) -> Result<()
         write_file(p, page.as_bytes())?;
     }
     if json {
-        println!("{}", out.json);
+        super::stdout::line(&out.json)?;
     } else {
-        print!("{}", out.text);
+        super::stdout::text(&out.text)?;
     }
     Ok(())
 }

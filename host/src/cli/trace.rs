@@ -64,6 +64,6 @@ fn repeat(a: &RepeatArgs) -> Result<(), Error> {
         plan.verify(tmp, &written)
             .map_err(|e| Error::internal(format!("{}: not written: {e} (a bug; please report it)", out.display())))
     })?;
-    println!("{}", plan.summary(&a.input, out, size));
+    super::stdout::line(plan.summary(&a.input, out, size))?;
     Ok(())
 }
