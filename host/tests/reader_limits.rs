@@ -12,8 +12,6 @@ use std::time::{Duration, Instant};
 
 use gpuheap::trace::{read_frames, read_trace, TraceError};
 
-mod common;
-
 /// The stated bound on the peak RSS of reading one member (files under 1 MB): the walk's memory floor
 /// (`limits::BYTES_FLOOR`, 64 MiB) and the decoder's nodes, with room for the test binary itself.
 const MAX_RSS_KIB: u64 = 256 << 10;
@@ -204,41 +202,4 @@ fn the_memo_bomb_family_stays_within_its_memory_and_time_bounds() {
         assert!(hwm < MAX_RSS_KIB, "{name}: peak RSS {hwm} KiB, over the bound of {MAX_RSS_KIB} KiB");
         assert!(took < MAX_TIME, "{name}: {took:?}, over the bound of {MAX_TIME:?}");
     }
-}
-
-/// Through the command line: a memo bomb exits 2 with the limit named; `--max-memory` (and
-/// `GPUHEAP_MAX_MEMORY`) set the ceiling: a snapshot larger than a quarter of it is refused before it is
-/// read, and a ceiling that is no byte count exits 2 naming the value.
-#[test]
-fn the_command_line_refuses_bombs_and_honours_max_memory() {
-    let run = |args: &[&str], env: Option<&str>| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_gpuheap"));
-        c.args(args).env("GPUHEAP_BACKEND", "cpu").env_remove("GPUHEAP_MAX_MEMORY");
-        if let Some(v) = env {
-            c.env("GPUHEAP_MAX_MEMORY", v);
-        }
-        let out = c.output().unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
-    };
-    let (_, bomb) = family().into_iter().next().unwrap();
-    let bomb = temp("cli-bomb.pickle", &bomb);
-    let (code, err) = run(&["explain", "--no-tune", bomb.to_str().unwrap()], None);
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("cli-bomb.pickle") && err.contains("passes a reading limit"), "{err}");
-
-    let snap = common::workspace().join("data/equivariant-posteriors_oom_snapshot_new.pickle");
-    let snap = snap.to_str().unwrap();
-    let (code, err) = run(&["explain", "--no-tune", "--max-memory", "32KiB", snap], None);
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("1 MiB"), "a ceiling below 1 MiB is refused: {err}");
-    let (code, err) = run(&["explain", "--no-tune", "--max-memory", "1MiB", snap], None);
-    assert_eq!(code, Some(0), "a 12 KB snapshot under a 1 MiB ceiling: {err}");
-    // A quarter of 1 MiB is 256 KiB: the 2 MB `decomfl` snapshot is refused before it is read.
-    let big = common::workspace().join("data/decomfl_opt_zo_federated_memory.pickle");
-    let (code, err) = run(&["explain", "--no-tune", big.to_str().unwrap()], Some("1MiB"));
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("input size") && err.contains("decomfl"), "{err}");
-    let (code, err) = run(&["explain", "--no-tune", snap], Some("lots"));
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("lots"), "names the value: {err}");
 }
