@@ -63,8 +63,23 @@ fn parse_max_memory(s: &str) -> Result<u64, String> {
     Ok(b)
 }
 
+/// The commands, in the order people use them (`--help` lists them so): the snapshot's questions first,
+/// then the trace tools, then the machine's own checks and benchmarks.
 #[derive(Subcommand)]
 enum Command {
+    /// Explains a PyTorch snapshot's out-of-memory: capacity or fragmentation, the largest live tensors,
+    /// where the cached bytes sit, and the allocator setting that would have avoided it.
+    Explain(explain::Args),
+    /// Replays a trace under a grid of PYTORCH_CUDA_ALLOC_CONF settings and every strategy: the least
+    /// GPU memory each needs, ranked; the best setting as an env line.
+    Tune(tune::Args),
+    /// Replays a trace through every strategy side by side, with PyTorch's own reserved bytes.
+    Compare(compare::Args),
+    /// Replays an allocation trace through one strategy: fragmentation, failures, compactions.
+    Replay(replay::Args),
+    /// Makes trace files: `trace repeat` repeats a snapshot's history as a run of N steps.
+    #[command(subcommand)]
+    Trace(trace::Command),
     /// The GPU's memory as NVML (or the driver) reports it: used / total in % (occupancy) and bytes; the backend.
     Info(info::Args),
     /// Runs the basic kernels (fill/verify, bump allocator) on a backend and checks them.
@@ -72,19 +87,6 @@ enum Command {
     /// Benchmarks, each side by side with its baseline in the same run.
     #[command(subcommand)]
     Bench(Bench),
-    /// Replays an allocation trace through one strategy: fragmentation, failures, compactions.
-    Replay(replay::Args),
-    /// Replays a trace through every strategy side by side, with PyTorch's own reserved bytes.
-    Compare(compare::Args),
-    /// Explains a PyTorch snapshot's out-of-memory: capacity or fragmentation, the largest live tensors,
-    /// where the cached bytes sit, and the allocator setting that would have avoided it.
-    Explain(explain::Args),
-    /// Replays a trace under a grid of PYTORCH_CUDA_ALLOC_CONF settings and every strategy: the least
-    /// GPU memory each needs, ranked; the best setting as an env line.
-    Tune(tune::Args),
-    /// Makes trace files: `trace repeat` repeats a snapshot's history as a run of N steps.
-    #[command(subcommand)]
-    Trace(trace::Command),
 }
 
 #[derive(Subcommand)]

@@ -327,3 +327,20 @@ fn file_name_capacity_outside_the_modelled_range_exits_2() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `gpuheap --help` lists the commands in the order people use them: a snapshot's questions (`explain`,
+/// `tune`, `compare`, `replay`) before the trace tools and the machine's checks and benchmarks.
+#[test]
+fn help_lists_the_snapshot_commands_first() {
+    let out = gpuheap(&["--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let commands: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(commands, ["explain", "tune", "compare", "replay", "trace", "info", "check", "bench", "help"]);
+}

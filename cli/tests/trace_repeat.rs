@@ -124,7 +124,12 @@ fn expected(name: &str) -> Result<(), &'static str> {
         | "eor_nn_vae_latent_counterfactual.pickle"
         | "ftcourse_tinyllama_qlora_fwd_bwd.pickle"
         | "octree_nca_peso_slide_inference.pickle"
-        | "select_n_llama7b_offload_multistream.pickle" => Ok(()),
+        | "select_n_llama7b_offload_multistream.pickle"
+        | "cs336_naive_attention_fwd_bwd_512mib_scores.pickle"
+        | "mlsys_linear_profile_grad_from_empty.pickle"
+        | "tomi_toy_mlp_sgd_17_steps.pickle"
+        | "oracle_capacity_oom.pickle"
+        | "oracle_fragmentation_oom.pickle" => Ok(()),
         // Gradients of the previous step freed and the new ones placed elsewhere; a layer's weights freed
         // and the next layer's loaded at another address; one input tensor freed: histories that do not
         // end in the state they started from.
@@ -140,7 +145,13 @@ fn expected(name: &str) -> Result<(), &'static str> {
         | "triton-unfold_memory_max_split_512.pickle"
         | "verl_mem_private_pools.pickle"
         | "layoutediting_sd_guided_diffusion.pickle"
-        | "layoutediting_memory_snapshot_list.pkl" => Err("NoHistory"),
+        | "layoutediting_memory_snapshot_list.pkl"
+        | "attention_sd_img2img_vit_guidance_fragmented.pickle"
+        | "diffusion_course_ddpm_sprites_windows.pickle"
+        | "docubox_minilm_embeddings_after_empty_cache.pickle"
+        | "sam2_ppo_ddp_empty_expandable_4dev.pickle"
+        | "sketchkv2_llama2_7b_sketch_kv_cache_prefill.pickle"
+        | "voxelflex_3dcnn_rmsf_after_empty_cache.pickle" => Err("NoHistory"),
         other => panic!("{other}: no expected outcome for `trace repeat`; add one"),
     }
 }
