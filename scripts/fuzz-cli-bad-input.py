@@ -21,8 +21,22 @@ times, time_us missing or decreasing, a wrapped history that frees blocks alloca
 snapshot/user_defined events among the allocations) and checks that every command answers them
 (exit 0; REFUSED otherwise) with strict JSON (BADJSON: NaN, Infinity or unparsable).
 
+With --families, the script instead runs one case of each family of hostile use, each a kind that more
+inputs of the same kind would repeat, and reports what breaks the rules of docs/src/inputs-and-outputs.md:
+
+* memo bombs (events, segment blocks, stack frames): exit 2 within the time limit and under 1 GiB of
+  peak RSS (MEMORY otherwise);
+* special files as the input: a directory, /dev/zero, /dev/null, an endless pipe on /dev/stdin;
+* outputs that name the input: the same path, a symbolic link to it, a hard link to it (the equivalent
+  of a bind mount), `--html /dev/stdout` with stdout redirected to the input (DESTROYED when the input
+  changed);
+* a read-only target the shell could not write (REPLACED when it changed);
+* two outputs naming one file (`--plot F --html F`: exit 2 expected);
+* a closed stdout (`explain F | head -1`): no panic;
+* SIGINT and SIGTERM while the output is written: no temporary file left (LEFTOVER).
+
 Usage: scripts/fuzz-cli-bad-input.py [--bin target/ci/gpuheap] [--snapshot FILE] [--count N]
-       [--seed S] [--timeout SECONDS] [--legit]
+       [--seed S] [--timeout SECONDS] [--legit | --families]
 """
 
 from __future__ import annotations
@@ -33,9 +47,14 @@ import json
 import os
 import pickle
 import random
+import shutil
+import signal
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 MIB = 1 << 20
@@ -213,6 +232,156 @@ def check_all(files: list, commands: list, check, a: argparse.Namespace, what: s
     return 1 if found else 0
 
 
+def memo_bombs(k: int = 38_000) -> dict:
+    """Small pickles whose memo references multiply: name -> bytes (as host/tests/reader_limits.rs)."""
+    def s(x: str) -> bytes:
+        b = x.encode()
+        return bytes([0x8C, len(b)]) + b if len(b) < 256 else b"X" + struct.pack("<I", len(b)) + b
+
+    def d(pairs) -> bytes:
+        return b"}(" + b"".join(s(k) + v for k, v in pairs) + b"u"
+
+    def square(key: str, item: bytes) -> bytes:
+        return (b"\x80\x04}(" + s(key) + b"]q\x00(]q\x01(" + item + b"q\x02" + b"h\x02" * (k - 1) + b"e"
+                + b"h\x01" * (k - 1) + b"eu.")
+
+    alloc = d([("action", s("alloc")), ("addr", b"K\x00"), ("size", b"K\x01")])
+    block = d([("size", b"K\x00"), ("state", s("inactive"))])
+    seg = d([("device", b"K\x00"), ("address", b"K\x00"), ("total_size", b"J\x00\x00\x00\x01")])[:-1]
+    segments = (b"\x80\x04}(" + s("segments") + b"](" + seg + s("blocks") + b"](" + block + b"q\x01"
+                + b"h\x01" * (k - 1) + b"eu" + b"q\x00" + b"h\x00" * (k - 1) + b"eu.")
+    frame = d([("name", s("f" * 300)), ("filename", s("x.py")), ("line", b"K\x01")])
+    ev = d([("action", s("segment_free")), ("addr", b"K\x00"), ("size", b"K\x01")])[:-1]
+    ev += s("frames") + b"](" + frame + b"q\x01" + b"h\x01" * (k - 1) + b"eu"
+    frames = b"\x80\x04}(" + s("device_traces") + b"](](" + ev + b"q\x00" + b"h\x00" * (k - 1) + b"eeu."
+    return {"bomb_events": square("device_traces", alloc), "bomb_segments": segments, "bomb_frames": frames}
+
+
+def families(a: argparse.Namespace) -> int:
+    """Runs one case of each family (module docs); prints each finding; 1 if any."""
+    out = Path(tempfile.mkdtemp(prefix="gpuheap-families-"))
+    env = {**os.environ, "GPUHEAP_BACKEND": "cpu"}
+    findings = []
+
+    def note(kind: str, case: str, detail: str) -> None:
+        findings.append(kind)
+        print(f"{kind} {case}: {detail}", flush=True)
+
+    def cli(args: list, case: str, timeout: float = a.timeout, **kw):
+        """Runs the CLI; (exit code or None on a timeout, stderr's last line, peak RSS in KiB)."""
+        start = time.monotonic()
+        p = subprocess.Popen([a.bin, *map(str, args)], stdout=kw.get("stdout", subprocess.DEVNULL),
+                             stderr=subprocess.PIPE, stdin=kw.get("stdin", subprocess.DEVNULL), env=env)
+        while p.poll() is None and time.monotonic() - start < timeout:
+            time.sleep(0.02)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+            note("TIMEOUT", case, f"{' '.join(map(str, args))} ran past {timeout} s")
+            return None, "", 0
+        err = p.stderr.read().decode("utf-8", "replace").strip()
+        last = err.splitlines()[-1] if err else ""
+        rss = 0
+        if p.returncode == 101 or "panicked" in err:
+            note("PANIC", case, last)
+        return p.returncode, last, rss
+
+    def peak_rss_kib(args: list) -> tuple:
+        """Runs the CLI and measures its peak RSS through wait4: (exit code, KiB, seconds)."""
+        start = time.monotonic()
+        p = subprocess.Popen([a.bin, *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        return p.returncode, usage.ru_maxrss, time.monotonic() - start
+
+    snap = out / "snap.pickle"
+    snap.write_bytes(pickle.dumps(hand_made(), protocol=4))
+    original = snap.read_bytes()
+
+    for name, data in memo_bombs().items():
+        f = out / f"{name}.pickle"
+        f.write_bytes(data)
+        code, kib, took = peak_rss_kib(["explain", "--no-tune", f])
+        print(f"{name}: {len(data)} B, exit {code}, peak RSS {kib >> 10} MiB, {took:.2f} s")
+        if code != 2:
+            note(f"EXIT={code}", name, "a memo bomb must exit 2")
+        if kib > 1 << 20:
+            note("MEMORY", name, f"peak RSS {kib >> 10} MiB")
+        if took > a.timeout:
+            note("TIMEOUT", name, f"{took:.1f} s")
+
+    folder = out / "a_folder"
+    folder.mkdir()
+    for case, path in [("directory", folder), ("dev_zero", "/dev/zero"), ("dev_null", "/dev/null")]:
+        code, last, _ = cli(["explain", "--no-tune", path], case)
+        if code not in (2, None):
+            note(f"EXIT={code}", case, last)
+    yes = subprocess.Popen(["yes", "x" * 1000], stdout=subprocess.PIPE)
+    code, last, _ = cli(["explain", "--no-tune", "--max-memory", "64MiB", "/dev/stdin"], "endless_pipe",
+                        stdin=yes.stdout)
+    yes.kill()
+    yes.wait()
+    if code not in (2, None):
+        note(f"EXIT={code}", "endless_pipe", last)
+
+    def same_input(case: str, target, extra=()) -> None:
+        code, last, _ = cli(["replay", snap, "--html", target, *extra], case)
+        if snap.read_bytes() != original:
+            note("DESTROYED", case, f"the input was replaced (exit {code}: {last})")
+            snap.write_bytes(original)
+        elif code == 0:
+            note("EXIT=0", case, "writing over the input must be refused")
+
+    same_input("same_path", snap)
+    (out / "link.pickle").symlink_to(snap)
+    same_input("symlink_to_input", out / "link.pickle")
+    os.link(snap, out / "hard.pickle")
+    same_input("hard_link_to_input", out / "hard.pickle")
+    with open(out / "hard.pickle", "r+b") as fh:
+        code, last, _ = cli(["replay", snap, "--html", "/dev/stdout"], "dev_stdout_is_input", stdout=fh)
+    if snap.read_bytes() != original:
+        note("DESTROYED", "dev_stdout_is_input", f"the input was replaced (exit {code}: {last})")
+        snap.write_bytes(original)
+
+    ro = out / "read_only.html"
+    ro.write_text("keep")
+    ro.chmod(0o444)
+    writable = os.access(ro, os.W_OK)  # root may write it, as its shell would
+    code, last, _ = cli(["replay", snap, "--html", ro], "read_only_target")
+    if not writable and ro.read_text() != "keep":
+        note("REPLACED", "read_only_target", f"a file the shell could not write was replaced (exit {code})")
+
+    both = out / "both.out"
+    code, last, _ = cli(["replay", snap, "--plot", both, "--html", both], "two_outputs_one_file")
+    if code != 2:
+        note(f"EXIT={code}", "two_outputs_one_file", f"--plot F --html F must be refused: {last}")
+
+    p = subprocess.Popen([a.bin, "explain", "--no-tune", snap], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode("utf-8", "replace")
+    p.wait()
+    if p.returncode == 101 or "panicked" in err:
+        note("PANIC", "closed_stdout", err.strip().splitlines()[-1] if err.strip() else "")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        work = out / f"signal_{sig.name}"
+        work.mkdir()
+        big = work / "in.pickle"
+        shutil.copy(a.snapshot or snap, big)
+        p = subprocess.Popen([a.bin, "explain", big, "--html", work / "out.html", "--json", work / "out.json"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        time.sleep(0.3)
+        p.send_signal(sig)
+        p.wait()
+        left = sorted(x.name for x in work.iterdir() if x.name not in ("in.pickle", "out.html", "out.json"))
+        if left:
+            note("LEFTOVER", f"signal_{sig.name}", f"left {left}")
+
+    print(f"families: {len(findings)} findings; files in {out}")
+    return 1 if findings else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="target/ci/gpuheap")
@@ -221,7 +390,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=6)
     ap.add_argument("--timeout", type=float, default=20.0)
     ap.add_argument("--legit", action="store_true", help="check unusual but legitimate snapshots instead")
+    ap.add_argument("--families", action="store_true", help="run the families of hostile use instead")
     a = ap.parse_args()
+    if a.families:
+        return families(a)
     rng = random.Random(a.seed)
     if a.legit:
         out = Path(tempfile.mkdtemp(prefix="gpuheap-legit-"))

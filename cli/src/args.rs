@@ -42,9 +42,11 @@ impl From<Choice> for BackendChoice {
 }
 
 impl BackendArgs {
-    /// The selected backend (a run-time failure for `gpu` without a usable GPU).
+    /// The selected backend (a run-time failure for `gpu` without a usable GPU; bad input for an invalid
+    /// CPU mode or seed).
     pub fn select(&self) -> Result<Backend, Error> {
-        Backend::select(self.backend.into()).map_err(Error::runtime)
+        // An invalid GPUHEAP_CPU_WARPS or GPUHEAP_CPU_SEED is bad input (exit 2), a missing GPU a run-time failure.
+        Backend::select(self.backend.into()).map_err(Error::from)
     }
 }
 

@@ -49,17 +49,20 @@ pub(crate) fn run(args: &Args) -> Result<(), Error> {
         cfg.threads = 1 << k;
         cfg.scaling_max_log2 = cfg.scaling_max_log2.min(k);
     }
-    eprintln!("gpuheap bench alloc on {}", backend.describe());
+    super::stdout::err(format_args!("gpuheap bench alloc on {}\n", backend.describe()));
     let report = alloc::run(&backend, &cfg, |r| {
-        eprintln!("  {} {} {} x{} {}: {:.4} ms", r.workload, r.allocator, r.size, r.threads, r.state, r.alloc_ms)
+        super::stdout::err(format_args!(
+            "  {} {} {} x{} {}: {:.4} ms\n",
+            r.workload, r.allocator, r.size, r.threads, r.state, r.alloc_ms
+        ))
     })
     .map_err(Error::from)?;
     let json = serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?;
     // The report is printed before the file is written, so that a write that fails anyway loses nothing.
     if args.json {
-        println!("{json}");
+        super::stdout::line(&json)?;
     } else {
-        print!("{}", report.table());
+        super::stdout::text(report.table())?;
     }
     if let Some(p) = &args.out {
         output::write_file(p, json.as_bytes())?;

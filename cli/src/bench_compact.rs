@@ -57,9 +57,9 @@ pub(crate) fn run(a: &Args) -> Result<(), Error> {
         e => Error::runtime(e),
     })?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?);
+        super::stdout::line(serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?)?;
     } else {
-        print!("{}", compact::table(&report));
+        super::stdout::text(compact::table(&report))?;
     }
     Ok(())
 }

@@ -34,10 +34,10 @@ pub(crate) fn run(a: &Args) -> Result<(), Error> {
         e => e.into(),
     })?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| Error::internal(e.to_string()))?);
+        super::stdout::line(serde_json::to_string_pretty(&rows).map_err(|e| Error::internal(e.to_string()))?)?;
     } else {
-        println!("gpuheap bench launch-limit on {}\n", backend.describe());
-        print!("{}", launch::table(&rows));
+        super::stdout::line(format_args!("gpuheap bench launch-limit on {}\n", backend.describe()))?;
+        super::stdout::text(launch::table(&rows))?;
     }
     if let Some(r) = rows.iter().find(|r| !r.agree) {
         return Err(Error::runtime(format!(

@@ -50,13 +50,20 @@ pub(crate) fn run(a: &Args) -> Result<(), Error> {
     );
     // Rows go out as they finish, so a run stopped by a time limit keeps them.
     let (json, progress_to_stdout) = (a.json, !a.json);
-    let say = |line: &str| if progress_to_stdout { println!("{line}") } else { eprintln!("{line}") };
+    // Progress lines: a closed stdout is reported by the final write.
+    let say = |line: &str| {
+        if progress_to_stdout {
+            let _ = super::stdout::line(line);
+        } else {
+            super::stdout::err(format_args!("{line}\n"))
+        }
+    };
     say(&head);
     say("");
     say(oom::TABLE_HEADER);
     let report = oom::run(&backend, &cfg, |r| say(&oom::row_line(r)))?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?);
+        super::stdout::line(serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?)?;
     }
     Ok(())
 }

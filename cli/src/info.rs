@@ -21,5 +21,9 @@ pub(crate) struct Args {
 
 /// Runs `gpuheap info`.
 pub(crate) fn run(a: Args) -> Result<(), Error> {
-    write_info(&mut std::io::stdout().lock(), a.backend.backend.into(), a.device, a.kernels)
+    // Written whole, then printed: a closed stdout is then reported as such (module `stdout`).
+    let mut page = Vec::new();
+    let r = write_info(&mut page, a.backend.backend.into(), a.device, a.kernels);
+    super::stdout::text(String::from_utf8_lossy(&page))?;
+    r
 }

@@ -33,6 +33,7 @@ mod output;
 mod plot;
 mod progress;
 mod replay;
+mod stdout;
 mod trace;
 mod tune;
 
@@ -47,6 +48,19 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The memory ceiling of reading a trace (e.g. `8GiB`): an input may be at most a quarter of it, and
+    /// what reading makes of the input at most all of it (default: half of the machine's memory).
+    #[arg(long, global = true, env = "GPUHEAP_MAX_MEMORY", value_parser = parse_max_memory)]
+    max_memory: Option<u64>,
+}
+
+/// `--max-memory`: a byte count ([`gpuheap::app::parse_bytes`]) of at least 1 MiB.
+fn parse_max_memory(s: &str) -> Result<u64, String> {
+    let b = gpuheap::app::parse_bytes(s).map_err(|e| e.to_string())?;
+    if b < 1 << 20 {
+        return Err(format!("{b} B is below the least ceiling of 1 MiB"));
+    }
+    Ok(b)
 }
 
 /// The commands, in the order people use them (`--help` lists them so): the snapshot's questions first,
@@ -103,6 +117,7 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
+    gpuheap::trace::limits::set_max_memory(cli.max_memory);
     let r = match cli.command {
         Command::Info(a) => info::run(a),
         Command::Check(a) => check::run(a),
@@ -118,8 +133,9 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if stdout::is_broken_pipe(&e) => ExitCode::from(stdout::BROKEN_PIPE_STATUS),
         Err(e) => {
-            eprintln!("gpuheap: error: {e}");
+            stdout::err(format_args!("gpuheap: error: {e}\n"));
             ExitCode::from(e.exit_code())
         }
     }

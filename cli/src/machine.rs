@@ -58,13 +58,13 @@ pub fn write_info(out: &mut dyn Write, choice: BackendChoice, device: u32, kerne
     let mut gpu = None;
     match choice {
         BackendChoice::Cpu => {
-            let b = Backend::select(choice).map_err(Error::runtime)?;
+            let b = Backend::select(choice).map_err(Error::from)?;
             w!(out, "backend cpu: {}", b.describe());
             return if kernels { write_kernels(out, &b) } else { Ok(()) };
         }
         BackendChoice::Gpu => {
             // The same check as every command given `--backend gpu`: an error without a usable GPU.
-            let b = Backend::select(choice).map_err(Error::runtime)?;
+            let b = Backend::select(choice).map_err(Error::from)?;
             w!(out, "backend gpu: {}", b.describe());
             gpu = Some(b);
         }

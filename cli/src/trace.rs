@@ -53,9 +53,9 @@ fn repeat(a: &RepeatArgs) -> Result<(), Error> {
     let plan = Repeat::new(&trace, &bytes, RepeatOptions::new(a.steps, a.gap_us))?;
     let out = &a.output;
     let mut size = 0;
-    output::write_atomically(out, |tmp| {
+    output::write_atomically(out, |tmp, file| {
         let cannot = |e: std::io::Error| Error::runtime(format!("{}: cannot write: {e}", out.display()));
-        let file = std::fs::File::create(tmp).map_err(cannot)?;
+        let file = file.try_clone().map_err(cannot)?;
         let mut file = plan.write_to(std::io::BufWriter::new(file)).map_err(cannot)?;
         file.flush().map_err(cannot)?;
         drop(file);
@@ -64,6 +64,6 @@ fn repeat(a: &RepeatArgs) -> Result<(), Error> {
         plan.verify(tmp, &written)
             .map_err(|e| Error::internal(format!("{}: not written: {e} (a bug; please report it)", out.display())))
     })?;
-    println!("{}", plan.summary(&a.input, out, size));
+    super::stdout::line(plan.summary(&a.input, out, size))?;
     Ok(())
 }

@@ -41,9 +41,10 @@ fn check_capacity(snap: &Snapshot, dev: &DeviceTrace, opts: &Options) -> Result<
     Ok(())
 }
 
-/// The backend selected by `choice` (an error for `gpu` without a usable GPU: a run-time failure).
+/// The backend selected by `choice` (an error for `gpu` without a usable GPU: a run-time failure; an
+/// invalid `GPUHEAP_CPU_WARPS` or `GPUHEAP_CPU_SEED`: bad input, exit code 2).
 fn select(choice: BackendChoice) -> Result<Backend, Error> {
-    Backend::select(choice).map_err(Error::runtime)
+    Backend::select(choice).map_err(Error::from)
 }
 
 /// The backend for compaction measurements: none when the policy never compacts, unless a GPU was asked

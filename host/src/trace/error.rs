@@ -160,6 +160,17 @@ pub enum TraceError {
         /// What is wrong (boxed: it is the largest variant, and `TraceError` travels in every `Result`).
         source: Box<ValidationError>,
     },
+    /// Reading the file would pass one of the reader's limits (module `limits`): its size, the work or
+    /// the memory of reading it, from the file's size and the memory ceiling (`--max-memory`).
+    #[error("{}: {at}: the file passes a reading limit: {limit}", .path.display())]
+    Limit {
+        /// The file.
+        path: PathBuf,
+        /// Where reading stopped: the byte offset (size limits) or the event or segment being read.
+        at: Location,
+        /// The limit, its value and how it is derived.
+        limit: String,
+    },
 }
 
 impl TraceError {
@@ -183,7 +194,8 @@ impl TraceError {
             | TraceError::PickleTruncated { path, .. }
             | TraceError::PickleCorrupt { path, .. }
             | TraceError::Schema { path, .. }
-            | TraceError::Event { path, .. } => path,
+            | TraceError::Event { path, .. }
+            | TraceError::Limit { path, .. } => path,
         }
     }
 

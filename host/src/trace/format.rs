@@ -5,7 +5,8 @@
 //! the line an event comes from).
 //!
 //! Detection ([`detect`]) tries every row's content test in table order, then the file extensions
-//! (a PyTorch pickle of protocol 0 or 1 has no header byte to recognise it by).
+//! (a PyTorch pickle of protocol 0 or 1 has no header byte; it is recognised by its first container, and
+//! a `.pickle`/`.pkl` name is taken as a pickle whatever it starts with).
 
 use std::path::Path;
 
@@ -65,8 +66,8 @@ pub const FORMATS: [FormatRow; 3] = [
     FormatRow {
         format: TraceFormat::PytorchSnapshot(SnapshotLayout::Recent),
         name: "PyTorch memory snapshot",
-        // Pickle protocol 2 and later start with the PROTO opcode.
-        detect: |b| b.first() == Some(&0x80),
+        // Pickle protocol 2 and later start with the PROTO opcode; 0 and 1 by their first container.
+        detect: |b| b.first() == Some(&0x80) || is_pickle_0_1(b),
         extensions: &["pickle", "pkl"],
         parse: pytorch::parse,
         align: PYTORCH_ALIGN,
@@ -121,6 +122,18 @@ impl TraceFormat {
             f => f,
         };
         FORMATS.iter().find(|r| r.format == key).expect("every TraceFormat has a row of FORMATS (tested below)")
+    }
+}
+
+/// Whether `b` starts as a pickle of protocol 0 or 1 of a dict or list (a snapshot, or the bare list of
+/// segments) does: protocol 0 `(dp0\n`, `(lp0\n` (Python 3) or `(dp1\n` (Python 2) opens with MARK and
+/// DICT/LIST then a PUT or the first item; protocol 1 opens with EMPTY_DICT/EMPTY_LIST and a BINPUT, a
+/// MARK or the first item. No CSV header of a known format starts so.
+fn is_pickle_0_1(b: &[u8]) -> bool {
+    match b {
+        [b'(', b'd' | b'l', third, ..] => b"pVS(IFLNsa.".contains(third),
+        [b'}' | b']', second, ..] => b"qr(X\x8cUTKJMN}]hjsuae.".contains(second),
+        _ => false,
     }
 }
 
@@ -215,5 +228,20 @@ mod tests {
         }
         assert_eq!(capacity_in_name(Path::new("data/K.1048576.csv")), Some(1_048_576));
         assert_eq!(capacity_in_name(Path::new("1048576.csv")), None);
+    }
+
+    /// Pickles of protocol 0 and 1 (as `pickle.dumps(..., protocol)` of Python 3 and 2 writes a dict or a
+    /// list) are recognised from their content, without a `.pickle` name; the CSV headers are not.
+    #[test]
+    fn protocol_0_and_1_pickles_are_recognised_by_content() {
+        let pickle = TraceFormat::PytorchSnapshot(SnapshotLayout::Recent);
+        for start in
+            [&b"(dp0\nVsegments\n"[..], b"(lp0\n(dp1\n", b"(dp1\nS'segments'\n", b"}q\x00X\x08", b"]q\x00}q\x01"]
+        {
+            assert_eq!(detect(Path::new("<bytes>"), start).unwrap(), pickle, "{start:?}");
+        }
+        for csv in [&b"id,lower,upper,size\n"[..], b"Thread,Time,Action,Pointer,Size,Stream\n", b"(d,x\n", b"}\n"] {
+            assert_ne!(detect(Path::new("<bytes>"), csv).ok(), Some(pickle), "{csv:?}");
+        }
     }
 }

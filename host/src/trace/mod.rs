@@ -35,6 +35,7 @@ use std::path::Path;
 pub(crate) mod csv_lifetime;
 mod error;
 mod format;
+pub mod limits;
 mod model;
 pub(crate) mod pages;
 pub(crate) mod pytorch;
@@ -65,10 +66,34 @@ pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
 /// [`read_trace`], also returning the bytes read: the file is read once, so a caller that needs its
 /// content again (the stack frames `explain` shows) need not read it a second time, which a pipe
 /// (`/dev/stdin`, `<(...)`) does not allow and a file rewritten in between would answer wrongly.
+///
+/// The format is recognised from the first [`HEAD_BYTES`] before the rest is read (a file of no known
+/// format is refused after 4 KiB, whatever its size), and the input is read up to
+/// [`limits::max_input`] of the memory ceiling ([`limits::max_memory`]): a larger regular file is refused
+/// before it is read, a pipe or other stream once it passes the cap ([`TraceError::Limit`]).
 pub fn read_trace_and_bytes(path: impl AsRef<Path>) -> Result<(Trace, Vec<u8>), TraceError> {
     let path = path.as_ref();
+    let bytes = read_input(path, limits::max_memory())?;
+    Ok((parse_trace(path, &bytes)?, bytes))
+}
+
+/// How many bytes of an input are read to recognise its format before the rest is read.
+pub const HEAD_BYTES: usize = 4096;
+
+/// The content of the trace input `path` under the memory ceiling `max_memory` ([`read_trace_and_bytes`]),
+/// into a buffer on huge pages ([`pages::advise_huge`]).
+fn read_input(path: &Path, max_memory: u64) -> Result<Vec<u8>, TraceError> {
+    use std::io::Read;
     let io = |source| TraceError::Io { path: path.to_path_buf(), source };
+    let cap = limits::max_input(max_memory);
+    // The checks below are of the file opened, not of the name (which could change in between). A
+    // directory opens on Unix (and fails to read); a FIFO's open waits for a writer, as `cat` does.
     let meta = std::fs::metadata(path).map_err(io)?;
+    if meta.is_dir() {
+        return Err(TraceError::IsDirectory { path: path.to_path_buf() });
+    }
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
     if meta.is_dir() {
         return Err(TraceError::IsDirectory { path: path.to_path_buf() });
     }
@@ -79,21 +104,32 @@ pub fn read_trace_and_bytes(path: impl AsRef<Path>) -> Result<(Trace, Vec<u8>), 
             return Err(TraceError::IsDevice { path: path.to_path_buf() });
         }
     }
-    let bytes = read_file(path, meta.len()).map_err(io)?;
-    Ok((parse_trace(path, &bytes)?, bytes))
-}
-
-/// The content of `path`, `len` bytes by its metadata (a file that grew since is read to its end), into
-/// a buffer on huge pages ([`pages::advise_huge`]).
-fn read_file(path: &Path, len: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
+    let regular = meta.is_file();
+    if regular && meta.len() > cap {
+        return Err(limits::too_large(path, meta.len(), max_memory));
+    }
+    // The metadata's length (a regular file) plus one byte, so that reading to the end needs no second
+    // allocation; a stream grows as it is read.
+    let hint = if regular { usize::try_from(meta.len()).unwrap_or(usize::MAX).saturating_add(1) } else { HEAD_BYTES };
     let mut bytes = Vec::new();
-    // The metadata's length plus one byte, so that reading to the end needs no second allocation.
-    let hint = usize::try_from(len).unwrap_or(usize::MAX).saturating_add(1);
-    bytes.try_reserve_exact(hint).map_err(|e| std::io::Error::new(std::io::ErrorKind::OutOfMemory, e))?;
+    bytes
+        .try_reserve_exact(hint.max(HEAD_BYTES))
+        .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::OutOfMemory, e)))?;
     pages::advise_huge(&mut bytes);
-    file.read_to_end(&mut bytes)?;
+    (&mut file).take(HEAD_BYTES as u64).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.is_empty() {
+        return Err(TraceError::Empty { path: path.to_path_buf() });
+    }
+    // A head that holds its whole first line (or the whole input) decides the format now; a first line
+    // longer than the head is left to the full read.
+    if bytes.len() < HEAD_BYTES || bytes.contains(&b'\n') {
+        detect_row(path, &bytes)?;
+    }
+    let left = cap.saturating_sub(bytes.len() as u64).saturating_add(1);
+    file.take(left).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > cap {
+        return Err(limits::too_large(path, bytes.len() as u64, max_memory));
+    }
     Ok(bytes)
 }
 

@@ -30,6 +30,7 @@ pub(crate) mod pickle;
 pub mod pickle_write;
 pub(super) mod settings;
 
+use super::limits::{Budget, Exceeded};
 use super::validate::{seed_and_link, ValidationErrorKind};
 use super::{
     AddressKind, AllocatorSettings, BlockState, BlockStatus, DeviceTrace, Event, EventKind, HistoryRecording, Location,
@@ -61,13 +62,20 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
         PickleErrorKind::Malformed(m) => {
             TraceError::PickleCorrupt { path: path.to_path_buf(), offset: e.offset, message: super::one_line(m) }
         }
+        PickleErrorKind::Limit(limit) => {
+            TraceError::Limit { path: path.to_path_buf(), at: Location::Byte(e.offset), limit }
+        }
     })?;
-    Reader { p: &p, path }.snapshot()
+    let budget = Budget::for_input(bytes.len(), super::limits::max_memory());
+    Reader { p: &p, path, budget }.snapshot()
 }
 
+/// The schema walk: every dict entry and list item it visits, and every event and block it makes, is
+/// charged to `budget` (module `limits`: the memo lets a small pickle refer to one list many times).
 struct Reader<'p, 'a> {
     p: &'p Pickle<'a>,
     path: &'p Path,
+    budget: Budget,
 }
 
 /// The largest `max_split_size` the caching model refuses (1 MiB, its small-block limit); PyTorch never
@@ -106,18 +114,31 @@ impl<'p, 'a> Reader<'p, 'a> {
         self.bad(at, format!("expected {what}, found {found}"))
     }
 
+    /// The dict `id`, its entries charged to the budget as visited.
     fn dict(&self, id: NodeId, at: impl Fn() -> Location) -> Result<&'p [(NodeId, NodeId)], TraceError> {
         match self.node(id) {
-            Node::Dict(d) => Ok(d),
+            Node::Dict(d) => {
+                self.budget.visit(d.len()).map_err(|e| self.budget.error(e, self.path, at()))?;
+                Ok(d)
+            }
             _ => Err(self.expected(at(), "a dict", id)),
         }
     }
 
+    /// The list (or tuple) `id`, its items charged to the budget as visited.
     fn list(&self, id: NodeId, at: impl Fn() -> Location) -> Result<&'p [NodeId], TraceError> {
         match self.node(id) {
-            Node::List(l) | Node::Tuple(l) => Ok(l),
+            Node::List(l) | Node::Tuple(l) => {
+                self.budget.visit(l.len()).map_err(|e| self.budget.error(e, self.path, at()))?;
+                Ok(l)
+            }
             _ => Err(self.expected(at(), "a list", id)),
         }
+    }
+
+    /// Charges `n` values of type `T` made at `at` to the budget.
+    fn materialise<T>(&self, n: usize, at: impl Fn() -> Location) -> Result<(), TraceError> {
+        self.budget.materialise(n.saturating_mul(size_of::<T>())).map_err(|e| self.budget.error(e, self.path, at()))
     }
 
     fn int(&self, id: NodeId, at: &Location) -> Result<i128, TraceError> {
@@ -184,7 +205,9 @@ impl<'p, 'a> Reader<'p, 'a> {
         let mut legacy = false;
         let mut segments = Vec::new();
         if let Some(n) = segments_node {
-            for (si, &s) in self.list(n, || Location::Key("segments"))?.iter().enumerate() {
+            let list = self.list(n, || Location::Key("segments"))?;
+            self.materialise::<RawSegment>(list.len(), || Location::Key("segments"))?;
+            for (si, &s) in list.iter().enumerate() {
                 segments.push(self.segment(si, s, &mut legacy)?);
             }
         }
@@ -195,6 +218,8 @@ impl<'p, 'a> Reader<'p, 'a> {
         if let Some(n) = traces_node {
             for (d, &t) in self.list(n, || Location::Key("device_traces"))?.iter().enumerate() {
                 let entries = self.list(t, || Location::Key("device_traces"))?;
+                let at = || Location::Event { device: d as i64, index: 0, field: None };
+                self.materialise::<Event>(entries.len(), at)?;
                 let mut events = Vec::with_capacity(entries.len());
                 crate::trace::pages::advise_huge(&mut events);
                 let mut dev_extras = Vec::new();
@@ -259,7 +284,23 @@ impl<'p, 'a> Reader<'p, 'a> {
         let mut devices: BTreeSet<i64> = by_device.keys().copied().collect();
         devices.extend(traces.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(d, _)| d as i64));
         let mut out = Vec::with_capacity(devices.len());
+        // Each device gets a copy of the settings and of the recording's facts: charged as visits, so that a
+        // file naming many devices and long settings (both cheap through the memo) stays linear.
+        let copy_cost = |s: &str| s.len() / 16 + 1;
+        let per_device =
+            1 + settings.as_ref().map_or(0, |s| {
+                s.roundup_power2_divisions.len()
+                    + s.other.iter().map(|(k, v)| copy_cost(k) + copy_cost(v)).sum::<usize>()
+                    + s.alloc_conf.as_deref().map_or(0, copy_cost)
+            }) + recording
+                .iter()
+                .map(|r| r.skip_actions.as_ref().map_or(0, |v| v.iter().map(|a| copy_cost(a)).sum()))
+                .max()
+                .unwrap_or(0);
         for device in devices {
+            self.budget
+                .visit(per_device)
+                .map_err(|e| self.budget.error(e, self.path, Location::Key("allocator_settings")))?;
             let idx = usize::try_from(device).ok().filter(|&d| d < traces.len());
             let mut dt = DeviceTrace::new(device);
             let mut dev_extras = Vec::new();
@@ -347,6 +388,7 @@ impl<'p, 'a> Reader<'p, 'a> {
         let mut out = Vec::new();
         if let Some(b) = blocks {
             let list = self.list(b, || at(Some("blocks")))?;
+            self.materialise::<BlockState>(list.len(), || at(Some("blocks")))?;
             out.reserve(list.len());
             let mut cursor = addr;
             for (bi, &b) in list.iter().enumerate() {
@@ -482,7 +524,9 @@ impl<'p, 'a> Reader<'p, 'a> {
         }
         let kind = kind.ok_or_else(|| self.bad(at(None), "missing `action`"))?;
         let caller = match (kind, frames) {
-            (EventKind::SegmentFree | EventKind::SegmentUnmap, Some(f)) => self.release_caller(f),
+            (EventKind::SegmentFree | EventKind::SegmentUnmap, Some(f)) => {
+                self.release_caller(f, || at(Some("frames")))?
+            }
             _ => None,
         };
         let needs_both = kind.is_block() || kind.is_segment();
@@ -520,12 +564,17 @@ impl<'p, 'a> Reader<'p, 'a> {
 
     /// Who released a segment, from the frame names of its `segment_free` / `segment_unmap` entry
     /// ([`ReleaseCaller`]); `None` when the frames name neither (or are not a list of frames).
-    fn release_caller(&self, frames: NodeId) -> Option<ReleaseCaller> {
-        let (Node::List(list) | Node::Tuple(list)) = self.node(frames) else { return None };
+    fn release_caller(&self, frames: NodeId, at: impl Fn() -> Location) -> Result<Option<ReleaseCaller>, TraceError> {
+        let (Node::List(list) | Node::Tuple(list)) = self.node(frames) else { return Ok(None) };
+        let charge = |n: usize| self.budget.visit(n).map_err(|e| self.budget.error(e, self.path, at()));
+        charge(list.len())?;
         let (mut malloc, mut empty) = (false, false);
         for &f in list {
             let Node::Dict(fd) = self.node(f) else { continue };
+            // `get` scans the frame's entries; the name's bytes are scanned below (a memo can repeat both).
+            charge(fd.len())?;
             let Some(Node::Str(name)) = self.p.get(fd, "name").map(|n| self.node(n)) else { continue };
+            charge(name.len() / 16)?;
             let name = String::from_utf8_lossy(name);
             // `empty_cache` (torch/cuda/memory.py, torch_npu/npu/memory.py) or the C++ `emptyCache`.
             empty |= name == "empty_cache" || name.contains("emptyCache");
@@ -535,13 +584,13 @@ impl<'p, 'a> Reader<'p, 'a> {
                 || name.contains("release_available_cached_blocks")
                 || name.contains("garbage_collect_cached_blocks");
         }
-        if empty {
+        Ok(if empty {
             Some(ReleaseCaller::EmptyCache)
         } else if malloc {
             Some(ReleaseCaller::Malloc)
         } else {
             None
-        }
+        })
     }
 
     /// `skip_actions` as the file lists them (a list of action names); `None` for anything else.
@@ -790,38 +839,56 @@ pub fn read_frames(
                   it a pipe, which can be read once?)"
             .into(),
     })?;
-    let frames_of = |d: &[(NodeId, NodeId)]| -> Vec<Frame> {
+    // Every frame list, frame dict and string read is charged to a budget (module `limits`): the memo
+    // can make each asked event's frames the same long list of one frame with a long name.
+    let budget = &Budget::for_input(bytes.len(), super::limits::max_memory());
+    let frames_of = |d: &[(NodeId, NodeId)]| -> Result<Vec<Frame>, Exceeded> {
+        budget.visit(d.len())?;
         let Some(Node::List(list) | Node::Tuple(list)) = p.get(d, "frames").map(|f| p.node(f)) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
-        list.iter()
-            .filter_map(|&f| {
-                let Node::Dict(fd) = p.node(f) else { return None };
-                let text = |k: &str| match p.get(fd, k).map(|v| p.node(v)) {
-                    Some(Node::Str(s)) => Some(String::from_utf8_lossy(s).into_owned()),
-                    _ => None,
-                };
-                let line = match p.get(fd, "line").map(|v| p.node(v)) {
-                    Some(Node::Int(v)) => i64::try_from(v).unwrap_or(0),
-                    _ => 0,
-                };
-                Some(Frame { name: text("name")?, filename: text("filename").unwrap_or_default(), line })
-            })
-            .collect()
+        budget.visit(list.len())?;
+        let mut out = Vec::new();
+        for &f in list {
+            let Node::Dict(fd) = p.node(f) else { continue };
+            budget.visit(fd.len().saturating_mul(3))?;
+            let text = |k: &str| -> Result<Option<String>, Exceeded> {
+                match p.get(fd, k).map(|v| p.node(v)) {
+                    Some(Node::Str(s)) => {
+                        budget.materialise(s.len())?;
+                        Ok(Some(String::from_utf8_lossy(s).into_owned()))
+                    }
+                    _ => Ok(None),
+                }
+            };
+            let line = match p.get(fd, "line").map(|v| p.node(v)) {
+                Some(Node::Int(v)) => i64::try_from(v).unwrap_or(0),
+                _ => 0,
+            };
+            let Some(name) = text("name")? else { continue };
+            budget.materialise(size_of::<Frame>())?;
+            out.push(Frame { name, filename: text("filename")?.unwrap_or_default(), line });
+        }
+        Ok(out)
     };
+    let limit = |at: Location| move |e: Exceeded| budget.error(e, path, at);
     // PyTorch 2.0 keeps a block's frames in its `history`: a list of `{addr, real_size, frames}`, the
     // newest allocation first (`HistoryChain`, c10/cuda/CUDACachingAllocator.cpp of 2.0); the entry at
     // the block's own address is the live tensor's, else the newest.
-    let history_frames = |bd: &[(NodeId, NodeId)], addr: u64| -> Vec<Frame> {
+    let history_frames = |bd: &[(NodeId, NodeId)], addr: u64| -> Result<Vec<Frame>, Exceeded> {
         let Some(Node::List(h) | Node::Tuple(h)) = p.get(bd, "history").map(|v| p.node(v)) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
+        budget.visit(h.len())?;
         let entries: Vec<&[(NodeId, NodeId)]> =
             h.iter().filter_map(|&e| if let Node::Dict(d) = p.node(e) { Some(d) } else { None }).collect();
+        for d in &entries {
+            budget.visit(d.len())?;
+        }
         let at_addr = entries.iter().find(|d| {
             matches!(p.get(d, "addr").map(|v| p.node(v)), Some(Node::Int(v)) if u64::try_from(v).ok() == Some(addr))
         });
-        at_addr.or(entries.first()).map_or_else(Vec::new, |d| frames_of(d))
+        at_addr.or(entries.first()).map_or_else(|| Ok(Vec::new()), |d| frames_of(d))
     };
     let mut out = SnapshotFrames::default();
     let Node::Dict(root) = p.node(p.root) else { return Ok(out) };
@@ -833,7 +900,7 @@ pub fn read_frames(
             want.dedup();
             for i in want {
                 if let Some(Node::Dict(d)) = entries.get(i).map(|&e| p.node(e)) {
-                    let f = frames_of(d);
+                    let f = frames_of(d).map_err(limit(Location::Event { device, index: i, field: Some("frames") }))?;
                     if !f.is_empty() {
                         out.events.push((i, f));
                     }
@@ -843,8 +910,11 @@ pub fn read_frames(
     }
     if let Some(Node::List(segs)) = p.get(root, "segments").map(|n| p.node(n)) {
         let want: std::collections::HashSet<u64> = blocks.iter().copied().collect();
-        for &s in segs {
+        budget.visit(segs.len()).map_err(limit(Location::Key("segments")))?;
+        for (si, &s) in segs.iter().enumerate() {
             let Node::Dict(sd) = p.node(s) else { continue };
+            let at = |block| Location::Segment { segment: si, block, field: Some("frames") };
+            budget.visit(sd.len()).map_err(limit(at(None)))?;
             let dev = match p.get(sd, "device").map(|v| p.node(v)) {
                 Some(Node::Int(v)) => i64::try_from(v).unwrap_or(-1),
                 _ => 0,
@@ -853,6 +923,7 @@ pub fn read_frames(
                 continue;
             }
             let Some(Node::List(bl)) = p.get(sd, "blocks").map(|v| p.node(v)) else { continue };
+            budget.visit(bl.len()).map_err(limit(at(None)))?;
             let int = |d: &[(NodeId, NodeId)], k: &str| match p.get(d, k).map(|v| p.node(v)) {
                 Some(Node::Int(v)) => u64::try_from(v).ok(),
                 _ => None,
@@ -860,14 +931,15 @@ pub fn read_frames(
             // The PyTorch 2.0 layout records no block address: a block starts where the one before it ends
             // (as `parse` reads it).
             let mut cursor = int(sd, "address");
-            for &b in bl {
+            for (bi, &b) in bl.iter().enumerate() {
                 let Node::Dict(bd) = p.node(b) else { continue };
+                budget.visit(bd.len().saturating_mul(2)).map_err(limit(at(Some(bi))))?;
                 let addr = int(bd, "address").or(cursor);
                 cursor = addr.zip(int(bd, "size")).and_then(|(a, s)| a.checked_add(s));
                 if let Some(a) = addr.filter(|a| want.contains(a)) {
-                    let mut f = frames_of(bd);
+                    let mut f = frames_of(bd).map_err(limit(at(Some(bi))))?;
                     if f.is_empty() {
-                        f = history_frames(bd, a);
+                        f = history_frames(bd, a).map_err(limit(at(Some(bi))))?;
                     }
                     if !f.is_empty() {
                         out.blocks.push((a, f));

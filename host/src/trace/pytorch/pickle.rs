@@ -127,6 +127,8 @@ pub(crate) struct Pickle<'a> {
     pairs: Vec<(NodeId, NodeId)>,
     lists: Vec<Vec<NodeId>>,
     dicts: Vec<Vec<(NodeId, NodeId)>>,
+    /// Bytes of the items in `lists` and `dicts` (counted against the decoder's ceiling).
+    owned_bytes: usize,
     pub(crate) root: NodeId,
 }
 
@@ -209,7 +211,9 @@ impl<'a> Pickle<'a> {
         if !matches!(s.kind, Kind::List | Kind::OwnList) {
             return Err(s.type_name());
         }
-        self.slots[id] = grow(&mut self.items, &mut self.lists, s, Kind::List, Kind::OwnList, new.iter().copied());
+        let slot = grow(&mut self.items, &mut self.lists, s, Kind::List, Kind::OwnList, new.iter().copied());
+        self.count_owned(s, slot, new.len(), size_of::<NodeId>());
+        self.slots[id] = slot;
         Ok(())
     }
 
@@ -221,8 +225,20 @@ impl<'a> Pickle<'a> {
             return Err(s.type_name());
         }
         let new = flat.chunks_exact(2).map(|p| (p[0], p[1]));
-        self.slots[id] = grow(&mut self.pairs, &mut self.dicts, s, Kind::Dict, Kind::OwnDict, new);
+        let slot = grow(&mut self.pairs, &mut self.dicts, s, Kind::Dict, Kind::OwnDict, new);
+        self.count_owned(s, slot, flat.len() / 2, size_of::<(NodeId, NodeId)>());
+        self.slots[id] = slot;
         Ok(())
+    }
+
+    /// Counts the items a container `before` -> `after` holds in a vector of its own: `added` new ones,
+    /// and its earlier ones when it moved there just now.
+    fn count_owned(&mut self, before: Slot, after: Slot, added: usize, item: usize) {
+        let own = |k: Kind| matches!(k, Kind::OwnList | Kind::OwnDict);
+        if own(after.kind) {
+            let moved = if own(before.kind) { 0 } else { before.b as usize };
+            self.owned_bytes += (added + moved) * item;
+        }
     }
 }
 
@@ -269,6 +285,9 @@ pub(crate) enum PickleErrorKind {
     RunsCode { opcode: &'static str, global: Option<String> },
     /// Malformed data: stack underflow, missing mark, bad memo index, bad text literal...
     Malformed(String),
+    /// The values decoded so far (nodes, items, stack, marks, memo) need more memory than the ceiling
+    /// allows: the limit, its value and how it is derived.
+    Limit(String),
 }
 
 /// A decoding error at a byte offset of the input.
@@ -371,8 +390,23 @@ fn code_opcode(op: u8) -> Option<&'static str> {
     })
 }
 
-/// Decodes `data` (a whole pickle, protocols 0 to 5) into a vector of plain values.
+/// Decodes `data` (a whole pickle, protocols 0 to 5) into a vector of plain values, under the memory
+/// ceiling of [`crate::trace::limits::max_memory`] ([`decode_within`]).
 pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
+    decode_within(data, crate::trace::limits::max_memory())
+}
+
+/// How many opcodes pass between two checks of the decoder's memory against its ceiling: each opcode
+/// adds at most a few dozen bytes, so the check (a handful of multiplications) costs nothing measurable
+/// and the ceiling is passed by at most a few hundred KB.
+const CHECK_EVERY: u32 = 4096;
+
+/// Decodes `data` as [`decode`] does, stopping with [`PickleErrorKind::Limit`] at the opcode where the
+/// input's bytes plus what the decoder holds (nodes, item and pair arrays, strings it unescaped, the
+/// stack, the marks, the memo) pass `max_memory` bytes. Every opcode adds at most one node, and each
+/// stack entry is moved into a container at most once, so memory and time are linear in the input; the
+/// ceiling bounds the constant.
+pub(crate) fn decode_within(data: &[u8], max_memory: u64) -> Result<Pickle<'_>, PickleError> {
     use crate::trace::pages::reserve_huge as huge;
     let mut r = Reader { data, pos: 0, op_pos: 0 };
     let mut p = Pickle {
@@ -385,6 +419,7 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
         pairs: huge(data.len() / 4),
         lists: Vec::new(),
         dicts: Vec::new(),
+        owned_bytes: 0,
         root: 0,
     };
     let mut stack: Vec<NodeId> = Vec::with_capacity(64);
@@ -473,9 +508,36 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
         Ok(())
     }
     let memo_limit = data.len();
+    let mut until_check = CHECK_EVERY;
+    let mut unescaped: usize = 0;
 
     loop {
         r.op_pos = r.pos;
+        until_check -= 1;
+        if until_check == 0 {
+            until_check = CHECK_EVERY;
+            let held = data.len()
+                + p.slots.len() * size_of::<Slot>()
+                + p.items.len() * size_of::<NodeId>()
+                + p.pairs.len() * size_of::<(NodeId, NodeId)>()
+                + p.strs.len() * size_of::<Cow<'_, [u8]>>()
+                + unescaped
+                + p.wides.len() * size_of::<i128>()
+                + p.owned_bytes
+                + stack.len() * size_of::<NodeId>()
+                + marks.len() * size_of::<usize>()
+                + memo.len() * size_of::<Option<NodeId>>();
+            if held as u64 > max_memory {
+                return Err(r.err(PickleErrorKind::Limit(format!(
+                    "memory: the decoded values need more than {max_memory} B with the input (the ceiling, \
+                     --max-memory); nodes {}, stack {}, marks (nesting) {}, memo {}",
+                    p.slots.len(),
+                    stack.len(),
+                    marks.len(),
+                    memo.len()
+                ))));
+            }
+        }
         let op = r.u8()?;
         match op {
             0x80 => {
@@ -579,7 +641,11 @@ pub(crate) fn decode(data: &[u8]) -> Result<Pickle<'_>, PickleError> {
                     [q @ (b'\'' | b'"'), mid @ .., e] if q == e => mid,
                     _ => return Err(r.malformed("bad string literal")),
                 };
-                push!(fits!(p.str_slot(unescape(inner))));
+                let s = unescape(inner);
+                if let Cow::Owned(v) = &s {
+                    unescaped += v.len();
+                }
+                push!(fits!(p.str_slot(s)));
             }
             b'C' => {
                 let n = r.u8()? as usize;
