@@ -40,6 +40,7 @@
 mod movable;
 pub mod ops;
 
+use gpuheap_kernels::heap::init::InitImage;
 use gpuheap_kernels::heap::layout::*;
 use gpuheap_kernels::heap::slab;
 pub use gpuheap_kernels::heap::Heap;

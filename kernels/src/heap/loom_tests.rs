@@ -18,6 +18,7 @@ use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
 
+use super::init::VecHeap;
 use super::layout::*;
 use super::{bitmap::Hb, buddy, init, slab, transit};
 use crate::arch::atomic::Ordering;

@@ -148,7 +148,7 @@
 //! sees atomics as synchronised) and which needs a nightly toolchain and
 //! `-Zbuild-std`. We use **loom** instead (`scripts/test`, `--cfg loom`): it
 //! explores the interleavings and weak-memory outcomes of the protocol
-//! cores on [`layout::VecHeap`] and reports a plain/atomic race as well as
+//! cores on [`init::VecHeap`] and reports a plain/atomic race as well as
 //! a broken invariant. Covered: bitmap summary bits, buddy split/merge and
 //! the transit check, slab reserve/claim/free/retire with the payload's
 //! hand-off, the out-of-memory path (concurrent nulls, one search each),

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::vec::Vec;
 
+use super::init::VecHeap;
 use super::layout::*;
 use super::*;
 

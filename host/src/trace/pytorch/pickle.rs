@@ -687,7 +687,7 @@ pub(crate) fn decode_within(data: &[u8], max_memory: u64) -> Result<Pickle<'_>, 
             }
             b'd' => {
                 let m = mark_start!();
-                if (stack.len() - m) % 2 != 0 {
+                if !(stack.len() - m).is_multiple_of(2) {
                     return Err(r.malformed("odd number of items for DICT"));
                 }
                 let slot = fits!(p.dict_slot(&stack[m..]));
@@ -713,7 +713,7 @@ pub(crate) fn decode_within(data: &[u8], max_memory: u64) -> Result<Pickle<'_>, 
             }
             b'u' => {
                 let m = mark_start!();
-                if (stack.len() - m) % 2 != 0 {
+                if !(stack.len() - m).is_multiple_of(2) {
                     return Err(r.malformed("odd number of items for SETITEMS"));
                 }
                 let t = container_below!(m);
