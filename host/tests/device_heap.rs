@@ -10,7 +10,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use gpuheap::backend::Backend;
+use gpuheap::backend::{Backend, CpuMode};
 use gpuheap::device_heap::ops::Sizes;
 use gpuheap::device_heap::ops::{self, Batch};
 use gpuheap::device_heap::{BuddyBlock, DeviceHeap, HeapStats};
@@ -255,6 +255,79 @@ fn many_concurrent_failing_leaders_make_one_search_per_null() {
             ops::free_batch(&heap, bt, 3).unwrap();
         }
         check_fully_free(&heap, &what);
+    }
+}
+
+/// `rounds` launches of `n` requests of `size` (one block: every request on
+/// current-page slot 0; `n` at most a page's slots), each freed before the
+/// next; returns the class's slow-path reservations
+/// (`ClassStats::slow_grants`) of each round.
+fn slow_grants_of_rounds(heap: &DeviceHeap, size: u64, n: u64, rounds: usize) -> Vec<u64> {
+    let c = class_of(size).unwrap() as usize;
+    let mut per_round = Vec::new();
+    for _ in 0..rounds {
+        let before = heap.stats().unwrap().classes[c].slow_grants;
+        let bt = ops::malloc_batch(heap, &Sizes::Uniform(size), n, false).unwrap();
+        assert!(bt.read_ptrs().unwrap().iter().all(|&p| p != 0), "{size} B: a round fits in one page");
+        ops::free_batch(heap, bt, 1).unwrap();
+        per_round.push(heap.stats().unwrap().classes[c].slow_grants - before);
+    }
+    per_round
+}
+
+/// Recovery after an out-of-memory is a property of every size class (issue
+/// 40, item 1): a class is exhausted in the way that ends a refill in a
+/// scavenge that retires nothing (its current page emptied and was kept,
+/// then filled again while the buddy is dry), everything is freed, and then
+/// the same rounds of requests take exactly as many slow-path reservations
+/// as on a fresh heap: the current-page fast path serves again. (A null
+/// that left its slot `REFILLING` sent every later request of the class on
+/// that slot down the slow path, for the heap's life.)
+#[test]
+fn every_size_class_serves_its_fast_path_again_after_an_out_of_memory() {
+    for b in common::backends("every_size_class_serves_its_fast_path_again_after_an_out_of_memory") {
+        let what = format!("{b:?}");
+        let cap = 1 << 20; // 16 pages
+        for c in 0..CLASSES {
+            let size = class_size(c);
+            let slots = PAGE / size;
+            let what = format!("{what}, class {c} ({size} B)");
+            let heap = DeviceHeap::new(&b, cap).unwrap();
+            // One slot makes a page the current page of slot 0; the buddy's
+            // other 15 pages go to large blocks; the slot's free keeps the
+            // emptied current page (a scavenge has something to look at).
+            let first = ops::malloc_batch(&heap, &Sizes::Uniform(size), 1, false).unwrap();
+            let (large, n_large) = fill_until_null(&heap, PAGE, 16);
+            assert_eq!(n_large, cap / PAGE - 1, "{what}");
+            ops::free_batch(&heap, first, 1).unwrap();
+            // The kept page fills again, then the class runs dry.
+            let (small, n_small) = fill_until_null(&heap, size, slots.min(256));
+            assert_eq!(n_small, slots, "{what}: the kept page serves all its slots");
+            let s = heap.stats().unwrap();
+            assert!(s.failed_requests > 0, "{what}");
+            assert_eq!(s.transit_in_flight, 0, "{what}");
+            for bt in small.into_iter().chain(large) {
+                ops::free_batch(&heap, bt, 1).unwrap();
+            }
+            check_fully_free(&heap, &what);
+            // The same rounds on the recovered heap and on a fresh one.
+            // The first round refills the slot (its groups that find the
+            // slot `REFILLING` take the slow path too: one group in the
+            // sequential and lockstep modes, a schedule-dependent number in
+            // the independent mode); every later round is served by the
+            // installed page alone, as on a fresh heap.
+            let n = slots.min(32);
+            let recovered = slow_grants_of_rounds(&heap, size, n, 4);
+            let fresh = slow_grants_of_rounds(&DeviceHeap::new(&b, cap).unwrap(), size, n, 4);
+            eprintln!("{what}: slow-path reservations per round: {recovered:?} after recovery, {fresh:?} fresh");
+            assert!(fresh[0] >= 1 && recovered[0] >= 1, "{what}: the first round refills the slot");
+            assert_eq!(&recovered[1..], &[0, 0, 0], "{what}: the fast path serves again after recovery");
+            assert_eq!(&fresh[1..], &[0, 0, 0], "{what}: a fresh heap's fast path");
+            if matches!(b, Backend::Cpu(ref cpu) if matches!(cpu.mode(), CpuMode::Sequential | CpuMode::Lockstep)) {
+                assert_eq!(recovered, fresh, "{what}: as on a fresh heap");
+            }
+            check_fully_free(&heap, &what);
+        }
     }
 }
 
