@@ -165,6 +165,23 @@ pub enum BackendError {
         /// Threads (pointers) of the batch.
         threads: u64,
     },
+    /// A free of a batch whose stride does not visit each pointer exactly once (thread `i` frees
+    /// pointer `(i * stride) % threads`, a permutation only when `stride` (0 read as 1) is coprime
+    /// with `threads`). Refused before anything ran: nothing was freed, and the batch's blocks stay
+    /// allocated until the heap's next reset ([`crate::device_heap::ops::stride_visits_each_once`]
+    /// checks a stride first).
+    #[error(
+        "{entry}: stride {stride} does not visit each of the {threads} pointers exactly once (it must be coprime \
+         with the pointer count); nothing was freed"
+    )]
+    BadStride {
+        /// The entry point that refused it (`ops::free_batch`, ...).
+        entry: &'static str,
+        /// The stride given.
+        stride: u64,
+        /// Threads (pointers) of the batch.
+        threads: u64,
+    },
 }
 
 /// The identity of a backend's memory: which backends may use a [`DeviceBuffer`] (the owner rule;

@@ -149,13 +149,28 @@ pub fn malloc_batch_with(
     Ok(Batch { ptrs, sizes: sizes_buf, size, threads, timing, generation: heap.generation(), alloc })
 }
 
+/// Whether thread `i` freeing pointer `(i * stride) % threads` (the free kernels' mapping, a
+/// `stride` of 0 read as 1) visits each of `threads` pointers exactly once: `stride` and
+/// `threads` coprime.
+pub fn stride_visits_each_once(stride: u64, threads: u64) -> bool {
+    fn gcd(mut a: u64, mut b: u64) -> u64 {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    }
+    threads <= 1 || gcd(stride.max(1) % threads, threads) == 1
+}
+
 /// Frees every pointer of `batch`: thread `i` frees `ptrs[(i * stride) % threads]`
 /// (`stride` coprime with the thread count: other threads and blocks than
 /// the allocating ones). The batch is consumed, so it is freed once.
 ///
 /// # Errors
 /// [`BackendError::ForeignBatch`] for a batch `heap` did not make, or made before its last reset
-/// or rebuild; backend errors.
+/// or rebuild; [`BackendError::BadStride`] for a stride that would free some pointers several
+/// times and others never ([`stride_visits_each_once`]); backend errors. On either error nothing
+/// was freed.
 pub fn free_batch(heap: &DeviceHeap, batch: Batch, stride: u64) -> Result<LaunchTiming> {
     free_batch_on("ops::free_batch", heap, batch, stride, Allocator::Heap)
 }
@@ -181,6 +196,9 @@ fn free_batch_on(
     if alloc != batch.alloc {
         return Err(BackendError::ForeignBatch { entry, threads: batch.threads });
     }
+    if !stride_visits_each_once(stride, batch.threads) {
+        return Err(BackendError::BadStride { entry, stride, threads: batch.threads });
+    }
     let backend = heap.backend();
     let p = FreeParams { heap: heap.handle(), ptrs: batch.ptrs.device_ptr(), threads: batch.threads, stride };
     let k = match alloc {
@@ -189,7 +207,7 @@ fn free_batch_on(
     };
     // SAFETY: the batch's pointers are live allocations of this heap, made since its last reset or
     // rebuild (checked; the fields are private, so they are what `malloc` returned), on `backend`;
-    // the batch is consumed, so they are freed once.
+    // the batch is consumed and the stride is a permutation (checked), so each is freed once.
     unsafe { backend.launch(k, LaunchConfig::for_threads(batch.threads.max(1), BLOCK)?, &p) }
 }
 
