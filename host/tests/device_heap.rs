@@ -108,7 +108,7 @@ fn mixed_sizes(n: usize, seed: u64) -> Vec<u64> {
 
 fn run_mixed(b: &Backend, threads: usize, heap_bytes: u64) {
     let what = format!("{b:?}");
-    let heap = DeviceHeap::new(b, heap_bytes).unwrap();
+    let mut heap = DeviceHeap::new(b, heap_bytes).unwrap();
     let sizes = mixed_sizes(threads, 7);
     let batch = ops::malloc_batch(&heap, &Sizes::PerThread(sizes.clone()), threads as u64, false).unwrap();
     let ptrs = batch.read_ptrs().unwrap();
@@ -116,8 +116,8 @@ fn run_mixed(b: &Backend, threads: usize, heap_bytes: u64) {
     check_stats_against_model(&heap.stats().unwrap(), &ptrs, &sizes, &what);
     // Each thread writes its pattern over its whole block, then all verify
     // after everyone wrote: a slot handed out twice shows up as overwrites.
-    assert_eq!(ops::touch_batch(&heap, &batch, 11, false).unwrap(), 0);
-    assert_eq!(ops::touch_batch(&heap, &batch, 11, true).unwrap(), 0, "{what}: blocks overwrite each other");
+    assert_eq!(ops::touch_batch(&mut heap, &batch, 11, false).unwrap(), 0);
+    assert_eq!(ops::touch_batch(&mut heap, &batch, 11, true).unwrap(), 0, "{what}: blocks overwrite each other");
     // Free from other threads and blocks than the allocating ones.
     ops::free_batch(&heap, batch, 7919).unwrap();
     check_fully_free(&heap, &what);
@@ -361,8 +361,8 @@ fn churn_mixed_sizes_many_rounds_without_corruption() {
             ref c if common::has_thread_per_lane(c) => (256, 12),
             _ => (2048, if cfg!(debug_assertions) { 30 } else { 200 }),
         };
-        let heap = DeviceHeap::new(&b, 256 << 20).unwrap();
-        let r = ops::churn(&heap, threads, rounds, (16, 6000), 99, true).unwrap();
+        let mut heap = DeviceHeap::new(&b, 256 << 20).unwrap();
+        let r = ops::churn(&mut heap, threads, rounds, (16, 6000), 99, true).unwrap();
         assert_eq!(r.corrupted_words, 0, "{what}: {r:?}");
         assert_eq!(r.failures, 0, "{what}: the heap holds 4 live blocks per thread easily: {r:?}");
         assert_eq!(r.allocations, threads * rounds, "{what}");
@@ -379,8 +379,8 @@ fn churn_under_memory_pressure_fails_cleanly_and_recovers() {
             _ => (1024, 20),
         };
         // 1024 threads x 4 live blocks of up to 64 KiB cannot all fit in 8 MiB.
-        let heap = DeviceHeap::new(&b, 8 << 20).unwrap();
-        let r = ops::churn(&heap, threads, rounds, (16, 64 << 10), 5, true).unwrap();
+        let mut heap = DeviceHeap::new(&b, 8 << 20).unwrap();
+        let r = ops::churn(&mut heap, threads, rounds, (16, 64 << 10), 5, true).unwrap();
         assert_eq!(r.corrupted_words, 0, "{what}: {r:?}");
         assert_eq!(r.allocations + r.failures, threads * rounds, "{what}");
         let s = heap.stats().unwrap();
@@ -511,8 +511,8 @@ fn reset_restores_a_fresh_heap() {
 #[ignore = "heavy: scripts/test runs it optimised, with --ignored"]
 fn churn_heavy_release() {
     for b in common::backends("churn_heavy_release").into_iter().filter(|b| !common::has_thread_per_lane(b)) {
-        let heap = DeviceHeap::new(&b, 1 << 30).unwrap();
-        let r = ops::churn(&heap, 1 << 15, 500, (16, 16 << 10), 3, true).unwrap();
+        let mut heap = DeviceHeap::new(&b, 1 << 30).unwrap();
+        let r = ops::churn(&mut heap, 1 << 15, 500, (16, 16 << 10), 3, true).unwrap();
         assert_eq!((r.corrupted_words, r.failures), (0, 0), "{b:?}: {r:?}");
         check_fully_free(&heap, &format!("{b:?}: heavy churn"));
         run_mixed(&b, 1 << 17, 1 << 30);

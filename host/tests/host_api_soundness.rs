@@ -82,12 +82,12 @@ proptest! {
     #[test]
     fn device_sizes_never_overflow(size in any::<u64>(), lo in any::<u64>(), hi in any::<u64>(), handle_size in any::<u64>()) {
         let b = Backend::cpu();
-        let heap = DeviceHeap::new(&b, 1 << 20).unwrap();
+        let mut heap = DeviceHeap::new(&b, 1 << 20).unwrap();
         let batch = ops::malloc_batch(&heap, &Sizes::Uniform(size), 1, false).unwrap();
         let p = batch.read_ptrs().unwrap()[0];
         prop_assert_eq!(p != 0, size > 0 && size <= heap.capacity());
         ops::free_batch(&heap, batch, 1).unwrap();
-        let r = ops::churn(&heap, 4, 2, (lo, hi), 1, true).unwrap();
+        let r = ops::churn(&mut heap, 4, 2, (lo, hi), 1, true).unwrap();
         prop_assert_eq!(r.corrupted_words, 0);
         let mut mh = DeviceHeap::with_movable(&b, 1 << 20, 1 << 19, 4).unwrap();
         let got = mh.movable().unwrap().alloc_batch(&[handle_size]).unwrap();

@@ -483,7 +483,9 @@ impl Backend {
     /// body does with it (each kernel documents this), on this backend: in a
     /// [`DeviceBuffer`] whose [`owner`](DeviceBuffer::owner) is this backend's
     /// [`id`](Self::id) ([`check_owner`](Self::check_owner)), alive until the
-    /// launch returns.
+    /// launch returns; and memory the kernel writes must not be read or
+    /// written by anyone else during the launch (the safe wrappers borrow
+    /// such a buffer, or the heap that owns it, mutably).
     pub unsafe fn launch<P: bytemuck::Pod + Sync>(
         &self,
         k: &Kernel<P>,
