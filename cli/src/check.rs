@@ -26,8 +26,8 @@ pub(crate) fn run(a: Args) -> Result<(), Error> {
     let b = a.backend.select()?;
     let rt = Error::from;
     super::stdout::line(format_args!("backend: {}", b.describe()))?;
-    let buf = b.alloc_zeroed(a.bytes).map_err(rt)?;
-    let t_fill = ops::fill(&b, &buf, 1).map_err(rt)?;
+    let mut buf = b.alloc_zeroed(a.bytes).map_err(rt)?;
+    let t_fill = ops::fill(&b, &mut buf, 1).map_err(rt)?;
     let (r, t_verify) = ops::verify(&b, &buf, 1).map_err(rt)?;
     let gbs = |ms: f64| a.bytes as f64 / (ms * 1e-3) / 1e9;
     super::stdout::line(format_args!(

@@ -44,6 +44,7 @@ KERNEL = "gpuheap_example_grow"
 # The kernel must call these (and each call must resolve to a function of the cubin).
 CALLED = ("gpuheap_malloc", "gpuheap_free")
 REGISTERS_PER_BLOCK = 65536  # sm_80 and sm_90
+SUB_PARTITIONS = 4  # register sub-partitions per SM (sm_80, sm_90)
 REGISTER_UNIT = 256  # registers are allocated per warp in units of 256
 
 PROBE = r"""
@@ -167,9 +168,15 @@ def resources(info_log, kernel):
 
 
 def max_block_threads(registers):
-    """The most threads per block at `registers` per thread (whole warps, at most 1024)."""
+    """The most threads per block at `registers` per thread (whole warps, at most 1024), by the rule
+    of `host/src/backend/limits.rs` (`Arch::max_block_threads`), which the GPU backend's launch check
+    applies: a warp's registers are allocated in units of 256, and a block's warps are rounded up to
+    the SM's 4 register sub-partitions (so 118 registers give 16 warps, 512 threads, not 17)."""
     per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
-    return min(1024, REGISTERS_PER_BLOCK // per_warp * 32)
+    warps = 32
+    while warps > 0 and (-(-warps // SUB_PARTITIONS) * SUB_PARTITIONS * per_warp > REGISTERS_PER_BLOCK):
+        warps -= 1
+    return warps * 32
 
 
 def check_calls(disasm, cubin_path, kernel, called):

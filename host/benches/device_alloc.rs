@@ -38,12 +38,12 @@ fn alloc_free(c: &mut Criterion) {
 
 fn churn(c: &mut Criterion) {
     let b = Backend::cpu();
-    let heap = DeviceHeap::new(&b, 1 << 30).unwrap();
+    let mut heap = DeviceHeap::new(&b, 1 << 30).unwrap();
     let mut g = c.benchmark_group("device_heap_churn");
     g.sample_size(10);
     g.throughput(Throughput::Elements(1024 * 20));
     g.bench_function("1024x20_16_4096", |bench| {
-        bench.iter(|| ops::churn(&heap, 1024, 20, (16, 4096), 1, true).unwrap())
+        bench.iter(|| ops::churn(&mut heap, 1024, 20, (16, 4096), 1, true).unwrap())
     });
     g.finish();
 }

@@ -16,8 +16,8 @@ use gpuheap_kernels::fill::pattern;
 #[test]
 fn fill_then_verify_matches_host_pattern() {
     for b in common::backends("fill_then_verify_matches_host_pattern") {
-        let buf = b.alloc_zeroed(4 * 10_007).unwrap();
-        ops::fill(&b, &buf, 42).unwrap();
+        let mut buf = b.alloc_zeroed(4 * 10_007).unwrap();
+        ops::fill(&b, &mut buf, 42).unwrap();
         let words: Vec<u32> = buf.read().unwrap();
         for (i, w) in words.iter().enumerate() {
             assert_eq!(*w, pattern(42, i as u64), "{b:?}: word {i}");
@@ -31,7 +31,7 @@ fn fill_then_verify_matches_host_pattern() {
 fn verify_reports_corrupted_words() {
     for b in common::backends("verify_reports_corrupted_words") {
         let mut buf = b.alloc_zeroed(4 * 5000).unwrap();
-        ops::fill(&b, &buf, 7).unwrap();
+        ops::fill(&b, &mut buf, 7).unwrap();
         buf.write_at(4 * 1234, &[0xde, 0xad, 0xbe, 0xef]).unwrap();
         buf.write_at(4 * 4000, &[1, 2, 3, 4]).unwrap();
         let (r, _) = ops::verify(&b, &buf, 7).unwrap();

@@ -10,7 +10,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use gpuheap::backend::Backend;
+use gpuheap::backend::{Backend, CpuMode};
 use gpuheap::device_heap::ops::Sizes;
 use gpuheap::device_heap::ops::{self, Batch};
 use gpuheap::device_heap::{BuddyBlock, DeviceHeap, HeapStats};
@@ -108,7 +108,7 @@ fn mixed_sizes(n: usize, seed: u64) -> Vec<u64> {
 
 fn run_mixed(b: &Backend, threads: usize, heap_bytes: u64) {
     let what = format!("{b:?}");
-    let heap = DeviceHeap::new(b, heap_bytes).unwrap();
+    let mut heap = DeviceHeap::new(b, heap_bytes).unwrap();
     let sizes = mixed_sizes(threads, 7);
     let batch = ops::malloc_batch(&heap, &Sizes::PerThread(sizes.clone()), threads as u64, false).unwrap();
     let ptrs = batch.read_ptrs().unwrap();
@@ -116,8 +116,8 @@ fn run_mixed(b: &Backend, threads: usize, heap_bytes: u64) {
     check_stats_against_model(&heap.stats().unwrap(), &ptrs, &sizes, &what);
     // Each thread writes its pattern over its whole block, then all verify
     // after everyone wrote: a slot handed out twice shows up as overwrites.
-    assert_eq!(ops::touch_batch(&heap, &batch, 11, false).unwrap(), 0);
-    assert_eq!(ops::touch_batch(&heap, &batch, 11, true).unwrap(), 0, "{what}: blocks overwrite each other");
+    assert_eq!(ops::touch_batch(&mut heap, &batch, 11, false).unwrap(), 0);
+    assert_eq!(ops::touch_batch(&mut heap, &batch, 11, true).unwrap(), 0, "{what}: blocks overwrite each other");
     // Free from other threads and blocks than the allocating ones.
     ops::free_batch(&heap, batch, 7919).unwrap();
     check_fully_free(&heap, &what);
@@ -258,6 +258,79 @@ fn many_concurrent_failing_leaders_make_one_search_per_null() {
     }
 }
 
+/// `rounds` launches of `n` requests of `size` (one block: every request on
+/// current-page slot 0; `n` at most a page's slots), each freed before the
+/// next; returns the class's slow-path reservations
+/// (`ClassStats::slow_grants`) of each round.
+fn slow_grants_of_rounds(heap: &DeviceHeap, size: u64, n: u64, rounds: usize) -> Vec<u64> {
+    let c = class_of(size).unwrap() as usize;
+    let mut per_round = Vec::new();
+    for _ in 0..rounds {
+        let before = heap.stats().unwrap().classes[c].slow_grants;
+        let bt = ops::malloc_batch(heap, &Sizes::Uniform(size), n, false).unwrap();
+        assert!(bt.read_ptrs().unwrap().iter().all(|&p| p != 0), "{size} B: a round fits in one page");
+        ops::free_batch(heap, bt, 1).unwrap();
+        per_round.push(heap.stats().unwrap().classes[c].slow_grants - before);
+    }
+    per_round
+}
+
+/// Recovery after an out-of-memory is a property of every size class (issue
+/// 40, item 1): a class is exhausted in the way that ends a refill in a
+/// scavenge that retires nothing (its current page emptied and was kept,
+/// then filled again while the buddy is dry), everything is freed, and then
+/// the same rounds of requests take exactly as many slow-path reservations
+/// as on a fresh heap: the current-page fast path serves again. (A null
+/// that left its slot `REFILLING` sent every later request of the class on
+/// that slot down the slow path, for the heap's life.)
+#[test]
+fn every_size_class_serves_its_fast_path_again_after_an_out_of_memory() {
+    for b in common::backends("every_size_class_serves_its_fast_path_again_after_an_out_of_memory") {
+        let what = format!("{b:?}");
+        let cap = 1 << 20; // 16 pages
+        for c in 0..CLASSES {
+            let size = class_size(c);
+            let slots = PAGE / size;
+            let what = format!("{what}, class {c} ({size} B)");
+            let heap = DeviceHeap::new(&b, cap).unwrap();
+            // One slot makes a page the current page of slot 0; the buddy's
+            // other 15 pages go to large blocks; the slot's free keeps the
+            // emptied current page (a scavenge has something to look at).
+            let first = ops::malloc_batch(&heap, &Sizes::Uniform(size), 1, false).unwrap();
+            let (large, n_large) = fill_until_null(&heap, PAGE, 16);
+            assert_eq!(n_large, cap / PAGE - 1, "{what}");
+            ops::free_batch(&heap, first, 1).unwrap();
+            // The kept page fills again, then the class runs dry.
+            let (small, n_small) = fill_until_null(&heap, size, slots.min(256));
+            assert_eq!(n_small, slots, "{what}: the kept page serves all its slots");
+            let s = heap.stats().unwrap();
+            assert!(s.failed_requests > 0, "{what}");
+            assert_eq!(s.transit_in_flight, 0, "{what}");
+            for bt in small.into_iter().chain(large) {
+                ops::free_batch(&heap, bt, 1).unwrap();
+            }
+            check_fully_free(&heap, &what);
+            // The same rounds on the recovered heap and on a fresh one.
+            // The first round refills the slot (its groups that find the
+            // slot `REFILLING` take the slow path too: one group in the
+            // sequential and lockstep modes, a schedule-dependent number in
+            // the independent mode); every later round is served by the
+            // installed page alone, as on a fresh heap.
+            let n = slots.min(32);
+            let recovered = slow_grants_of_rounds(&heap, size, n, 4);
+            let fresh = slow_grants_of_rounds(&DeviceHeap::new(&b, cap).unwrap(), size, n, 4);
+            eprintln!("{what}: slow-path reservations per round: {recovered:?} after recovery, {fresh:?} fresh");
+            assert!(fresh[0] >= 1 && recovered[0] >= 1, "{what}: the first round refills the slot");
+            assert_eq!(&recovered[1..], &[0, 0, 0], "{what}: the fast path serves again after recovery");
+            assert_eq!(&fresh[1..], &[0, 0, 0], "{what}: a fresh heap's fast path");
+            if matches!(b, Backend::Cpu(ref cpu) if matches!(cpu.mode(), CpuMode::Sequential | CpuMode::Lockstep)) {
+                assert_eq!(recovered, fresh, "{what}: as on a fresh heap");
+            }
+            check_fully_free(&heap, &what);
+        }
+    }
+}
+
 #[test]
 fn frees_in_a_later_kernel_by_other_threads_make_memory_reusable() {
     for b in common::backends("frees_in_a_later_kernel_by_other_threads_make_memory_reusable") {
@@ -288,8 +361,8 @@ fn churn_mixed_sizes_many_rounds_without_corruption() {
             ref c if common::has_thread_per_lane(c) => (256, 12),
             _ => (2048, if cfg!(debug_assertions) { 30 } else { 200 }),
         };
-        let heap = DeviceHeap::new(&b, 256 << 20).unwrap();
-        let r = ops::churn(&heap, threads, rounds, (16, 6000), 99, true).unwrap();
+        let mut heap = DeviceHeap::new(&b, 256 << 20).unwrap();
+        let r = ops::churn(&mut heap, threads, rounds, (16, 6000), 99, true).unwrap();
         assert_eq!(r.corrupted_words, 0, "{what}: {r:?}");
         assert_eq!(r.failures, 0, "{what}: the heap holds 4 live blocks per thread easily: {r:?}");
         assert_eq!(r.allocations, threads * rounds, "{what}");
@@ -306,8 +379,8 @@ fn churn_under_memory_pressure_fails_cleanly_and_recovers() {
             _ => (1024, 20),
         };
         // 1024 threads x 4 live blocks of up to 64 KiB cannot all fit in 8 MiB.
-        let heap = DeviceHeap::new(&b, 8 << 20).unwrap();
-        let r = ops::churn(&heap, threads, rounds, (16, 64 << 10), 5, true).unwrap();
+        let mut heap = DeviceHeap::new(&b, 8 << 20).unwrap();
+        let r = ops::churn(&mut heap, threads, rounds, (16, 64 << 10), 5, true).unwrap();
         assert_eq!(r.corrupted_words, 0, "{what}: {r:?}");
         assert_eq!(r.allocations + r.failures, threads * rounds, "{what}");
         let s = heap.stats().unwrap();
@@ -438,8 +511,8 @@ fn reset_restores_a_fresh_heap() {
 #[ignore = "heavy: scripts/test runs it optimised, with --ignored"]
 fn churn_heavy_release() {
     for b in common::backends("churn_heavy_release").into_iter().filter(|b| !common::has_thread_per_lane(b)) {
-        let heap = DeviceHeap::new(&b, 1 << 30).unwrap();
-        let r = ops::churn(&heap, 1 << 15, 500, (16, 16 << 10), 3, true).unwrap();
+        let mut heap = DeviceHeap::new(&b, 1 << 30).unwrap();
+        let r = ops::churn(&mut heap, 1 << 15, 500, (16, 16 << 10), 3, true).unwrap();
         assert_eq!((r.corrupted_words, r.failures), (0, 0), "{b:?}: {r:?}");
         check_fully_free(&heap, &format!("{b:?}: heavy churn"));
         run_mixed(&b, 1 << 17, 1 << 30);

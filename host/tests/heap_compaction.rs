@@ -102,7 +102,7 @@ fn check_handles(heap: &mut DeviceHeap, what: &str) {
 }
 
 /// Raw `malloc` blocks of the heap, filled with a per-thread pattern.
-fn raw_blocks(heap: &DeviceHeap, sizes: Vec<u64>, seed: u64) -> Batch {
+fn raw_blocks(heap: &mut DeviceHeap, sizes: Vec<u64>, seed: u64) -> Batch {
     let n = sizes.len() as u64;
     let batch = ops::malloc_batch(heap, &Sizes::PerThread(sizes), n, false).unwrap();
     assert!(batch.read_ptrs().unwrap().iter().all(|&p| p != 0), "raw malloc failed");
@@ -191,7 +191,7 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         let mut rng = SplitMix64::new(5);
         let mut heap = DeviceHeap::with_movable(b, 16 << 20, 4 << 20, 8192).unwrap();
         // Raw blocks before and after the handle allocations, every size class and large.
-        let raw1 = raw_blocks(&heap, (0..300).map(|i| 16 << (i % 10)).collect(), 77);
+        let raw1 = raw_blocks(&mut heap, (0..300).map(|i| 16 << (i % 10)).collect(), 77);
         let from_kernel: Vec<Handle> = heap
             .movable()
             .unwrap()
@@ -201,7 +201,7 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
             .map(|h| h.expect("handle_alloc"))
             .collect();
         let from_host: Vec<Handle> = (0..24).map(|i| heap.movable().unwrap().alloc(100 + i * 333).unwrap()).collect();
-        let raw2 = raw_blocks(&heap, (0..200).map(|i| 48 + (i % 7) * 1000).collect(), 78);
+        let raw2 = raw_blocks(&mut heap, (0..200).map(|i| 48 + (i % 7) * 1000).collect(), 78);
         let all: Vec<Handle> = from_kernel.iter().chain(&from_host).copied().collect();
         fill_handles(&mut heap, &all);
         check_handles(&mut heap, what);
@@ -227,7 +227,7 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         }
         // Raw malloc blocks: unchanged in place, never inside the movable region.
         for (batch, seed) in [(&raw1, 77), (&raw2, 78)] {
-            assert_eq!(ops::touch_batch(&heap, batch, seed, true).unwrap(), 0, "{what}: a raw block changed");
+            assert_eq!(ops::touch_batch(&mut heap, batch, seed, true).unwrap(), 0, "{what}: a raw block changed");
             assert_outside_movable(&mut heap, batch, what);
         }
         // A second compaction moves nothing.
@@ -248,7 +248,7 @@ fn kernel_and_host_handles_compact_to_plan_slide() {
         fill_handles(&mut heap, &more);
         let r3 = compact_and_check(&mut heap, &format!("{what}, unpinned"));
         assert_eq!(r3.after.free_blocks, 1, "{what}");
-        assert_eq!(ops::touch_batch(&heap, &raw1, 77, true).unwrap(), 0, "{what}");
+        assert_eq!(ops::touch_batch(&mut heap, &raw1, 77, true).unwrap(), 0, "{what}");
     });
 }
 
@@ -339,7 +339,7 @@ fn full_movable_region_accepts_a_large_handle_only_after_compaction() {
     on_backends("bl_01_heap", |b, what| {
         const KIB: u64 = 1024;
         let mut heap = DeviceHeap::with_movable(b, 1 << 20, 64 * KIB, 64).unwrap();
-        let raw = raw_blocks(&heap, vec![4 * KIB; 16], 9);
+        let raw = raw_blocks(&mut heap, vec![4 * KIB; 16], 9);
         let mut hs: Vec<Handle> =
             heap.movable().unwrap().alloc_batch(&[4 * KIB; 16]).unwrap().into_iter().map(|h| h.unwrap()).collect();
         hs.sort_by_key(|h| heap.movable().unwrap().resolve(*h).unwrap().offset);
@@ -367,7 +367,7 @@ fn full_movable_region_accepts_a_large_handle_only_after_compaction() {
         assert_eq!(heap.movable().unwrap().resolve(big).unwrap().offset, 32 * KIB, "{what}");
         fill_handles(&mut heap, &[big]);
         check_handles(&mut heap, what);
-        assert_eq!(ops::touch_batch(&heap, &raw, 9, true).unwrap(), 0, "{what}: a raw block changed");
+        assert_eq!(ops::touch_batch(&mut heap, &raw, 9, true).unwrap(), 0, "{what}: a raw block changed");
     });
 }
 

@@ -51,16 +51,18 @@
  * uses at least the allocator's register count per thread (nvlink gives a
  * kernel the largest count in its call graph), which bounds the threads per
  * block it can be launched with (65536 registers per block on sm_80 and
- * sm_90; a launch with more threads fails with
+ * sm_90, a warp's registers allocated in units of 256 and a block's warps
+ * rounded up to the SM's 4 register sub-partitions: CUDA's occupancy rule,
+ * which gpuheap's launch check applies too; a launch with more threads fails with
  * CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES). The figures of this version, measured
  * on a kernel that calls all five functions, linked by nvJitLink 12.9, and
  * checked against every build by examples/cuda-cpp/link.py (scripts/test),
  * which also rewrites them (--update-header):
  */
 #define GPUHEAP_REGISTERS_SM80 118
-#define GPUHEAP_MAX_BLOCK_THREADS_SM80 544
+#define GPUHEAP_MAX_BLOCK_THREADS_SM80 512
 #define GPUHEAP_REGISTERS_SM90 117
-#define GPUHEAP_MAX_BLOCK_THREADS_SM90 544
+#define GPUHEAP_MAX_BLOCK_THREADS_SM90 512
 /*
  * gpuheap_malloc is the largest of the five. To launch larger blocks, cap the
  * registers at link time (nvJitLink or nvcc -maxrregcount=N): the allocator

@@ -428,7 +428,7 @@ pub fn run(backend: &Backend, cfg: &AllocBenchConfig, mut progress: impl FnMut(&
     let mut nulls = 0;
     for _ in 0..iters.clamp(1, 5) {
         heap.reset()?;
-        let r = ops::churn(&heap, n, cfg.churn_rounds, (16, 4096), 1, true)?;
+        let r = ops::churn(&mut heap, n, cfg.churn_rounds, (16, 4096), 1, true)?;
         assert_eq!(r.corrupted_words, 0, "churn found overwritten blocks");
         t.push(r.timing.ms());
         total = r.allocations + r.failures;

@@ -115,8 +115,11 @@ impl DeviceBuffer {
     pub fn read_into(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check_range(offset, dst.len())?;
         match &self.inner {
-            // SAFETY: the range was checked; no launch is running (launches
-            // are synchronous on the CPU backend), so nobody writes it now.
+            // SAFETY: the range was checked. Nobody writes it now: host
+            // writes take `&mut self`, and a launch that writes a buffer
+            // needs it (or the heap that owns it) borrowed mutably by the
+            // safe wrappers (`ops::fill`, `ops::touch_batch`, `ops::churn`),
+            // or the caller's promise under `Backend::launch`'s contract.
             Inner::Cpu { ptr, .. } => unsafe {
                 std::ptr::copy_nonoverlapping(ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
             },

@@ -279,6 +279,23 @@ mod tests {
     /// Register figures of ptxas 12.9 for the project's kernels (the PTX check's table, and those
     /// of the nested heap design before, 90 / 93) and the largest block CUDA's occupancy
     /// arithmetic gives for each.
+    /// The CUDA C++ header promises, per target, the largest block of a kernel that calls the
+    /// device library; it must be what the launch check allows at the header's register count
+    /// (it promised 544 at 118 registers, where the rule gives 512 and a 544-thread launch fails).
+    #[test]
+    fn the_cuda_header_states_the_launch_checks_largest_block() {
+        let header = include_str!("../../../kernels/include/gpuheap.cuh");
+        let define = |name: &str| -> u32 {
+            let line = header.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap();
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        for (arch, nn) in [(Arch::SM80, 80), (Arch::SM90, 90)] {
+            let regs = define(&format!("GPUHEAP_REGISTERS_SM{nn}"));
+            let threads = define(&format!("GPUHEAP_MAX_BLOCK_THREADS_SM{nn}"));
+            assert_eq!(threads, arch.max_block_threads(regs), "sm_{nn}: {regs} registers");
+        }
+    }
+
     #[test]
     fn largest_block_follows_the_register_allocation() {
         for arch in [Arch::SM80, Arch::SM90] {

@@ -165,6 +165,23 @@ pub enum BackendError {
         /// Threads (pointers) of the batch.
         threads: u64,
     },
+    /// A free of a batch whose stride does not visit each pointer exactly once (thread `i` frees
+    /// pointer `(i * stride) % threads`, a permutation only when `stride` (0 read as 1) is coprime
+    /// with `threads`). Refused before anything ran: nothing was freed, and the batch's blocks stay
+    /// allocated until the heap's next reset ([`crate::device_heap::ops::stride_visits_each_once`]
+    /// checks a stride first).
+    #[error(
+        "{entry}: stride {stride} does not visit each of the {threads} pointers exactly once (it must be coprime \
+         with the pointer count); nothing was freed"
+    )]
+    BadStride {
+        /// The entry point that refused it (`ops::free_batch`, ...).
+        entry: &'static str,
+        /// The stride given.
+        stride: u64,
+        /// Threads (pointers) of the batch.
+        threads: u64,
+    },
 }
 
 /// The identity of a backend's memory: which backends may use a [`DeviceBuffer`] (the owner rule;
@@ -465,7 +482,9 @@ impl Backend {
     /// body does with it (each kernel documents this), on this backend: in a
     /// [`DeviceBuffer`] whose [`owner`](DeviceBuffer::owner) is this backend's
     /// [`id`](Self::id) ([`check_owner`](Self::check_owner)), alive until the
-    /// launch returns.
+    /// launch returns; and memory the kernel writes must not be read or
+    /// written by anyone else during the launch (the safe wrappers borrow
+    /// such a buffer, or the heap that owns it, mutably).
     pub unsafe fn launch<P: bytemuck::Pod + Sync>(
         &self,
         k: &Kernel<P>,

@@ -90,6 +90,15 @@ pub struct ClassStats {
     pub slots_in_use: u64,
     /// `slots_in_use * size`.
     pub bytes_in_use: u64,
+    /// Reservations (one per warp group of the class) that the slot's
+    /// current page did not serve: refills, pages from the available
+    /// bitmap, private fresh pages (the slow path;
+    /// `gpuheap_kernels::heap::layout::CTRL_SLOW_GRANTS`). Since the heap's
+    /// creation or last [`DeviceHeap::reset`]. Every other successful
+    /// reservation was a fast-path hit on the current page, so for a given
+    /// workload this is the same on a heap that recovered from an
+    /// out-of-memory as on a fresh one.
+    pub slow_grants: u64,
 }
 
 /// A snapshot of the heap's state, decoded from its metadata. Exact when no
@@ -366,8 +375,9 @@ impl DeviceHeap {
                 cs.slots_in_use += used;
             }
         }
-        for c in &mut classes {
+        for (i, c) in classes.iter_mut().enumerate() {
             c.bytes_in_use = c.slots_in_use * c.size;
+            c.slow_grants = m.u64(0, (CTRL_SLOW_GRANTS + i) as u64);
         }
         let live = m.live_blocks();
         let mut free_bytes = 0;

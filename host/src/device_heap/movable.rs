@@ -86,7 +86,8 @@ impl DeviceHeap {
     /// than the data region, or `max_handles` is 0; allocation errors.
     pub fn with_movable(backend: &Backend, bytes: u64, movable_bytes: u64, max_handles: u32) -> BackendResult<Self> {
         let mut heap = DeviceHeap::new(backend, bytes)?;
-        let span = movable_bytes.div_ceil(UNIT) * UNIT;
+        // Checked: any `u64` is accepted and refused with a typed error, never a panic.
+        let span = movable_bytes.checked_next_multiple_of(UNIT).unwrap_or(u64::MAX);
         if movable_bytes == 0 || span > heap.capacity() || max_handles == 0 {
             return Err(BackendError::InvalidArgument(format!(
                 "a movable region of {movable_bytes} bytes with {max_handles} handles in a {}-byte heap",

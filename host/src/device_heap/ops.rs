@@ -149,13 +149,28 @@ pub fn malloc_batch_with(
     Ok(Batch { ptrs, sizes: sizes_buf, size, threads, timing, generation: heap.generation(), alloc })
 }
 
+/// Whether thread `i` freeing pointer `(i * stride) % threads` (the free kernels' mapping, a
+/// `stride` of 0 read as 1) visits each of `threads` pointers exactly once: `stride` and
+/// `threads` coprime.
+pub fn stride_visits_each_once(stride: u64, threads: u64) -> bool {
+    fn gcd(mut a: u64, mut b: u64) -> u64 {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    }
+    threads <= 1 || gcd(stride.max(1) % threads, threads) == 1
+}
+
 /// Frees every pointer of `batch`: thread `i` frees `ptrs[(i * stride) % threads]`
 /// (`stride` coprime with the thread count: other threads and blocks than
 /// the allocating ones). The batch is consumed, so it is freed once.
 ///
 /// # Errors
 /// [`BackendError::ForeignBatch`] for a batch `heap` did not make, or made before its last reset
-/// or rebuild; backend errors.
+/// or rebuild; [`BackendError::BadStride`] for a stride that would free some pointers several
+/// times and others never ([`stride_visits_each_once`]); backend errors. On either error nothing
+/// was freed.
 pub fn free_batch(heap: &DeviceHeap, batch: Batch, stride: u64) -> Result<LaunchTiming> {
     free_batch_on("ops::free_batch", heap, batch, stride, Allocator::Heap)
 }
@@ -181,6 +196,9 @@ fn free_batch_on(
     if alloc != batch.alloc {
         return Err(BackendError::ForeignBatch { entry, threads: batch.threads });
     }
+    if !stride_visits_each_once(stride, batch.threads) {
+        return Err(BackendError::BadStride { entry, stride, threads: batch.threads });
+    }
     let backend = heap.backend();
     let p = FreeParams { heap: heap.handle(), ptrs: batch.ptrs.device_ptr(), threads: batch.threads, stride };
     let k = match alloc {
@@ -189,7 +207,7 @@ fn free_batch_on(
     };
     // SAFETY: the batch's pointers are live allocations of this heap, made since its last reset or
     // rebuild (checked; the fields are private, so they are what `malloc` returned), on `backend`;
-    // the batch is consumed, so they are freed once.
+    // the batch is consumed and the stride is a permutation (checked), so each is freed once.
     unsafe { backend.launch(k, LaunchConfig::for_threads(batch.threads.max(1), BLOCK)?, &p) }
 }
 
@@ -211,10 +229,39 @@ pub unsafe fn free_ptrs(heap: &DeviceHeap, ptrs: &[u64]) -> Result<LaunchTiming>
 /// Writes (`verify = false`) the per-thread pattern over every byte-word of
 /// every block of `batch`, or counts the words that differ from it.
 ///
+/// Takes the heap mutably: the launch writes its data region, so two threads
+/// cannot touch the same blocks at once, nor read the data region
+/// ([`DeviceHeap::data`]) while it is written. Two threads touching the
+/// same batch at once do not compile:
+///
+/// ```compile_fail,E0499
+/// use gpuheap::backend::Backend;
+/// use gpuheap::device_heap::{ops, DeviceHeap};
+/// let mut heap = DeviceHeap::new(&Backend::cpu(), 1 << 20).unwrap();
+/// let batch = ops::malloc_batch(&heap, &ops::Sizes::Uniform(64), 256, false).unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(|| ops::touch_batch(&mut heap, &batch, 1, false));
+///     s.spawn(|| ops::touch_batch(&mut heap, &batch, 2, false)); // error[E0499]
+/// });
+/// ```
+///
+/// One thread at a time does (the same code, in sequence):
+///
+/// ```
+/// use gpuheap::backend::Backend;
+/// use gpuheap::device_heap::{ops, DeviceHeap};
+/// let mut heap = DeviceHeap::new(&Backend::cpu(), 1 << 20).unwrap();
+/// let batch = ops::malloc_batch(&heap, &ops::Sizes::Uniform(64), 256, false).unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(|| ops::touch_batch(&mut heap, &batch, 1, false).unwrap());
+/// });
+/// assert_eq!(ops::touch_batch(&mut heap, &batch, 1, true).unwrap(), 0);
+/// ```
+///
 /// # Errors
 /// [`BackendError::ForeignBatch`] for a batch `heap` did not make, or made before its last reset
 /// or rebuild; backend errors.
-pub fn touch_batch(heap: &DeviceHeap, batch: &Batch, seed: u64, verify: bool) -> Result<u64> {
+pub fn touch_batch(heap: &mut DeviceHeap, batch: &Batch, seed: u64, verify: bool) -> Result<u64> {
     check_batch("ops::touch_batch", heap, batch)?;
     let backend = heap.backend();
     let errors = backend.alloc_zeroed(8)?;
@@ -229,7 +276,8 @@ pub fn touch_batch(heap: &DeviceHeap, batch: &Batch, seed: u64, verify: bool) ->
     };
     // SAFETY: each non-null pointer is a live block of at least its size of this heap (checked: the
     // heap, borrowed, made the batch since its last reset or rebuild, on `backend`), owned by its
-    // thread for this launch.
+    // thread for this launch. The heap is borrowed mutably, so no other launch or host read of its
+    // data region runs meanwhile (no two threads write, or read and write, the same block).
     unsafe { backend.launch(&HEAP_TOUCH, LaunchConfig::for_threads(batch.threads.max(1), BLOCK)?, &p)? };
     Ok(errors.read::<u64>()?[0])
 }
@@ -251,13 +299,14 @@ pub struct ChurnReport {
 /// `threads` threads each run `rounds` rounds of verify-free-allocate-write
 /// with sizes in `[min_size, max_size]` (see
 /// `gpuheap_kernels::heap::kernels::churn_kernel`); with `free_at_end` every
-/// block is verified and freed before the kernel ends.
+/// block is verified and freed before the kernel ends. Takes the heap
+/// mutably: the kernel writes the data region (see [`touch_batch`]).
 ///
 /// # Errors
 /// `InvalidArgument` when `threads * CHURN_LIVE` pointers overflow the address space; backend
 /// errors.
 pub fn churn(
-    heap: &DeviceHeap,
+    heap: &mut DeviceHeap,
     threads: u64,
     rounds: u64,
     (min_size, max_size): (u64, u64),
@@ -402,12 +451,12 @@ mod tests {
     #[test]
     fn touch_batch_refuses_a_batch_of_another_heap() {
         let backend = Backend::cpu();
-        let (a, b) = (DeviceHeap::new(&backend, BYTES).unwrap(), DeviceHeap::new(&backend, BYTES).unwrap());
+        let (mut a, mut b) = (DeviceHeap::new(&backend, BYTES).unwrap(), DeviceHeap::new(&backend, BYTES).unwrap());
         let held = batch(&a);
-        assert_foreign(touch_batch(&b, &held, 1, false), "ops::touch_batch");
+        assert_foreign(touch_batch(&mut b, &held, 1, false), "ops::touch_batch");
         // On its own heap it writes, then verifies with no mismatch.
-        assert_eq!(touch_batch(&a, &held, 1, false).unwrap(), 0);
-        assert_eq!(touch_batch(&a, &held, 1, true).unwrap(), 0);
+        assert_eq!(touch_batch(&mut a, &held, 1, false).unwrap(), 0);
+        assert_eq!(touch_batch(&mut a, &held, 1, true).unwrap(), 0);
     }
 
     #[test]
@@ -415,13 +464,13 @@ mod tests {
         // A CPU backend of another identity than the host's: every buffer of the heap and of its
         // batches is its memory, and every wrapper launches there (none takes a `&Backend`).
         let other = Backend::Cpu(CpuBackend::with_test_id(CpuMode::Sequential, 1));
-        let heap = DeviceHeap::new(&other, BYTES).unwrap();
+        let mut heap = DeviceHeap::new(&other, BYTES).unwrap();
         assert_eq!(heap.backend().id(), BackendId::test(1));
         assert_eq!(heap.data().owner(), BackendId::test(1));
         let b = batch(&heap);
         assert_eq!(b.ptrs.owner(), BackendId::test(1));
         assert!(b.read_ptrs().unwrap().iter().all(|&p| p != 0));
-        assert_eq!(touch_batch(&heap, &b, 3, false).unwrap(), 0);
+        assert_eq!(touch_batch(&mut heap, &b, 3, false).unwrap(), 0);
         noop(&heap, 32).unwrap();
         free_batch(&heap, b, 1).unwrap();
         assert_eq!(in_use(&heap), 0);

@@ -19,16 +19,27 @@ fn grid_stride_config(words: u64) -> Result<LaunchConfig> {
     LaunchConfig::for_threads(words.clamp(1, 1 << 22), BLOCK)
 }
 
-/// Writes `pattern(seed, i)` into every 4-byte word `i` of `buf`.
+/// Writes `pattern(seed, i)` into every 4-byte word `i` of `buf`. Takes the
+/// buffer mutably, so no other thread reads or writes it during the launch:
+///
+/// ```compile_fail,E0502
+/// use gpuheap::backend::Backend;
+/// let b = Backend::cpu();
+/// let mut buf = b.alloc_zeroed(4096).unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(|| gpuheap::ops::fill(&b, &mut buf, 1));
+///     s.spawn(|| buf.read::<u32>()); // error[E0502]: read while filled
+/// });
+/// ```
 ///
 /// # Errors
 /// [`BackendError::WrongBackend`] when `buf` is not memory of `backend`; backend errors.
-pub fn fill(backend: &Backend, buf: &DeviceBuffer, seed: u64) -> Result<LaunchTiming> {
+pub fn fill(backend: &Backend, buf: &mut DeviceBuffer, seed: u64) -> Result<LaunchTiming> {
     backend.check_owner("ops::fill", buf)?;
     let words = (buf.len() / 4) as u64;
     let p = FillParams { data: buf.device_ptr(), words, seed };
     // SAFETY: `data` addresses `words` u32 words of `buf`, a buffer of `backend` (checked), alive
-    // for the launch.
+    // for the launch and borrowed mutably: nobody else reads or writes it meanwhile.
     unsafe { backend.launch(&FILL, grid_stride_config(words)?, &p) }
 }
 
@@ -110,15 +121,15 @@ mod tests {
 
     #[test]
     fn fill_refuses_a_buffer_of_another_backend() {
-        let (backend, buf) = mismatch();
-        assert_wrong_backend(fill(&backend, &buf, 7), "ops::fill");
+        let (backend, mut buf) = mismatch();
+        assert_wrong_backend(fill(&backend, &mut buf, 7), "ops::fill");
         // Nothing ran: the buffer is still zero.
         assert!(buf.read::<u32>().unwrap().iter().all(|&w| w == 0));
         // The same buffer on its own backend is filled, and on a second CPU backend of the host
         // identity a host buffer is valid (every CPU backend is host memory).
         let own = Backend::cpu_lockstep();
-        let host_buf = Backend::cpu().alloc_zeroed(1024).unwrap();
-        fill(&own, &host_buf, 7).unwrap();
+        let mut host_buf = Backend::cpu().alloc_zeroed(1024).unwrap();
+        fill(&own, &mut host_buf, 7).unwrap();
         assert_eq!(verify(&Backend::cpu(), &host_buf, 7).unwrap().0, VerifyReport { mismatches: 0, first_bad: None });
     }
 

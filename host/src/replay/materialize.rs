@@ -184,7 +184,7 @@ pub fn measure(
     }
     let len = usize::try_from(bytes).map_err(|_| CompactionError::InvalidLayout("image too large".into()))?;
     let mut region = backend.alloc_zeroed(len)?;
-    ops::fill(backend, &region, seed)?;
+    ops::fill(backend, &mut region, seed)?;
     let mut compactor = Compactor::new(CompactTuning::for_backend(backend));
     let t = Instant::now();
     let run = compactor.compact(backend, &mut region, &blocks, None)?;

@@ -76,6 +76,14 @@ pub const CTRL_KEPT: usize = 5;
 /// transit counter; see [`super::transit`]). Divided by [`CTRL_FAILED`], the
 /// cost of a null in searches.
 pub const CTRL_FAILED_SEARCHES: usize = 6;
+/// Control words `CTRL_SLOW_GRANTS + c` for each class `c`: reservations
+/// that the slot's current page did not serve (the slow path: a refill, a
+/// page from the available bitmap, a private fresh page). Every other
+/// reservation was a fast-path hit. A slot left `REFILLING` would send
+/// every later request of its class here.
+pub const CTRL_SLOW_GRANTS: usize = 48;
+const _: () = assert!(CTRL_SLOW_GRANTS >= CTRL_LEVELS + MAX_ORDER_LIMIT as usize + 1);
+const _: () = assert!(CTRL_SLOW_GRANTS + CLASSES as usize <= CTRL_TRANSIT);
 /// Control words `CTRL_LEVELS + k`: word offset of buddy level `k` in the
 /// buddy section ([`Heap::level_offset`], written by the host at init for
 /// the host's decoding; device code computes it).

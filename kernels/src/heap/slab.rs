@@ -59,6 +59,17 @@
 //! RMW) after its `current` store: the header RMWs are ordered, so at least
 //! one of the two sees the other and retires.
 //!
+//! # Refills end (the recovery property)
+//!
+//! A warp that replaces `current[class][slot]` with [`REFILLING`] owns the
+//! slot until it ends the refill with [`install`] (its page, or 0 when its
+//! search failed). Every path out of [`acquire`] that holds a refill goes
+//! through that install: a grant, a failed search of the buddy, and a
+//! scavenge that retired nothing (which fails like any other search, after
+//! the install). So no null leaves a slot `REFILLING`, and once memory is
+//! freed the class's fast path serves again. Reservations that the current
+//! page did not serve are counted per class (`CTRL_SLOW_GRANTS`).
+//!
 //! # Memory ordering: the one operation that carries each edge
 //!
 //! | edge | release | acquire |
@@ -446,10 +457,24 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
         let mut start = false;
         'step: {
             if phase == SCAV {
-                ret = scavenge_entry(m, probe & !SCAV_ANY);
-                keep_current = false;
-                probe += 1;
-                break 'step;
+                if probe & !SCAV_ANY != SCAV_END {
+                    ret = scavenge_entry(m, probe & !SCAV_ANY);
+                    keep_current = false;
+                    probe += 1;
+                    break 'step;
+                }
+                // The scavenge is over: search again if a page went back
+                // (its retirement completed a transit), else this search
+                // failed, and it fails below like any other: through the
+                // end of the refill, so that no path out of a search
+                // leaves the slot `REFILLING`.
+                if probe & SCAV_ANY != 0 {
+                    transit::end(m);
+                    scan += 1;
+                    phase = START;
+                    break 'step;
+                }
+                transit::cancel(m);
             }
             if phase == START {
                 // A search begins: the snapshot it is checked against is
@@ -581,25 +606,22 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
             probe |= SCAV_ANY;
         }
         if r != Grant::NONE {
-            return Ok(r);
-        }
-        if phase == SCAV && probe & !SCAV_ANY == SCAV_END {
-            // The scavenge is over: search again if a page went back (its
-            // retirement completed a transit), else this search failed.
-            if probe & SCAV_ANY != 0 {
-                transit::end(m);
-                scan += 1;
-                phase = START;
-                continue;
+            if slab && phase != CUR {
+                // Not the slot's current page: the slow path (a refill, a
+                // page from the available bitmap, a private page).
+                m.word(MetaSection::Ctrl, (CTRL_SLOW_GRANTS as u32 + req) as u64).fetch_add(1, Ordering::Relaxed);
             }
-            transit::cancel(m);
-            failed = true;
+            return Ok(r);
         }
         if start || failed {
             // The one snapshot site: before a search, and after a failed
             // one (where it is also the next search's start).
             let t1 = transit::snapshot(m);
             if failed {
+                // Every failed search ended a refill it held (the install
+                // before `failed` is set), so a null never leaves its slot
+                // `REFILLING` (the recovery property).
+                debug_assert_eq!(refill, 0);
                 if transit::quiet(t0, t1) || scan == FINAL_SCANS {
                     return Err(scan + 1);
                 }

@@ -179,3 +179,53 @@ fn buddy_split_and_merge_restore_the_initial_state() {
     assert_eq!(buddy::free_blocks(&h), [(0, 6)]);
     assert_eq!(transit::in_flight(&h), 0, "nothing in flight");
 }
+
+/// The `current` entry of `class`'s slot 0 (the slot of every request here:
+/// `sm_id()` is 0 outside a launch).
+fn current_entry(h: &VecHeap, class: u32) -> u32 {
+    use crate::arch::atomic::Ordering;
+    h.word32(MetaSection32::Current, ((class * CURRENT_SLOTS) * CURRENT_STRIDE) as u64).load(Ordering::Relaxed)
+}
+
+/// Recovery after an out-of-memory, for every class: a refill whose search
+/// ends in a scavenge that retires nothing (the kept current page is full
+/// again) must still end the refill, or the slot stays `REFILLING` for the
+/// heap's life and the class loses its fast path on it.
+#[test]
+fn a_null_after_a_scavenge_that_retires_nothing_ends_the_refill() {
+    for class in 0..CLASSES {
+        let h = heap(1 << 20); // 16 pages
+        let size = class_size(class);
+        let first = malloc_in(&h, size); // a page becomes the slot's current page
+        assert_ne!(first, 0);
+        let mut large = Vec::new();
+        loop {
+            let p = malloc_in(&h, 64 << 10);
+            if p == 0 {
+                break;
+            }
+            large.push(p);
+        }
+        assert_eq!(large.len(), 15, "class {class}: the buddy holds the other pages");
+        free_in(&h, first); // the current page empties: kept (CTRL_KEPT = 1)
+        let mut small = Vec::new();
+        for _ in 0..class_slots(class) {
+            let p = malloc_in(&h, size);
+            assert_ne!(p, 0, "class {class}: the kept page serves again");
+            small.push(p);
+        }
+        // Refill, the buddy is dry, the scavenge finds nothing, the check
+        // is quiet: a null.
+        assert_eq!(malloc_in(&h, size), 0, "class {class}");
+        assert_ne!(current_entry(&h, class), slab::REFILLING, "class {class}: the null left its slot REFILLING");
+        for p in small.into_iter().chain(large) {
+            free_in(&h, p);
+        }
+        assert_eq!(buddy::free_blocks(&h), fresh_free_blocks(1 << 20), "class {class}: all back");
+        // The next request refills the slot and installs its page.
+        let p = malloc_in(&h, size);
+        assert_ne!(p, 0);
+        assert_eq!(current_entry(&h, class), ((p - BASE) >> PAGE_SHIFT) as u32 + 1, "class {class}: installed");
+        check_summaries(&h);
+    }
+}
