@@ -320,7 +320,7 @@ fn render(p: &Explanation) -> String {
             let frames = if t.frames.is_empty() {
                 site_text(&t.site)
             } else {
-                t.frames.iter().map(|f| format!("{}:{} {}", f.filename, f.line, f.name)).collect::<Vec<_>>().join(" < ")
+                t.frames.iter().map(super::breakdown::frame_label).collect::<Vec<_>>().join(" < ")
             };
             let _ = writeln!(
                 s,

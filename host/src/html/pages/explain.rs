@@ -93,7 +93,7 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
             .iter()
             .map(|t| {
                 let frames: Vec<String> =
-                    t.frames.iter().map(|f| format!("{} ({}:{})", f.name, f.filename, f.line)).collect();
+                    t.frames.iter().map(|f| format!("{} ({}:{})", f.name, f.path().path, f.line)).collect();
                 vec![
                     fmt_bytes(t.block.size),
                     fmt_bytes(t.block.requested),
