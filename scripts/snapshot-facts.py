@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Figures of PyTorch memory snapshots computed from the pickle alone, as expected values for gpuheap's tests
-(host/tests/pools_and_history.rs): no gpuheap code, a plain Unpickler whose find_class refuses every global.
+(cli/tests/pools_and_history.rs): no gpuheap code, a plain Unpickler whose find_class refuses every global.
 
     scripts/snapshot-facts.py FILE...
 

@@ -322,8 +322,9 @@ impl PtxBuilder {
 
     /// Builds from a build script: writes `OUT_DIR/<crate_name>.ptx`, prints
     /// the `rerun-if-changed` lines for the kernel crate, and on a missing
-    /// toolchain prints a cargo warning with the install command and writes an
-    /// empty file, unless `GPUHEAP_REQUIRE_PTX=1`, in which case it panics
+    /// toolchain prints a cargo warning with the install command, watches the
+    /// sysroot's `lib/rustlib` (so the build reruns once the components are
+    /// installed) and writes an empty file, unless `GPUHEAP_REQUIRE_PTX=1`, in which case it panics
     /// (a build-script panic is cargo's way to fail the build).
     pub fn build_in_build_script(&self) -> BuiltPtx {
         let out_dir = PathBuf::from(
@@ -349,6 +350,11 @@ impl PtxBuilder {
             Err(e) => {
                 if required {
                     panic!("GPUHEAP_REQUIRE_PTX=1 and the PTX build failed: {e}");
+                }
+                if let (BuildError::ToolchainMissing { .. }, Ok(sysroot)) = (&e, self.rustc_sysroot()) {
+                    // The components install under the sysroot's `lib/rustlib`: a build after
+                    // `rustup component add` runs this script again and builds the PTX.
+                    println!("cargo:rerun-if-changed={}", sysroot.join("lib/rustlib").display());
                 }
                 let reason = e.to_string();
                 let first = reason.lines().next().unwrap_or_default();

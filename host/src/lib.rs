@@ -4,7 +4,7 @@
 //!
 //! **The front door** is [`app`]: the commands `replay`, `compare`, `explain` and `tune` as functions
 //! over a read trace and one [`app::Options`], each returning the JSON, text and HTML the command line
-//! prints; errors are [`Error`], of an [`ErrorKind`]. The command line ([`cli`], feature `cli`) and the
+//! prints; errors are [`Error`], of an [`ErrorKind`]. The command line (the crate `gpuheap-cli`) and the
 //! Python package only map their arguments onto it.
 //!
 //! Below it, one module per layer, each using only those listed after it:
@@ -23,7 +23,7 @@
 //! * [`compaction`]: relocatable blocks (handles) and in-place compaction;
 //!   [`device_heap`]: the device allocator (`malloc`/`free` inside kernels): creation, statistics, live
 //!   blocks, reset, the movable region of handles; [`ops`]: safe host wrappers of the basic kernels
-//!   (fill/verify, bump); [`mod@bench`]: the suites behind `gpuheap bench`;
+//!   (fill/verify, bump);
 //! * [`backend`]: where kernels run: the GPU (CUDA driver through `cudarc`)
 //!   or the CPU emulation of the same kernel code; device buffers, launches; [`ptx`]: the embedded PTX of
 //!   `gpuheap-kernels`;
@@ -33,9 +33,6 @@
 pub mod analysis;
 pub mod app;
 pub mod backend;
-pub mod bench;
-#[cfg(feature = "cli")]
-pub mod cli;
 pub mod compaction;
 pub mod device_heap;
 mod error;
@@ -46,6 +43,8 @@ pub mod ops;
 pub mod ptx;
 pub mod reference;
 pub mod replay;
+#[doc(hidden)]
+pub mod testing;
 pub mod trace;
 pub mod units;
 

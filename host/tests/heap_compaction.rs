@@ -17,11 +17,11 @@
 mod common;
 
 use gpuheap::backend::Backend;
-use gpuheap::bench::SplitMix64;
 use gpuheap::compaction::{oracle, CompactionError, CompactionReport, Handle, HandleRegion};
 use gpuheap::device_heap::ops::Sizes;
 use gpuheap::device_heap::ops::{self, Batch};
 use gpuheap::device_heap::DeviceHeap;
+use gpuheap::testing::SplitMix64;
 use gpuheap_kernels::compact::handle::{ENTRY_LIVE, ENTRY_PINNED};
 use gpuheap_kernels::fill::pattern;
 

@@ -1,7 +1,7 @@
-//! `gpuheap._gpuheap.cli_main`: the `gpuheap` command that pip installs (feature `cli`).
+//! `gpuheap._gpuheap.cli_main`: the `gpuheap` command that pip installs (feature `cli`: the crate `gpuheap-cli`).
 //!
 //! The wheel's console script `gpuheap` (and `python -m gpuheap`) is `gpuheap.__main__:main`, which
-//! calls [`cli_main`] with its arguments: the library's own command line ([`gpuheap::cli::main`]) runs
+//! calls [`cli_main`] with its arguments: the command line of `gpuheap-cli` ([`gpuheap_cli::main`]) runs
 //! in this process, so every command, its `--help`, its output and its exit code are those of the
 //! binary built from source. `gpuheap.__main__` restores the default Ctrl-C (SIGINT ends the process,
 //! as it ends the binary); Rust's standard library and CPython both ignore SIGPIPE, so a closed pipe
@@ -25,7 +25,7 @@ const PANIC_EXIT: i32 = 101;
 #[pyfunction]
 pub fn cli_main(py: Python<'_>, argv: Vec<OsString>) -> i32 {
     py.detach(move || {
-        let code = catch_unwind(AssertUnwindSafe(|| gpuheap::cli::main(argv)));
+        let code = catch_unwind(AssertUnwindSafe(|| gpuheap_cli::main(argv)));
         // A Rust binary flushes its (line-buffered) stdout at exit; here the process goes on.
         let _ = std::io::stdout().flush();
         code.map_or(PANIC_EXIT, exit_status)

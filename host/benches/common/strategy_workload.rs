@@ -5,9 +5,9 @@ use std::alloc::Layout;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
-use gpuheap::bench::SplitMix64;
 use gpuheap::reference::caching::{CachingAllocator, CachingConfig};
 use gpuheap::reference::{AllocError, Allocation, BestFit, Buddy, FirstFit, Handle, Slab, SubAllocator, Tiered, Tlsf};
+use gpuheap::testing::SplitMix64;
 
 pub const CAPACITY: u64 = 128 << 30;
 pub const LIVE: usize = 100_000;

@@ -2,7 +2,7 @@
 //! ([`run_replay`], [`run_compare`], [`run_explain`], [`run_tune`]) over a read trace ([`Snapshot`])
 //! and the options of every command ([`Options`]), each returning its [`Output`]: the JSON the
 //! command line prints with `--json`, the text page it prints without, the HTML page of `--html` and
-//! the page's title. The command line (`gpuheap::cli`) and the Python package (`python/src`) call these
+//! the page's title. The command line (`gpuheap-cli`) and the Python package (`python/src`) call these
 //! and only map their arguments, so both give the same answer by construction; errors are the front
 //! door's [`crate::Error`].
 //!
@@ -24,8 +24,6 @@ use std::sync::Arc;
 use crate::trace::{self, Trace, TraceFormat};
 use crate::Error;
 
-pub mod kernels;
-pub mod machine;
 pub(crate) mod options;
 mod run;
 

@@ -190,7 +190,8 @@ impl GpuBackend {
     ///
     /// # Safety
     /// As for [`super::Backend::launch`].
-    pub(crate) unsafe fn launch_unchecked<P: bytemuck::Pod>(
+    #[doc(hidden)]
+    pub unsafe fn launch_unchecked<P: bytemuck::Pod>(
         &self,
         k: &Kernel<P>,
         cfg: LaunchConfig,

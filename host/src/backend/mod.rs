@@ -73,7 +73,7 @@ use std::time::Duration;
 
 pub use buffer::DeviceBuffer;
 pub use cpu::{CpuBackend, CpuMode};
-pub use gpu::GpuBackend;
+pub use gpu::{driver_present, GpuBackend};
 use gpuheap_kernels::Kernel;
 pub use limits::{Arch, KernelInfo, Limiter, Occupancy};
 pub use module::{KernelModule, ModuleLoad};
@@ -243,7 +243,6 @@ pub type Result<T, E = BackendError> = std::result::Result<T, E>;
 
 /// Which backend to use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum BackendChoice {
     /// The GPU when usable, else the CPU.
     #[default]

@@ -22,7 +22,7 @@
 //! element as JSON: per series the data points behind the lines and the tooltip, the lines' vertices
 //! mapped back to bytes and fragmentation through the inverse scales, the markers drawn, the tooltip
 //! text at the first series' peak, and every script error caught. The headless-browser test
-//! (`host/tests/html_report.rs`) reads it with `chromium --dump-dom`.
+//! (`cli/tests/html_report.rs`) reads it with `chromium --dump-dom`.
 
 pub mod pages;
 

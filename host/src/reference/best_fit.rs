@@ -217,7 +217,7 @@ mod tests {
     /// `size`; every placement is checked against a scan of the free blocks (the smallest that fits, then
     /// the lowest address) and the index against its invariants. Returns the most trie nodes in use.
     fn churn_against_a_scan(h: &mut BestFit, steps: usize, seed: u64, size: impl Fn(u64) -> u64) -> usize {
-        let mut rng = crate::bench::SplitMix64::new(seed);
+        let mut rng = crate::testing::SplitMix64::new(seed);
         let (mut mine, mut most) = (Vec::<Allocation>::new(), 0);
         for step in 0..steps {
             let r = rng.next_u64();
@@ -344,7 +344,7 @@ mod tests {
     #[test]
     fn holes_spread_over_2_pow_48_bytes() {
         let mut h = BestFit::with_granule(1 << 48, 1).unwrap();
-        let mut rng = crate::bench::SplitMix64::new(3);
+        let mut rng = crate::testing::SplitMix64::new(3);
         let sizes: Vec<u64> =
             (0..1200).map(|i| if i % 2 == 0 { 1 + i % 3 } else { 1 << (20 + rng.next_u64() % 16) }).collect();
         let held = holes(&mut h, sizes.into_iter());

@@ -571,7 +571,7 @@ mod tests {
     /// with one `BTreeSet` of `(size, offset)`, and at the end the full order and the largest key.
     #[test]
     fn chunks_keep_the_exact_order_of_a_btree_set() {
-        let mut rng = crate::bench::SplitMix64::new(11);
+        let mut rng = crate::testing::SplitMix64::new(11);
         let mut index = ClassIndex::default();
         let mut reference = BTreeSet::new();
         let mut most_chunks = 0;

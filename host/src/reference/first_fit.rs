@@ -586,7 +586,7 @@ mod tests {
         ];
         for (capacity, granule, steps, size_of) in configs {
             let mut h = BlockList::new(capacity, granule, FirstFitIndex::new(capacity, granule)).unwrap();
-            let mut rng = crate::bench::SplitMix64::new(capacity ^ granule);
+            let mut rng = crate::testing::SplitMix64::new(capacity ^ granule);
             let mut live = Vec::new();
             let mut floating = false;
             for step in 0..steps {
@@ -643,7 +643,7 @@ mod tests {
     fn max_tree_answers_like_a_scan() {
         let mut t = MaxTree::new();
         let mut keys = std::collections::BTreeMap::new();
-        let mut rng = crate::bench::SplitMix64::new(7);
+        let mut rng = crate::testing::SplitMix64::new(7);
         let spots = [0, 31, 32, 1023, 1024, 32_767, 32_768, REGIONS / 2, REGIONS - 33, REGIONS - 1];
         for step in 0..4000 {
             let r = rng.next_u64();

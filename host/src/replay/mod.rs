@@ -93,8 +93,6 @@ mod engine;
 mod error;
 pub(crate) mod materialize;
 pub(crate) mod options;
-#[cfg(feature = "cli")]
-pub mod plot;
 pub(crate) mod render;
 pub(crate) mod report;
 mod seeding;

@@ -135,14 +135,11 @@ pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-/// Runs the built `gpuheap` binary with `args` in the workspace root, on the CPU backend.
+/// Runs the built `gpuheap` binary with `args` in the workspace root, on the CPU backend. Only the
+/// tests of the `gpuheap-cli` package (`cli/tests`, which include this module) have the binary.
 pub fn gpuheap(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuheap"))
-        .args(args)
-        .current_dir(workspace())
-        .env("GPUHEAP_BACKEND", "cpu")
-        .output()
-        .expect("runs")
+    let bin = option_env!("CARGO_BIN_EXE_gpuheap").expect("the gpuheap binary: a test of the gpuheap-cli package");
+    Command::new(bin).args(args).current_dir(workspace()).env("GPUHEAP_BACKEND", "cpu").output().expect("runs")
 }
 
 /// The project's shared folder: `$GPUHEAP_SHARED`, else `shared/` beside the checkout (the parent of

@@ -2,7 +2,7 @@
 ``python -m gpuheap explain snap.pickle``.
 
 It is the command line of the Rust library itself (``gpuheap._gpuheap.cli_main``, which runs
-``gpuheap::cli::main``), so its commands, ``--help``, output and exit codes (0 success, 1 a run-time
+``gpuheap_cli::main``), so its commands, ``--help``, output and exit codes (0 success, 1 a run-time
 failure, 2 bad input or usage) are those of the ``gpuheap`` binary built with cargo.
 """
 

@@ -454,7 +454,7 @@ mod tests {
             "True",
             "0.5",
         ];
-        let mut rng = crate::bench::SplitMix64::new(7);
+        let mut rng = crate::testing::SplitMix64::new(7);
         for _ in 0..20_000 {
             let n = rng.next_u64() % 9;
             let s: String = (0..n).map(|_| alphabet[(rng.next_u64() % alphabet.len() as u64) as usize]).collect();

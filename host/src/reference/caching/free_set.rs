@@ -209,7 +209,7 @@ mod tests {
     /// `class_index.rs`.)
     #[test]
     fn free_set_keeps_block_comparator_order_per_stream() {
-        let mut rng = crate::bench::SplitMix64::new(11);
+        let mut rng = crate::testing::SplitMix64::new(11);
         let mut fs = FreeSet::default();
         let mut reference = BTreeMap::new();
         for step in 0..5_000u32 {
