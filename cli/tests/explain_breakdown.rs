@@ -298,3 +298,115 @@ fn without_a_pattern_that_matches_nothing_exits_2() {
     assert!(text.contains("fits on this GPU (144.00 MiB): the OOM goes away"), "{text}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The absolute path PyTorch would have recorded for a frame file of a `../shared` snapshot, whose
+/// paths were shortened (`traces/SOURCES.md`: text after `site-packages/` kept, `lib/python3.x/` made
+/// `python-stdlib/`, other absolute paths cut to their last two components): the inverse, in a POSIX
+/// (a virtual environment) or a Windows (a conda environment, backslashes, drive letter) layout. A
+/// one-component `.py` name stays relative (a script run as `python train.py`); C++ files get a build
+/// folder; `??` and `<…>` stay.
+fn unshortened(file: &str, windows: bool) -> String {
+    let (site, stdlib, home, build) = if windows {
+        (
+            r"C:\Users\alice\miniconda3\envs\dl\Lib\site-packages\",
+            r"C:\Users\alice\miniconda3\envs\dl\Lib\",
+            r"C:\Users\alice\work\",
+            r"C:\actions-runner\_work\pytorch\pytorch\",
+        )
+    } else {
+        ("/opt/venv/lib/python3.10/site-packages/", "/usr/lib/python3.10/", "/home/alice/work/", "/opt/pytorch/")
+    };
+    let sep = |s: &str| if windows { s.replace('/', "\\") } else { s.to_string() };
+    if file.is_empty() || file.starts_with('<') || file.contains('?') {
+        return file.to_string();
+    }
+    if !file.ends_with(".py") {
+        return format!("{build}{}", sep(file));
+    }
+    if let Some(rest) = file.strip_prefix("python-stdlib/") {
+        return format!("{stdlib}{}", sep(rest));
+    }
+    match file.split('/').count() {
+        1 => file.to_string(),
+        2 => format!("{home}{}", sep(file)),
+        _ => format!("{site}{}", sep(file)),
+    }
+}
+
+/// What a page says holds the memory: per site and per kind (label, kind, tensors, bytes), and the
+/// largest tensors' sites and frames.
+type Held = (Vec<(String, Kind, usize, u64)>, Vec<(String, Kind, usize, u64)>, Vec<(String, Vec<String>)>);
+
+fn held(x: &Explanation) -> Held {
+    let g = |v: &[gpuheap::explain::breakdown::Group]| {
+        v.iter().map(|g| (g.label.clone(), g.kind, g.tensors, g.bytes)).collect::<Vec<_>>()
+    };
+    let tensors = x
+        .largest_tensors
+        .iter()
+        .map(|t| (t.site.label.clone(), t.frames.iter().map(gpuheap::explain::breakdown::frame_label).collect()))
+        .collect();
+    (g(&x.breakdown.by_site), g(&x.breakdown.by_kind), tensors)
+}
+
+#[test]
+fn absolute_posix_and_windows_paths_give_the_same_kinds_and_sites() {
+    let files = common::shared_files("traces", &["pickle", "pkl"]);
+    let mut compared = 0;
+    let mut bad = Vec::new();
+    for p in &files {
+        let bytes = std::fs::read(p).unwrap();
+        let Ok(t) = parse_trace(p, &bytes) else { continue };
+        let Ok(x) = explain_with_bytes(&t, Some(&bytes), None, None) else { continue };
+        let want = held(&x);
+        for windows in [false, true] {
+            let derived = gpuheap::trace::rewrite_frame_filenames(&bytes, &|f| unshortened(f, windows))
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let t2 = parse_trace(p, &derived).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let x2 =
+                explain_with_bytes(&t2, Some(&derived), None, None).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let got = held(&x2);
+            if got != want {
+                let diff: Vec<_> = got.0.iter().filter(|g| !want.0.contains(g)).collect();
+                bad.push(format!("{} ({}): {diff:?}", p.display(), if windows { "Windows" } else { "POSIX" }));
+            }
+        }
+        compared += 1;
+    }
+    assert!(bad.is_empty(), "kinds or sites differ:\n{}", bad.join("\n"));
+    assert!(files.is_empty() || compared >= 20, "only {compared} of {} shared snapshots explained", files.len());
+}
+
+#[test]
+fn the_published_paths_of_two_snapshots_name_parameters_and_pytorch_frames() {
+    // As published (absolute paths). mlsys_linear_profile_grad_from_empty: the two `nn.Linear` weights
+    // (1.86 GiB) are placed by `Module.to` (`torch/nn/modules/module.py` `_apply`), line 8 of the script;
+    // diffusion_course_ddpm_sprites_windows (Windows): the 156 parameters of the UNet are placed from
+    // `model.py:7` through PyTorch's own `module.py` `convert`, which is never the user's site.
+    for (file, windows, site, tensors, held_bytes) in [
+        (
+            "traces/mlsys_linear_profile_grad_from_empty.pickle",
+            false,
+            "model_memory_usage/profile_grad.py:8 <module>",
+            2,
+            2_000_883_200,
+        ),
+        ("traces/diffusion_course_ddpm_sprites_windows.pickle", true, "joel/model.py:7 __init__", 156, 5_965_312),
+    ] {
+        let Some(p) = common::shared(file) else { continue };
+        let bytes = std::fs::read(&p).unwrap();
+        let derived = gpuheap::trace::rewrite_frame_filenames(&bytes, &|f| unshortened(f, windows)).unwrap();
+        let t = parse_trace(&p, &derived).unwrap();
+        let x = explain_with_bytes(&t, Some(&derived), None, None).unwrap();
+        let b = &x.breakdown;
+        let params = b.by_kind.iter().find(|g| g.kind == Kind::ParametersAndBuffers).map(|g| (g.tensors, g.bytes));
+        assert_eq!(params, Some((tensors, held_bytes)), "{file}: {:?}", b.by_kind);
+        let s = b.by_site.iter().find(|g| g.label == site).map(|g| (g.kind, g.tensors, g.bytes));
+        assert_eq!(s, Some((Kind::ParametersAndBuffers, tensors, held_bytes)), "{file}: {:?}", b.by_site);
+        assert!(
+            b.by_site.iter().all(|g| !g.label.contains("torch/") && !g.label.contains('\\')),
+            "{file}: {:?}",
+            b.by_site
+        );
+    }
+}

@@ -206,12 +206,13 @@ fn verl_private_pools_are_reported_per_pool() {
         .collect();
     assert_eq!(got, want);
     // No history: explain gives the bounds at PyTorch's reserved 26,189,234,176 B (0 B free), default pool only:
-    // fits up to its largest hole, fails for fragmentation up to its 589,263,872 B of holes (not 675,822,592 B
-    // with the vLLM weights pool's 86,558,720 B).
+    // fits up to the 287,309,824 B of its 8 entirely free segments (a plain unpickler), which PyTorch releases
+    // before failing (more than its largest hole, 272,629,760 B), may fail up to its 589,263,872 B of holes
+    // (not 675,822,592 B with the vLLM weights pool's 86,558,720 B).
     let e = explain(&t, None, None).unwrap();
     let b = e.request_bounds.expect("a dumped state has bounds");
     assert_eq!((b.capacity, b.device_free), (26_189_234_176, 0));
-    assert_eq!((b.fits_up_to, b.fragmentation_up_to, b.other_pools_hole_bytes), (272_629_760, 589_263_872, 86_558_720));
+    assert_eq!((b.fits_up_to, b.fragmentation_up_to, b.other_pools_hole_bytes), (287_309_824, 589_263_872, 86_558_720));
     assert_eq!(e.history.history, History::None);
     // Seeded in their pools, the model reproduces the state.
     let r = replay_at(&t, dev, None);
@@ -324,7 +325,9 @@ fn octree_release_after_the_failed_cuda_malloc_is_the_models_to_decide() {
 fn one_entry_histories_keep_the_bounds_of_a_dumped_state() {
     // layoutediting (legacy _record_memory_history(enabled=True, device=...)): device 1 holds one
     // free_completed; scripts/snapshot-facts.py: reserved 11,274,289,152 B, holes 558,507,008 B, largest
-    // 134,217,728 B. The capacity is the reserved peak, so 0 B are free on the device.
+    // 134,217,728 B. The capacity is the reserved peak, so 0 B are free on the device; 8 segments of
+    // 228,589,568 B are entirely free (a plain unpickler), which PyTorch releases before failing, so a new
+    // segment of up to that serves.
     if let Some(p) = common::shared("traces/layoutediting_sd_guided_diffusion.pickle") {
         let t = read_trace(&p).unwrap();
         let e = explain(&t, Some(1), None).unwrap();
@@ -333,7 +336,8 @@ fn one_entry_histories_keep_the_bounds_of_a_dumped_state() {
         assert_eq!(e.moment, gpuheap::explain::Moment::DumpedState);
         assert_eq!((e.reserved, e.segments), (11_274_289_152, 673));
         let b = e.request_bounds.expect("bounds");
-        assert_eq!((b.device_free, b.fits_up_to, b.fragmentation_up_to), (0, 134_217_728, 558_507_008));
+        assert_eq!((b.device_free, b.fits_up_to, b.fragmentation_up_to), (0, 228_589_568, 558_507_008));
+        assert_eq!((b.released_segments, b.released_before_failure), (8, 228_589_568));
         let dev = t.devices.iter().find(|d| d.device == 1).unwrap();
         let (p, pr) = (peaks(dev), facts::pytorch_series(dev));
         assert_eq!((p.allocated, pr.peak), (10_634_324_546, 11_274_289_152));
@@ -548,4 +552,52 @@ fn dumped_state_bounds_follow_the_recorded_settings() {
     // above it only those within max_non_split_rounding (20 MiB) of 500 MiB: beyond 1 MiB, nothing is sure.
     let m = bounds(vec![("max_split_size", V::Int((100 * MIB) as i128))]);
     assert_eq!((m.device_free, m.fits_up_to, m.fragmentation_up_to), (0, MIB, 501 * MIB));
+}
+
+/// The bounds of a dumped state follow `DeviceCachingAllocator::malloc`'s path to OOM
+/// (c10/cuda/CUDACachingAllocator.cpp): a cached block (`get_free_block`), a new segment (`alloc_block`),
+/// and after `release_available_cached_blocks` / `release_cached_blocks` (the default pool's entirely
+/// free segments) a new segment again; per pool (small: up to 1 MiB; large). The entirely free segments
+/// (one `inactive` block, not expandable, pool (0, 0)) and the largest holes per pool come from a plain
+/// unpickler (every global refused): attention_sd: 53 segments, 6,308,233,216 B; sketchkv2: 2 segments,
+/// 486,539,264 B; docubox: none, largest small-pool hole 917,504 B, largest large-pool hole 11,534,336 B.
+/// Each bound is then asked of the caching model seeded with the state: a request at the bound is
+/// served, one a byte above it is not (unless the pool ends there).
+#[test]
+fn dumped_bounds_follow_pytorchs_release_and_retry_per_pool() {
+    for (file, segments, released, largest_hole) in [
+        ("traces/attention_sd_img2img_vit_guidance_fragmented.pickle", 53, 6_308_233_216u64, 541_065_216),
+        ("traces/sketchkv2_llama2_7b_sketch_kv_cache_prefill.pickle", 2, 486_539_264, 452_984_832),
+        ("traces/docubox_minilm_embeddings_after_empty_cache.pickle", 0, 0, 11_534_336),
+    ] {
+        let Some(p) = common::shared(file) else { continue };
+        let t = read_trace(&p).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let e = explain(&t, None, None).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let b = e.request_bounds.unwrap_or_else(|| panic!("{file}: a dumped state has bounds"));
+        assert_eq!((b.released_segments, b.released_before_failure), (segments, released), "{file}");
+        let dev = t.devices.iter().find(|d| !d.initial_blocks.is_empty() || !d.events.is_empty()).unwrap();
+        let (cfg, _) = config_for_trace(dev, b.capacity);
+        let served = |size: u64| {
+            let mut s = caching::seed_from_trace(dev, cfg).unwrap();
+            s.model.alloc_on(size, 0).is_ok()
+        };
+        assert!(b.small_pool_up_to > 0 && served(b.small_pool_up_to), "{file}: {b:?}");
+        if b.small_pool_up_to < MIB {
+            assert!(!served(b.small_pool_up_to + 1), "{file}: {b:?}");
+        }
+        assert!(served(b.large_pool_up_to) && !served(b.large_pool_up_to + 1), "{file}: {b:?}");
+        assert!(b.large_pool_up_to >= b.fits_up_to && b.fits_up_to >= b.small_pool_up_to.min(MIB), "{file}: {b:?}");
+        if segments > 0 {
+            // The release serves a request larger than any hole.
+            assert!(b.large_pool_up_to > largest_hole, "{file}: {b:?}");
+        }
+    }
+    // docubox: the small pool's 896 KiB hole bounds small requests; the 11 MiB large-pool hole serves 11 MiB.
+    if let Some(p) = common::shared("traces/docubox_minilm_embeddings_after_empty_cache.pickle") {
+        let b = explain(&read_trace(&p).unwrap(), None, None).unwrap().request_bounds.unwrap();
+        assert_eq!(b.small_pool_up_to, 917_504, "{b:?}");
+        assert!(b.large_pool_up_to >= 11_534_336, "{b:?}");
+        let text = explain(&read_trace(&p).unwrap(), None, None).unwrap().render_text();
+        assert!(text.contains("in the small pool (requests up to 1 MiB) a request up to 896.00 KiB fits"), "{text}");
+    }
 }

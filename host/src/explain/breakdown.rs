@@ -4,7 +4,8 @@
 //! that must go for it to fit ([`Breakdown`]).
 //!
 //! # Sites
-//! A tensor's site is the innermost *user* frame of its allocation's stack ([`Frame::is_user`]: Python
+//! A tensor's site is the innermost *user* frame of its allocation's stack ([`Frame::is_user`], on the
+//! normalised path of [`Frame::path`], whatever layout the snapshot recorded: Python
 //! files outside PyTorch, site-packages libraries, the standard library and `<frozen …>` files), as
 //! `FILE:LINE FUNCTION`. A stack without one (PyTorch's autograd thread, a library's own call) is named
 //! by its innermost Python frame of a library, else by the innermost C++ function that is not
@@ -46,7 +47,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::trace::pytorch::Frame;
+use crate::trace::pytorch::{FileOrigin, Frame};
 
 /// What a live tensor is, inferred from its allocation's frames (see the module docs for the rules).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -122,9 +123,10 @@ pub struct Site {
 /// The label of a stack without frames.
 pub const NO_FRAMES: &str = "(no frames recorded)";
 
-/// A Python frame as `FILE:LINE FUNCTION`.
+/// A Python frame as `FILE:LINE FUNCTION`, `FILE` its normalised path ([`Frame::path`]: the same label
+/// whether the snapshot recorded an absolute POSIX or Windows path or a shortened one).
 pub fn frame_label(f: &Frame) -> String {
-    format!("{}:{} {}", f.filename, f.line, f.name)
+    format!("{}:{} {}", f.path().path, f.line, f.name)
 }
 
 /// Frames of the allocation machinery a C++ stack passes through before the function that asked for
@@ -190,7 +192,7 @@ pub fn site_of(frames: &[Frame]) -> Site {
     if let Some(f) = frames.iter().find(|f| f.is_user()) {
         return Site { label: frame_label(f), origin: SiteOrigin::User };
     }
-    if let Some(f) = frames.iter().find(|f| f.is_python() && !f.filename.starts_with('<')) {
+    if let Some(f) = frames.iter().find(|f| f.is_python() && f.path().origin != FileOrigin::Pseudo) {
         return Site { label: frame_label(f), origin: SiteOrigin::Library };
     }
     // Only C++ frames (or Python ones after C++ frames that name the op).
@@ -222,7 +224,8 @@ pub fn kind_of(frames: &[Frame]) -> Kind {
     }
     let py = |f: &&Frame| f.is_python();
     let optim = frames.iter().filter(py).any(|f| {
-        let file = f.filename.as_str();
+        let path = f.path();
+        let file = path.path.as_ref();
         file.starts_with("torch/optim/")
             || file.contains("/optim/")
             || file.rsplit('/').next().is_some_and(|b| b.starts_with("optim"))
@@ -245,7 +248,8 @@ pub fn kind_of(frames: &[Frame]) -> Kind {
         return Kind::Gradients;
     }
     let params = frames.iter().filter(py).any(|f| {
-        let (file, name) = (f.filename.as_str(), f.name.as_str());
+        let path = f.path();
+        let (file, name) = (path.path.as_ref(), f.name.as_str());
         (file.starts_with("torch/nn/modules/")
             && matches!(
                 name,
@@ -274,7 +278,7 @@ pub fn kind_of(frames: &[Frame]) -> Kind {
     }
     let forward = frames.iter().filter(py).any(|f| {
         f.name == "forward"
-            || (f.filename == "torch/nn/modules/module.py"
+            || (f.path().path == "torch/nn/modules/module.py"
                 && matches!(f.name.as_str(), "_call_impl" | "_wrapped_call_impl"))
     });
     if forward {

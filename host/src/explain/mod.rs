@@ -427,3 +427,37 @@ pub(crate) fn frames_of_block<'f>(f: &'f pytorch::SnapshotFrames, b: &SnapshotBl
     };
     found.map_or(&[], |v| &v[..])
 }
+
+/// The sentence every page (text, HTML; the JSON carries [`RequestBounds`] itself) says about the bounds of
+/// a dumped state: per pool, with PyTorch's release before failing, and the same hedge ("may fail") for
+/// the requests between the bounds.
+pub fn bounds_sentence(b: &RequestBounds) -> String {
+    use crate::units::fmt_bytes;
+    let release = if b.released_segments == 0 {
+        String::new()
+    } else {
+        format!(
+            ", and {} more once PyTorch releases the {} entirely free cached segment{} before failing",
+            fmt_bytes(b.released_before_failure),
+            b.released_segments,
+            if b.released_segments == 1 { "" } else { "s" }
+        )
+    };
+    let small = match b.small_pool_up_to {
+        0 => "no request fits (no cached hole of 512 B and no 2 MiB segment free for the smallest)".to_string(),
+        f if f >= crate::reference::caching::SMALL_SIZE => "every request fits".to_string(),
+        f => format!("a request up to {} fits", fmt_bytes(f)),
+    };
+    let large = match b.large_pool_up_to {
+        0 => "no request fits".to_string(),
+        f => format!("a request up to {} fits", fmt_bytes(f)),
+    };
+    format!(
+        "With {} of GPU memory ({} free on the device{release}): in the small pool (requests up to 1 MiB) {small}; \
+         in the large pool (larger requests) {large}; one up to {} may fail although the bytes are there (in \
+         pieces, or fewer than the segment PyTorch asks the driver for); a larger one fails for capacity.",
+        fmt_bytes(b.capacity),
+        fmt_bytes(b.device_free),
+        fmt_bytes(b.fragmentation_up_to)
+    )
+}

@@ -298,19 +298,7 @@ fn render(p: &Explanation) -> String {
         );
     }
     if let Some(b) = &p.request_bounds {
-        let fits = match b.fits_up_to {
-            0 => "no request fits (no cached hole of 512 B and no 2 MiB segment free for the smallest)".to_string(),
-            f => format!("a request up to {} fits", fmt_bytes(f)),
-        };
-        let _ = writeln!(
-            s,
-            "With {} of GPU memory ({} free on the device): {fits}; one up to {} may fail although the bytes are \
-             there (in pieces, or fewer than the segment PyTorch asks the driver for); a larger one fails for \
-             capacity.",
-            fmt_bytes(b.capacity),
-            fmt_bytes(b.device_free),
-            fmt_bytes(b.fragmentation_up_to)
-        );
+        let _ = writeln!(s, "{}", crate::explain::bounds_sentence(b));
     }
     if !p.largest_tensors.is_empty() {
         s += "\nLargest live tensors:\n";
@@ -320,7 +308,7 @@ fn render(p: &Explanation) -> String {
             let frames = if t.frames.is_empty() {
                 site_text(&t.site)
             } else {
-                t.frames.iter().map(|f| format!("{}:{} {}", f.filename, f.line, f.name)).collect::<Vec<_>>().join(" < ")
+                t.frames.iter().map(super::breakdown::frame_label).collect::<Vec<_>>().join(" < ")
             };
             let _ = writeln!(
                 s,

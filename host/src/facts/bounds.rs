@@ -33,8 +33,21 @@ pub struct RequestBounds {
     /// `fraction × capacity − reserved` when that is less (0 when reserved exceeds it).
     pub device_free: u64,
     /// Every request of 1 B up to this size is served, by PyTorch's rules under the settings
-    /// (`served_up_to`: from a hole its rounded size may use, or from new device memory).
+    /// (`served_up_to`: from a hole its rounded size may use, or from new device memory, after the
+    /// release of [`RequestBounds::released_before_failure`] where it takes that).
     pub fits_up_to: u64,
+    /// The small pool's bound (requests of at most 1 MiB, `kSmallSize`): every request of 1 B up to this
+    /// size is served (at most 1 MiB).
+    pub small_pool_up_to: u64,
+    /// The large pool's bound: every request above 1 MiB up to this size is served; 0 when the smallest
+    /// of them is not. It can exceed [`RequestBounds::fits_up_to`], which stops at the small pool's.
+    pub large_pool_up_to: u64,
+    /// Bytes of the default pool's cached segments that are entirely free (one free block, not
+    /// expandable): what PyTorch's `malloc` releases (`release_available_cached_blocks`, then
+    /// `release_cached_blocks`) before it raises out-of-memory, so new segments may use them too.
+    pub released_before_failure: u64,
+    /// How many such segments.
+    pub released_segments: usize,
     /// Requests above `fits_up_to` and up to this size may fail although the bytes are there (in pieces,
     /// or fewer than the segment PyTorch asks the driver for): `device_free + the pool's holes`; larger
     /// ones fail for capacity.
@@ -52,7 +65,26 @@ pub struct RequestBounds {
 /// `device_capacity` is the capacity assumed).
 pub fn request_bounds(st: &HeapState, cfg: &CachingConfig, mempool: MempoolId) -> RequestBounds {
     let capacity = cfg.device_capacity;
-    let device_free = capacity.min(cfg.allowed_memory_maximum()).saturating_sub(st.reserved);
+    let limit = capacity.min(cfg.allowed_memory_maximum());
+    let device_free = limit.saturating_sub(st.reserved);
+    // `DeviceCachingAllocator::malloc` (c10/cuda/CUDACachingAllocator.cpp): get_free_block, then
+    // alloc_block; failing that, release_available_cached_blocks (oversize blocks, with max_split_size)
+    // and release_cached_blocks (every cached block that is a whole segment, `release_blocks` skips split
+    // ones) of the default pool, then alloc_block again. Whole free segments are what both release.
+    let whole_free: Vec<u64> = st
+        .segments
+        .iter()
+        .filter(|s| {
+            !s.mempool.is_private()
+                && !s.expandable
+                && s.allocated == 0
+                && s.holes.len() == 1
+                && s.holes[0].size == s.size
+        })
+        .map(|s| s.size)
+        .collect();
+    let released: u64 = whole_free.iter().sum();
+    let free_after_release = limit.saturating_sub(st.reserved.saturating_sub(released));
     let pool = st.pool(mempool);
     let holes = |small: bool| {
         st.segments
@@ -62,10 +94,20 @@ pub fn request_bounds(st: &HeapState, cfg: &CachingConfig, mempool: MempoolId) -
     };
     let small_hole = holes(true).max().unwrap_or(0);
     let large_holes: Vec<u64> = holes(false).collect();
+    let served = served_intervals(cfg, free_after_release, small_hole, &large_holes);
+    let small_pool_up_to = request_below(cfg, first_unserved(&served, MIN_BLOCK)).min(SMALL_SIZE);
+    let large_start = cfg.round_size(SMALL_SIZE + 1).unwrap_or(SMALL_SIZE + MIN_BLOCK);
+    let large_first_unserved = first_unserved(&served, large_start);
+    let large_pool_up_to =
+        if large_first_unserved == large_start { 0 } else { request_below(cfg, large_first_unserved) };
     RequestBounds {
         capacity,
         device_free,
-        fits_up_to: served_up_to(cfg, device_free, small_hole, &large_holes),
+        fits_up_to: served_up_to(cfg, free_after_release, small_hole, &large_holes),
+        small_pool_up_to,
+        large_pool_up_to,
+        released_before_failure: released,
+        released_segments: whole_free.len(),
         fragmentation_up_to: device_free.saturating_add(pool.hole_bytes),
         mempool,
         other_pools_hole_bytes: st.hole_bytes.saturating_sub(pool.hole_bytes),
@@ -98,10 +140,16 @@ fn is_small_segment(s: &SegmentView) -> bool {
 ///   (large) mapped for `r` (`ExpandableSegment::map`), here counted whole: a free tail of an expandable
 ///   segment that would also serve is left out, so the bound is a lower one there.
 ///
-/// What PyTorch tries after a first failure (releasing cached blocks, `release_cached_blocks`) is not
-/// counted either: the bound says what is served without it. So the free bytes alone are no bound: with
-/// 15 MiB free and no hole, a 2 MiB request fails (it needs 20 MiB) while a 12 MiB one fits.
+/// What PyTorch releases after a first failure (`release_cached_blocks`) is counted by the caller in
+/// `device_free` ([`request_bounds`]). The free bytes alone are no bound: with 15 MiB free and no hole, a
+/// 2 MiB request fails (it needs 20 MiB) while a 12 MiB one fits.
 pub fn served_up_to(cfg: &CachingConfig, device_free: u64, small_hole: u64, large_holes: &[u64]) -> u64 {
+    let served = served_intervals(cfg, device_free, small_hole, large_holes);
+    request_below(cfg, first_unserved(&served, MIN_BLOCK))
+}
+
+/// The rounded sizes served (closed intervals of 512 B multiples, sorted) under the rules of [`served_up_to`].
+fn served_intervals(cfg: &CachingConfig, device_free: u64, small_hole: u64, large_holes: &[u64]) -> Vec<(u64, u64)> {
     let blocks = |b: u64| b - b % MIN_BLOCK;
     let max_split = cfg.max_split_size;
     // The rounded sizes served, as closed intervals of 512 B multiples.
@@ -130,17 +178,27 @@ pub fn served_up_to(cfg: &CachingConfig, device_free: u64, small_hole: u64, larg
             add(lo, last_where(lo, hi.min(top), MIN_BLOCK, fits_new));
         }
     }
-    // The first rounded size not served.
     served.sort_unstable();
-    let mut first_unserved = MIN_BLOCK;
-    for &(lo, hi) in &served {
-        if lo > first_unserved {
+    served
+}
+
+/// The first rounded size at or above `start` that the sorted intervals `served` leave out.
+fn first_unserved(served: &[(u64, u64)], start: u64) -> u64 {
+    let mut first = start;
+    for &(lo, hi) in served {
+        if lo > first {
             break;
         }
-        first_unserved = first_unserved.max(hi.saturating_add(MIN_BLOCK));
+        if hi >= first {
+            first = hi.saturating_add(MIN_BLOCK);
+        }
     }
-    // The largest request whose rounded size is below it (`round_size` is monotone).
-    last_where(0, first_unserved, 1, |x| cfg.round_size(x).is_some_and(|r| r < first_unserved))
+    first
+}
+
+/// The largest request whose rounded size is below `rounded` (`round_size` is monotone).
+fn request_below(cfg: &CachingConfig, rounded: u64) -> u64 {
+    last_where(0, rounded, 1, |x| cfg.round_size(x).is_some_and(|r| r < rounded))
 }
 
 /// The largest `lo + k × step ≤ hi` at which `pred` holds, for a `pred` that holds up to some value and

@@ -51,8 +51,9 @@ pub use model::{
     OomInfo, Pool, ReleaseCaller, SegmentSeed, SegmentState, SnapshotLayout, SnapshotState, TimeUnit, Trace,
     TraceFormat, NO_ID,
 };
+pub use pytorch::pickle_write::rewrite_frame_filenames;
 pub use pytorch::settings::{expandable_initial_ranges, guess_expandable_pool, AllocatorSettings};
-pub use pytorch::{read_frames, Frame, SnapshotFrames};
+pub use pytorch::{normalise, read_frames, FileOrigin, Frame, FramePath, SnapshotFrames};
 pub use validate::{validate, ValidationError, ValidationErrorKind};
 
 /// Reads a trace file, detecting its format from the content.

@@ -30,13 +30,7 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
         ),
     );
     if let Some(b) = &page.request_bounds {
-        notes.push(format!(
-            "With {} of GPU memory: a request up to {} fits; one up to {} fails for fragmentation; a larger one \
-             fails for capacity.",
-            fmt_bytes(b.capacity),
-            fmt_bytes(b.fits_up_to),
-            fmt_bytes(b.fragmentation_up_to)
-        ));
+        notes.push(crate::explain::bounds_sentence(b));
     }
     let mut parameters = tune_parameters(trace, dev, &page.capacity);
     if let Some(g) = page.gpu_capacity {
@@ -93,7 +87,7 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
             .iter()
             .map(|t| {
                 let frames: Vec<String> =
-                    t.frames.iter().map(|f| format!("{} ({}:{})", f.name, f.filename, f.line)).collect();
+                    t.frames.iter().map(|f| format!("{} ({}:{})", f.name, f.path().path, f.line)).collect();
                 vec![
                     fmt_bytes(t.block.size),
                     fmt_bytes(t.block.requested),

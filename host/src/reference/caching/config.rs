@@ -80,6 +80,17 @@ impl fmt::Display for ConfigWarning {
 #[non_exhaustive]
 pub struct ConfigError(pub String);
 
+/// Host-side options every recent snapshot records in `allocator_settings` (torch/csrc/cuda/memory_snapshot.cpp,
+/// `_memory_snapshot_pickled`), with the values that are PyTorch's defaults (c10/cuda/CUDAAllocatorConfig.h:
+/// `m_pinned_num_register_threads(1)`, `m_release_lock_on_cudamalloc(false)`,
+/// `m_pinned_use_cuda_host_register(false)`): recorded so, they are no setting of the user's and raise no
+/// warning; another value does.
+const ALWAYS_WRITTEN_DEFAULTS: &[(&str, &[&str])] = &[
+    ("pinned_num_register_threads", &["1"]),
+    ("release_lock_on_cudamalloc", &["False", "false", "0"]),
+    ("pinned_use_cuda_host_register", &["False", "false", "0"]),
+];
+
 impl CachingConfig {
     /// PyTorch's defaults for a device of `device_capacity` bytes.
     pub fn new(device_capacity: u64) -> Self {
@@ -269,6 +280,11 @@ impl CachingConfig {
             cfg.roundup_power2_divisions = d;
         }
         for (k, v) in &s.other {
+            // Written by every recent snapshot (torch/csrc/cuda/memory_snapshot.cpp, `_memory_snapshot_pickled`)
+            // whatever the user set: at its default (c10/cuda/CUDAAllocatorConfig.h) it says nothing.
+            if ALWAYS_WRITTEN_DEFAULTS.iter().any(|(key, vals)| key == k && vals.contains(&v.as_str())) {
+                continue;
+            }
             let reason = match options::find(k) {
                 Some(row) if row.support == Support::Modelled => {
                     let toks = lex(&format!("{k}:{v}"));
@@ -385,13 +401,18 @@ mod tests {
             garbage_collection_threshold: Some(0.6),
             expandable_segments: Some(false),
             roundup_power2_divisions: (0..16).map(|i| (1u64 << i, 1)).collect(),
-            other: vec![("release_lock_on_cudamalloc".into(), "False".into())],
+            // Every recent snapshot records these three; at PyTorch's defaults they raise no warning.
+            other: vec![
+                ("release_lock_on_cudamalloc".into(), "False".into()),
+                ("pinned_num_register_threads".into(), "1".into()),
+                ("pinned_use_cuda_host_register".into(), "True".into()),
+            ],
         };
         let (c, w) = CachingConfig::from_settings(&s, 1 << 34);
         assert_eq!(c.roundup_power2_divisions, [1; ROUNDUP_INTERVALS]);
         assert_eq!(c.max_split_size, u64::MAX);
         let names: Vec<&str> = w.iter().map(|w| w.option.as_str()).collect();
-        assert_eq!(names, ["release_lock_on_cudamalloc", "garbage_collection_threshold"]);
+        assert_eq!(names, ["pinned_use_cuda_host_register", "garbage_collection_threshold"]);
         assert!(!c.gc_active());
         assert!(c.memory_fraction(Some(0.9)).gc_active());
         // A recorded key the model implements is applied through its row; one it does not, warned about.

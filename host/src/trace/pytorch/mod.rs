@@ -25,6 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+mod frame_path;
 mod mempools;
 pub(crate) mod pickle;
 pub mod pickle_write;
@@ -37,6 +38,7 @@ use super::{
     MempoolId, OomInfo, Pool, ReleaseCaller, SegmentState, SnapshotLayout, SnapshotState, TimeUnit, Trace, TraceError,
     TraceFormat, NO_ID,
 };
+pub use frame_path::{normalise, FileOrigin, FramePath};
 use pickle::{Node, NodeId, Pickle, PickleErrorKind};
 
 /// Parses the snapshot pickle `bytes` (the content of `path`, used in messages).
@@ -743,15 +745,14 @@ pub struct Frame {
 }
 
 /// Top-level packages of libraries whose frames [`Frame::is_user`] folds (besides PyTorch's ecosystem:
-/// every first component starting with `torch`, such as `torch_geometric`, `torchvision`): PyTorch records
-/// a Python frame's file relative to the `sys.path` entry that holds it
-/// (`transformers/models/opt/modeling_opt.py`), so a site-packages library is known by its first path
-/// component.
+/// every first component starting with `torch`, such as `torch_geometric`, `torchvision`), by the first
+/// component of a frame's normalised path ([`normalise`]: `transformers/models/opt/modeling_opt.py`),
+/// for files that are not under `site-packages` (a relative or shortened path, a source checkout).
 #[rustfmt::skip]
 pub const LIBRARY_PACKAGES: &[&str] = &[
     "torch", "torchvision", "torchaudio", "torchtext", "torchao", "torchtune", "functorch", "triton", "transformers",
     "accelerate", "peft", "trl", "bitsandbytes", "deepspeed", "diffusers", "optimum", "flash_attn", "xformers",
-    "apex", "transformer_engine", "fairscale", "timm", "lightning", "pytorch_lightning", "lightning_fabric", "vllm",
+    "apex", "transformer_engine", "megatron", "fairscale", "timm", "lightning", "pytorch_lightning", "lightning_fabric", "vllm",
     "safetensors", "huggingface_hub", "datasets", "einops", "numpy", "IPython", "ipykernel", "tqdm",
     "sentence_transformers", "tornado", "traitlets", "jupyter_client", "jupyter_core", "zmq", "ray", "hydra",
     "omegaconf", "click", "typer", "fire", "wandb", "mlflow", "python-stdlib", "asyncio", "concurrent", "multiprocessing",
@@ -759,25 +760,25 @@ pub const LIBRARY_PACKAGES: &[&str] = &[
 ];
 
 impl Frame {
-    /// Whether the frame is user code: a Python file outside PyTorch (`torch/`) and its ecosystem (a first
-    /// path component starting with `torch`), the libraries of `LIBRARY_PACKAGES` and any file under a `site-packages/` or `dist-packages/` folder, the Python
-    /// standard library (`python-stdlib/`), `<frozen …>` and other `<…>` pseudo-files; C++ and `??`
-    /// frames are not.
+    /// The frame's file, normalised ([`normalise`]): what every rule on files reads.
+    pub fn path(&self) -> FramePath<'_> {
+        normalise(&self.filename)
+    }
+
+    /// Whether the frame is user code: a Python file ([`Frame::is_python`]) whose normalised path
+    /// ([`Frame::path`]) is the program's own ([`FileOrigin::Other`]): not an installed package
+    /// (`site-packages/`, `dist-packages/`, PyTorch's ecosystem, `LIBRARY_PACKAGES`), not the standard
+    /// library, not a `<…>` pseudo-file; C++ and `??` frames are not.
     pub fn is_user(&self) -> bool {
-        let f = self.filename.as_str();
-        let top = f.split('/').next().unwrap_or("");
-        self.is_python()
-            && !f.starts_with('<')
-            && !(top.starts_with("torch") && f.contains('/'))
-            && !LIBRARY_PACKAGES.contains(&top)
-            && !f.contains("site-packages/")
-            && !f.contains("dist-packages/")
+        let p = self.path();
+        p.origin == FileOrigin::Other && p.path.ends_with(".py")
     }
 
     /// Whether the frame is a Python one (its file ends in `.py`, or is a `<…>` pseudo-file such as
     /// `<frozen runpy>`); the others are C/C++ frames (the interpreter's, PyTorch's, a library's).
     pub fn is_python(&self) -> bool {
-        self.filename.ends_with(".py") || self.filename.starts_with('<')
+        let p = self.path();
+        p.origin == FileOrigin::Pseudo || p.path.ends_with(".py")
     }
 
     /// The function a C++ frame names, without its return type, template and function arguments and

@@ -434,11 +434,18 @@ pub(crate) struct NodeCopier<'p, 'a> {
     memo: Vec<u32>,
     /// Tuples being written (a reference back to one is a recursive tuple).
     in_progress: Vec<bool>,
+    /// Rewrites the string value of each `filename` key ([`rewrite_frame_filenames`]).
+    filename_map: Option<&'p dyn Fn(&str) -> String>,
 }
 
 impl<'p, 'a> NodeCopier<'p, 'a> {
     pub(crate) fn new(pickle: &'p Pickle<'a>) -> Self {
-        NodeCopier { pickle, memo: vec![u32::MAX; pickle.len()], in_progress: vec![false; pickle.len()] }
+        NodeCopier {
+            pickle,
+            memo: vec![u32::MAX; pickle.len()],
+            in_progress: vec![false; pickle.len()],
+            filename_map: None,
+        }
     }
 
     /// The memo slot of `id` if it has been written.
@@ -489,7 +496,13 @@ impl<'p, 'a> NodeCopier<'p, 'a> {
                 self.set_written(id, m);
                 for &(k, v) in pairs {
                     self.copy_at(w, k, depth + 1)?;
-                    self.copy_at(w, v, depth + 1)?;
+                    match (self.filename_map, p.node(k), p.node(v)) {
+                        (Some(map), Node::Str(b"filename"), Node::Str(s)) if self.written(v).is_none() => {
+                            let m = w.str(&map(&String::from_utf8_lossy(s)))?;
+                            self.set_written(v, m);
+                        }
+                        _ => self.copy_at(w, v, depth + 1)?,
+                    }
                 }
                 w.end()?;
             }
@@ -510,6 +523,22 @@ impl<'p, 'a> NodeCopier<'p, 'a> {
         }
         Ok(())
     }
+}
+
+/// A copy of the snapshot pickle `bytes` with each stack frame's `filename` (every string value of a
+/// `filename` key) replaced by `map(filename)`, everything else as it was: for deriving inputs
+/// (absolute POSIX or Windows paths from a snapshot whose paths were shortened) in tests and tools.
+///
+/// # Errors
+/// A message naming the offset for a pickle that cannot be decoded, or the value that cannot be written
+/// (a bytes value, an integer wider than 128 bits, nesting deeper than [`MAX_DEPTH`]).
+pub fn rewrite_frame_filenames(bytes: &[u8], map: &dyn Fn(&str) -> String) -> Result<Vec<u8>, String> {
+    let p = super::pickle::decode(bytes).map_err(|e| format!("cannot decode the pickle at byte {}", e.offset))?;
+    let mut c = NodeCopier::new(&p);
+    c.filename_map = Some(map);
+    let mut w = PickleWriter::new(Vec::new()).map_err(|e| e.to_string())?;
+    c.copy(&mut w, p.root).map_err(|e| e.to_string())?;
+    w.finish().map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
