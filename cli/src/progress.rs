@@ -57,7 +57,7 @@ impl Progress {
 
 impl Observer for Progress {
     fn note(&self, lines: &str) {
-        super::stdout::err(&lines);
+        super::stdout::err(lines);
     }
 
     fn replay_started(&self, label: &str, events: u64) {

@@ -21,10 +21,7 @@ fn free_batch_refuses_a_stride_that_is_not_coprime_with_the_pointer_count() {
         let what = format!("{b:?}");
         let heap = DeviceHeap::new(&b, 1 << 20).unwrap();
         for (stride, threads) in [(3u64, 480u64), (6, 480), (480, 480), (0, 1), (5, 480), (7, 480)] {
-            let expect = match (stride, threads) {
-                (0, 1) | (7, 480) => true,
-                _ => false,
-            };
+            let expect = matches!((stride, threads), (0, 1) | (7, 480));
             assert_eq!(ops::stride_visits_each_once(stride, threads), expect, "stride {stride}, {threads} pointers");
         }
         let batch = ops::malloc_batch(&heap, &Sizes::Uniform(64), 480, false).unwrap();

@@ -82,7 +82,7 @@ pub const CTRL_FAILED_SEARCHES: usize = 6;
 /// reservation was a fast-path hit. A slot left `REFILLING` would send
 /// every later request of its class here.
 pub const CTRL_SLOW_GRANTS: usize = 48;
-const _: () = assert!(CTRL_SLOW_GRANTS >= CTRL_LEVELS + MAX_ORDER_LIMIT as usize + 1);
+const _: () = assert!(CTRL_SLOW_GRANTS > CTRL_LEVELS + MAX_ORDER_LIMIT as usize);
 const _: () = assert!(CTRL_SLOW_GRANTS + CLASSES as usize <= CTRL_TRANSIT);
 /// Control words `CTRL_LEVELS + k`: word offset of buddy level `k` in the
 /// buddy section ([`Heap::level_offset`], written by the host at init for
