@@ -20,9 +20,9 @@ pub(crate) struct Args {
     pub json: bool,
     #[command(flatten)]
     pub backend: BackendArgs,
-    /// Override the iteration count.
-    #[arg(long)]
-    pub iterations: Option<usize>,
+    /// Override the iteration count, 1 … 100000 (a real run takes 50).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub iterations: Option<u32>,
     /// Override N (threads) as log2, 0 … 32.
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=32))]
     pub threads_log2: Option<u32>,
@@ -43,7 +43,7 @@ pub(crate) fn run(args: &Args) -> Result<(), Error> {
     let backend = args.backend.select()?;
     let mut cfg = AllocBenchConfig::for_backend(&backend, args.quick);
     if let Some(i) = args.iterations {
-        cfg.iterations = i.max(1);
+        cfg.iterations = i as usize;
     }
     if let Some(k) = args.threads_log2 {
         cfg.threads = 1 << k;

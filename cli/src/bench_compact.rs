@@ -18,9 +18,9 @@ pub(crate) struct Args {
     pub json: bool,
     #[command(flatten)]
     pub backend: BackendArgs,
-    /// Runs per layout (0: 3 with --quick, else 7); medians are reported.
-    #[arg(long, default_value_t = 0)]
-    pub reps: usize,
+    /// Runs per layout, 0 … 10000 (0: 3 with --quick, else 7); medians are reported.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub reps: u32,
     /// Tile (and copy chunk) size in bytes, a multiple of 16 (default: the
     /// backend's, see `CompactTuning::for_backend`).
     #[arg(long)]
@@ -50,12 +50,13 @@ pub(crate) fn run(a: &Args) -> Result<(), Error> {
         (true, true) => compact::default_traces(),
         _ => a.traces.clone(),
     };
-    let report = compact::run(&backend, a.quick, a.reps, a.tile_bytes, &a.layouts, &traces).map_err(|e| match e {
-        // A `--tile-bytes` the kernels cannot run with is bad input.
-        CompactionError::InvalidTuning(_) => Error::input(format!("--tile-bytes: {e}")),
-        CompactionError::Backend(b) => b.into(),
-        e => Error::runtime(e),
-    })?;
+    let report =
+        compact::run(&backend, a.quick, a.reps as usize, a.tile_bytes, &a.layouts, &traces).map_err(|e| match e {
+            // A `--tile-bytes` the kernels cannot run with is bad input.
+            CompactionError::InvalidTuning(_) => Error::input(format!("--tile-bytes: {e}")),
+            CompactionError::Backend(b) => b.into(),
+            e => Error::runtime(e),
+        })?;
     if a.json {
         super::stdout::line(serde_json::to_string_pretty(&report).map_err(|e| Error::internal(e.to_string()))?)?;
     } else {

@@ -21,9 +21,9 @@ pub(crate) struct Args {
     /// 12,14,16 on the CPU).
     #[arg(long, value_delimiter = ',')]
     pub threads_log2: Vec<u32>,
-    /// Timed launches per row (default 3).
-    #[arg(long)]
-    pub reps: Option<usize>,
+    /// Timed launches per row, 1 … 10000 (default 3).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub reps: Option<u32>,
 }
 
 /// Runs the probe, printing each row as it finishes.
@@ -40,7 +40,7 @@ pub(crate) fn run(a: &Args) -> Result<(), Error> {
         cfg.threads_log2 = a.threads_log2.clone();
     }
     if let Some(r) = a.reps {
-        cfg.reps = r;
+        cfg.reps = r as usize;
     }
     cfg.validate().map_err(|e| Error::input(e.to_string()))?;
     let head = format!(

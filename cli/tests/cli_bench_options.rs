@@ -100,3 +100,14 @@ fn bench_alloc_with_an_out_path_that_cannot_be_written_exits_2_before_the_run() 
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left behind");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Counts and repetitions have ceilings: a run that could not end (2^64 − 1 iterations, 10^9 repetitions)
+/// is refused before it starts, naming the option (exit 2).
+#[test]
+fn counts_and_repetitions_past_their_ceilings_exit_2() {
+    assert_bad_option(&["bench", "alloc", "--quick", "--iterations", "18446744073709551615"], "--iterations");
+    assert_bad_option(&["bench", "alloc", "--quick", "--iterations", "0"], "--iterations");
+    assert_bad_option(&["bench", "compact", "--quick", "--reps", "1000000000"], "--reps");
+    assert_bad_option(&["bench", "oom", "--reps", "1000000000"], "--reps");
+    assert_bad_option(&["bench", "oom", "--reps", "0"], "--reps");
+}

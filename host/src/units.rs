@@ -95,8 +95,8 @@ pub fn fmt_rate(bytes: u64, ns: u64) -> String {
 }
 
 /// Parses a byte count: plain bytes (`1048576`), a float (`1.5e9`), or a number with a unit
-/// (`80GiB`, `512 MiB`, `2GB`, `4k`; binary units KiB/MiB/GiB/TiB and K/M/G/T = powers of 1024,
-/// decimal units kB/MB/GB/TB = powers of 1000). The result is rounded down to whole bytes.
+/// (`80GiB`, `512 MiB`, `2GB`, `4k`; binary units KiB/MiB/GiB/TiB/PiB/EiB and K/M/G/T/P/E = powers of
+/// 1024, decimal units kB/MB/GB/TB/PB/EB = powers of 1000). The result is rounded down to whole bytes.
 ///
 /// Used by the command line and the Python package for every byte-valued option.
 ///
@@ -104,8 +104,16 @@ pub fn fmt_rate(bytes: u64, ns: u64) -> String {
 /// A [`ParseError`] for an empty, negative, non-finite or unparsable value or one above 2^64 − 1.
 pub fn parse_bytes(s: &str) -> Result<u64, ParseError> {
     let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
-    // `1e9` has an `e` that is part of the number; a unit never starts with `e`.
+    // The unit starts at the first letter that is not a float's exponent: the `e` of `1e9` or `2.5E-3`
+    // is followed by a digit or a signed digit, the `E` of `16EiB` by the rest of a unit.
+    let b = t.as_bytes();
+    let exponent = |i: usize| {
+        let digit = |j: usize| b.get(j).is_some_and(u8::is_ascii_digit);
+        i > 0
+            && matches!(b[i], b'e' | b'E')
+            && (digit(i + 1) || (matches!(b.get(i + 1), Some(b'+' | b'-')) && digit(i + 2)))
+    };
+    let split = (0..b.len()).find(|&i| b[i].is_ascii_alphabetic() && !exponent(i)).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let unit = unit.trim().to_ascii_lowercase();
     let mult: u64 = match unit.as_str() {
@@ -114,10 +122,14 @@ pub fn parse_bytes(s: &str) -> Result<u64, ParseError> {
         "m" | "mib" => 1 << 20,
         "g" | "gib" => 1 << 30,
         "t" | "tib" => 1 << 40,
+        "p" | "pib" => 1 << 50,
+        "e" | "eib" => 1 << 60,
         "kb" => 1_000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
+        "pb" => 1_000_000_000_000_000,
+        "eb" => 1_000_000_000_000_000_000,
         _ => return Err(ParseError::UnknownUnit { unit, input: s.to_string() }),
     };
     // A whole number is exact (a float has 53 bits: 18446744073709551614 would round to 2^64).
@@ -192,6 +204,14 @@ mod tests {
         assert_eq!(parse_bytes("18446744073709551616"), Err(ParseError::OutOfRange("18446744073709551616".into())));
         assert_eq!(parse_bytes("17179869184GiB"), Err(ParseError::TooLarge("17179869184GiB".into())));
         assert!(matches!(parse_bytes("12 parsecs"), Err(ParseError::UnknownUnit { .. })));
+        // Exbibytes: 15 EiB fits in a u64, 16 EiB (2^64) does not; an exponent is not a unit.
+        assert_eq!(parse_bytes("15EiB"), Ok(15 << 60));
+        assert_eq!(parse_bytes("1 PiB"), Ok(1 << 50));
+        assert_eq!(parse_bytes("2EB"), Ok(2_000_000_000_000_000_000));
+        assert_eq!(parse_bytes("16EiB"), Err(ParseError::TooLarge("16EiB".into())));
+        assert_eq!(parse_bytes("1.5e9"), Ok(1_500_000_000));
+        assert_eq!(parse_bytes("2.5E-3GiB"), Ok(2_684_354));
+        assert_eq!(parse_bytes("1e+3 KiB"), Ok(1_024_000));
         assert_eq!(parse_bytes("-1"), Err(ParseError::OutOfRange("-1".into())));
         assert_eq!(fmt_bytes(512), "512 B");
         assert_eq!(fmt_bytes(7_612_399_616), "7.09 GiB");

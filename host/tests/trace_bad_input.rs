@@ -54,6 +54,30 @@ fn well_formed_hand_made_snapshot_reads() {
     assert_eq!(t.devices[0].events.len(), 3);
 }
 
+/// `time_us` is PyTorch's signed 64-bit count of µs: a value at or above 2^63 (here 2^64 − 1, which
+/// wrapped to −1 and broke `trace repeat`'s read-back) is bad input naming the event and field.
+#[test]
+fn time_us_beyond_a_signed_64_bit_time_is_bad_input() {
+    let timed = |t: i128| {
+        let V::Dict(mut d) = ev("alloc", 0x100000, V::Int(512)) else { unreachable!() };
+        d.push(("time_us", V::Int(t)));
+        V::Dict(d)
+    };
+    for t in [1 << 63, u64::MAX as i128] {
+        let bad = snapshot(vec![timed(t)]);
+        read_err("time.pickle", &bad, &["time_us", &t.to_string(), "signed 64-bit time"]);
+    }
+    for (f, shown) in [(f64::NAN, "NaN"), (f64::INFINITY, "inf"), (f64::NEG_INFINITY, "-inf")] {
+        let V::Dict(mut d) = ev("alloc", 0x100000, V::Int(512)) else { unreachable!() };
+        d.push(("time_us", V::Float(f)));
+        read_err("time-float.pickle", &snapshot(vec![V::Dict(d)]), &["time_us", shown, "not a time"]);
+    }
+    let ok = snapshot(vec![timed(i64::MAX as i128)]);
+    let path = temp_file("time-ok.pickle", &ok);
+    assert_eq!(read_trace(&path).unwrap().devices[0].events[0].time_us, Some(i64::MAX));
+    std::fs::remove_file(&path).ok();
+}
+
 #[test]
 fn truncated_pickle() {
     let full = std::fs::read(workspace().join("data/1.3b_snapshot.pickle")).unwrap();

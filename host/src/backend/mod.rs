@@ -54,8 +54,8 @@
 //! use gpuheap::ops;
 //!
 //! let backend = Backend::cpu(); // or Backend::select(BackendChoice::Auto)
-//! let buf = backend.alloc_zeroed(1 << 20)?;
-//! ops::fill(&backend, &buf, 7)?;
+//! let mut buf = backend.alloc_zeroed(1 << 20)?;
+//! ops::fill(&backend, &mut buf, 7)?;
 //! let (report, _timing) = ops::verify(&backend, &buf, 7)?;
 //! assert_eq!(report.mismatches, 0);
 //! # Ok::<(), gpuheap::backend::BackendError>(())

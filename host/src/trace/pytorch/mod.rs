@@ -514,7 +514,19 @@ impl<'p, 'a> Reader<'p, 'a> {
                     time = match self.node(v) {
                         Node::None => None,
                         Node::Float(f) if f.is_finite() => Some(f as i64),
-                        _ => Some(self.i64(v, at(Some("time_us")))?),
+                        Node::Float(f) => {
+                            return Err(
+                                self.bad(at(Some("time_us")), format!("{f} is not a time (a finite number of µs)"))
+                            )
+                        }
+                        // PyTorch writes a signed 64-bit count of µs (`TraceEntry::time_`): a value at or
+                        // above 2^63 is no time (read as a wrapped i64 it would reorder the history).
+                        _ => {
+                            let t = self.int(v, &at(Some("time_us")))?;
+                            Some(i64::try_from(t).map_err(|_| {
+                                self.bad(at(Some("time_us")), format!("value {t} is not a signed 64-bit time in µs"))
+                            })?)
+                        }
                     }
                 }
                 b"device_free" => device_free = Some(v),
