@@ -38,10 +38,29 @@ def data_traces() -> list[Path]:
     return sorted(p for p in DATA.iterdir() if p.suffix in TRACE_SUFFIXES)
 
 
+def _records_nothing(p: Path) -> bool:
+    """A snapshot with no segment and no trace event on any device (an idle process's dump): every
+    command refuses it as "nothing to report" (tested apart, in ``empty_traces``)."""
+    if p.suffix == ".csv":
+        return False
+    try:
+        d = load_plain(p)
+    except pickle.UnpicklingError:
+        return False
+    return isinstance(d, dict) and not d.get("segments") and not any(d.get("device_traces") or [])
+
+
 def shared_traces() -> list[Path]:
     if not SHARED.is_dir():
         return []
-    return sorted(p for p in SHARED.iterdir() if p.suffix in TRACE_SUFFIXES)
+    return sorted(p for p in SHARED.iterdir() if p.suffix in TRACE_SUFFIXES and not _records_nothing(p))
+
+
+def empty_traces() -> list[Path]:
+    """The shared snapshots that record nothing (see ``_records_nothing``)."""
+    if not SHARED.is_dir():
+        return []
+    return sorted(p for p in SHARED.iterdir() if p.suffix in TRACE_SUFFIXES and _records_nothing(p))
 
 
 def all_traces() -> list:

@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 
 import gpuheap
-from conftest import all_traces, load_plain, pickle_traces, strip_timing
+import os
+import subprocess
+
+from conftest import all_traces, empty_traces, load_plain, pickle_traces, strip_timing
 
 CLI_SUFFIX = " (choose another strategy with --strategy, or a larger --capacity)"
 
@@ -83,3 +86,15 @@ def test_bytes_and_dict_give_the_same_numbers(trace: Path) -> None:
         assert d["trace"] == name
         d["trace"] = by_path["trace"]
         assert strip_timing(d) == strip_timing(by_path)
+
+
+@pytest.mark.parametrize("trace", empty_traces())
+def test_a_snapshot_that_records_nothing_is_refused_alike(trace: Path, cli: Path) -> None:
+    """A dump with no segment and no event (``sam2_ppo_ddp_empty_expandable_4dev``: four empty device
+    slots): the CLI exits 2 and Python raises a gpuheap error, with the same message."""
+    env = dict(os.environ, GPUHEAP_BACKEND="cpu")
+    r = subprocess.run([str(cli), "compare", str(trace), "--json"], capture_output=True, text=True, env=env, check=False)
+    assert r.returncode == 2 and "nothing to report" in r.stderr, r.stderr
+    with pytest.raises(gpuheap.Error) as e:
+        gpuheap.compare(gpuheap.load(trace))
+    assert str(e.value) in r.stderr
