@@ -7,7 +7,7 @@
 //! binary (`cli/src/main.rs`) is one call of it, so any other launcher (the Python package's `gpuheap`
 //! command) prints the same `--help` and behaves the same. What only the command line needs lives
 //! here, not in the library: the argument parser (clap), the benchmark suites behind `gpuheap bench`
-//! ([`bench`]), the `--plot` timelines (`plot`, plotters), the progress bars (indicatif) and the
+//! ([`mod@bench`]), the `--plot` timelines (`plot`, plotters), the progress bars (indicatif) and the
 //! machine report of `gpuheap info` (`machine`, `kernels`; NVML).
 //!
 //! One file per command (argument mapping only; no command uses another); `args` holds the arguments

@@ -8,8 +8,8 @@
 //! "memo bomb": a 152 KB file asked for 1.9 GB before the limits, a 760 KB one for more than 8 GiB). The
 //! decoder keeps every value once (module `pytorch::pickle`), so the cost appears in what the schema walk
 //! makes of it: events, blocks, the dict entries it scans. The walk charges each dict entry and list item
-//! it visits and each value it materialises to a [`Budget`]; past the budget it stops with
-//! [`TraceError::Limit`](super::TraceError::Limit), naming the limit and where the walk was.
+//! it visits and each value it materialises to a `Budget`; past the budget it stops with
+//! [`TraceError::Limit`], naming the limit and where the walk was.
 //!
 //! The limits (real snapshots stay far below them: the tests read every snapshot of `data/` and of the
 //! shared collection under them):

@@ -77,7 +77,7 @@ pub struct VecHeap {
 
 #[cfg(not(target_arch = "nvptx64"))]
 impl VecHeap {
-    /// Initialised metadata (every unit free, see [`init`]) for an
+    /// Initialised metadata (every unit free, see `init`) for an
     /// data region of `capacity` bytes at address `base`. `None` if `capacity` is
     /// below one unit.
     pub fn new(capacity: u64, base: u64) -> Option<Self> {
@@ -162,7 +162,7 @@ unsafe impl HeapMem for VecHeap {
 
 /// The non-zero part of a fresh heap's metadata, computed on the host
 /// without materialising the (zero) page bitmaps: the control block and the
-/// buddy section. Only [`init`] runs over it.
+/// buddy section. Only `init` runs over it.
 #[cfg(not(target_arch = "nvptx64"))]
 pub struct InitImage {
     /// Geometry.
@@ -182,7 +182,7 @@ impl InitImage {
     }
 
     /// The control block and buddy levels of a heap whose free memory is
-    /// exactly the unit ranges `runs` (see [`free_runs`]): the
+    /// exactly the unit ranges `runs` (see `free_runs`): the
     /// rebuild step after a compaction.
     pub fn with_free_runs(heap: Heap, runs: impl Iterator<Item = (u64, u64)>) -> Self {
         let v64 = |n: u64| (0..n).map(|_| GlobalU64::new(0)).collect::<std::vec::Vec<_>>();

@@ -62,8 +62,8 @@
 //! # Refills end (the recovery property)
 //!
 //! A warp that replaces `current[class][slot]` with [`REFILLING`] owns the
-//! slot until it ends the refill with [`install`] (its page, or 0 when its
-//! search failed). Every path out of [`acquire`] that holds a refill goes
+//! slot until it ends the refill with `install` (its page, or 0 when its
+//! search failed). Every path out of `acquire` that holds a refill goes
 //! through that install: a grant, a failed search of the buddy, and a
 //! scavenge that retired nothing (which fails like any other search, after
 //! the install). So no null leaves a slot `REFILLING`, and once memory is
