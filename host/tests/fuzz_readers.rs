@@ -8,19 +8,19 @@
 
 use std::path::{Path, PathBuf};
 
+use gpuheap::testing::SplitMix64;
+
 mod common;
 
-/// xorshift64*: a small, fixed generator (the run must replay from its seed on every platform).
-struct Rng(u64);
+/// The project's seeded generator (`gpuheap::testing::SplitMix64`): the run replays from its seed on
+/// every platform. `below` over `usize` for the indices a mutation picks.
+struct Rng(SplitMix64);
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.0.next_u64()
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        self.0.below(n as u64) as usize
     }
 }
 
@@ -84,7 +84,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 fn run(name: &str, target: fn(&[u8]), seeds: &[PathBuf], max_mutated: usize) {
     assert!(!seeds.is_empty(), "{name}: no seeds");
     let iters = env_u64("GPUHEAP_FUZZ_ITERS", 2000);
-    let mut rng = Rng(env_u64("GPUHEAP_FUZZ_SEED", 0) ^ 0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng(SplitMix64::new(env_u64("GPUHEAP_FUZZ_SEED", 0)));
     let mut small = Vec::new();
     for p in seeds {
         let bytes = std::fs::read(p).unwrap();
