@@ -15,6 +15,7 @@ use gpuheap::device_heap::ops::Sizes;
 use gpuheap::device_heap::ops::{self, Batch};
 use gpuheap::device_heap::{BuddyBlock, DeviceHeap, HeapStats};
 use gpuheap_kernels::heap::layout::{class_of, class_size, order_of, CLASSES, PAGE, UNIT};
+use gpuheap_kernels::heap::slab::REFILL_WAITS;
 
 /// The block size a request really takes (the host model of the rounding).
 fn rounded(size: u64) -> u64 {
@@ -209,6 +210,14 @@ fn exhaustion_returns_null_then_free_all_then_other_sizes_reuse_at_least_95_perc
 /// bound leaves room for one repeat.
 const SEARCHES_PER_NULL: f64 = 2.0;
 
+/// At most this many waits for a slot's refiller per null in the same test
+/// (issue 40, item 2): a warp that finds its slot `REFILLING` waits at most
+/// `REFILL_WAITS` (8) times before it searches on its own (it waited up to
+/// 32 times, uncounted, before). The independent-thread mode, where the
+/// refiller's search is interleaved with every waiter's atomics, reaches
+/// about 5 (seed 0: 4.996 on this commit's first run).
+const WAITS_PER_NULL: f64 = REFILL_WAITS as f64;
+
 /// The out-of-memory path under many concurrent failing leaders (issue 19,
 /// item 2): a heap filled with 4 KiB slots, then every size class and a
 /// large size requested at once by many warps whose groups each have a
@@ -217,7 +226,8 @@ const SEARCHES_PER_NULL: f64 = 2.0;
 /// warps (lockstep and independent mode: blocks of 8 warps of ten groups
 /// each, the independent mode interleaving their leaders at every atomic).
 /// Every request fails, and the
-/// heap's statistics show at most `SEARCHES_PER_NULL` searches per null.
+/// heap's statistics show at most `SEARCHES_PER_NULL` searches and
+/// `WAITS_PER_NULL` waits for a refiller per null.
 /// (With a transit mark held through a failing search, as before, the
 /// concurrent leaders keep each other's checks from ever being quiet and
 /// each null runs its scan bound.)
@@ -250,6 +260,11 @@ fn many_concurrent_failing_leaders_make_one_search_per_null() {
         eprintln!("{what}: {nulls} nulls, {searches} searches ({per_null:.3} per null)");
         assert!(per_null >= 1.0, "{what}: every null follows at least one search");
         assert!(per_null <= SEARCHES_PER_NULL, "{what}: {per_null:.3} searches per null");
+        let waits = s.failed_waits - before.failed_waits;
+        let waits_per_null = waits as f64 / nulls as f64;
+        eprintln!("{what}: {waits} waits for a refiller ({waits_per_null:.3} per null)");
+        assert!(waits_per_null <= WAITS_PER_NULL, "{what}: {waits_per_null:.3} waits per null");
+        assert!(s.refill_waits - before.refill_waits >= waits, "{what}: every wait is counted in the total");
         assert_eq!(s.transit_in_flight, 0, "{what}");
         for bt in batches {
             ops::free_batch(&heap, bt, 3).unwrap();
