@@ -584,3 +584,28 @@ fn small_heaps_serve_up_to_their_size_or_are_refused_and_failures_are_classified
         assert_eq!(heap.diagnose_failure(64 << 10, &free).class, OomClass::Fragmentation, "{what}: {free:?}");
     }
 }
+
+/// The user-shaped kernel `gpuheap_heap_user_list` (issue 40, item 3; the
+/// PTX check holds it to 64 registers): every thread builds a linked list of
+/// 16-byte nodes with `malloc` in a loop while its state stays live, then
+/// reverses it, checks every value and frees every node. Each thread's
+/// checksum equals the host's reference, and the heap is whole again.
+#[test]
+fn the_user_shaped_list_kernel_builds_checks_and_frees_its_lists() {
+    use gpuheap::backend::LaunchConfig;
+    use gpuheap_kernels::heap::kernels::{user_list_checksum, UserListParams, HEAP_USER_LIST};
+    for b in common::backends("the_user_shaped_list_kernel_builds_checks_and_frees_its_lists") {
+        let what = format!("{b:?}");
+        let heap = DeviceHeap::new(&b, 1 << 20).unwrap();
+        let (threads, nodes) = if common::has_thread_per_lane(&b) { (256u64, 12u64) } else { (1024, 12) };
+        let out = b.alloc_zeroed(threads as usize * 8).unwrap();
+        let p = UserListParams { heap: heap.handle(), threads, nodes, out: out.device_ptr() };
+        // SAFETY: a live heap of this backend; `out` holds `threads` u64s of the same backend.
+        unsafe { b.launch(&HEAP_USER_LIST, LaunchConfig::for_threads(threads, 128).unwrap(), &p).unwrap() };
+        let got = out.read::<u64>().unwrap();
+        for (i, &c) in got.iter().enumerate() {
+            assert_eq!(c, user_list_checksum(i as u64, nodes), "{what}: thread {i}'s list");
+        }
+        check_fully_free(&heap, &what);
+    }
+}

@@ -154,7 +154,8 @@
 //! hand-off, the out-of-memory path (concurrent nulls, one search each),
 //! the transit brackets around a page's format and its retirement (a
 //! searcher racing either must not return null), the available bit against
-//! a free, and the replacement of a current page against its last free.
+//! a free, the replacement of a current page against its last free, and a
+//! refill whose scavenge retires nothing (the slot's refill still ends).
 //! The independent-thread scheduling mode of the CPU backend
 //! ([`crate::arch::emu::its`]) covers the warp-level paths loom cannot
 //! (whole kernels under seeded schedules), including the scavenge.
