@@ -124,13 +124,13 @@ const _: () = assert!(ACQUIRE_ATTEMPTS <= ATTEMPTS_MASK);
 const ERR_WAIT_SHIFT: u32 = 16;
 const _: () = assert!(FINAL_SCANS < 1 << ERR_WAIT_SHIFT);
 
-/// The searches of a failed [`acquire`] (its `Err`).
+/// The searches of a failed `acquire` (its `Err`).
 #[inline(always)]
 pub const fn failure_searches(err: u32) -> u32 {
     err & ((1 << ERR_WAIT_SHIFT) - 1)
 }
 
-/// The waits for a slot's refiller of a failed [`acquire`] (its `Err`).
+/// The waits for a slot's refiller of a failed `acquire` (its `Err`).
 #[inline(always)]
 pub const fn failure_waits(err: u32) -> u32 {
     err >> ERR_WAIT_SHIFT
