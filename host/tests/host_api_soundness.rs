@@ -1,12 +1,14 @@
 //! What safe host code can do with the device heap's API (issue 40, item 4):
-//! a free batch whose stride would not visit each pointer exactly once is
-//! refused, and every size the host accepts is checked arithmetic, so any
+//! a handle of one region is `InvalidHandle` in every other region (host
+//! verbs and device kernels alike), a free batch whose stride would not
+//! visit each pointer exactly once is refused, and every size the host accepts is checked arithmetic, so any
 //! `u64` gives a value or a typed error, never a panic (a proptest run in
 //! the overflow-checked `ci` profile).
 
 mod common;
 
 use gpuheap::backend::{Backend, BackendError};
+use gpuheap::compaction::{CompactHeap, CompactionError, Handle, HandleRegion};
 use gpuheap::device_heap::ops::{self, Sizes};
 use gpuheap::device_heap::DeviceHeap;
 use gpuheap_kernels::heap::layout::{Heap, PAGE, UNIT};
@@ -35,6 +37,47 @@ fn free_batch_refuses_a_stride_that_is_not_coprime_with_the_pointer_count() {
         let batch = ops::malloc_batch(&heap, &Sizes::Uniform(64), 480, false).unwrap();
         ops::free_batch(&heap, batch, 7).unwrap();
         assert_eq!(heap.stats().unwrap().classes[2].slots_in_use, 480, "{what}: the refused batch's blocks stay");
+    }
+}
+
+/// Two regions whose first handles have the same table index: before
+/// handles carried their region's tag, `a`'s handle named `b`'s live entry
+/// (same index, same generation 1) and resolved, pinned and freed `b`'s
+/// block. Every verb of the other region, the device's resolve (touch) and
+/// the device's free now refuse it, and the owner's block is untouched.
+#[test]
+fn a_handle_of_another_region_is_invalid_there() {
+    for b in common::backends("a_handle_of_another_region_is_invalid_there") {
+        let what = format!("{b:?}");
+        let mut a = DeviceHeap::with_movable(&b, 1 << 20, 64 << 10, 4).unwrap();
+        let mut other = DeviceHeap::with_movable(&b, 1 << 20, 64 << 10, 4).unwrap();
+        let h = a.movable().unwrap().alloc(1000).unwrap();
+        let mine = other.movable().unwrap().alloc(1000).unwrap();
+        assert_eq!(h.index(), mine.index(), "{what}: the same table index in both regions");
+        assert_ne!(h, mine, "{what}: but not the same handle");
+        let invalid = |r: Result<(), CompactionError>| matches!(r, Err(CompactionError::InvalidHandle(x)) if x == h);
+        let mut m = other.movable().unwrap();
+        assert!(invalid(m.resolve(h).map(drop)), "{what}: resolve");
+        assert!(invalid(m.pin(h)), "{what}: pin");
+        assert!(invalid(m.unpin(h)), "{what}: unpin");
+        assert!(invalid(m.free(h)), "{what}: free");
+        assert_eq!(m.touch_handles(&[h], 0, false).unwrap(), (0, 1), "{what}: the device resolved a foreign handle");
+        assert_eq!(m.free_batch(&[h]).unwrap(), vec![false], "{what}: the device freed a foreign handle");
+        assert_eq!(m.resolve(mine).unwrap().size, 1000, "{what}: the region's own block is still live");
+        assert_eq!(m.stats().unwrap().live_handles, 1, "{what}");
+        assert_eq!(a.movable().unwrap().resolve(h).unwrap().size, 1000, "{what}: and valid in its own region");
+        // Host-managed regions: against each other and against the device heap's.
+        let mut c = CompactHeap::new(&b, 64 << 10, 4).unwrap();
+        let mut d = CompactHeap::new(&b, 64 << 10, 4).unwrap();
+        let hc: Handle = c.alloc(512).unwrap();
+        let hd = d.alloc(512).unwrap();
+        assert_eq!(hc.index(), hd.index(), "{what}");
+        assert!(matches!(d.resolve(hc), Err(CompactionError::InvalidHandle(_))), "{what}: host region");
+        assert!(matches!(d.free(hc), Err(CompactionError::InvalidHandle(_))), "{what}: host region free");
+        assert!(matches!(d.fill_on_device(hc, 1), Err(CompactionError::InvalidHandle(_))), "{what}: kernel resolve");
+        assert!(matches!(other.movable().unwrap().resolve(hc), Err(CompactionError::InvalidHandle(_))), "{what}");
+        assert!(matches!(c.resolve(mine), Err(CompactionError::InvalidHandle(_))), "{what}");
+        assert_eq!(d.resolve(hd).unwrap().size, 512, "{what}");
     }
 }
 

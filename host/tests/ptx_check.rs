@@ -36,8 +36,10 @@ use gpuheap::ptx::{audit, sass_counts, SassCounts, COLLECTIVES};
 
 /// The kernels that inline the device heap's `malloc` or `free`, held to
 /// [`MALLOC_REGISTERS`] on both targets.
-const MALLOC_KERNELS: [&str; 4] =
-    ["gpuheap_heap_malloc", "gpuheap_heap_free", "gpuheap_heap_churn", "gpuheap_heap_loop"];
+/// `gpuheap_heap_user_list` is shaped like a user's kernel (state live
+/// across `malloc` in a loop, then a walk that frees).
+const MALLOC_KERNELS: [&str; 5] =
+    ["gpuheap_heap_malloc", "gpuheap_heap_free", "gpuheap_heap_churn", "gpuheap_heap_loop", "gpuheap_heap_user_list"];
 
 /// The device heap's entries (`malloc`, `free`, the movable region's handle
 /// kernels, the benchmark kernels over them): no `ATOMS.CAST.SPIN` in any of
@@ -167,7 +169,7 @@ fn sass_line(arch: &str, name: &str, regs: u32, c: &SassCounts) -> String {
 /// `Heap::meta` inside the struct's `heap` field.
 fn metadata_offsets(entry: &str) -> Vec<u64> {
     use gpuheap_kernels::compact::movable::{HandleAllocParams, HandleFreeParams, HandleTouchParams};
-    use gpuheap_kernels::heap::kernels::{ChurnParams, FreeParams, LoopParams, MallocParams};
+    use gpuheap_kernels::heap::kernels::{ChurnParams, FreeParams, LoopParams, MallocParams, UserListParams};
     use gpuheap_kernels::heap::Heap;
     use std::mem::offset_of;
     let meta = offset_of!(Heap, meta);
@@ -176,6 +178,7 @@ fn metadata_offsets(entry: &str) -> Vec<u64> {
         "gpuheap_heap_free" => offset_of!(FreeParams, heap),
         "gpuheap_heap_churn" => offset_of!(ChurnParams, heap),
         "gpuheap_heap_loop" => offset_of!(LoopParams, heap),
+        "gpuheap_heap_user_list" => offset_of!(UserListParams, heap),
         "gpuheap_heap_handle_alloc" => offset_of!(HandleAllocParams, heap),
         "gpuheap_heap_handle_free" => offset_of!(HandleFreeParams, heap),
         "gpuheap_heap_handle_touch" => offset_of!(HandleTouchParams, heap),

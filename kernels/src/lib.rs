@@ -69,6 +69,7 @@ pub static KERNEL_NAMES: &[&str] = &[
     heap::kernels::HEAP_TOUCH.name(),
     heap::kernels::HEAP_CHURN.name(),
     heap::kernels::HEAP_LOOP.name(),
+    heap::kernels::HEAP_USER_LIST.name(),
     heap::kernels::NOOP.name(),
     heap::kernels::CUDA_MALLOC.name(),
     heap::kernels::CUDA_FREE.name(),

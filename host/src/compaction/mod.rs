@@ -54,7 +54,8 @@ use std::time::{Duration, Instant};
 
 pub use compactor::{CompactTuning, Compactor, LayoutCompaction, MAX_SHARED_BYTES};
 use gpuheap_kernels::compact::handle::{
-    make_handle, split_handle, DeviceHandleTable, HandleEntry, HandleFillParams, ENTRY_LIVE, ENTRY_PINNED, HANDLE_FILL,
+    make_handle, next_generation, region_generation, split_handle, DeviceHandleTable, HandleEntry, HandleFillParams,
+    ENTRY_LIVE, ENTRY_PINNED, HANDLE_FILL,
 };
 use gpuheap_kernels::compact::movable::PIN_SHIFT;
 pub use gpuheap_kernels::compact::{LiveBlock, BLOCK_PINNED, GRANULE};
@@ -108,8 +109,10 @@ pub enum CompactionError {
 pub type Result<T, E = CompactionError> = std::result::Result<T, E>;
 
 /// A relocatable block's name: table index (low 32 bits) and generation
-/// (high 32 bits). Copy it freely; it stays valid across compactions until
-/// the block is freed.
+/// (high 32 bits: the region's tag above a 20-bit reuse counter). Copy it
+/// freely; it stays valid across compactions until the block is freed, and
+/// only in the region that handed it out (another region's verbs answer
+/// [`CompactionError::InvalidHandle`], and its kernels resolve it to null).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Handle(pub u64);
 
@@ -204,6 +207,20 @@ pub struct CompactHeap {
     live: BTreeMap<u64, u32>,
     holes: BTreeMap<u64, u64>,
     compactor: Compactor,
+    /// The generation of an entry before its first use: this region's tag
+    /// ([`next_region_generation`]), so that a handle of another region is
+    /// `InvalidHandle` here.
+    first_generation: u32,
+}
+
+/// The first generation for a new region's entries: a tag no region created
+/// in the last [`REGION_TAGS`](gpuheap_kernels::compact::handle::REGION_TAGS)
+/// (4,095) had, in the generation's high bits
+/// ([`region_generation`]), so that a handle carries its region's identity
+/// and another region rejects it (both here and when a kernel resolves it).
+pub(crate) fn next_region_generation() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    region_generation(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
 impl CompactHeap {
@@ -237,6 +254,7 @@ impl CompactHeap {
             live: BTreeMap::new(),
             holes,
             compactor: Compactor::new(CompactTuning::for_backend(backend)),
+            first_generation: next_region_generation(),
         })
     }
 
@@ -371,7 +389,7 @@ impl HandleRegion for CompactHeap {
         let index = match self.free_ids.pop() {
             Some(i) => i,
             None if (self.entries.len() as u64) < self.max_handles as u64 => {
-                self.entries.push(HandleEntry::default());
+                self.entries.push(HandleEntry { generation: self.first_generation, ..HandleEntry::default() });
                 self.pins.push(0);
                 (self.entries.len() - 1) as u32
             }
@@ -382,7 +400,7 @@ impl HandleRegion for CompactHeap {
             self.holes.insert(off + need, len - need);
         }
         let e = &mut self.entries[index as usize];
-        e.generation = e.generation.wrapping_add(1).max(1);
+        e.generation = next_generation(e.generation);
         e.offset = off;
         e.size = size;
         e.flags = ENTRY_LIVE;

@@ -127,6 +127,19 @@ pub struct HeapStats {
     /// [`failed_requests`](Self::failed_requests):
     /// [`searches_per_failure`](Self::searches_per_failure).
     pub failed_searches: u64,
+    /// Waits for a slot's refiller made by the requests that returned null:
+    /// a warp that finds its size class's current page being replaced by
+    /// another warp probes the available pages and backs off (at most
+    /// `gpuheap_kernels::heap::slab::REFILL_WAITS` times, about 4 µs in all
+    /// on a GPU, then it searches on its own). Divided by
+    /// [`failed_requests`](Self::failed_requests):
+    /// [`waits_per_failure`](Self::waits_per_failure), the part of a null's
+    /// latency that searches do not show.
+    pub failed_waits: u64,
+    /// Waits for a slot's refiller made by all requests (served or not; a
+    /// warp group's wait counts once for each of its requests, as in
+    /// [`failed_waits`](Self::failed_waits)).
+    pub refill_waits: u64,
     /// Double frees detected (counted with the `debug-free` feature only).
     pub double_frees: u64,
     /// Invalid frees detected (counted with the `debug-free` feature only).
@@ -155,6 +168,16 @@ impl HeapStats {
             0.0
         } else {
             self.failed_searches as f64 / self.failed_requests as f64
+        }
+    }
+
+    /// Waits for a refiller per null result (`failed_waits /
+    /// failed_requests`; 0 when no request failed).
+    pub fn waits_per_failure(&self) -> f64 {
+        if self.failed_requests == 0 {
+            0.0
+        } else {
+            self.failed_waits as f64 / self.failed_requests as f64
         }
     }
 
@@ -409,6 +432,8 @@ impl DeviceHeap {
             free_bytes,
             failed_requests: m.u64(0, CTRL_FAILED as u64),
             failed_searches: m.u64(0, CTRL_FAILED_SEARCHES as u64),
+            failed_waits: m.u64(0, CTRL_FAILED_WAITS as u64),
+            refill_waits: m.u64(0, CTRL_REFILL_WAITS as u64),
             double_frees: m.u64(0, CTRL_DOUBLE_FREES as u64),
             invalid_frees: m.u64(0, CTRL_INVALID_FREES as u64),
             transit_in_flight: (0..TRANSIT_SHARDS as usize)

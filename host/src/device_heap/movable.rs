@@ -33,8 +33,8 @@ use super::{DeviceHeap, Heap};
 use crate::analysis::Fragmentation;
 use crate::backend::{Backend, BackendError, DeviceBuffer, LaunchConfig, Result as BackendResult};
 use crate::compaction::{
-    block_bytes, occupied, oracle, region_fragmentation, BlockInfo, CompactTuning, CompactionError, CompactionReport,
-    Compactor, Handle, HandleRegion, Result,
+    block_bytes, next_region_generation, occupied, oracle, region_fragmentation, BlockInfo, CompactTuning,
+    CompactionError, CompactionReport, Compactor, Handle, HandleRegion, Result,
 };
 
 /// Host state of a movable region: the device buffer of control words, table
@@ -95,7 +95,11 @@ impl DeviceHeap {
                 heap.capacity()
             )));
         }
-        let buf = backend.alloc_zeroed(buffer_bytes(max_handles as u64) as usize)?;
+        let mut buf = backend.alloc_zeroed(buffer_bytes(max_handles as u64) as usize)?;
+        // Every entry starts at this region's tag, so that a handle of another region never
+        // resolves here (the device keeps the tag when it reuses an entry).
+        let first = HandleEntry { generation: next_region_generation(), ..HandleEntry::default() };
+        buf.write_at(TABLE_OFFSET as usize, bytemuck::cast_slice(&vec![first; max_handles as usize]))?;
         heap.handle.movable_ctrl = buf.device_ptr();
         heap.handle.max_handles = max_handles as u64;
         heap.handle.movable_off = 0;

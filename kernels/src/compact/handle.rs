@@ -68,6 +68,32 @@ pub fn split_handle(handle: u64) -> (u32, u32) {
     (handle as u32, (handle >> 32) as u32)
 }
 
+/// Bits of a generation that count the reuses of one entry; the bits above
+/// them are the region's tag ([`region_generation`]), so that a handle of one
+/// region never names a live entry of another (it is `InvalidHandle` there).
+pub const GEN_COUNTER_BITS: u32 = 20;
+/// The reuse counter's mask in a generation.
+pub const GEN_COUNTER_MASK: u32 = (1 << GEN_COUNTER_BITS) - 1;
+/// Region tags: 1..=`REGION_TAGS`.
+pub const REGION_TAGS: u32 = u32::MAX >> GEN_COUNTER_BITS;
+
+/// The generation an entry of the region tagged `tag` (1..=[`REGION_TAGS`],
+/// reduced modulo the tag space otherwise) holds before its first use.
+#[inline(always)]
+pub const fn region_generation(tag: u32) -> u32 {
+    (tag % REGION_TAGS + 1) << GEN_COUNTER_BITS
+}
+
+/// The generation after `g` for the entry's next use: the region's tag (the
+/// bits above [`GEN_COUNTER_BITS`]) is kept, the counter advances and skips
+/// 0, so no generation is 0 and a stale handle is rejected until the counter
+/// wraps (2^20 - 1 reuses of one entry).
+#[inline(always)]
+pub const fn next_generation(g: u32) -> u32 {
+    let c = g.wrapping_add(1) & GEN_COUNTER_MASK;
+    (g & !GEN_COUNTER_MASK) | if c == 0 { 1 } else { c }
+}
+
 /// The handle for table index `index` at `generation`.
 #[inline(always)]
 pub fn make_handle(index: u32, generation: u32) -> u64 {

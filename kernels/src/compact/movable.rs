@@ -34,8 +34,10 @@
 //! * **A handle is `generation << 32 | index`**. Entry `index` of the handle
 //!   table ([`HandleEntry`]) holds the block's offset in the span, its
 //!   requested size and a state word (flags in the low 32 bits, generation in
-//!   the high 32). Each reuse of an entry increments its generation (never
-//!   0), so the handle 0 is never valid and a stale handle (freed, or freed
+//!   the high 32). Each reuse of an entry increments its generation's reuse
+//!   counter (never 0; the bits above it are the region's tag, written by
+//!   the host when it creates the table, so a handle of another region does
+//!   not resolve here: `super::handle::next_generation`), so the handle 0 is never valid and a stale handle (freed, or freed
 //!   and its entry reused) never resolves. [`resolve`] reads the state word
 //!   with acquire ordering, so a handle published by the allocating thread
 //!   (with release ordering, or across launches) resolves to the whole entry.
@@ -84,7 +86,9 @@
 //! [`CTRL_FAILED`]), then `max_handles` [`HandleEntry`]s (the table), then
 //! `max_handles` `u32` pool indices ([`buffer_bytes`]).
 
-use super::handle::{make_handle, split_handle, DeviceHandleTable, HandleEntry, ENTRY_LIVE, ENTRY_PINNED};
+use super::handle::{
+    make_handle, next_generation, split_handle, DeviceHandleTable, HandleEntry, ENTRY_LIVE, ENTRY_PINNED,
+};
 use super::GRANULE;
 use crate::arch::atomic::{GlobalU64, Ordering};
 use crate::arch::index::{global_thread_id, lane_id};
@@ -245,7 +249,7 @@ pub unsafe fn handle_alloc(heap: &Heap, size: u64) -> u64 {
                     // entry until it publishes the state word.
                     unsafe {
                         let st = state(heap, i);
-                        let gen = ((st.load(Ordering::Relaxed) >> 32) as u32).wrapping_add(1).max(1);
+                        let gen = next_generation((st.load(Ordering::Relaxed) >> 32) as u32);
                         let e = entry_ptr(heap, i);
                         (*e).offset = off;
                         (*e).size = size;

@@ -237,11 +237,12 @@ impl Hb {
     /// its own, for callers that hold none.
     #[inline(always)]
     fn clean_up<M: HeapMem>(&self, m: &M, l: u32, loff: u32, w: u32) {
-        transit::begin(m);
+        let s = transit::shard();
+        transit::begin(m, s);
         if self.propagate_empty(m, l, loff, w) {
-            transit::end(m);
+            transit::end(m, s);
         } else {
-            transit::cancel(m);
+            transit::cancel(m, s);
         }
     }
 

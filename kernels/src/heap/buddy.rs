@@ -73,9 +73,10 @@ pub(crate) fn level<M: HeapMem>(m: &M, k: u32) -> Hb {
 /// once the block is published or handed out. A failed attempt hid nothing
 /// and its mark is cancelled here (ended when its summary clean-up hid a
 /// bit for a moment). Levels whose top word is zero are skipped without a
-/// mark: an exhausted heap makes no claim and holds no mark.
+/// mark: an exhausted heap makes no claim and holds no mark. The marks are
+/// on transit shard `s` (the caller's, which it ends the grant's mark on).
 #[inline(always)]
-pub(crate) fn take<M: HeapMem>(m: &M, k: u32, hint: u32) -> Option<u32> {
+pub(crate) fn take<M: HeapMem>(m: &M, k: u32, hint: u32, s: u32) -> Option<u32> {
     let mut j = k;
     while j <= m.max_order() {
         // Through the barrier, so that what is derived from them is
@@ -83,7 +84,7 @@ pub(crate) fn take<M: HeapMem>(m: &M, k: u32, hint: u32) -> Option<u32> {
         let (k, hint) = (opaque_u32(k), opaque_u32(hint));
         let lv = level(m, j);
         if !lv.is_empty(m) {
-            transit::begin(m);
+            transit::begin(m, s);
             let (got, restored) = lv.claim(m, hint);
             if let Some(b) = got {
                 // Split: keep the leftmost order-k piece, free the right halves.
@@ -97,9 +98,9 @@ pub(crate) fn take<M: HeapMem>(m: &M, k: u32, hint: u32) -> Option<u32> {
                 return Some(b << k);
             }
             if restored {
-                transit::end(m);
+                transit::end(m, s);
             } else {
-                transit::cancel(m);
+                transit::cancel(m, s);
             }
         }
         j = opaque_u32(j + 1);
@@ -115,9 +116,10 @@ pub(crate) fn take<M: HeapMem>(m: &M, k: u32, hint: u32) -> Option<u32> {
 /// not freed twice (the callers check this with the tags or page headers).
 #[inline(always)]
 pub(crate) fn free<M: HeapMem>(m: &M, unit: u32, k: u32) {
-    transit::begin(m);
+    let s = transit::shard();
+    transit::begin(m, s);
     free_marked(m, unit, k);
-    transit::end(m);
+    transit::end(m, s);
 }
 
 /// `free` for a caller that holds a transit mark (ended after this

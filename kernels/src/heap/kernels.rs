@@ -394,6 +394,104 @@ unsafe fn loop_check(p: &LoopParams, ptr: u64) {
     unsafe { super::free(&p.heap, ptr as *mut u8) };
 }
 
+/// Parameters of [`HEAP_USER_LIST`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct UserListParams {
+    /// The heap.
+    pub heap: Heap,
+    /// Threads that take part.
+    pub threads: u64,
+    /// Nodes each thread pushes (16 bytes each: the next node, the value).
+    pub nodes: u64,
+    /// Device address of `threads` `u64`s: thread `i` stores
+    /// [`user_list_checksum`]`(i, pushed)` when every value it pushed read
+    /// back, else 0 (also 0 when it pushed nothing).
+    pub out: u64,
+}
+
+/// The value of node `k` of thread `i`'s list.
+#[inline(always)]
+pub fn user_list_value(i: u64, k: u64) -> u64 {
+    hash(i ^ k << 32)
+}
+
+/// What thread `i` of [`user_list_kernel`] stores after pushing `n >= 1`
+/// nodes whose values all read back (the host's reference).
+pub fn user_list_checksum(i: u64, n: u64) -> u64 {
+    let mut sum = n;
+    let mut k = 0;
+    while k < n {
+        sum = sum.wrapping_mul(31).wrapping_add(user_list_value(i, k));
+        k += 1;
+    }
+    sum | 1
+}
+
+/// A kernel shaped like a user's, not tuned like the heap's own benchmark
+/// kernels: each thread builds a linked list by calling `malloc` in a loop
+/// while it keeps its state live across the call (the list head, its
+/// thread index, the count pushed, the loop counter), then reverses the
+/// list, walks it oldest first, checks and sums each value and frees each
+/// node. The PTX check holds it to the same 64 registers as `malloc` (what
+/// a kernel author gets).
+///
+/// # Safety
+/// `heap` is live; `out` addresses `threads` writable `u64`s.
+#[inline(always)]
+pub unsafe fn user_list_kernel(p: &UserListParams) {
+    let i = global_thread_id();
+    if i >= p.threads {
+        return;
+    }
+    let mut head = 0u64;
+    let mut pushed = 0u64;
+    let mut k = 0;
+    // Every thread calls malloc on every iteration (warp-uniform).
+    while k < p.nodes {
+        // SAFETY: live heap.
+        let node = unsafe { super::malloc(&p.heap, 16) } as *mut u64;
+        if !node.is_null() {
+            // SAFETY: a fresh 16-byte block, ours.
+            unsafe {
+                node.write(head);
+                node.add(1).write(user_list_value(i, pushed));
+            }
+            head = node as u64;
+            pushed += 1;
+        }
+        k += 1;
+    }
+    // Reverse the list (newest first) in place.
+    let mut prev = 0u64;
+    while head != 0 {
+        let node = head as *mut u64;
+        // SAFETY: a node of this thread's list.
+        let next = unsafe { node.read() };
+        // SAFETY: as above.
+        unsafe { node.write(prev) };
+        prev = head;
+        head = next;
+    }
+    let mut sum = pushed;
+    let mut good = true;
+    let mut j = 0;
+    while prev != 0 {
+        let node = prev as *mut u64;
+        // SAFETY: a node of this thread's list (oldest first now).
+        let (next, v) = unsafe { (node.read(), node.add(1).read()) };
+        good &= v == user_list_value(i, j);
+        sum = sum.wrapping_mul(31).wrapping_add(v);
+        // SAFETY: our live node, freed once, not read again.
+        unsafe { super::free(&p.heap, node as *mut u8) };
+        prev = next;
+        j += 1;
+    }
+    let res = if pushed == 0 || !good { 0 } else { sum | 1 };
+    // SAFETY: `i < threads`, the caller's array.
+    unsafe { (p.out as *mut u64).add(i as usize).write(res) };
+}
+
 /// Does nothing: the launch floor of a grid (benchmarks).
 ///
 /// # Safety
@@ -470,6 +568,10 @@ crate::kernel_entry! {
 crate::kernel_entry! {
     /// [`churn_kernel`] as a kernel.
     pub static HEAP_CHURN: ChurnParams = gpuheap_heap_churn => churn_kernel;
+}
+crate::kernel_entry! {
+    /// [`user_list_kernel`] as a kernel.
+    pub static HEAP_USER_LIST: UserListParams = gpuheap_heap_user_list => user_list_kernel;
 }
 crate::kernel_entry! {
     /// [`loop_kernel`] as a kernel.

@@ -76,6 +76,18 @@ pub const CTRL_KEPT: usize = 5;
 /// transit counter; see [`super::transit`]). Divided by [`CTRL_FAILED`], the
 /// cost of a null in searches.
 pub const CTRL_FAILED_SEARCHES: usize = 6;
+/// Control word: waits for a slot's refiller (a warp that found its slot's
+/// `current` entry `REFILLING` probed the available pages, found none and
+/// backed off; at most [`super::slab::REFILL_WAITS`] per request, then it
+/// searches on its own), counted once for each request of the warp group
+/// that waited.
+pub const CTRL_REFILL_WAITS: usize = 40;
+/// Control word: the waits for a refiller made by requests that returned
+/// null (counted per null like [`CTRL_FAILED_SEARCHES`]). Divided by
+/// [`CTRL_FAILED`], the waits per null.
+pub const CTRL_FAILED_WAITS: usize = 41;
+const _: () = assert!(CTRL_REFILL_WAITS > CTRL_LEVELS + MAX_ORDER_LIMIT as usize);
+const _: () = assert!(CTRL_FAILED_WAITS < CTRL_SLOW_GRANTS);
 /// Control words `CTRL_SLOW_GRANTS + c` for each class `c`: reservations
 /// that the slot's current page did not serve (the slow path: a refill, a
 /// page from the available bitmap, a private fresh page). Every other

@@ -154,7 +154,8 @@
 //! hand-off, the out-of-memory path (concurrent nulls, one search each),
 //! the transit brackets around a page's format and its retirement (a
 //! searcher racing either must not return null), the available bit against
-//! a free, and the replacement of a current page against its last free.
+//! a free, the replacement of a current page against its last free, and a
+//! refill whose scavenge retires nothing (the slot's refill still ends).
 //! The independent-thread scheduling mode of the CPU backend
 //! ([`crate::arch::emu::its`]) covers the warp-level paths loom cannot
 //! (whole kernels under seeded schedules), including the scavenge.
@@ -203,13 +204,19 @@ fn hash(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Counts `n` null results that made `searches` searches each
-/// (`CTRL_FAILED`, `CTRL_FAILED_SEARCHES`).
+/// Counts `n` null results of one failed `slab::acquire` whose error was
+/// `err` (its searches and waits for a refiller, each counted `n` times):
+/// `CTRL_FAILED`, `CTRL_FAILED_SEARCHES`, `CTRL_FAILED_WAITS`.
 #[inline(always)]
-fn count_failed<M: HeapMem>(m: &M, n: u32, searches: u32) {
+fn count_failed<M: HeapMem>(m: &M, n: u32, err: u32) {
     m.word(MetaSection::Ctrl, CTRL_FAILED as u64).fetch_add(n as u64, Ordering::Relaxed);
+    let searches = slab::failure_searches(err);
     if searches > 0 {
         m.word(MetaSection::Ctrl, CTRL_FAILED_SEARCHES as u64).fetch_add((n * searches) as u64, Ordering::Relaxed);
+    }
+    let waits = slab::failure_waits(err);
+    if waits > 0 {
+        m.word(MetaSection::Ctrl, CTRL_FAILED_WAITS as u64).fetch_add((n * waits) as u64, Ordering::Relaxed);
     }
 }
 
@@ -245,8 +252,8 @@ fn leader_step<M: HeapMem>(m: &M, req: u32, need: u32, mut st: u64) -> (u64, u32
                 return (m.base() + ((g.page() as u64) << UNIT_SHIFT), 0);
             }
             Ok(g) => st = (g.page() as u64) << 32 | (((slab::warp_hint() >> 8) & 0x7F) as u64) << 8 | g.count() as u64,
-            Err(searches) => {
-                count_failed(m, need, searches);
+            Err(err) => {
+                count_failed(m, need, err);
                 return (0, 0);
             }
         }

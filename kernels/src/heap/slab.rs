@@ -108,6 +108,34 @@ pub const AVAIL_PROBES: u32 = 4;
 /// Attempts to get a reservation through the current-page slot before
 /// falling back to a private page.
 pub const ACQUIRE_ATTEMPTS: u32 = 32;
+/// Waits (each an available-bitmap probe and a backoff of at most
+/// 1,024 ns nominal: about 4 µs in all) for a slot's refiller before a warp
+/// searches on its own. Each wait is counted once per request of the warp
+/// group (`CTRL_REFILL_WAITS`, and for nulls `CTRL_FAILED_WAITS`), so that the latency of a null shows in the
+/// statistics and not only its searches.
+pub const REFILL_WAITS: u32 = 8;
+/// `acquire`'s `attempt` holds the current-page attempts in its low byte
+/// and the waits for a refiller above it.
+const WAIT_SHIFT: u32 = 8;
+const ATTEMPTS_MASK: u32 = (1 << WAIT_SHIFT) - 1;
+const _: () = assert!(ACQUIRE_ATTEMPTS <= ATTEMPTS_MASK);
+/// `acquire`'s error: the searches in the low 16 bits, the waits for a
+/// refiller above them ([`failure_searches`], [`failure_waits`]).
+const ERR_WAIT_SHIFT: u32 = 16;
+const _: () = assert!(FINAL_SCANS < 1 << ERR_WAIT_SHIFT);
+
+/// The searches of a failed `acquire` (its `Err`).
+#[inline(always)]
+pub const fn failure_searches(err: u32) -> u32 {
+    err & ((1 << ERR_WAIT_SHIFT) - 1)
+}
+
+/// The waits for a slot's refiller of a failed `acquire` (its `Err`).
+#[inline(always)]
+pub const fn failure_waits(err: u32) -> u32 {
+    err >> ERR_WAIT_SHIFT
+}
+
 /// Searches of a failing `acquire` (each one a pass over the available
 /// pages and the buddy; all but the last followed by a transit completed or
 /// in flight).
@@ -261,7 +289,8 @@ pub(crate) fn recheck_avail<M: HeapMem>(m: &M, page: u32, class: u32, force: boo
     if !force && !av.get(m, page) {
         return;
     }
-    transit::begin(m);
+    let s = transit::shard();
+    transit::begin(m, s);
     let (was_set, restored) = av.clear(m, page, Ordering::Acquire);
     let h = hdr(m, page).load(Ordering::Relaxed);
     let back = (was_set || force) && hdr_class(h) == Some(class) && hdr_used(h) < class_slots(class);
@@ -269,9 +298,9 @@ pub(crate) fn recheck_avail<M: HeapMem>(m: &M, page: u32, class: u32, force: boo
         av.set(m, page);
     }
     if back || restored {
-        transit::end(m);
+        transit::end(m, s);
     } else {
-        transit::cancel(m);
+        transit::cancel(m, s);
     }
 }
 
@@ -316,14 +345,15 @@ pub(crate) fn retire<M: HeapMem>(m: &M, page: u32, h: u64) -> bool {
     }
     let new = ((hdr_gen(h) as u64 + 1) & 0xF_FFFF) << GEN_SHIFT;
     // Between the CAS and the buddy free the page is in neither place.
-    transit::begin(m);
+    let s = transit::shard();
+    transit::begin(m, s);
     if hdr(m, page).compare_exchange(h, new, Ordering::Acquire).is_ok() {
         avail(m, class).clear(m, page, Ordering::Relaxed);
         buddy::free_marked(m, page << PAGE_ORDER, PAGE_ORDER);
-        transit::end(m);
+        transit::end(m, s);
         true
     } else {
-        transit::cancel(m);
+        transit::cancel(m, s);
         false
     }
 }
@@ -388,9 +418,16 @@ pub const LARGE: u32 = 16;
 /// through the current page of `slot`, the available pages, or a fresh page,
 /// and returns the page and the count. For a large block (`req = LARGE +
 /// k`, `need = 1`): takes a buddy block of order `k` and returns its first
-/// unit as the grant's page. `Err(searches)` when the heap cannot provide
-/// any (the searches made, for the heap's statistics; 0 for an order the
-/// heap can never hold).
+/// unit as the grant's page. `Err(e)` when the heap cannot provide any:
+/// [`failure_searches`]`(e)` searches made (0 for an order the heap can
+/// never hold) and [`failure_waits`]`(e)` waits for the slot's refiller, for
+/// the heap's statistics.
+///
+/// A warp that finds its slot `REFILLING` waits for the refiller at most
+/// [`REFILL_WAITS`] times, probing the available pages between waits, then
+/// searches on its own. A large request takes no snapshot before its first
+/// search (a success needs none); a first search that fails is followed by
+/// a snapshot and a second, checked one.
 ///
 /// A failure is final only after a *search* (for a class: the available
 /// pages, then a fresh page from the buddy; for a large block: one pass
@@ -421,10 +458,12 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
     if req >= LARGE && req - LARGE > m.max_order() {
         return Err(0);
     }
-    let mut phase = if req < CLASSES { CUR } else { START };
-    // Current-page attempts; `ACQUIRE_ATTEMPTS` once we search for a page of
-    // our own (we refill the slot, or its refiller is slow).
-    let mut attempt = 0;
+    // A large request searches at once, without a snapshot (`t0`).
+    let mut phase = if req < CLASSES { CUR } else { FRESH };
+    // Current-page attempts (low byte); `ACQUIRE_ATTEMPTS` once we search
+    // for a page of our own (we refill the slot, or its refiller is slow).
+    // Above it, the waits for the slot's refiller (`WAIT_SHIFT`).
+    let mut attempt = 0u32;
     // The available-bitmap probes of this search; in the scavenge, the
     // entry to scan next, with `SCAV_ANY` once a page went back.
     let mut probe = 0;
@@ -433,7 +472,7 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
     // `old + 1` of the slot's entry we replaced with `REFILLING` (0: we are
     // not refilling; `old` is never `REFILLING`, so this does not wrap).
     let mut refill = 0u32;
-    let mut t0 = 0;
+    let mut t0 = transit::NO_SNAPSHOT;
     loop {
         // Through the barrier, so that what is derived from them (the
         // `current` entry's address, the slot count, the bitmap's offset) is
@@ -469,12 +508,12 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
                 // end of the refill, so that no path out of a search
                 // leaves the slot `REFILLING`.
                 if probe & SCAV_ANY != 0 {
-                    transit::end(m);
+                    transit::end(m, transit::shard_of(slot));
                     scan += 1;
                     phase = START;
                     break 'step;
                 }
-                transit::cancel(m);
+                transit::cancel(m, transit::shard_of(slot));
             }
             if phase == START {
                 // A search begins: the snapshot it is checked against is
@@ -505,13 +544,21 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
                     }
                 }
                 if page == NO_PAGE {
-                    if attempt == ACQUIRE_ATTEMPTS {
+                    if attempt & ATTEMPTS_MASK == ACQUIRE_ATTEMPTS {
                         phase = FRESH;
                     } else {
-                        backoff(attempt.min(5));
-                        attempt += 1;
+                        // A wait for the slot's refiller: counted, and
+                        // bounded (then the warp searches on its own).
+                        let waits = attempt >> WAIT_SHIFT;
+                        m.word(MetaSection::Ctrl, CTRL_REFILL_WAITS as u64).fetch_add(need as u64, Ordering::Relaxed);
+                        backoff(waits.min(5));
+                        attempt += 1 << WAIT_SHIFT;
                         probe = 0;
-                        phase = if attempt == ACQUIRE_ATTEMPTS { START } else { CUR };
+                        phase = CUR;
+                        if waits + 1 == REFILL_WAITS {
+                            attempt = (attempt & !ATTEMPTS_MASK) | ACQUIRE_ATTEMPTS;
+                            phase = START;
+                        }
                         break 'step;
                     }
                 }
@@ -540,11 +587,11 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
                 let v = if from_current { page + 1 } else { 0 };
                 if current(m, req, slot).compare_exchange(v, REFILLING, Ordering::Relaxed).is_ok() {
                     refill = v + 1;
-                    attempt = ACQUIRE_ATTEMPTS;
+                    attempt = (attempt & !ATTEMPTS_MASK) | ACQUIRE_ATTEMPTS;
                 } else {
                     attempt += 1;
                 }
-                if attempt == ACQUIRE_ATTEMPTS {
+                if attempt & ATTEMPTS_MASK == ACQUIRE_ATTEMPTS {
                     phase = START;
                 }
                 break 'step;
@@ -555,7 +602,7 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
                 // the large block itself.
                 let k = if slab { PAGE_ORDER } else { req - LARGE };
                 let hint = warp_hint().wrapping_add(crate::arch::index::lane_id());
-                if let Some(unit) = buddy::take(m, k, hint) {
+                if let Some(unit) = buddy::take(m, k, hint, transit::shard_of(slot)) {
                     if slab {
                         let page = unit >> PAGE_ORDER;
                         let got = need.min(class_slots(req));
@@ -567,7 +614,7 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
                     } else {
                         // The block is handed out: the claim's mark ends.
                         r = Grant::new(unit, 1);
-                        transit::end(m);
+                        transit::end(m, transit::shard_of(slot));
                     }
                 } else if scan < FINAL_SCANS {
                     // The buddy is exhausted: retire the empty current
@@ -576,13 +623,13 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
                     // count nor back in the buddy: a transit.
                     let kept = m.word(MetaSection::Ctrl, CTRL_KEPT as u64);
                     if kept.load(Ordering::Relaxed) != 0 {
-                        transit::begin(m);
+                        transit::begin(m, transit::shard_of(slot));
                         if kept.swap(0, Ordering::Acquire) != 0 {
                             phase = SCAV;
                             probe = 0;
                             break 'step;
                         }
-                        transit::cancel(m);
+                        transit::cancel(m, transit::shard_of(slot));
                     }
                 }
             }
@@ -600,7 +647,7 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
             recheck_avail(m, fix, req, force);
         }
         if fresh {
-            transit::end(m);
+            transit::end(m, transit::shard_of(slot));
         }
         if ret != NO_PAGE && retire_if_empty(m, ret, keep_current) {
             probe |= SCAV_ANY;
@@ -623,9 +670,13 @@ pub(crate) fn acquire<M: HeapMem>(m: &M, req: u32, slot: u32, need: u32) -> Resu
                 // `REFILLING` (the recovery property).
                 debug_assert_eq!(refill, 0);
                 if transit::quiet(t0, t1) || scan == FINAL_SCANS {
-                    return Err(scan + 1);
+                    return Err((scan + 1) | (attempt >> WAIT_SHIFT) << ERR_WAIT_SHIFT);
                 }
-                backoff(scan.min(6));
+                if t0 != transit::NO_SNAPSHOT {
+                    // (A large request's unchecked first search is
+                    // checked at once.)
+                    backoff(scan.min(6));
+                }
                 scan += 1;
                 probe = 0;
                 phase = if slab { PROBE } else { FRESH };

@@ -22,8 +22,13 @@
 //! # Shards
 //!
 //! The counter is [`TRANSIT_SHARDS`] words, each on its own 128-byte line;
-//! an operation uses the shard of its SM (`%smid`, which a warp keeps for
-//! its lifetime, so `begin` and `end` meet the same word). A snapshot reads
+//! an operation uses the shard of its SM, read **once** (`shard`) and
+//! carried to its `begin` and its `end` or `cancel`: the PTX ISA allows
+//! `%smid` to change during a thread's life (after a preemption), and a mark
+//! that began on one shard and ended on another would leave the first "in
+//! flight" for ever (every later null would then run its scan bound). An
+//! allocation reads it once per call (`super::slab::acquire`'s slot, from
+//! which the shard is derived), a free once per operation. A snapshot reads
 //! every shard and keeps one `u32`: the sum of the completion halves, with
 //! bit 32 set when some shard has an operation in flight. The sum changes
 //! when any shard's completions do (wrapping would need 2^32 completions
@@ -60,6 +65,8 @@
 //! acquire (an L1 invalidation) per word.
 
 use super::layout::{HeapMem, MetaSection, CTRL_TRANSIT, TRANSIT_SHARDS, TRANSIT_STRIDE};
+
+const _: () = assert!(super::layout::CURRENT_SLOTS.is_multiple_of(TRANSIT_SHARDS));
 use crate::arch::atomic::{fence, GlobalU64, Ordering};
 use crate::arch::nonuniform_one;
 
@@ -72,34 +79,42 @@ fn shard_word<M: HeapMem>(m: &M, s: u32) -> &GlobalU64 {
     m.word(MetaSection::Ctrl, (CTRL_TRANSIT + s as usize * TRANSIT_STRIDE) as u64)
 }
 
-/// This SM's shard (the model checkers run on shard 0).
+/// The shard of this SM (`%smid % TRANSIT_SHARDS`; 0 in the model
+/// checkers), read once by the caller and passed to the `begin` and the
+/// `end` or `cancel` of the same mark.
 #[inline(always)]
-fn own<M: HeapMem>(m: &M) -> &GlobalU64 {
+pub(crate) fn shard() -> u32 {
     #[cfg(not(any(loom, shuttle)))]
-    let s = crate::arch::index::sm_id() % TRANSIT_SHARDS;
+    return shard_of(crate::arch::index::sm_id());
     #[cfg(any(loom, shuttle))]
-    let s = 0;
-    shard_word(m, s)
+    return 0;
 }
 
-/// Marks the start of an operation that may hide free memory; every write
-/// it makes afterwards is ordered after the mark.
+/// The shard for an SM index or anything derived from it by a remainder
+/// that [`TRANSIT_SHARDS`] divides (a current-page slot).
 #[inline(always)]
-pub(crate) fn begin<M: HeapMem>(m: &M) {
-    own(m).fetch_add(BEGIN * nonuniform_one() as u64, Ordering::Acquire);
+pub(crate) const fn shard_of(sm_or_slot: u32) -> u32 {
+    sm_or_slot % TRANSIT_SHARDS
+}
+
+/// Marks the start of an operation that may hide free memory, on shard `s`
+/// ([`shard`]); every write it makes afterwards is ordered after the mark.
+#[inline(always)]
+pub(crate) fn begin<M: HeapMem>(m: &M, s: u32) {
+    shard_word(m, s).fetch_add(BEGIN * nonuniform_one() as u64, Ordering::Acquire);
 }
 
 /// Marks the end of a hiding operation whose memory is published again
-/// (every write before it is released).
+/// (every write before it is released), on the shard its `begin` used.
 #[inline(always)]
-pub(crate) fn end<M: HeapMem>(m: &M) {
-    own(m).fetch_add(END * nonuniform_one() as u64, Ordering::Release);
+pub(crate) fn end<M: HeapMem>(m: &M, s: u32) {
+    shard_word(m, s).fetch_add(END * nonuniform_one() as u64, Ordering::Release);
 }
 
-/// Withdraws a `begin` whose operation hid nothing.
+/// Withdraws a `begin` on shard `s` whose operation hid nothing.
 #[inline(always)]
-pub(crate) fn cancel<M: HeapMem>(m: &M) {
-    own(m).fetch_sub(BEGIN * nonuniform_one() as u64, Ordering::Relaxed);
+pub(crate) fn cancel<M: HeapMem>(m: &M, s: u32) {
+    shard_word(m, s).fetch_sub(BEGIN * nonuniform_one() as u64, Ordering::Relaxed);
 }
 
 /// Where the counter stands: the sum of the shards' completions (low 32
@@ -121,12 +136,17 @@ pub(crate) fn snapshot<M: HeapMem>(m: &M) -> u64 {
     ((busy != 0) as u64) << 32 | done as u64
 }
 
+/// A `t0` for a search that took no snapshot before it (a large request's
+/// first search, which snapshots only if it fails): never [`quiet`].
+pub(crate) const NO_SNAPSHOT: u64 = 1 << 33;
+
 /// `true` when, between snapshots `t0` (before a search) and `t1` (after
 /// it), no hiding operation completed and none was in flight at the end: a
-/// search that found nothing in between may be trusted.
+/// search that found nothing in between may be trusted. Never with `t0 =`
+/// [`NO_SNAPSHOT`].
 #[inline(always)]
 pub(crate) fn quiet(t0: u64, t1: u64) -> bool {
-    t1 >> 32 == 0 && t1 as u32 == t0 as u32
+    t1 >> 32 == 0 && t0 >> 33 == 0 && t1 as u32 == t0 as u32
 }
 
 /// Host-side: operations in flight over all shards (a relaxed snapshot).
