@@ -23,6 +23,8 @@ pub enum ErrorKind {
     Runtime,
     /// A bug in gpuheap (exit code 1).
     Internal,
+    /// The caller cancelled the command ([`crate::app::Cancel`]; exit code 130, as after Ctrl-C).
+    Cancelled,
 }
 
 /// A failure at the front door: its [`ErrorKind`] and the error of the layer that failed. `Display` is
@@ -33,6 +35,7 @@ pub enum ErrorKind {
 /// | [`ErrorKind::Input`] | bad input: a trace that cannot be read, an option that does not fit it | exit code 2 | `gpuheap.TraceError` (the trace, [`Error::is_trace`]) or `gpuheap.ConfigError` |
 /// | [`ErrorKind::Runtime`] | a run-time failure: a kernel, the driver, a failed check of a result | exit code 1 | `gpuheap.BackendError` |
 /// | [`ErrorKind::Internal`] | a bug in gpuheap (a report that cannot be serialised) | exit code 1 | `gpuheap.InternalError` |
+/// | [`ErrorKind::Cancelled`] | the caller cancelled the command ([`crate::app::Cancel`]) | exit code 130 | `KeyboardInterrupt` (Ctrl-C) |
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Error {
@@ -66,10 +69,11 @@ impl Error {
         self.kind
     }
 
-    /// The command line's exit code: 2 for bad input, 1 otherwise.
+    /// The command line's exit code: 2 for bad input, 130 when cancelled (as after Ctrl-C), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self.kind {
             ErrorKind::Input => 2,
+            ErrorKind::Cancelled => 130,
             ErrorKind::Runtime | ErrorKind::Internal => 1,
         }
     }
@@ -107,7 +111,11 @@ impl From<TraceError> for Error {
 
 impl From<ReplayError> for Error {
     fn from(e: ReplayError) -> Self {
-        let kind = if e.is_input() { ErrorKind::Input } else { ErrorKind::Runtime };
+        let kind = match e {
+            ReplayError::Cancelled => ErrorKind::Cancelled,
+            ref e if e.is_input() => ErrorKind::Input,
+            _ => ErrorKind::Runtime,
+        };
         Error::new(kind, e)
     }
 }

@@ -33,6 +33,7 @@
 pub mod analysis;
 pub mod app;
 pub mod backend;
+mod cancel;
 pub mod compaction;
 pub mod device_heap;
 mod error;

@@ -5,6 +5,11 @@
 //! which checks the types of its arguments and calls the functions here. Every function here:
 //!
 //! * releases the GIL for the work (reading, replaying), so other Python threads run meanwhile;
+//! * stops the commands (`replay`, `compare`, `explain`, `tune`) on Ctrl-C: the work runs on a thread
+//!   of its own while the calling thread checks for a pending signal every [`SIGNAL_POLL`]
+//!   (`Python::check_signals`, which runs Python's handler); when the handler raises, the command's
+//!   [`Cancel`] flag is set, the work stops at its next check (within one replay step or one replay of
+//!   the settings search) and the handler's exception (`KeyboardInterrupt`) is raised;
 //! * returns the command's `Output` (the JSON `--json` prints, the text page, the HTML page, the
 //!   title): the same function computes them for the command line, so both agree by construction;
 //! * raises only the exceptions of `gpuheap._errors`, mapped from `gpuheap::Error`'s kind: `TraceError`
@@ -14,8 +19,9 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::time::Duration;
 
-use gpuheap::app::{self, OptionError, Options, Quiet};
+use gpuheap::app::{self, Cancel, OptionError, Options, Quiet};
 use gpuheap::backend::BackendChoice;
 use gpuheap::{Error, ErrorKind};
 use pyo3::prelude::*;
@@ -34,13 +40,59 @@ fn py_err(e: Error) -> PyErr {
         ErrorKind::Input if e.is_trace() => TraceError::new_err(e.to_string()),
         ErrorKind::Input => ConfigError::new_err(e.to_string()),
         ErrorKind::Runtime => BackendError::new_err(e.to_string()),
+        // Set only on a signal, whose own exception is raised instead (`cancellable`).
+        ErrorKind::Cancelled => pyo3::exceptions::PyKeyboardInterrupt::new_err(e.to_string()),
         _ => InternalError::new_err(e.to_string()),
     }
 }
 
+/// How often a command's calling thread checks for a pending signal while the command runs.
+const SIGNAL_POLL: Duration = Duration::from_millis(20);
+
 /// Runs `f` without the GIL, catching a panic as `gpuheap.InternalError`.
 fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Error> + Send) -> PyResult<T> {
-    match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
+    caught(py.detach(|| catch_unwind(AssertUnwindSafe(f))))
+}
+
+/// Runs `f` without the GIL on a thread of its own, catching a panic as `gpuheap.InternalError`; the
+/// calling thread checks for a pending signal every [`SIGNAL_POLL`] and, when Python's handler raises
+/// (Ctrl-C: `KeyboardInterrupt`), sets `cancel` (which `f`'s command polls), waits for `f` to stop and
+/// raises the handler's exception, dropping `f`'s result.
+fn cancellable<T: Send>(py: Python<'_>, cancel: &Cancel, f: impl FnOnce() -> Result<T, Error> + Send) -> PyResult<T> {
+    let (result, signal) = py.detach(|| {
+        std::thread::scope(|scope| {
+            let caller = std::thread::current();
+            let work = scope.spawn(move || {
+                let r = catch_unwind(AssertUnwindSafe(f));
+                caller.unpark();
+                r
+            });
+            let mut signal = None;
+            while !work.is_finished() {
+                std::thread::park_timeout(SIGNAL_POLL);
+                if signal.is_none() && !work.is_finished() {
+                    // Only the main thread runs signal handlers; elsewhere this returns Ok at once.
+                    if let Err(e) = Python::attach(|py| py.check_signals()) {
+                        cancel.cancel();
+                        signal = Some(e);
+                    }
+                }
+            }
+            // The work's panics are caught inside it: join fails only if catching failed.
+            let result = work.join().unwrap_or_else(Err);
+            (result, signal)
+        })
+    });
+    if let Some(e) = signal {
+        return Err(e);
+    }
+    caught(result)
+}
+
+/// The result of a guarded section: its value, its error mapped by [`py_err`], or its panic as
+/// `gpuheap.InternalError`.
+fn caught<T>(r: std::thread::Result<Result<T, Error>>) -> PyResult<T> {
+    match r {
         Ok(r) => r.map_err(py_err),
         Err(payload) => {
             let what = payload
@@ -208,7 +260,8 @@ fn replay(
     let mut o = options(capacity, align, tiers, Some(compact), backend, device, materialize_limit, None)?;
     o.strategy = text("strategy", Some(strategy), app::parse_strategy)?;
     let snap = snapshot.0.clone();
-    detached(py, move || app::run_replay(&snap, &o, &Quiet).map(Output::from))
+    let cancel = o.cancel.clone();
+    cancellable(py, &cancel, move || app::run_replay(&snap, &o, &Quiet).map(Output::from))
 }
 
 /// `gpuheap compare`: every host strategy, then the device allocator, over the same device.
@@ -230,7 +283,8 @@ fn compare(
 ) -> PyResult<Output> {
     let o = options(capacity, align, tiers, Some(compact), backend, device, materialize_limit, device_heap_limit)?;
     let snap = snapshot.0.clone();
-    detached(py, move || app::run_compare(&snap, &o, &Quiet).map(Output::from))
+    let cancel = o.cancel.clone();
+    cancellable(py, &cancel, move || app::run_compare(&snap, &o, &Quiet).map(Output::from))
 }
 
 /// `gpuheap explain` (`tune=False`: `--no-tune`; `without`: `--without SITE` per pattern).
@@ -248,7 +302,8 @@ fn explain(
     o.tune = tune;
     o.without = without.unwrap_or_default();
     let snap = snapshot.0.clone();
-    detached(py, move || app::run_explain(&snap, &o, &Quiet).map(Output::from))
+    let cancel = o.cancel.clone();
+    cancellable(py, &cancel, move || app::run_explain(&snap, &o, &Quiet).map(Output::from))
 }
 
 /// `gpuheap tune`; `settings`: keep only the rows with these labels.
@@ -264,7 +319,8 @@ fn tune(
     let mut o = options(capacity, None, None, None, None, device, None, None)?;
     o.settings = settings;
     let snap = snapshot.0.clone();
-    detached(py, move || app::run_tune(&snap, &o, &Quiet).map(Output::from))
+    let cancel = o.cancel.clone();
+    cancellable(py, &cancel, move || app::run_tune(&snap, &o, &Quiet).map(Output::from))
 }
 
 /// The strategy names `replay` accepts, in the CLI's order.

@@ -91,6 +91,8 @@ pub struct ReplayOptions {
     pub materialize_limit: Option<u64>,
     /// Most timeline samples kept.
     pub timeline_points: usize,
+    /// Checked by the replay every 16,384 events ([`crate::app::Cancel`]); never set by default.
+    pub(crate) cancel: crate::cancel::Cancel,
 }
 
 impl ReplayOptions {
@@ -104,6 +106,7 @@ impl ReplayOptions {
             policy: CompactPolicy::Never,
             materialize_limit: None,
             timeline_points: DEFAULT_TIMELINE_POINTS,
+            cancel: crate::cancel::Cancel::default(),
         }
     }
 }
