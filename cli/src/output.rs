@@ -22,12 +22,9 @@ impl Plot {
     /// Plots the replays of `out` under its title; a note (the plot has no text) goes to stderr.
     pub fn write(&self, out: &Output) -> Result<(), Error> {
         let reports: Vec<&ReplayReport> = out.replays.iter().collect();
-        let mut note = None;
-        write_atomically(&self.path, |tmp, _| {
-            note = plot::write_timeline(tmp, self.format, &out.title, &reports)
-                .map_err(|e| Error::runtime(format!("{}: {e}", self.path.display())))?;
-            Ok(())
-        })?;
+        let (bytes, note) = plot::render_timeline(self.format, &out.title, &reports)
+            .map_err(|e| Error::runtime(format!("{}: {e}", self.path.display())))?;
+        write_file(&self.path, &bytes)?;
         if let Some(n) = note {
             super::stdout::err(format_args!("gpuheap: note: {n}\n"));
         }
@@ -175,11 +172,11 @@ fn remove_temporaries_on_signals() {
 }
 
 /// Writes a file through a temporary file in the same folder, renamed onto `path` at the end. `write`
-/// gets the temporary file open for writing (write through it where possible) and its path (for a
-/// writer that opens files by name, such as plotters).
+/// gets the temporary file's path (for messages: nothing opens it by name again, not even to read it
+/// back, as a link could meanwhile take the name; the plots are drawn in memory for that reason,
+/// [`crate::plot::render_timeline`]) and the file itself, open for reading and writing.
 ///
-/// The temporary file has an unpredictable name (`.NAME.XXXXXXXXXXXX.partial.EXT`, keeping the
-/// extension: plotters picks the image format from it) and is created with `O_CREAT|O_EXCL` (the
+/// The temporary file has an unpredictable name (`.NAME.XXXXXXXXXXXX.partial.EXT`) and is created with `O_CREAT|O_EXCL` (the
 /// `tempfile` crate), so a link planted at any name is never followed; it is `fsync`ed, and renamed onto
 /// `path` only if `path` is (still) absent or a regular file the user may write. It is removed on every
 /// exit path: an error, a panic (its drop), SIGINT and SIGTERM (a handler).

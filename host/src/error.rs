@@ -2,8 +2,11 @@
 //! [`Error`], of an [`ErrorKind`] every front end maps once, with the layer's own error kept as its
 //! source.
 //!
-//! `Display` is the layer's message, one line.
+//! `Display` is the layer's message, one line, with every control character escaped
+//! ([`escape_controls`]): a NUL, an escape sequence or a newline in a file name or an option's value is
+//! printed as `\0`, `\u{1b}`, `\n`, never raw, whichever layer put the value in its message.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use crate::backend::BackendError;
@@ -92,8 +95,27 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.source.fmt(f)
+        f.write_str(&escape_controls(&self.source.to_string()))
     }
+}
+
+/// `s` with every control character (C0, DEL and C1: `char::is_control`) written as Rust writes it
+/// in a string literal (`\0`, `\t`, `\n`, `\u{1b}`), the rest unchanged: what a user gave (a path,
+/// an option's value, a key of the trace) cannot hide text, move the cursor or end the line of the
+/// message that names it.
+pub(crate) fn escape_controls(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 impl std::error::Error for Error {
@@ -161,3 +183,20 @@ input_errors!(
     crate::trace::repeat::RepeatError,
     crate::app::OptionError
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every control character of a message is escaped (NUL, ESC, BEL, newline, tab, DEL, a C1), from
+    /// any layer's error; other characters (quotes, backslashes, non-ASCII) are kept.
+    #[test]
+    fn messages_escape_every_control_character() {
+        let given = "a\0b\x1b[31mc\x07d\ne\tf\x7fg\u{85}h \"é\\";
+        let e = Error::input(format!("cannot read {given}: no such file"));
+        assert_eq!(e.to_string(), "cannot read a\\0b\\u{1b}[31mc\\u{7}d\\ne\\tf\\u{7f}g\\u{85}h \"é\\: no such file");
+        let e: Error = ParseError::NotANumber("8\0GiB".into()).into();
+        assert_eq!(e.to_string(), "`8\\0GiB` is not a byte count (e.g. 80GiB, 1.5e9, 1048576)");
+        assert!(matches!(escape_controls("plain ü"), Cow::Borrowed("plain ü")));
+    }
+}
