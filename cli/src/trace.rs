@@ -48,6 +48,7 @@ pub(crate) fn run(c: &Command) -> Result<(), Error> {
 }
 
 fn repeat(a: &RepeatArgs) -> Result<(), Error> {
+    output::check_stdout(&a.input)?;
     output::check_output(&a.output, &a.input)?;
     let (trace, bytes) = read_trace_and_bytes(&a.input)?;
     let plan = Repeat::new(&trace, &bytes, RepeatOptions::new(a.steps, a.gap_us))?;
