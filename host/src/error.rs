@@ -81,10 +81,20 @@ impl Error {
         }
     }
 
-    /// `true` when the trace itself cannot be read or used ([`TraceError`]), rather than an option not
-    /// fitting it.
+    /// `true` when the trace itself cannot be read or used, rather than an option not fitting it: a
+    /// [`TraceError`], or a trace that records nothing to report
+    /// ([`DeviceError::NothingToReport`]: no device has allocation events or live blocks, whatever the
+    /// options).
     pub fn is_trace(&self) -> bool {
-        self.source.is::<TraceError>()
+        let nothing = |e: &DeviceError| matches!(e, DeviceError::NothingToReport { .. });
+        let s = &*self.source;
+        s.is::<TraceError>()
+            || s.downcast_ref::<DeviceError>().is_some_and(nothing)
+            || s.downcast_ref::<ExplainError>().is_some_and(|e| match e {
+                ExplainError::Trace(_) => true,
+                ExplainError::Device(d) => nothing(d),
+                _ => false,
+            })
     }
 
     /// The layer's error.

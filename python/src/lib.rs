@@ -175,7 +175,8 @@ type Parse = fn(&str) -> Result<u64, OptionError>;
 
 /// The byte-valued option `name` through its checker (a number) or its parser (a str).
 fn size(name: &str, v: Option<Size>, check: Check, parse: Parse) -> PyResult<Option<u64>> {
-    let bad = |e: OptionError| ConfigError::new_err(format!("{name}: {e}"));
+    // Through `gpuheap::Error`, whose message escapes control characters.
+    let bad = |e: OptionError| ConfigError::new_err(format!("{name}: {}", Error::from(e)));
     v.map(|v| match v {
         Size::Int(n) => check(n).map_err(bad),
         Size::Float(f) => gpuheap::units::bytes_of_float(f)
@@ -188,7 +189,7 @@ fn size(name: &str, v: Option<Size>, check: Check, parse: Parse) -> PyResult<Opt
 
 /// A text option `name` through its parser.
 fn text<T>(name: &str, v: Option<&str>, parse: fn(&str) -> Result<T, OptionError>) -> PyResult<Option<T>> {
-    v.map(|s| parse(s).map_err(|e| ConfigError::new_err(format!("{name}: {e}")))).transpose()
+    v.map(|s| parse(s).map_err(|e| ConfigError::new_err(format!("{name}: {}", Error::from(e))))).transpose()
 }
 
 /// The options every command shares, from the keyword arguments of the Python functions.
@@ -210,7 +211,7 @@ fn options(
         Some(Tiers::Pair(a, b)) => {
             let (a, b) = (size("tiers", Some(a), Ok, app::parse_bytes)?, size("tiers", Some(b), Ok, app::parse_bytes)?);
             let tiers = a.zip(b).map(|(a, b)| app::check_tiers(a, b));
-            tiers.transpose().map_err(|e| ConfigError::new_err(format!("tiers: {e}")))?
+            tiers.transpose().map_err(|e| ConfigError::new_err(format!("tiers: {}", Error::from(e))))?
         }
         Some(Tiers::Str(s)) => text("tiers", Some(&s), app::parse_tiers)?,
         None => None,
@@ -218,7 +219,8 @@ fn options(
     o.policy = text("compact", compact, app::parse_policy)?.unwrap_or(o.policy);
     o.backend = match text("backend", backend, app::parse_backend)? {
         Some(b) => b,
-        None => BackendChoice::from_env().map_err(|e| ConfigError::new_err(format!("GPUHEAP_BACKEND: {e}")))?,
+        None => BackendChoice::from_env()
+            .map_err(|e| ConfigError::new_err(format!("GPUHEAP_BACKEND: {}", Error::from(e))))?,
     };
     o.device = device;
     o.materialize_limit = size("materialize_limit", materialize_limit, Ok, app::parse_bytes)?;
@@ -338,7 +340,7 @@ fn fmt_bytes(b: u64) -> String {
 /// Parses a byte count as the CLI does (`80GiB`, `1.5e9`, `1048576`).
 #[pyfunction]
 fn parse_bytes(s: &str) -> PyResult<u64> {
-    gpuheap::units::parse_bytes(s).map_err(|e| ConfigError::new_err(e.to_string()))
+    gpuheap::units::parse_bytes(s).map_err(|e| ConfigError::new_err(Error::from(e).to_string()))
 }
 
 /// Only for the tests of the panic guard: panics inside the guarded, GIL-free section.
