@@ -365,3 +365,32 @@ fn control_characters_in_user_values_are_escaped_in_messages() {
         assert!(body.contains(r"no\u{1}such\u{1b}[31m\u{7}\nfile\u{7f}\u{85}.pickle"), "{args:?}: {err:?}");
     }
 }
+
+/// Every option of `replay`, `compare`, `explain` and `tune` is a row of the library's option table
+/// (`gpuheap::options::OPTIONS`), and `--help` prints exactly the rows the command takes, each with the
+/// row's help text (written only there): the flags besides them are the outputs and the global ones.
+#[test]
+fn help_lists_each_commands_rows_of_the_option_table_with_their_help() {
+    use gpuheap::options::{options_of, Command};
+    let outputs = ["--json", "--plot", "--html", "--max-memory", "--help"];
+    for (name, command) in [
+        ("replay", Command::Replay),
+        ("compare", Command::Compare),
+        ("explain", Command::Explain),
+        ("tune", Command::Tune),
+    ] {
+        let out = gpuheap(&[name, "--help"]);
+        assert!(out.status.success(), "{name}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let flags: Vec<&str> =
+            text.lines().filter_map(|l| l.split_whitespace().next()).filter(|w| w.starts_with("--")).collect();
+        let rows: Vec<_> = options_of(command).collect();
+        let want: Vec<String> = rows.iter().map(|r| r.flag()).collect();
+        let got: Vec<&str> = flags.iter().copied().filter(|f| !outputs.contains(f)).collect();
+        assert_eq!(got, want, "{name}: the flags are the table's rows, in its order");
+        for r in rows {
+            let help = r.help.strip_suffix('.').unwrap_or(r.help);
+            assert!(text.contains(help), "{name} {}: the row's help, as written in the table:\n{text}", r.flag());
+        }
+    }
+}

@@ -26,7 +26,7 @@ pub enum ErrorKind {
     Runtime,
     /// A bug in gpuheap (exit code 1).
     Internal,
-    /// The caller cancelled the command ([`crate::app::Cancel`]; exit code 130, as after Ctrl-C).
+    /// The caller cancelled the command ([`crate::Cancel`]; exit code 130, as after Ctrl-C).
     Cancelled,
 }
 
@@ -38,7 +38,7 @@ pub enum ErrorKind {
 /// | [`ErrorKind::Input`] | bad input: a trace that cannot be read, an option that does not fit it | exit code 2 | `gpuheap.TraceError` (the trace, [`Error::is_trace`]) or `gpuheap.ConfigError` |
 /// | [`ErrorKind::Runtime`] | a run-time failure: a kernel, the driver, a failed check of a result | exit code 1 | `gpuheap.BackendError` |
 /// | [`ErrorKind::Internal`] | a bug in gpuheap (a report that cannot be serialised) | exit code 1 | `gpuheap.InternalError` |
-/// | [`ErrorKind::Cancelled`] | the caller cancelled the command ([`crate::app::Cancel`]) | exit code 130 | `KeyboardInterrupt` (Ctrl-C) |
+/// | [`ErrorKind::Cancelled`] | the caller cancelled the command ([`crate::Cancel`]) | exit code 130 | `KeyboardInterrupt` (Ctrl-C) |
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Error {
@@ -48,21 +48,25 @@ pub struct Error {
 
 impl Error {
     /// An error of `kind` with `source` (any error, or a message).
+    #[doc(hidden)]
     pub fn new(kind: ErrorKind, source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         Error { kind, source: source.into() }
     }
 
     /// Bad input.
+    #[doc(hidden)]
     pub fn input(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         Error::new(ErrorKind::Input, source)
     }
 
     /// A run-time failure.
+    #[doc(hidden)]
     pub fn runtime(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         Error::new(ErrorKind::Runtime, source)
     }
 
     /// A bug in gpuheap.
+    #[doc(hidden)]
     pub fn internal(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         Error::new(ErrorKind::Internal, source)
     }
@@ -85,6 +89,7 @@ impl Error {
     /// [`TraceError`], or a trace that records nothing to report
     /// ([`DeviceError::NothingToReport`]: no device has allocation events or live blocks, whatever the
     /// options).
+    #[doc(hidden)]
     pub fn is_trace(&self) -> bool {
         let nothing = |e: &DeviceError| matches!(e, DeviceError::NothingToReport { .. });
         let s = &*self.source;
@@ -98,6 +103,7 @@ impl Error {
     }
 
     /// The layer's error.
+    #[doc(hidden)]
     pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         &*self.source
     }

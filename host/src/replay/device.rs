@@ -90,9 +90,11 @@ use crate::units::fmt_bytes;
 pub const DEFAULT_DEVICE_HEAP_LIMIT_CPU: u64 = 8 << 30;
 
 /// Name of the device allocator's row (`device heap`, or `device heap (scaled 1/N)`).
+#[doc(hidden)]
 pub const DEVICE_HEAP: &str = "device heap";
 
 /// The policy string of a device replay (compaction does not apply to raw `malloc` blocks).
+#[doc(hidden)]
 pub const POLICY_NA: &str = "n/a (raw malloc blocks are pinned)";
 
 /// Seed of the byte patterns of [`DeviceReplayOptions::verify_bytes`].
@@ -115,7 +117,7 @@ pub struct DeviceReplayOptions {
     /// Fill every block with a pattern when it is allocated and check it when it is freed (costs the
     /// bytes allocated over the whole trace in host writes and reads; meant for tests).
     pub verify_bytes: bool,
-    /// Checked by the replay every 16,384 events ([`crate::app::Cancel`]); never set by default.
+    /// Checked by the replay every 16,384 events ([`crate::Cancel`]); never set by default.
     pub(crate) cancel: crate::cancel::Cancel,
 }
 
@@ -135,6 +137,7 @@ impl Default for DeviceReplayOptions {
 /// What a device replay adds to its [`ReplayReport`] (bytes of the replayed, possibly scaled, heap;
 /// ns).
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[doc(hidden)]
 pub struct DeviceHeapEnd {
     /// The backend, described.
     pub backend: String,

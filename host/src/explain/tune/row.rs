@@ -14,6 +14,7 @@ use crate::trace::{DeviceTrace, Trace};
 /// ([`crate::explain::with_oom_requests`]), events numbered as in the file through [`RowTrace::map`],
 /// and for PyTorch rows the row's settings in place of the snapshot's.
 #[derive(Clone, Debug)]
+#[doc(hidden)]
 pub struct RowTrace {
     /// The device's trace with the OOM requests tried, and the row's settings for a PyTorch row.
     pub dev: DeviceTrace,
@@ -23,7 +24,7 @@ pub struct RowTrace {
     /// What every replay of the caching model reads from `dev`'s whole event list, made once for the
     /// row's replays ([`RowTrace::search`]).
     scan: TraceScan,
-    /// Checked by every replay of the row ([`crate::app::Cancel`]); never set unless
+    /// Checked by every replay of the row ([`crate::Cancel`]); never set unless
     /// [`RowTrace::with_cancel`] gave one.
     cancel: Cancel,
 }
