@@ -171,8 +171,10 @@ impl ReplayArgs {
         o
     }
 
-    /// Checks the output paths before any work ([`output::check_output`]); returns the plot to write.
+    /// Checks standard output and the output paths before any work ([`output::check_stdout`],
+    /// [`output::check_output`]); returns the plot to write.
     pub fn check_outputs(&self, trace: &Path) -> Result<Option<Plot>, Error> {
+        output::check_stdout(trace)?;
         let plot = self.plot.as_deref().map(|p| output::check_plot(p, trace)).transpose()?;
         self.html.as_deref().map(|p| output::check_output(p, trace)).transpose()?;
         Ok(plot)
@@ -208,8 +210,10 @@ impl TraceArgs {
         o
     }
 
-    /// Checks the HTML path before any work ([`output::check_output`]).
+    /// Checks standard output and the HTML path before any work ([`output::check_stdout`],
+    /// [`output::check_output`]).
     pub fn check_outputs(&self) -> Result<(), Error> {
+        output::check_stdout(&self.trace)?;
         self.html.as_deref().map(|p| output::check_output(p, &self.trace)).transpose()?;
         Ok(())
     }

@@ -1,5 +1,5 @@
 //! `gpuheap bench launch-limit [--json] [--blocks LIST]`: the launch-limit probe
-//! ([`crate::bench::launch`]), GPU backend only.
+//! ([`crate::bench::launch`]), GPU backend only: on the CPU it exits 2 saying so.
 
 use crate::bench::launch;
 use gpuheap::backend::BackendError;
@@ -24,12 +24,20 @@ pub(crate) struct Args {
 /// Runs the probe and prints its rows.
 ///
 /// # Errors
-/// No GPU (exit code 1); a row where gpuheap's check and the driver disagree (exit code 1, after
-/// the table).
+/// The CPU backend, chosen or the only one (exit code 2: the command cannot be used there, and the
+/// message says it needs a GPU); a row where gpuheap's check and the driver disagree (exit code 1,
+/// after the table).
 pub(crate) fn run(a: &Args) -> Result<(), Error> {
     let backend = a.backend.select()?;
+    if !backend.is_gpu() {
+        return Err(Error::input(format!(
+            "bench launch-limit needs a GPU: it asks the CUDA driver which launches succeed, and the CPU \
+             emulator ({}) has no launch limit to probe; run it on a machine with an NVIDIA GPU",
+            backend.describe()
+        )));
+    }
     let rows = launch::run(&backend, &a.blocks).map_err(|e| match e {
-        // Here the probe's own refusal (no GPU), not an option: a run-time failure.
+        // The probe's refusal of a launch configuration on the GPU: a run-time failure.
         e @ BackendError::InvalidArgument(_) => Error::runtime(e),
         e => e.into(),
     })?;

@@ -22,12 +22,9 @@ impl Plot {
     /// Plots the replays of `out` under its title; a note (the plot has no text) goes to stderr.
     pub fn write(&self, out: &Output) -> Result<(), Error> {
         let reports: Vec<&ReplayReport> = out.replays.iter().collect();
-        let mut note = None;
-        write_atomically(&self.path, |tmp, _| {
-            note = plot::write_timeline(tmp, self.format, &out.title, &reports)
-                .map_err(|e| Error::runtime(format!("{}: {e}", self.path.display())))?;
-            Ok(())
-        })?;
+        let (bytes, note) = plot::render_timeline(self.format, &out.title, &reports)
+            .map_err(|e| Error::runtime(format!("{}: {e}", self.path.display())))?;
+        write_file(&self.path, &bytes)?;
         if let Some(n) = note {
             super::stdout::err(format_args!("gpuheap: note: {n}\n"));
         }
@@ -62,6 +59,35 @@ pub(crate) fn check_output(p: &Path, trace: &Path) -> Result<(), Error> {
     check_output_path(p)
 }
 
+/// Standard output is not the trace being read: a report printed (`--json`, the text page, `trace
+/// repeat`'s summary) to the input through the shell's `>>in.pickle` or `1<>in.pickle` would append to
+/// it or overwrite it in place. Compared as files (device and inode); a terminal, a pipe or another file
+/// passes. (`>in.pickle` is beyond help: the shell truncates the file before gpuheap starts, and the
+/// reader then refuses an empty file.)
+///
+/// # Errors
+/// Bad input (exit 2) naming the trace.
+pub(crate) fn check_stdout(trace: &Path) -> Result<(), Error> {
+    if let (Some(out), Ok(input)) = (stdout_file_id(), std::fs::metadata(trace)) {
+        if out == file_id(&input) {
+            return Err(Error::input(format!(
+                "{}: standard output is the trace being read; printing the report there would overwrite it \
+                 (redirect it to another file)",
+                trace.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The identity of standard output when it is a regular file (redirected to one).
+fn stdout_file_id() -> Option<(u64, u64)> {
+    use std::os::fd::AsFd;
+    let fd = std::io::stdout().as_fd().try_clone_to_owned().ok()?;
+    let m = std::fs::File::from(fd).metadata().ok()?;
+    m.is_file().then(|| file_id(&m))
+}
+
 /// A file's identity: its device and inode.
 fn file_id(m: &std::fs::Metadata) -> (u64, u64) {
     use std::os::unix::fs::MetadataExt;
@@ -89,7 +115,7 @@ static TEMPORARIES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 /// * an existing file is one the user may write (`access(2)`, as the shell's `>` would: a file of mode
 ///   0444 is refused, except for root, whom the shell lets write it too);
 /// * no other output of the same run names the same file (by identity, or by the path with its folder
-///   resolved for a file still to be made).
+///   resolved for a file still to be made), standard output redirected to a file included.
 ///
 /// Replacing an existing regular file is the convention of every output flag, as the shell's `>` is
 /// (`docs/src/inputs-and-outputs.md`).
@@ -110,6 +136,13 @@ pub(crate) fn check_output_path(p: &Path) -> Result<(), Error> {
             return Err(Error::input(format!(
                 "{}: is not a regular file (a device, terminal, pipe or socket): the report is written to a \
                  temporary file renamed into place, which would replace it; give a file path",
+                p.display()
+            )));
+        }
+        if stdout_file_id() == Some(file_id(m)) {
+            return Err(Error::input(format!(
+                "{}: is standard output too; the file written would take the place of what is printed \
+                 (give the output another file)",
                 p.display()
             )));
         }
@@ -175,11 +208,11 @@ fn remove_temporaries_on_signals() {
 }
 
 /// Writes a file through a temporary file in the same folder, renamed onto `path` at the end. `write`
-/// gets the temporary file open for writing (write through it where possible) and its path (for a
-/// writer that opens files by name, such as plotters).
+/// gets the temporary file's path (for messages: nothing opens it by name again, not even to read it
+/// back, as a link could meanwhile take the name; the plots are drawn in memory for that reason,
+/// [`crate::plot::render_timeline`]) and the file itself, open for reading and writing.
 ///
-/// The temporary file has an unpredictable name (`.NAME.XXXXXXXXXXXX.partial.EXT`, keeping the
-/// extension: plotters picks the image format from it) and is created with `O_CREAT|O_EXCL` (the
+/// The temporary file has an unpredictable name (`.NAME.XXXXXXXXXXXX.partial.EXT`) and is created with `O_CREAT|O_EXCL` (the
 /// `tempfile` crate), so a link planted at any name is never followed; it is `fsync`ed, and renamed onto
 /// `path` only if `path` is (still) absent or a regular file the user may write. It is removed on every
 /// exit path: an error, a panic (its drop), SIGINT and SIGTERM (a handler).

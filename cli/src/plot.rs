@@ -90,25 +90,46 @@ const GIB: f64 = (1u64 << 30) as f64;
 const MIB: f64 = (1u64 << 20) as f64;
 const KIB: f64 = 1024.0;
 
-/// Writes the timeline of `reports` (one or more strategies over the same trace) to `path` in `format`
-/// (the extension of `path` is not consulted). Returns a note when the plot had to be drawn without text.
+/// The timeline of `reports` (one or more strategies over the same trace) as the bytes of a file in
+/// `format`, and a note when the plot had to be drawn without text. Drawn in memory (plotters'
+/// `SVGBackend::with_string`, `BitMapBackend::with_buffer` then the `png` encoder) rather than by
+/// plotters' backends that open a path, so that the caller writes the bytes to the file it created
+/// itself (`O_CREAT|O_EXCL`, [`crate::output::write_atomically`]): a path opened by name a second time
+/// could meanwhile have become a link.
 ///
 /// # Errors
-/// [`PlotError::Draw`] when drawing or writing fails.
-pub fn write_timeline(
-    path: &Path,
+/// [`PlotError::Draw`] when drawing or encoding fails.
+pub fn render_timeline(
     format: PlotFormat,
     title: &str,
     reports: &[&ReplayReport],
-) -> Result<Option<String>, PlotError> {
-    let size = (1200, 800);
+) -> Result<(Vec<u8>, Option<String>), PlotError> {
+    let (w, h) = (1200u32, 800u32);
     let text = font_available();
-    let r = match format {
-        PlotFormat::Svg => draw(SVGBackend::new(path, size).into_drawing_area(), title, reports, text),
-        PlotFormat::Png => draw(BitMapBackend::new(path, size).into_drawing_area(), title, reports, text),
+    let draw_err = |e: &dyn std::fmt::Display| PlotError::Draw(e.to_string());
+    let bytes = match format {
+        PlotFormat::Svg => {
+            let mut svg = String::new();
+            draw(SVGBackend::with_string(&mut svg, (w, h)).into_drawing_area(), title, reports, text)
+                .map_err(|e| draw_err(&e))?;
+            svg.into_bytes()
+        }
+        PlotFormat::Png => {
+            // RGB, 3 bytes a pixel, as `BitMapBackend::with_buffer` draws.
+            let mut rgb = vec![0u8; w as usize * h as usize * 3];
+            draw(BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area(), title, reports, text)
+                .map_err(|e| draw_err(&e))?;
+            let mut png_bytes = Vec::new();
+            let mut enc = png::Encoder::new(&mut png_bytes, w, h);
+            enc.set_color(png::ColorType::Rgb);
+            enc.set_depth(png::BitDepth::Eight);
+            let mut writer = enc.write_header().map_err(|e| draw_err(&e))?;
+            writer.write_image_data(&rgb).map_err(|e| draw_err(&e))?;
+            writer.finish().map_err(|e| draw_err(&e))?;
+            png_bytes
+        }
     };
-    r.map_err(|e| PlotError::Draw(e.to_string()))?;
-    Ok((!text).then(|| "no TrueType font found (see FONT_PATHS): the plot has no text".to_string()))
+    Ok((bytes, (!text).then(|| "no TrueType font found (see FONT_PATHS): the plot has no text".to_string())))
 }
 
 type DrawResult<T> = Result<T, Box<dyn std::error::Error>>;

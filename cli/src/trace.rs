@@ -9,7 +9,7 @@
 //! Bad input (an unreadable trace, one that cannot be repeated, a bad option or output path) exits with
 //! code 2 and one line on stderr; a write failure exits with 1.
 
-use std::io::Write;
+use std::io::{Read, Seek, Write};
 use std::path::PathBuf;
 
 use super::output;
@@ -48,6 +48,7 @@ pub(crate) fn run(c: &Command) -> Result<(), Error> {
 }
 
 fn repeat(a: &RepeatArgs) -> Result<(), Error> {
+    output::check_stdout(&a.input)?;
     output::check_output(&a.output, &a.input)?;
     let (trace, bytes) = read_trace_and_bytes(&a.input)?;
     let plan = Repeat::new(&trace, &bytes, RepeatOptions::new(a.steps, a.gap_us))?;
@@ -58,8 +59,11 @@ fn repeat(a: &RepeatArgs) -> Result<(), Error> {
         let file = file.try_clone().map_err(cannot)?;
         let mut file = plan.write_to(std::io::BufWriter::new(file)).map_err(cannot)?;
         file.flush().map_err(cannot)?;
-        drop(file);
-        let written = std::fs::read(tmp).map_err(cannot)?;
+        // Read back through the file created (never by its name, which a link could meanwhile take).
+        let mut written = Vec::new();
+        let mut back = file.into_inner().map_err(|e| cannot(e.into_error()))?;
+        back.seek(std::io::SeekFrom::Start(0)).map_err(cannot)?;
+        back.read_to_end(&mut written).map_err(cannot)?;
         size = written.len();
         plan.verify(tmp, &written)
             .map_err(|e| Error::internal(format!("{}: not written: {e} (a bug; please report it)", out.display())))

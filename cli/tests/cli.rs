@@ -345,6 +345,27 @@ fn help_lists_the_snapshot_commands_first() {
     assert_eq!(commands, ["explain", "tune", "compare", "replay", "trace", "info", "check", "bench", "help"]);
 }
 
+/// A control character in a value the user gives (a path, an option's value) is escaped in the error
+/// message (`gpuheap::Error`'s `Display`, one function for every message): the line holds no byte
+/// below 0x20 but its final newline, whatever the path held (ESC, BEL, a newline, DEL, a C1).
+#[test]
+fn control_characters_in_user_values_are_escaped_in_messages() {
+    let dir = temp_dir("controls");
+    let name = "no\u{1}such\u{1b}[31m\u{7}\nfile\u{7f}\u{85}.pickle";
+    let path = dir.join(name);
+    let p = path.to_str().unwrap();
+    let out = dir.join("out.pickle");
+    let out = out.to_str().unwrap();
+    for args in [vec!["explain", p], vec!["replay", p, "--json"], vec!["trace", "repeat", "--steps", "2", p, out]] {
+        let out = gpuheap(&args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        let body = err.strip_suffix('\n').unwrap_or(&err);
+        assert!(!body.chars().any(char::is_control), "{args:?}: a raw control character in {err:?}");
+        assert!(body.contains(r"no\u{1}such\u{1b}[31m\u{7}\nfile\u{7f}\u{85}.pickle"), "{args:?}: {err:?}");
+    }
+}
+
 /// Every option of `replay`, `compare`, `explain` and `tune` is a row of the library's option table
 /// (`gpuheap::options::OPTIONS`), and `--help` prints exactly the rows the command takes, each with the
 /// row's help text (written only there): the flags besides them are the outputs and the global ones.

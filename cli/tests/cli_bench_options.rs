@@ -111,3 +111,15 @@ fn counts_and_repetitions_past_their_ceilings_exit_2() {
     assert_bad_option(&["bench", "oom", "--reps", "1000000000"], "--reps");
     assert_bad_option(&["bench", "oom", "--reps", "0"], "--reps");
 }
+
+/// `bench launch-limit` asks the CUDA driver: on the CPU backend (chosen, or the only one) it exits 2
+/// saying that it needs a GPU, never "invalid argument" with exit code 1.
+#[test]
+fn bench_launch_limit_on_the_cpu_exits_2_saying_it_needs_a_gpu() {
+    for args in [&["bench", "launch-limit"][..], &["bench", "launch-limit", "--backend", "cpu", "--json"]] {
+        assert_bad_option(args, "bench launch-limit needs a GPU");
+        let err = String::from_utf8_lossy(&gpuheap(args).stderr).into_owned();
+        assert!(!err.contains("invalid argument"), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+    }
+}

@@ -71,3 +71,52 @@ fn the_command_line_refuses_bombs_and_honours_max_memory() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("lots"), "names the value: {err}");
 }
+
+/// A large file of no known format is refused from its first bytes, not read whole (a 3 GB file used
+/// 6.3 GB), and an endless pipe is refused at the input cap, not read until memory runs out: both exit 2
+/// naming the input, with the peak RSS of the processes (`getrusage(RUSAGE_CHILDREN)`: the largest of
+/// the test's children) far below the input's size.
+#[test]
+fn a_huge_file_or_an_endless_pipe_is_refused_without_reading_it_whole() {
+    let dir = std::env::temp_dir().join(format!("gpuheap-cli-limits-huge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A sparse 3 GiB file that starts with text: no disk space used, 3 GiB to read.
+    let huge = dir.join("huge.bin");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&huge).unwrap();
+        f.write_all(b"this is not a trace\n").unwrap();
+        f.set_len(3 << 30).unwrap();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuheap"))
+        .args(["explain", "--no-tune", huge.to_str().unwrap(), "--max-memory", "64GiB"])
+        .env("GPUHEAP_BACKEND", "cpu")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("huge.bin"), "{err}");
+    // An endless pipe (`yes` on stdin) under a 64 MiB ceiling: refused past a quarter of it.
+    let mut yes = Command::new("yes").stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuheap"))
+        .args(["explain", "--no-tune", "/dev/stdin", "--max-memory", "64MiB"])
+        .env("GPUHEAP_BACKEND", "cpu")
+        .stdin(yes.stdout.take().unwrap())
+        .output()
+        .unwrap();
+    let _ = yes.kill();
+    let _ = yes.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("/dev/stdin"), "{err}");
+    // Peak RSS of the children so far (the two runs and `yes`), KiB on Linux: far below 3 GiB.
+    // SAFETY: getrusage(2) fills the zeroed struct it is given.
+    let max_rss_kib = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
+        u.ru_maxrss
+    };
+    println!("peak RSS of the children: {max_rss_kib} KiB");
+    assert!(max_rss_kib < 256 << 10, "peak RSS {max_rss_kib} KiB");
+    std::fs::remove_dir_all(&dir).ok();
+}

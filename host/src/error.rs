@@ -2,8 +2,11 @@
 //! [`Error`], of an [`ErrorKind`] every front end maps once, with the layer's own error kept as its
 //! source.
 //!
-//! `Display` is the layer's message, one line.
+//! `Display` is the layer's message, one line, with every control character escaped
+//! ([`escape_controls`]): a NUL, an escape sequence or a newline in a file name or an option's value is
+//! printed as `\0`, `\u{1b}`, `\n`, never raw, whichever layer put the value in its message.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use crate::backend::BackendError;
@@ -23,6 +26,8 @@ pub enum ErrorKind {
     Runtime,
     /// A bug in gpuheap (exit code 1).
     Internal,
+    /// The caller cancelled the command ([`crate::Cancel`]; exit code 130, as after Ctrl-C).
+    Cancelled,
 }
 
 /// A failure at the front door: its [`ErrorKind`] and the error of the layer that failed. `Display` is
@@ -33,6 +38,7 @@ pub enum ErrorKind {
 /// | [`ErrorKind::Input`] | bad input: a trace that cannot be read, an option that does not fit it | exit code 2 | `gpuheap.TraceError` (the trace, [`Error::is_trace`]) or `gpuheap.ConfigError` |
 /// | [`ErrorKind::Runtime`] | a run-time failure: a kernel, the driver, a failed check of a result | exit code 1 | `gpuheap.BackendError` |
 /// | [`ErrorKind::Internal`] | a bug in gpuheap (a report that cannot be serialised) | exit code 1 | `gpuheap.InternalError` |
+/// | [`ErrorKind::Cancelled`] | the caller cancelled the command ([`crate::Cancel`]) | exit code 130 | `KeyboardInterrupt` (Ctrl-C) |
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Error {
@@ -70,19 +76,30 @@ impl Error {
         self.kind
     }
 
-    /// The command line's exit code: 2 for bad input, 1 otherwise.
+    /// The command line's exit code: 2 for bad input, 130 when cancelled (as after Ctrl-C), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self.kind {
             ErrorKind::Input => 2,
+            ErrorKind::Cancelled => 130,
             ErrorKind::Runtime | ErrorKind::Internal => 1,
         }
     }
 
-    /// `true` when the trace itself cannot be read or used ([`TraceError`]), rather than an option not
-    /// fitting it.
+    /// `true` when the trace itself cannot be read or used, rather than an option not fitting it: a
+    /// [`TraceError`], or a trace that records nothing to report
+    /// ([`DeviceError::NothingToReport`]: no device has allocation events or live blocks, whatever the
+    /// options).
     #[doc(hidden)]
     pub fn is_trace(&self) -> bool {
-        self.source.is::<TraceError>()
+        let nothing = |e: &DeviceError| matches!(e, DeviceError::NothingToReport { .. });
+        let s = &*self.source;
+        s.is::<TraceError>()
+            || s.downcast_ref::<DeviceError>().is_some_and(nothing)
+            || s.downcast_ref::<ExplainError>().is_some_and(|e| match e {
+                ExplainError::Trace(_) => true,
+                ExplainError::Device(d) => nothing(d),
+                _ => false,
+            })
     }
 
     /// The layer's error.
@@ -94,8 +111,27 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.source.fmt(f)
+        f.write_str(&escape_controls(&self.source.to_string()))
     }
+}
+
+/// `s` with every control character (C0, DEL and C1: `char::is_control`) written as Rust writes it
+/// in a string literal (`\0`, `\t`, `\n`, `\u{1b}`), the rest unchanged: what a user gave (a path,
+/// an option's value, a key of the trace) cannot hide text, move the cursor or end the line of the
+/// message that names it.
+pub(crate) fn escape_controls(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 impl std::error::Error for Error {
@@ -113,7 +149,11 @@ impl From<TraceError> for Error {
 
 impl From<ReplayError> for Error {
     fn from(e: ReplayError) -> Self {
-        let kind = if e.is_input() { ErrorKind::Input } else { ErrorKind::Runtime };
+        let kind = match e {
+            ReplayError::Cancelled => ErrorKind::Cancelled,
+            ref e if e.is_input() => ErrorKind::Input,
+            _ => ErrorKind::Runtime,
+        };
         Error::new(kind, e)
     }
 }
@@ -159,3 +199,20 @@ input_errors!(
     crate::trace::repeat::RepeatError,
     crate::app::OptionError
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every control character of a message is escaped (NUL, ESC, BEL, newline, tab, DEL, a C1), from
+    /// any layer's error; other characters (quotes, backslashes, non-ASCII) are kept.
+    #[test]
+    fn messages_escape_every_control_character() {
+        let given = "a\0b\x1b[31mc\x07d\ne\tf\x7fg\u{85}h \"é\\";
+        let e = Error::input(format!("cannot read {given}: no such file"));
+        assert_eq!(e.to_string(), "cannot read a\\0b\\u{1b}[31mc\\u{7}d\\ne\\tf\\u{7f}g\\u{85}h \"é\\: no such file");
+        let e: Error = ParseError::NotANumber("8\0GiB".into()).into();
+        assert_eq!(e.to_string(), "`8\\0GiB` is not a byte count (e.g. 80GiB, 1.5e9, 1048576)");
+        assert!(matches!(escape_controls("plain ü"), Cow::Borrowed("plain ü")));
+    }
+}

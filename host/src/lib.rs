@@ -48,6 +48,7 @@
 pub mod analysis;
 mod app;
 pub mod backend;
+mod cancel;
 pub mod compaction;
 pub mod device_heap;
 mod error;
@@ -70,4 +71,5 @@ pub mod units;
 #[doc(hidden)]
 pub use app::options;
 pub use app::{run_compare, run_explain, run_replay, run_tune, Observer, Options, Output, Quiet, Snapshot};
+pub use cancel::Cancel;
 pub use error::{Error, ErrorKind};

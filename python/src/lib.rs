@@ -5,6 +5,11 @@
 //! which checks the types of its arguments and calls the functions here. Every function here:
 //!
 //! * releases the GIL for the work (reading, replaying), so other Python threads run meanwhile;
+//! * stops the commands (`replay`, `compare`, `explain`, `tune`) on Ctrl-C: the work runs on a thread
+//!   of its own while the calling thread checks for a pending signal every [`SIGNAL_POLL`]
+//!   (`Python::check_signals`, which runs Python's handler); when the handler raises, the command's
+//!   [`Cancel`] flag is set, the work stops at its next check (within one replay step or one replay of
+//!   the settings search) and the handler's exception (`KeyboardInterrupt`) is raised;
 //! * returns the command's `Output` (the JSON `--json` prints, the text page, the HTML page, the
 //!   title): the same function computes them for the command line, so both agree by construction;
 //! * raises only the exceptions of `gpuheap._errors`, mapped from `gpuheap::Error`'s kind: `TraceError`
@@ -14,9 +19,10 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use gpuheap::options::OptionError;
-use gpuheap::{Options, Quiet};
+use gpuheap::{Cancel, Options, Quiet};
 
 /// The library's front door and its option parsers, under one name here.
 mod app {
@@ -41,13 +47,59 @@ fn py_err(e: Error) -> PyErr {
         ErrorKind::Input if e.is_trace() => TraceError::new_err(e.to_string()),
         ErrorKind::Input => ConfigError::new_err(e.to_string()),
         ErrorKind::Runtime => BackendError::new_err(e.to_string()),
+        // Set only on a signal, whose own exception is raised instead (`cancellable`).
+        ErrorKind::Cancelled => pyo3::exceptions::PyKeyboardInterrupt::new_err(e.to_string()),
         _ => InternalError::new_err(e.to_string()),
     }
 }
 
+/// How often a command's calling thread checks for a pending signal while the command runs.
+const SIGNAL_POLL: Duration = Duration::from_millis(20);
+
 /// Runs `f` without the GIL, catching a panic as `gpuheap.InternalError`.
 fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Error> + Send) -> PyResult<T> {
-    match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
+    caught(py.detach(|| catch_unwind(AssertUnwindSafe(f))))
+}
+
+/// Runs `f` without the GIL on a thread of its own, catching a panic as `gpuheap.InternalError`; the
+/// calling thread checks for a pending signal every [`SIGNAL_POLL`] and, when Python's handler raises
+/// (Ctrl-C: `KeyboardInterrupt`), sets `cancel` (which `f`'s command polls), waits for `f` to stop and
+/// raises the handler's exception, dropping `f`'s result.
+fn cancellable<T: Send>(py: Python<'_>, cancel: &Cancel, f: impl FnOnce() -> Result<T, Error> + Send) -> PyResult<T> {
+    let (result, signal) = py.detach(|| {
+        std::thread::scope(|scope| {
+            let caller = std::thread::current();
+            let work = scope.spawn(move || {
+                let r = catch_unwind(AssertUnwindSafe(f));
+                caller.unpark();
+                r
+            });
+            let mut signal = None;
+            while !work.is_finished() {
+                std::thread::park_timeout(SIGNAL_POLL);
+                if signal.is_none() && !work.is_finished() {
+                    // Only the main thread runs signal handlers; elsewhere this returns Ok at once.
+                    if let Err(e) = Python::attach(|py| py.check_signals()) {
+                        cancel.cancel();
+                        signal = Some(e);
+                    }
+                }
+            }
+            // The work's panics are caught inside it: join fails only if catching failed.
+            let result = work.join().unwrap_or_else(Err);
+            (result, signal)
+        })
+    });
+    if let Some(e) = signal {
+        return Err(e);
+    }
+    caught(result)
+}
+
+/// The result of a guarded section: its value, its error mapped by [`py_err`], or its panic as
+/// `gpuheap.InternalError`.
+fn caught<T>(r: std::thread::Result<Result<T, Error>>) -> PyResult<T> {
+    match r {
         Ok(r) => r.map_err(py_err),
         Err(payload) => {
             let what = payload
@@ -130,7 +182,8 @@ type Parse = fn(&str) -> Result<u64, OptionError>;
 
 /// The byte-valued option `name` through its checker (a number) or its parser (a str).
 fn size(name: &str, v: Option<Size>, check: Check, parse: Parse) -> PyResult<Option<u64>> {
-    let bad = |e: OptionError| ConfigError::new_err(format!("{name}: {e}"));
+    // Through `gpuheap::Error`, whose message escapes control characters.
+    let bad = |e: OptionError| ConfigError::new_err(format!("{name}: {}", Error::from(e)));
     v.map(|v| match v {
         Size::Int(n) => check(n).map_err(bad),
         Size::Float(f) => gpuheap::units::bytes_of_float(f)
@@ -143,7 +196,7 @@ fn size(name: &str, v: Option<Size>, check: Check, parse: Parse) -> PyResult<Opt
 
 /// A text option `name` through its parser.
 fn text<T>(name: &str, v: Option<&str>, parse: fn(&str) -> Result<T, OptionError>) -> PyResult<Option<T>> {
-    v.map(|s| parse(s).map_err(|e| ConfigError::new_err(format!("{name}: {e}")))).transpose()
+    v.map(|s| parse(s).map_err(|e| ConfigError::new_err(format!("{name}: {}", Error::from(e))))).transpose()
 }
 
 /// The options every command shares, from the keyword arguments of the Python functions.
@@ -165,7 +218,7 @@ fn options(
         Some(Tiers::Pair(a, b)) => {
             let (a, b) = (size("tiers", Some(a), Ok, app::parse_bytes)?, size("tiers", Some(b), Ok, app::parse_bytes)?);
             let tiers = a.zip(b).map(|(a, b)| app::check_tiers(a, b));
-            tiers.transpose().map_err(|e| ConfigError::new_err(format!("tiers: {e}")))?
+            tiers.transpose().map_err(|e| ConfigError::new_err(format!("tiers: {}", Error::from(e))))?
         }
         Some(Tiers::Str(s)) => text("tiers", Some(&s), app::parse_tiers)?,
         None => None,
@@ -173,7 +226,8 @@ fn options(
     o.policy = text("compact", compact, app::parse_policy)?.unwrap_or(o.policy);
     o.backend = match text("backend", backend, app::parse_backend)? {
         Some(b) => b,
-        None => BackendChoice::from_env().map_err(|e| ConfigError::new_err(format!("GPUHEAP_BACKEND: {e}")))?,
+        None => BackendChoice::from_env()
+            .map_err(|e| ConfigError::new_err(format!("GPUHEAP_BACKEND: {}", Error::from(e))))?,
     };
     o.device = device;
     o.materialize_limit = size("materialize_limit", materialize_limit, Ok, app::parse_bytes)?;
@@ -215,7 +269,8 @@ fn replay(
     let mut o = options(capacity, align, tiers, Some(compact), backend, device, materialize_limit, None)?;
     o.strategy = text("strategy", Some(strategy), app::parse_strategy)?;
     let snap = snapshot.0.clone();
-    detached(py, move || app::run_replay(&snap, &o, &Quiet).map(Output::from))
+    let cancel = o.cancel.clone();
+    cancellable(py, &cancel, move || app::run_replay(&snap, &o, &Quiet).map(Output::from))
 }
 
 /// `gpuheap compare`: every host strategy, then the device allocator, over the same device.
@@ -239,7 +294,8 @@ fn compare(
     let mut o = options(capacity, align, tiers, Some(compact), backend, device, materialize_limit, device_heap_limit)?;
     o.verbose = verbose;
     let snap = snapshot.0.clone();
-    detached(py, move || app::run_compare(&snap, &o, &Quiet).map(Output::from))
+    let cancel = o.cancel.clone();
+    cancellable(py, &cancel, move || app::run_compare(&snap, &o, &Quiet).map(Output::from))
 }
 
 /// `gpuheap explain` (`tune=False`: `--no-tune`; `without`: `--without SITE` per pattern).
@@ -257,7 +313,8 @@ fn explain(
     o.tune = tune;
     o.without = without.unwrap_or_default();
     let snap = snapshot.0.clone();
-    detached(py, move || app::run_explain(&snap, &o, &Quiet).map(Output::from))
+    let cancel = o.cancel.clone();
+    cancellable(py, &cancel, move || app::run_explain(&snap, &o, &Quiet).map(Output::from))
 }
 
 /// `gpuheap tune`; `settings`: keep only the rows with these labels.
@@ -273,7 +330,8 @@ fn tune(
     let mut o = options(capacity, None, None, None, None, device, None, None)?;
     o.settings = settings;
     let snap = snapshot.0.clone();
-    detached(py, move || app::run_tune(&snap, &o, &Quiet).map(Output::from))
+    let cancel = o.cancel.clone();
+    cancellable(py, &cancel, move || app::run_tune(&snap, &o, &Quiet).map(Output::from))
 }
 
 /// A row of [`option_table`]: key, help, value name (`None`: a switch), repeated, commands.
@@ -308,7 +366,7 @@ fn fmt_bytes(b: u64) -> String {
 /// Parses a byte count as the CLI does (`80GiB`, `1.5e9`, `1048576`).
 #[pyfunction]
 fn parse_bytes(s: &str) -> PyResult<u64> {
-    gpuheap::units::parse_bytes(s).map_err(|e| ConfigError::new_err(e.to_string()))
+    gpuheap::units::parse_bytes(s).map_err(|e| ConfigError::new_err(Error::from(e).to_string()))
 }
 
 /// Only for the tests of the panic guard: panics inside the guarded, GIL-free section.

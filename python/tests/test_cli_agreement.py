@@ -91,10 +91,10 @@ def test_bytes_and_dict_give_the_same_numbers(trace: Path) -> None:
 @pytest.mark.parametrize("trace", empty_traces())
 def test_a_snapshot_that_records_nothing_is_refused_alike(trace: Path, cli: Path) -> None:
     """A dump with no segment and no event (``sam2_ppo_ddp_empty_expandable_4dev``: four empty device
-    slots): the CLI exits 2 and Python raises a gpuheap error, with the same message."""
+    slots): the CLI exits 2 and Python raises ``TraceError`` (the trace is at fault), with the same message."""
     env = dict(os.environ, GPUHEAP_BACKEND="cpu")
     r = subprocess.run([str(cli), "compare", str(trace), "--json"], capture_output=True, text=True, env=env, check=False)
     assert r.returncode == 2 and "nothing to report" in r.stderr, r.stderr
-    with pytest.raises(gpuheap.Error) as e:
+    with pytest.raises(gpuheap.TraceError) as e:
         gpuheap.compare(gpuheap.load(trace))
     assert str(e.value) in r.stderr

@@ -249,12 +249,60 @@ def test_replay_and_compare_pick_the_device_with_the_oom_as_the_cli_does(tmp_pat
     assert gpuheap.replay(path, "best-fit", backend="cpu", device=0).device == 0
 
 
-def test_replay_of_a_trace_with_nothing_to_report_is_config_error_as_in_explain() -> None:
-    empty = {"segments": [], "device_traces": []}
-    for f in (lambda: gpuheap.replay(empty, "best-fit"), lambda: gpuheap.compare(empty),
-              lambda: gpuheap.explain(empty, tune=False)):
-        with pytest.raises(gpuheap.ConfigError, match="no device has allocation events or live blocks"):
-            f()
+def test_a_trace_with_nothing_to_report_is_trace_error_in_every_command() -> None:
+    """No device has allocation events or live blocks: the trace is at fault, whatever the options, so
+    ``TraceError`` (an input error, as the CLI's exit code 2), not ``ConfigError``."""
+    for empty in ({"segments": [], "device_traces": []}, {"segments": [], "device_traces": [[], []]}):
+        for f in (lambda: gpuheap.replay(empty, "best-fit"), lambda: gpuheap.compare(empty),
+                  lambda: gpuheap.explain(empty, tune=False), lambda: gpuheap.explain(empty),
+                  lambda: gpuheap.tune(empty)):
+            with pytest.raises(gpuheap.TraceError, match="no device has allocation events or live blocks"):
+                f()
+    # A device the trace lacks stays an option that does not fit.
+    with pytest.raises(gpuheap.ConfigError, match="no device 7"):
+        gpuheap.replay(SNAPSHOT, "best-fit", device=7)
+
+
+def test_large_ints_are_named_exactly_never_through_a_float() -> None:
+    """A byte count outside 0..2^64 is named with all its digits (it was converted to a float first:
+    ``18446744073709552000``)."""
+    for v in (2**64, 2**64 + 1, 2**70 + 3, -(2**64) - 1, -1, 10**30 + 7):
+        for kw in ({"capacity": v}, {"align": v}, {"materialize_limit": v}):
+            with pytest.raises(gpuheap.ConfigError) as e:
+                gpuheap.replay(SNAPSHOT, "best-fit", **kw)
+            assert f"`{v}`" in str(e.value), (kw, str(e.value))
+        with pytest.raises(gpuheap.ConfigError, match=f"`{v}`"):
+            gpuheap.replay(SNAPSHOT, "tiered", tiers=(v, 2**20))
+
+
+def test_pickles_of_every_protocol_load_from_bytes_and_path(tmp_path: Path) -> None:
+    """``load(bytes)`` and ``load(path)`` read protocol 0 and 1 pickles (text opcodes, no PROTO header)
+    as they read 2 to 5, to the same trace."""
+    plain = load_plain(Path(SNAPSHOT))
+    want = gpuheap.explain(SNAPSHOT, tune=False).to_dict()
+    want.pop("trace")
+    for protocol in range(0, pickle.HIGHEST_PROTOCOL + 1):
+        data = pickle.dumps(plain, protocol=protocol)
+        path = tmp_path / f"p{protocol}.pickle"
+        path.write_bytes(data)
+        for source in (data, path):
+            snap = gpuheap.load(source)
+            assert snap.format.startswith("PyTorch memory snapshot"), (protocol, snap)
+            got = gpuheap.explain(snap, tune=False).to_dict()
+            got.pop("trace")
+            assert got == want, protocol
+
+
+def test_control_characters_in_messages_are_escaped(tmp_path: Path) -> None:
+    """A NUL, an escape sequence or a newline in a value the user gives is escaped in the message (the
+    library's error type escapes every control character, for the CLI and Python alike)."""
+    with pytest.raises(gpuheap.TraceError) as e:
+        gpuheap.load(tmp_path / "a\x1b[31mb\nc\x07.pickle")
+    assert r"a\u{1b}[31mb\nc\u{7}.pickle" in str(e.value)
+    for bad in ("8\0GiB", "8\x1bGiB"):
+        with pytest.raises(gpuheap.ConfigError) as e:
+            gpuheap.replay(SNAPSHOT, "best-fit", capacity=bad)
+        assert not any(ord(c) < 32 or ord(c) == 127 for c in str(e.value)), repr(str(e.value))
 
 
 def test_a_path_given_as_bytes_is_refused_with_the_hint_to_pass_str() -> None:

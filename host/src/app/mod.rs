@@ -30,6 +30,8 @@ mod run;
 pub use options::{OptionError, Options};
 pub use run::{run_compare, run_explain, run_replay, run_tune};
 
+pub use crate::cancel::Cancel;
+
 /// A trace read into memory, shared (not copied) by every command run on it.
 #[derive(Clone, Debug)]
 pub struct Snapshot {

@@ -56,6 +56,10 @@ pub struct Options {
     /// Messages name the command line's flags (`--strategy`, `--capacity`, `--tiers`) where they say
     /// what to change.
     pub flag_advice: bool,
+    /// Stops the command when set from another thread ([`crate::Cancel`]): it then returns an error of
+    /// kind [`crate::ErrorKind::Cancelled`] at the next check of its replays (every 16,384 events);
+    /// never set by default.
+    pub cancel: super::Cancel,
 }
 
 impl Default for Options {
@@ -76,6 +80,7 @@ impl Default for Options {
             settings: None,
             html: false,
             flag_advice: false,
+            cancel: super::Cancel::default(),
         }
     }
 }
@@ -91,6 +96,7 @@ impl Options {
             tiers: self.tiers.filter(|_| strategy == StrategyKind::Tiered),
             policy: self.policy,
             materialize_limit: self.materialize_limit,
+            cancel: self.cancel.clone(),
             ..ReplayOptions::new(strategy)
         }
     }

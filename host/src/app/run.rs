@@ -170,7 +170,7 @@ pub fn run_explain(snap: &Snapshot, opts: &Options, obs: &dyn Observer) -> Resul
     if opts.tune {
         let dev = &trace.devices[page.device.index];
         obs.search_started();
-        let t = tune::tune(trace, dev, &page.capacity, &|| obs.search_step());
+        let t = tune::tune_cancellable(trace, dev, &page.capacity, &|| obs.search_step(), &opts.cancel);
         obs.finished();
         page.tune = Some(t?);
     }
@@ -197,7 +197,7 @@ pub fn run_explain(snap: &Snapshot, opts: &Options, obs: &dyn Observer) -> Resul
 pub fn run_tune(snap: &Snapshot, opts: &Options, obs: &dyn Observer) -> Result<Output, Error> {
     let trace = snap.trace();
     obs.search_started();
-    let page = tune::tune_page(trace, opts.device, opts.capacity, &|| obs.search_step());
+    let page = tune::tune_page_cancellable(trace, opts.device, opts.capacity, &|| obs.search_step(), &opts.cancel);
     obs.finished();
     let mut page = page?;
     if let Some(s) = &opts.settings {

@@ -86,6 +86,7 @@ impl CompareOptions {
             capacity: host.capacity,
             align: host.align,
             heap_limit,
+            cancel: host.cancel.clone(),
             ..DeviceReplayOptions::default()
         };
         CompareOptions { host, device }

@@ -117,6 +117,8 @@ pub struct DeviceReplayOptions {
     /// Fill every block with a pattern when it is allocated and check it when it is freed (costs the
     /// bytes allocated over the whole trace in host writes and reads; meant for tests).
     pub verify_bytes: bool,
+    /// Checked by the replay every 16,384 events ([`crate::Cancel`]); never set by default.
+    pub(crate) cancel: crate::cancel::Cancel,
 }
 
 impl Default for DeviceReplayOptions {
@@ -127,6 +129,7 @@ impl Default for DeviceReplayOptions {
             heap_limit: None,
             timeline_points: DEFAULT_TIMELINE_POINTS,
             verify_bytes: false,
+            cancel: crate::cancel::Cancel::default(),
         }
     }
 }
@@ -646,6 +649,8 @@ pub fn replay_device(
         timeline_points: opts.timeline_points,
         pytorch_comparable: scale == 1,
         demand_peak_event,
+        // A cancelled replay drops its heap like a failed one.
+        cancel: opts.cancel.clone(),
     };
     engine::run(&mut target, &setup, progress)
 }

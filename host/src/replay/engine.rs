@@ -20,6 +20,7 @@ use super::report::{CachingEnd, CompactionRecord, FailedRequest, ReplayReport, S
 use super::ReplayError;
 use crate::analysis::Fragmentation;
 use crate::analysis::PeakTracker;
+use crate::cancel::Cancel;
 use crate::facts::peaks::SeriesTracker;
 use crate::facts::Capacity;
 use crate::trace::{DeviceTrace, Event, EventKind, Trace};
@@ -147,6 +148,10 @@ pub(crate) trait ReplayTarget {
 }
 
 /// The run's inputs besides the target.
+/// The replays check their cancellation flag ([`crate::cancel`]) every `CANCEL_STRIDE + 1` = 16,384
+/// events: one relaxed atomic load, and at most a few milliseconds of replay between two checks.
+const CANCEL_STRIDE: usize = 0x3FFF;
+
 pub(crate) struct Setup<'a> {
     pub trace: &'a Trace,
     pub dev: &'a DeviceTrace,
@@ -161,6 +166,8 @@ pub(crate) struct Setup<'a> {
     pub pytorch_comparable: bool,
     /// The event of the demand peak ([`crate::facts::demand_peak`]'s event, computed by the caller with the capacity).
     pub demand_peak_event: Option<usize>,
+    /// Checked every 16,384 events ([`crate::cancel`]).
+    pub cancel: Cancel,
 }
 
 /// Hands event `i` (`e`; `prev`: the kind of the event before it) to `target`: the one dispatch of
@@ -227,15 +234,18 @@ pub(crate) struct SearchOutcome {
 /// [`ReplayTarget::sync`] only at the end), so for a target whose `sync`, `external` and `snapshot`
 /// change nothing (the host strategies and the caching model, `super::strategy`) `peak_reserved` and
 /// `failed` are those of [`run`]'s report. With `stop_at_failure` it returns at the first failed
-/// request (a minimum-capacity probe needs only to know whether one fails).
+/// request (a minimum-capacity probe needs only to know whether one fails). `cancel` is checked at the
+/// start and every 16,384 events.
 ///
 /// # Errors
-/// Those of the target.
+/// Those of the target; [`ReplayError::Cancelled`] once `cancel` is set.
 pub(crate) fn run_search(
     target: &mut dyn ReplayTarget,
     dev: &DeviceTrace,
     stop_at_failure: bool,
+    cancel: &Cancel,
 ) -> Result<SearchOutcome, ReplayError> {
+    cancel.check()?;
     let n_blocks = dev.block_ids as usize;
     let mut l = Ledger::default();
     seed(target, &mut l, dev)?;
@@ -248,6 +258,9 @@ pub(crate) fn run_search(
             if stopped(&l) {
                 break;
             }
+            if (i + 1) & CANCEL_STRIDE == 0 {
+                cancel.check()?;
+            }
         }
     }
     if !stopped(&l) {
@@ -257,15 +270,16 @@ pub(crate) fn run_search(
 }
 
 /// Replays `setup.dev` through `target`. `progress` is called with the number of events done, every
-/// 65,536 events and at the end.
+/// 65,536 events and at the end; `setup.cancel` is checked at the start and every 16,384 events.
 ///
 /// # Errors
-/// Those of the target.
+/// Those of the target; [`ReplayError::Cancelled`] once `setup.cancel` is set.
 pub(crate) fn run(
     target: &mut dyn ReplayTarget,
     setup: &Setup<'_>,
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
+    setup.cancel.check()?;
     let (trace, dev) = (setup.trace, setup.dev);
     let n_blocks = dev.block_ids as usize;
     let pytorch_snapshot =
@@ -327,8 +341,11 @@ pub(crate) fn run(
             b.external = target.external(&mut l, Some(i))?;
             timeline.push(b);
         }
-        if (i + 1) & 0xFFFF == 0 {
-            progress(i + 1);
+        if (i + 1) & CANCEL_STRIDE == 0 {
+            setup.cancel.check()?;
+            if (i + 1) & 0xFFFF == 0 {
+                progress(i + 1);
+            }
         }
     }
     let last = dev.events.len().checked_sub(1);

@@ -48,6 +48,9 @@ pub enum ReplayError {
         /// Its error.
         source: AllocError,
     },
+    /// The caller cancelled the replay ([`crate::Cancel`]): neither bad input nor a failure.
+    #[error("cancelled")]
+    Cancelled,
 }
 
 impl ReplayError {

@@ -142,6 +142,7 @@ pub fn replay(
         timeline_points: opts.timeline_points,
         pytorch_comparable: true,
         demand_peak_event,
+        cancel: opts.cancel.clone(),
     };
     engine::run(&mut target, &setup, progress)
 }
@@ -173,7 +174,7 @@ pub(crate) fn replay_search(
     let mut target =
         strategy::StrategyTarget::new(dev, opts, capacity.clone(), align, pytorch_snapshot, None, Some(scan))
             .map_err(|e| e.in_file(&trace.source, opts.capacity.is_none().then_some(&capacity)))?;
-    engine::run_search(&mut target, dev, stop_at_failure)
+    engine::run_search(&mut target, dev, stop_at_failure, &opts.cancel)
 }
 
 /// The level name of a fraction (re-exported for tables).

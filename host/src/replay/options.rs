@@ -94,6 +94,8 @@ pub struct ReplayOptions {
     pub materialize_limit: Option<u64>,
     /// Most timeline samples kept.
     pub timeline_points: usize,
+    /// Checked by the replay every 16,384 events ([`crate::Cancel`]); never set by default.
+    pub(crate) cancel: crate::cancel::Cancel,
 }
 
 impl ReplayOptions {
@@ -107,6 +109,7 @@ impl ReplayOptions {
             policy: CompactPolicy::Never,
             materialize_limit: None,
             timeline_points: DEFAULT_TIMELINE_POINTS,
+            cancel: crate::cancel::Cancel::default(),
         }
     }
 }

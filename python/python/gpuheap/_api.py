@@ -82,6 +82,10 @@ def _bytes_arg(name: str, v: Optional[Bytes]) -> Optional[Bytes]:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ConfigError(f"{name}: expected bytes as int, float or str such as '80GiB', not {type(v).__qualname__}")
+    if isinstance(v, int) and not 0 <= v < 2**64:
+        # Outside the native int (u64): its decimal digits go to the same parser as the CLI's text, so the
+        # message names the value exactly (the native module would take it as a float and round it).
+        return str(v)
     return v
 
 

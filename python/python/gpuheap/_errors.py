@@ -17,7 +17,8 @@ class TraceError(Error, ValueError):
 
     Raised for a missing or unreadable file, an unknown format, a truncated or corrupt pickle, a
     pickle that asks to run code (refused unread: gpuheap decodes data only), a value of the wrong
-    type or out of range, or an inconsistent event stream. The message is one line that names the
+    type or out of range, an inconsistent event stream, or a trace that records nothing to report
+    (no device has allocation events or live blocks: an idle process's snapshot). The message is one line that names the
     source (file path, ``<bytes>`` or ``<dict>``) and where: the byte, line, event, segment or key.
     The command line exits with code 2 for the same inputs.
     """

@@ -39,9 +39,11 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::ExplainError;
+use crate::cancel::Cancel;
 use crate::facts::{self, Capacity, DeviceChoice, DeviceSummary, MIN_CAPACITY};
 use crate::reference::caching::config::ConfigWarning;
 use crate::reference::MAX_BYTES;
+use crate::replay::ReplayError;
 use crate::trace::{DeviceTrace, Trace};
 
 mod grid;
@@ -186,6 +188,7 @@ pub fn least_capacity(
     progress();
     let hint = match &free_run {
         Ok(x) if x.failed.is_empty() => x.peak_reserved,
+        Err(ReplayError::Cancelled) => return Err(ReplayError::Cancelled.into()),
         _ => fallback_hint,
     };
     let (min, replays) = min_capacity(trace, row, setting, peak_live, hint, progress)?;
@@ -206,13 +209,28 @@ pub fn tune(
     capacity: &Capacity,
     progress: &(dyn Fn() + Sync),
 ) -> Result<TuneReport, ExplainError> {
+    tune_cancellable(trace, dev, capacity, progress, &Cancel::default())
+}
+
+/// [`tune`], stopped with [`ReplayError::Cancelled`] once `cancel` is set: every replay of every row
+/// checks it (at its start and every 65,536 events).
+pub(crate) fn tune_cancellable(
+    trace: &Trace,
+    dev: &DeviceTrace,
+    capacity: &Capacity,
+    progress: &(dyn Fn() + Sync),
+    cancel: &Cancel,
+) -> Result<TuneReport, ExplainError> {
     let settings = grid(dev);
     let peak_live = facts::peaks(dev).allocated.min(MAX_BYTES as u128) as u64;
     let rows: Vec<Result<TuneRow, ExplainError>> = settings
         .par_iter()
         .enumerate()
         .map(|(i, s)| {
-            let row_trace = RowTrace::new(dev, s);
+            // Before the row's trace is made (a copy of the device's events): a cancelled search skips
+            // the rows it has not begun.
+            cancel.check()?;
+            let row_trace = RowTrace::new(dev, s).with_cancel(cancel);
             let row = |note: Option<String>| TuneRow {
                 setting: s.label(),
                 kind: s.kind(),
@@ -351,6 +369,17 @@ pub fn tune_page(
     capacity: Option<u64>,
     progress: &(dyn Fn() + Sync),
 ) -> Result<TunePage, ExplainError> {
+    tune_page_cancellable(trace, device, capacity, progress, &Cancel::default())
+}
+
+/// [`tune_page`], stopped with [`ReplayError::Cancelled`] once `cancel` is set ([`tune_cancellable`]).
+pub(crate) fn tune_page_cancellable(
+    trace: &Trace,
+    device: Option<i64>,
+    capacity: Option<u64>,
+    progress: &(dyn Fn() + Sync),
+    cancel: &Cancel,
+) -> Result<TunePage, ExplainError> {
     capacity.map(facts::check_capacity).transpose()?;
     let devices = facts::summarize(trace);
     let choice = facts::choose_device(trace, &devices, device)?;
@@ -358,7 +387,7 @@ pub fn tune_page(
     let cap = facts::capacity_from_evidence(trace, dev, capacity)?;
     let gpu = facts::gpu_capacity_at_oom(trace, dev)?.map(|c| c.bytes);
     let t = std::time::Instant::now();
-    let report = tune(trace, dev, &cap, progress)?;
+    let report = tune_cancellable(trace, dev, &cap, progress, cancel)?;
     Ok(TunePage {
         trace: trace.source.display().to_string(),
         format: trace.format.to_string(),

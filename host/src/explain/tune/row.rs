@@ -4,6 +4,7 @@
 //! for PyTorch rows the row's settings in place of the snapshot's.
 
 use super::Setting;
+use crate::cancel::Cancel;
 use crate::reference::caching::TraceScan;
 use crate::reference::StrategyKind;
 use crate::replay::{self, CompactPolicy, ReplayError, ReplayOptions, ReplayReport, SearchOutcome};
@@ -23,6 +24,9 @@ pub struct RowTrace {
     /// What every replay of the caching model reads from `dev`'s whole event list, made once for the
     /// row's replays ([`RowTrace::search`]).
     scan: TraceScan,
+    /// Checked by every replay of the row ([`crate::Cancel`]); never set unless
+    /// [`RowTrace::with_cancel`] gave one.
+    cancel: Cancel,
 }
 
 impl RowTrace {
@@ -33,7 +37,13 @@ impl RowTrace {
             d.allocator_settings = Some(settings.clone());
         }
         let scan = TraceScan::new(&d);
-        RowTrace { dev: d, map, scan }
+        RowTrace { dev: d, map, scan, cancel: Cancel::default() }
+    }
+
+    /// The row trace whose replays stop with [`ReplayError::Cancelled`] once `cancel` is set.
+    pub(crate) fn with_cancel(mut self, cancel: &Cancel) -> Self {
+        self.cancel = cancel.clone();
+        self
     }
 
     /// The event of the file's trace that event `e` of the row trace comes from.
@@ -54,7 +64,7 @@ impl RowTrace {
         capacity: u64,
         timeline_points: usize,
     ) -> Result<ReplayReport, ReplayError> {
-        let mut opts = Self::options(setting, capacity);
+        let mut opts = self.options(setting, capacity);
         opts.timeline_points = timeline_points;
         replay::replay(trace, &self.dev, &opts, None, &mut |_| {})
     }
@@ -71,11 +81,11 @@ impl RowTrace {
         capacity: u64,
         stop_at_failure: bool,
     ) -> Result<SearchOutcome, ReplayError> {
-        replay::replay_search(trace, &self.dev, &Self::options(setting, capacity), &self.scan, stop_at_failure)
+        replay::replay_search(trace, &self.dev, &self.options(setting, capacity), &self.scan, stop_at_failure)
     }
 
     /// The replay options of `setting` at `capacity` bytes.
-    fn options(setting: &Setting, capacity: u64) -> ReplayOptions {
+    fn options(&self, setting: &Setting, capacity: u64) -> ReplayOptions {
         let (strategy, policy) = match setting {
             Setting::Pytorch { .. } => (StrategyKind::Caching, CompactPolicy::Never),
             Setting::CompactingCaching => (StrategyKind::Caching, CompactPolicy::OnOom),
@@ -84,6 +94,7 @@ impl RowTrace {
         let mut opts = ReplayOptions::new(strategy);
         opts.capacity = Some(capacity);
         opts.policy = policy;
+        opts.cancel = self.cancel.clone();
         opts
     }
 }
