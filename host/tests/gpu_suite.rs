@@ -1,8 +1,10 @@
 //! `scripts/gpu-suite run --dry-run` with a stand-in `nvidia-smi`: the plan runs its steps in the
 //! order the GPU run needs (machine facts, the module, the self-check, the tests with the GPU
-//! required, the out-of-memory probe, the benchmarks, the launch-limit probe, then repeats), and
-//! every step of it, the benchmarks included, ends inside the default budget even if each runs to
-//! its limit; and `scripts/glibc-check` reads the glibc symbol versions a binary needs.
+//! required, the rows of kernel authors' first questions (sizes 16 B to 1 MiB, an out-of-memory on
+//! a 1 GiB heap and under churn, recovery after it), the out-of-memory probe, the benchmarks, the
+//! launch-limit probe, then repeats), and every step of it, the benchmarks included, ends inside
+//! the default budget even if each runs to its limit; and `scripts/glibc-check` reads the glibc
+//! symbol versions a binary needs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -65,6 +67,10 @@ fn the_dry_run_orders_the_steps_and_fits_the_benchmarks_in_the_default_budget() 
         "test compaction",
         "test backends",
         "test growable",
+        "row sizes 16 B to 1 MiB",
+        "row oom on a 1 GiB heap",
+        "row oom under churn",
+        "row recovery after oom",
         "gpuheap bench oom",
         "gpuheap bench alloc --quick",
         "gpuheap bench compact",
@@ -74,9 +80,12 @@ fn the_dry_run_orders_the_steps_and_fits_the_benchmarks_in_the_default_budget() 
     let at: Vec<usize> =
         order.iter().map(|s| text.find(s).unwrap_or_else(|| panic!("{s:?} missing:\n{text}"))).collect();
     assert!(at.windows(2).all(|w| w[0] < w[1]), "steps out of order ({order:?} at {at:?}):\n{text}");
-    // Every test binary runs on the GPU alone, with the GPU required.
+    // Every test binary, and each row's test, runs on the GPU alone, with the GPU required.
     let tests: Vec<&str> = text.lines().filter(|l| l.contains("/tests/")).collect();
-    assert_eq!(tests.len(), 6, "{text}");
+    assert_eq!(tests.len(), 6 + 4, "{text}");
+    let rows: Vec<&str> = tests.iter().copied().filter(|l| l.contains("/tests/gpu_rows\" row_")).collect();
+    assert_eq!(rows.len(), 4, "each row is one test of gpu_rows: {text}");
+    assert!(rows.iter().all(|l| l.contains("--exact --nocapture")), "{text}");
     assert!(tests.iter().all(|l| l.contains("GPUHEAP_TEST_BACKENDS=gpu GPUHEAP_REQUIRE_GPU=1")), "{text}");
     assert!(text.contains("bench launch-limit --blocks 256,768,1024"), "{text}");
     // The benchmarks, and every planned step, end inside the budget in the worst case.

@@ -14,7 +14,7 @@
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]
 
-use gpuheap_kernels::arch::index::global_thread_id;
+use gpuheap_kernels::arch::index::{global_thread_id, global_thread_id_reread};
 use gpuheap_kernels::arch::warp::{active_mask, ballot};
 use gpuheap_kernels::fill::pattern;
 use gpuheap_kernels::heap::{self, Heap};
@@ -27,7 +27,8 @@ pub struct GrowParams {
     pub heap: Heap,
     /// Threads that take part.
     pub threads: u64,
-    /// Thread `i` pushes `1 + (i * 7919) % max_pushes` values.
+    /// Thread `i` pushes `1 + (i * 7919) % max_pushes` values (at most
+    /// `u32::MAX`: above it every thread reports a failure).
     pub max_pushes: u64,
     /// Device address of `threads` `u64` checksums (0 = a failure happened).
     pub checksums: u64,
@@ -65,31 +66,41 @@ pub unsafe fn grow(p: &GrowParams) {
     if i >= p.threads {
         return;
     }
-    let n = pushes(i, p.max_pushes);
     let mask = active_mask();
-    let mut cap = 4u64;
-    // SAFETY: the caller guarantees a live heap; 16 bytes for 4 u32s.
-    let mut data = unsafe { heap::malloc(&p.heap, cap * 4) } as *mut u32;
-    let mut ok = !data.is_null();
-    // Warp-uniform loop: every lane runs until the longest array is done.
-    let mut r = 0u64;
-    let longest = p.max_pushes;
+    let mut cap = 4u32;
+    // Allocated in the loop's first iteration: one `malloc` call site (each
+    // site is a copy of the allocator, and registers are the kernel's most).
+    let mut data = core::ptr::null_mut::<u32>();
+    // 32-bit round and capacity: fewer registers live across `malloc` (an
+    // array of 2^32 `u32`s would be 16 GiB per thread; more pushes fail).
+    let mut ok = p.max_pushes <= u32::MAX as u64;
+    // Warp-uniform loop: every lane runs until the longest array is done
+    // (at least once: `n >= 1`).
+    let mut r = 0u32;
+    let longest = p.max_pushes.clamp(1, u32::MAX as u64) as u32;
+    // Only the array's state and the round are kept across `malloc`: the
+    // thread index and its push count are read again after it (a kernel
+    // pays `malloc`'s registers plus what it keeps live across the call).
     while r < longest {
-        let grow_me = ok && r < n && r == cap;
+        let pushing = (r as u64) < pushes(global_thread_id_reread(), p.max_pushes);
+        let first = data.is_null();
+        let grow_me = ok && (first || (pushing && r == cap));
         // SAFETY: `mask` holds the lanes that executed the `active_mask`
         // above together, this one among them; each of them runs this loop
         // for the same `longest` iterations (no `return` or `break` inside)
         // and so executes this ballot on every iteration.
         if unsafe { ballot(mask, grow_me) } != 0 {
+            // (A capacity that would wrap asks for 0 bytes: null, a failure.)
+            let want = if first { cap } else { cap.wrapping_mul(2) };
             // SAFETY: live heap; every lane of `mask` calls malloc here.
-            let bigger = unsafe { heap::malloc(&p.heap, if grow_me { cap * 8 } else { 0 }) } as *mut u32;
+            let bigger = unsafe { heap::malloc(&p.heap, if grow_me { want as u64 * 4 } else { 0 }) } as *mut u32;
             if grow_me {
                 if bigger.is_null() {
                     ok = false;
                 } else {
                     // Copy 16 bytes at a time (cap is a multiple of 4).
                     let mut k = 0;
-                    while k < cap / 4 {
+                    while !first && k < cap / 4 {
                         // SAFETY: both blocks are 16-byte aligned and hold
                         // at least `cap` u32s.
                         unsafe {
@@ -97,19 +108,22 @@ pub unsafe fn grow(p: &GrowParams) {
                         };
                         k += 1;
                     }
-                    // SAFETY: the old block is ours and no longer used.
+                    // SAFETY: the old block is ours and no longer used
+                    // (null, the first time, is ignored).
                     unsafe { heap::free(&p.heap, data as *mut u8) };
                     data = bigger;
-                    cap *= 2;
+                    cap = want;
                 }
             }
         }
-        if ok && r < n {
+        if ok && pushing {
             // SAFETY: `r < cap` after growing.
-            unsafe { data.add(r as usize).write(pattern(i, r)) };
+            unsafe { data.add(r as usize).write(pattern(global_thread_id_reread(), r as u64)) };
         }
         r += 1;
     }
+    let i = global_thread_id_reread();
+    let n = pushes(i, p.max_pushes);
     let mut sum = 0;
     if ok {
         let mut s = n;
@@ -126,7 +140,7 @@ pub unsafe fn grow(p: &GrowParams) {
     // SAFETY: `i < threads`.
     unsafe {
         (p.checksums as *mut u64).add(i as usize).write(sum);
-        (p.capacities as *mut u64).add(i as usize).write(cap);
+        (p.capacities as *mut u64).add(i as usize).write(cap as u64);
     }
 }
 
