@@ -273,10 +273,17 @@ fn explain_and_tune_cli_json() {
     assert_eq!(t["rows"].as_array().unwrap().len(), rows.len());
     assert_eq!(t["recorded_ooms"], 1);
 
-    let text = gpuheap(&["explain", p]);
-    let out = String::from_utf8_lossy(&text.stdout);
+    // At 46 MiB no PyTorch row fits, and none is recommended (issue 37); at 80 MiB one is.
+    assert!(
+        tune["conclusion"]["recommended_env"].is_null()
+            || rows.iter().any(|r| r["kind"] == "pytorch" && r["fits"] == true)
+    );
+    let out = String::from_utf8(gpuheap(&["explain", p]).stdout).unwrap();
     assert!(out.contains("Verdict: fragmentation"), "{out}");
-    assert!(out.contains("Best PyTorch setting"), "{out}");
+    assert!(!out.contains("Best PyTorch setting"), "{out}");
+    let text = gpuheap(&["explain", p, "--capacity", "80MiB"]);
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(out.contains("Best PyTorch setting (least memory needed for the whole trace: "), "{out}");
 
     // The settings advice follows PyTorch's current parser: `per_process_memory_fraction` is read from
     // PYTORCH_CUDA_ALLOC_CONF since 2.10 (c10/cuda/CUDAAllocatorConfig.cpp, parsePerProcessMemoryFraction,
@@ -751,4 +758,53 @@ fn explain_reads_a_piped_snapshot_once() {
     let v = json(&out);
     let frames = &v["largest_tensors"][0]["frames"];
     assert_eq!(frames[0]["filename"], "train.py", "the frames come from the piped bytes: {frames}");
+}
+
+/// No page recommends a setting that does not fit the GPU it names (issue 37, Deliver 6): on
+/// `qwen3_train_oom` (a capacity OOM on a 78.51 GiB GPU; every PyTorch setting of the grid needs more)
+/// the text, JSON and HTML pages give the same conclusion, word for word from the page model, and none
+/// of them calls a setting "best" or recommends one; PyTorch settings and gpuheap's own strategies are
+/// ranked apart (each group from rank 1, PyTorch's first).
+#[test]
+fn a_setting_that_does_not_fit_the_gpu_is_never_recommended() {
+    let Some(path) = shared("traces", "qwen3_train_oom.pickle") else { return };
+    let p = path.to_str().unwrap();
+    let v = json(&gpuheap(&["explain", p, "--json"]));
+    let t = &v["tune"];
+    let cap = v["capacity"]["bytes"].as_u64().unwrap();
+    let rows = t["rows"].as_array().unwrap();
+    // Independently of the conclusion: every PyTorch row needs more than the GPU.
+    let pytorch: Vec<&serde_json::Value> = rows.iter().filter(|r| r["kind"] == "pytorch").collect();
+    assert!(!pytorch.is_empty());
+    assert!(pytorch.iter().all(|r| r["min_capacity"].as_u64().is_none_or(|m| m > cap)), "{rows:?}");
+    assert!(t["conclusion"]["recommended_env"].is_null(), "{t}");
+    let headline = t["conclusion"]["headline"].as_str().unwrap();
+    assert!(headline.starts_with("No PyTorch setting of the grid fits in the 78.51 GiB capacity"), "{headline}");
+    // Ranked apart: the PyTorch rows first, each group ranked from 1 in its order.
+    let kinds: Vec<bool> = rows.iter().map(|r| r["kind"] == "pytorch").collect();
+    assert!(kinds.windows(2).all(|w| w[0] >= w[1]), "PyTorch rows first: {kinds:?}");
+    for group in [true, false] {
+        let ranks: Vec<u64> =
+            rows.iter().filter(|r| (r["kind"] == "pytorch") == group).map(|r| r["rank"].as_u64().unwrap()).collect();
+        assert_eq!(ranks, (1..=ranks.len() as u64).collect::<Vec<_>>());
+    }
+    let text = String::from_utf8(gpuheap(&["explain", p]).stdout).unwrap();
+    assert!(text.contains(headline), "{text}");
+    assert!(!text.contains("Best PyTorch setting"), "{text}");
+    assert!(text.contains("gpuheap's own strategies, for comparison (PyTorch cannot use them; ranked apart):"));
+    let d = std::env::temp_dir().join(format!("gpuheap-explain-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    for cmd in ["explain", "tune"] {
+        let html = d.join(format!("qwen3-{cmd}.html"));
+        let out = gpuheap(&[cmd, p, "--html", html.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        let page = std::fs::read_to_string(&html).unwrap();
+        assert!(
+            page.contains(&gpuheap::html::escape(headline)),
+            "{cmd}: the HTML gives the conclusion of the text page"
+        );
+        assert!(!page.contains("Best PyTorch setting"), "{cmd}: the HTML recommends a setting that does not fit");
+    }
+    let tune = json(&gpuheap(&["tune", p, "--json"]));
+    assert_eq!(tune["conclusion"], t["conclusion"]);
 }

@@ -46,7 +46,7 @@ pub mod without;
 
 pub use breakdown::{Breakdown, Kind, Site, SiteOrigin};
 pub use oom::{explain_oom, reproduce, with_oom_requests, OomExplanation, Reproduction, Verdict};
-pub(crate) use render::best_setting_lines;
+pub(crate) use render::{best_setting_lines, row_verdict};
 pub use render::{capacity_text, devices_text, settings_warnings_text, warnings_text};
 pub use without::{what_if_without, WithoutReport};
 

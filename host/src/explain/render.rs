@@ -384,44 +384,53 @@ impl fmt::Display for TunePage {
     }
 }
 
-/// The ranked table and the best setting's env line; `oom`: the trace records an OOM (rows that fit
-/// are then marked "would have avoided the OOM").
+/// The ranked tables (PyTorch settings, then gpuheap's own strategies, ranked apart) and the search's
+/// conclusion ([`TuneReport`]'s, worded once for every form of the page); `oom`: the trace records an OOM
+/// (rows that fit are then marked "would have avoided the OOM").
 fn table(t: &TuneReport, oom: bool) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
         "Settings ranked by the least GPU memory that replays the whole trace without a failed request \
-         (bisection at 2 MiB); failed = requests that fail at {}:",
+         (bisection at 2 MiB); failed = requests that fail at {}.",
         fmt_bytes(t.capacity.bytes)
     );
-    let _ = writeln!(s, "{:>4}  {:<64} {:>11} {:>7} {:>13}", "rank", "setting", "peak resv", "failed", "min capacity");
-    for (i, r) in t.rows.iter().enumerate() {
-        let kind = match r.kind {
-            RowKind::Pytorch if r.own => " [snapshot's own]",
-            RowKind::Pytorch => "",
-            RowKind::Compacting => " [a compacting allocator]",
-            RowKind::Host => " [host strategy]",
-        };
-        let label = format!("{}{kind}", r.setting);
-        let min = r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes);
-        let mut mark = match (r.min_capacity, r.fits, oom) {
-            (None, _, _) => "  not run".to_string(),
-            (Some(_), true, true) => "  would have avoided the OOM".into(),
-            (Some(_), true, false) => "  fits".into(),
-            (Some(_), false, _) => String::new(),
-        };
-        if let Some(n) = &r.note {
-            mark += &format!(" ({n})");
+    let groups: [(&str, fn(RowKind) -> bool); 2] = [
+        ("PyTorch settings (PYTORCH_CUDA_ALLOC_CONF):", |k| k == RowKind::Pytorch),
+        ("gpuheap's own strategies, for comparison (PyTorch cannot use them; ranked apart):", |k| {
+            k != RowKind::Pytorch
+        }),
+    ];
+    for (title, member) in groups {
+        if !t.rows.iter().any(|r| member(r.kind)) {
+            continue;
         }
-        let _ = writeln!(
-            s,
-            "{:>4}  {:<64} {:>11} {:>7} {:>13}{mark}",
-            i + 1,
-            label,
-            fmt_bytes(r.peak_reserved),
-            r.failed,
-            min
-        );
+        let _ = writeln!(s, "{title}");
+        let _ =
+            writeln!(s, "{:>4}  {:<64} {:>11} {:>7} {:>13}", "rank", "setting", "peak resv", "failed", "min capacity");
+        for r in t.rows.iter().filter(|r| member(r.kind)) {
+            let kind = match r.kind {
+                RowKind::Pytorch if r.own => " [snapshot's own]",
+                RowKind::Pytorch => "",
+                RowKind::Compacting => " [a compacting allocator]",
+                RowKind::Host => " [host strategy]",
+            };
+            let label = format!("{}{kind}", r.setting);
+            let min = r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes);
+            let mut mark = format!("  {}", row_verdict(r, oom)).trim_end().to_string();
+            if let Some(n) = &r.note {
+                mark += &format!(" ({n})");
+            }
+            let _ = writeln!(
+                s,
+                "{:>4}  {:<64} {:>11} {:>7} {:>13}{mark}",
+                r.rank,
+                label,
+                fmt_bytes(r.peak_reserved),
+                r.failed,
+                min
+            );
+        }
     }
     if let Some(f) = t.rows.iter().find_map(|r| r.memory_fraction) {
         let _ = writeln!(
@@ -432,31 +441,21 @@ fn table(t: &TuneReport, oom: bool) -> String {
             options::key_support("per_process_memory_fraction", &f.to_string()).unwrap_or_default()
         );
     }
-    match (t.best, &t.best_env) {
-        (Some(b), Some(env)) => {
-            let r = &t.rows[b];
-            let own = t.rows.iter().find(|r| r.own);
-            let _ = writeln!(
-                s,
-                "\nBest PyTorch setting (least memory needed: {}):",
-                r.min_capacity.map_or_else(String::new, fmt_bytes)
-            );
-            for line in best_setting_lines(env) {
-                let _ = writeln!(s, "  {line}");
-            }
-            if let Some(o) = own.filter(|o| o.env.as_ref().is_none_or(|e| e != env)) {
-                let _ = writeln!(
-                    s,
-                    "  (the snapshot's own settings need {})",
-                    o.min_capacity.map_or_else(|| "more than any device modelled".to_string(), fmt_bytes)
-                );
-            } else {
-                s += "  (that is the snapshot's own setting: no PyTorch setting of the grid needs less)\n";
-            }
-        }
-        _ => s += "\nNo PyTorch setting of the grid replays the whole trace on any device modelled.\n",
+    let _ = writeln!(s, "\n{}", t.conclusion.headline);
+    for line in &t.conclusion.lines {
+        let _ = writeln!(s, "  {line}");
     }
     s
+}
+
+/// The verdict of one row as every page gives it ("" when it does not fit).
+pub(crate) fn row_verdict(r: &super::tune::TuneRow, oom: bool) -> &'static str {
+    match (r.min_capacity, r.fits, oom) {
+        (None, _, _) => "not run",
+        (Some(_), true, true) => "would have avoided the OOM",
+        (Some(_), true, false) => "fits",
+        (Some(_), false, _) => "",
+    }
 }
 
 /// The best PyTorch setting `env` (a `PYTORCH_CUDA_ALLOC_CONF=…` line, [`TuneReport::best_env`]) as the

@@ -87,6 +87,9 @@ pub struct TuneRow {
     pub note: Option<String>,
     /// Replays this row ran.
     pub replays: usize,
+    /// Rank within its group (1 = best): PyTorch settings are ranked apart from gpuheap's own
+    /// strategies (the compacting caching model and the host strategies), which PyTorch cannot use.
+    pub(crate) rank: usize,
 }
 
 /// What [`tune`] reports.
@@ -109,6 +112,35 @@ pub struct TuneReport {
     /// Options of the snapshot's own settings that the caching model does not implement or that have no
     /// effect as recorded ([`crate::reference::caching::CachingConfig::from_settings`]): the snapshot's own row replays without them.
     pub warnings: Vec<ConfigWarning>,
+    /// What the search concludes, in the words every form of the page gives (JSON key `conclusion`).
+    pub(crate) conclusion: Conclusion,
+    /// What the replays stand for (not serialised: the pages say it).
+    #[serde(skip)]
+    pub(crate) scope: Scope,
+}
+
+/// What a [`TuneReport`]'s replays stand for, which bounds what its conclusion may claim.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Scope {
+    /// The trace records an OOM (a row that fits "would have avoided" it, in the model's replay).
+    pub(crate) recorded_oom: bool,
+    /// The trace has no history: the replays pack only the tensors live when it was dumped.
+    pub(crate) dumped_state: bool,
+}
+
+/// The conclusion of a settings search, worded once here and rendered as is by the text page
+/// ([`TuneReport::render_table`]), the HTML pages and the Python package (`conclusion` of the JSON):
+/// a setting is recommended only when it fits in the capacity the page names.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub(crate) struct Conclusion {
+    /// The `PYTORCH_CUDA_ALLOC_CONF=...` line recommended: the best PyTorch row's, only when its least
+    /// memory fits in the capacity (`None` otherwise: nothing of the grid is recommended).
+    pub(crate) recommended_env: Option<String>,
+    /// The sentence the pages lead with.
+    pub(crate) headline: String,
+    /// The lines under it: the setting and the PyTorch releases that read each of its keys (for a
+    /// recommendation), and what the snapshot's own settings need.
+    pub(crate) lines: Vec<String>,
 }
 
 /// Searches the least capacity (a multiple of [`GRANULE`]) at which `setting` replays `row` without a
@@ -230,6 +262,7 @@ pub fn tune(
                 fits: false,
                 note,
                 replays: 0,
+                rank: 0,
             };
             // At the capacity; a capacity the row cannot use (below the caching model's 2 MiB) is its note,
             // and the search still runs.
@@ -261,10 +294,18 @@ pub fn tune(
         })
         .collect();
     let mut rows = rows.into_iter().collect::<Result<Vec<_>, _>>()?;
-    // Stable sort: grid order (the snapshot's own first) breaks ties.
+    // PyTorch settings first, ranked apart from gpuheap's own strategies; a stable sort: grid order
+    // (the snapshot's own first) breaks ties.
     rows.sort_by(|a, b| {
-        let key =
-            |r: &TuneRow| (r.min_capacity.is_none(), r.min_capacity.unwrap_or(u64::MAX), r.failed, r.peak_reserved);
+        let key = |r: &TuneRow| {
+            (
+                r.kind != RowKind::Pytorch,
+                r.min_capacity.is_none(),
+                r.min_capacity.unwrap_or(u64::MAX),
+                r.failed,
+                r.peak_reserved,
+            )
+        };
         key(a).cmp(&key(b))
     });
     let mut report = TuneReport {
@@ -275,6 +316,11 @@ pub fn tune(
         rows,
         replays: 0,
         warnings: row_warnings(&settings[0]),
+        conclusion: Conclusion::default(),
+        scope: Scope {
+            recorded_oom: !dev.ooms.is_empty(),
+            dumped_state: !facts::history_completeness(dev).moments_known(),
+        },
     };
     report.rank();
     Ok(report)
@@ -283,11 +329,18 @@ pub fn tune(
 impl TuneReport {
     /// Sets `best`, `best_env` and `replays` from the (ranked) rows.
     fn rank(&mut self) {
+        let mut n = [0usize; 2];
+        for r in &mut self.rows {
+            let g = usize::from(r.kind != RowKind::Pytorch);
+            n[g] += 1;
+            r.rank = n[g];
+        }
         let rows = &self.rows;
         self.best =
             rows.iter().position(|r| r.kind == RowKind::Pytorch && r.min_capacity.is_some() && r.note.is_none());
         self.best_env = self.best.and_then(|i| rows[i].env.clone());
         self.replays = rows.iter().map(|r| r.replays).sum();
+        self.conclusion = conclude(self);
     }
 
     /// Keeps only the rows whose `setting` label is one of `settings` (in rank order); the best row and
@@ -306,6 +359,61 @@ impl TuneReport {
         self.rows.retain(|r| settings.contains(&r.setting));
         self.rank();
         Ok(())
+    }
+}
+
+/// The [`Conclusion`] of ranked report `t` (its `best` set).
+fn conclude(t: &TuneReport) -> Conclusion {
+    use crate::units::fmt_bytes;
+    let cap = fmt_bytes(t.capacity.bytes);
+    let own = t.rows.iter().find(|r| r.own);
+    let Some(b) = t.best else {
+        return Conclusion {
+            recommended_env: None,
+            headline: "No PyTorch setting of the grid replays the whole trace on any device modelled.".into(),
+            lines: Vec::new(),
+        };
+    };
+    let r = &t.rows[b];
+    let env = r.env.clone().unwrap_or_default();
+    let need = r.min_capacity.unwrap_or(0);
+    let what = if t.scope.dumped_state { "the tensors live in the dump" } else { "the whole trace" };
+    let mut lines = Vec::new();
+    let own_line = |lines: &mut Vec<String>| match own {
+        Some(o) if !o.env.as_ref().is_some_and(|e| *e == env) => lines.push(format!(
+            "(the snapshot's own settings need {})",
+            o.min_capacity.map_or_else(|| "more than any device modelled".to_string(), fmt_bytes)
+        )),
+        _ => lines.push("(that is the snapshot's own setting: no PyTorch setting of the grid needs less)".into()),
+    };
+    if r.fits {
+        let hedge = if t.scope.recorded_oom && !t.scope.dumped_state {
+            "; in the caching model's replay it would have avoided the recorded OOM"
+        } else {
+            ""
+        };
+        let headline = format!(
+            "Best PyTorch setting (least memory needed for {what}: {}, within the {cap} capacity{hedge}):",
+            fmt_bytes(need)
+        );
+        lines.extend(crate::explain::best_setting_lines(&env));
+        own_line(&mut lines);
+        Conclusion { recommended_env: Some(env), headline, lines }
+    } else {
+        let named =
+            if env.trim_end() == "PYTORCH_CUDA_ALLOC_CONF=" { "PyTorch's defaults".to_string() } else { env.clone() };
+        let headline = format!(
+            "No PyTorch setting of the grid fits in the {cap} capacity, so none is recommended: the one needing the \
+             least memory for {what} ({named}) still needs {}, {} more.",
+            fmt_bytes(need),
+            fmt_bytes(need.saturating_sub(t.capacity.bytes))
+        );
+        own_line(&mut lines);
+        let ours = t.rows.iter().filter(|r| r.kind != RowKind::Pytorch && r.fits).count();
+        if ours > 0 {
+            lines.push(format!("({ours} of gpuheap's own strategies fit, ranked apart: PyTorch cannot use them.)"));
+        }
+        Conclusion { recommended_env: None, headline, lines }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The page of `gpuheap explain`.
 
-use super::tune::{settings_timeline, tune_parameters, tune_table, Timeline};
+use super::tune::{settings_timeline, tune_parameters, tune_tables, Timeline};
 use crate::explain::{Explanation, Site, SiteOrigin, Verdict};
 use crate::html::{HtmlReport, Table};
 use crate::replay::ReplayError;
@@ -178,10 +178,8 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
             .collect(),
     });
     if let Some(t) = &page.tune {
-        tables.push(tune_table(t, !page.ooms.is_empty()));
-        if let Some(env) = &t.best_env {
-            notes.extend(super::best_setting_notes(env));
-        }
+        tables.extend(tune_tables(t, !page.ooms.is_empty()));
+        notes.splice(1..1, super::conclusion_notes(t));
     }
     Ok(HtmlReport { title: title.to_string(), notes, parameters, series, markers, tables })
 }

@@ -69,47 +69,53 @@ pub(super) struct Timeline {
     pub(super) notes: Vec<String>,
 }
 
-pub(super) fn tune_table(t: &TuneReport, oom: bool) -> Table {
-    let rows = t
-        .rows
+/// The ranked tables of `t`: PyTorch settings, then gpuheap's own strategies (ranked apart), as the text
+/// page gives them.
+pub(super) fn tune_tables(t: &TuneReport, oom: bool) -> Vec<Table> {
+    let groups: [(&str, fn(RowKind) -> bool); 2] = [
+        ("PyTorch settings (PYTORCH_CUDA_ALLOC_CONF)", |k| k == RowKind::Pytorch),
+        ("gpuheap's own strategies, for comparison (PyTorch cannot use them; ranked apart)", |k| k != RowKind::Pytorch),
+    ];
+    groups
         .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let kind = match r.kind {
-                RowKind::Pytorch if r.own => "PyTorch setting (snapshot's own)",
-                RowKind::Pytorch => "PyTorch setting",
-                RowKind::Compacting => "a compacting allocator",
-                RowKind::Host => "host strategy",
-            };
-            let verdict = match (r.min_capacity, r.fits, oom) {
-                (None, _, _) => "not run".to_string(),
-                (Some(_), true, true) => "would have avoided the OOM".into(),
-                (Some(_), true, false) => "fits".into(),
-                (Some(_), false, _) => String::new(),
-            };
-            vec![
-                (i + 1).to_string(),
-                r.setting.clone(),
-                kind.into(),
-                fmt_bytes(r.peak_reserved),
-                r.failed.to_string(),
-                r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes),
-                verdict,
-                r.note.clone().unwrap_or_default(),
-            ]
+        .filter(|(_, member)| t.rows.iter().any(|r| member(r.kind)))
+        .map(|(title, member)| {
+            let rows = t
+                .rows
+                .iter()
+                .filter(|r| member(r.kind))
+                .map(|r| {
+                    let kind = match r.kind {
+                        RowKind::Pytorch if r.own => "PyTorch setting (snapshot's own)",
+                        RowKind::Pytorch => "PyTorch setting",
+                        RowKind::Compacting => "a compacting allocator",
+                        RowKind::Host => "host strategy",
+                    };
+                    vec![
+                        r.rank.to_string(),
+                        r.setting.clone(),
+                        kind.into(),
+                        fmt_bytes(r.peak_reserved),
+                        r.failed.to_string(),
+                        r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes),
+                        crate::explain::row_verdict(r, oom).into(),
+                        r.note.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            Table {
+                caption: format!(
+                    "{title}, ranked by the least GPU memory that replays the whole trace without a failed request \
+                     (bisection at 2 MiB); failed = requests that fail at {}",
+                    fmt_bytes(t.capacity.bytes)
+                ),
+                header: ["rank", "setting", "kind", "peak reserved", "failed", "min capacity", "", "note"]
+                    .map(String::from)
+                    .to_vec(),
+                rows,
+            }
         })
-        .collect();
-    Table {
-        caption: format!(
-            "Settings ranked by the least GPU memory that replays the whole trace without a failed request \
-             (bisection at 2 MiB); failed = requests that fail at {}",
-            fmt_bytes(t.capacity.bytes)
-        ),
-        header: ["rank", "setting", "kind", "peak reserved", "failed", "min capacity", "", "note"]
-            .map(String::from)
-            .to_vec(),
-        rows,
-    }
+        .collect()
 }
 
 pub(super) fn tune_parameters(trace: &Trace, dev: &DeviceTrace, capacity: &Capacity) -> Vec<(String, String)> {
@@ -146,15 +152,13 @@ pub fn tune_page(
          PyTorch setting and the top-ranked row at the capacity."
             .into(),
     );
-    if let Some(env) = &t.best_env {
-        notes.extend(super::best_setting_notes(env));
-    }
+    notes.splice(1..1, super::conclusion_notes(t));
     Ok(HtmlReport {
         title: title.to_string(),
         notes,
         parameters: tune_parameters(trace, dev, capacity),
         series,
         markers,
-        tables: vec![tune_table(t, !dev.ooms.is_empty())],
+        tables: tune_tables(t, !dev.ooms.is_empty()),
     })
 }
