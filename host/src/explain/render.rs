@@ -47,19 +47,27 @@ pub fn devices_text(devices: &[DeviceSummary], choice: &DeviceChoice) -> String 
             1 => "1 OOM recorded".to_string(),
             n => format!("{n} OOMs recorded"),
         };
+        if d.events == 0 && d.final_blocks > 0 {
+            // No history: the figures are those of the dumped state, not peaks.
+            let _ = writeln!(
+                s,
+                " {mark} device {}: no history (no event recorded): when dumped, {} live blocks, allocated {}, \
+                 reserved {} (no peak is recorded), {ooms}",
+                d.device,
+                d.final_blocks,
+                opt(d.peak_allocated),
+                opt(d.peak_reserved),
+            );
+            continue;
+        }
         let _ = writeln!(
             s,
-            " {mark} device {}: {}, {}, peak allocated {}, peak reserved {}, {ooms}{}",
+            " {mark} device {}: {}, {}, peak allocated {}, peak reserved {}, {ooms}",
             d.device,
             plural(d.events, "event"),
             plural(d.alloc_events, "allocation"),
             opt(d.peak_allocated),
             opt(d.peak_reserved),
-            if d.events == 0 && d.final_blocks > 0 {
-                format!(" (no history: the state when dumped, {} live blocks)", d.final_blocks)
-            } else {
-                String::new()
-            }
         );
     }
     let why = match choice.reason {
@@ -249,21 +257,8 @@ fn render(p: &Explanation) -> String {
     let d = p.device.device;
     let moment = match p.moment {
         Moment::RecordedOom => format!("At the OOM (event {}):", p.event.unwrap_or(0)),
-        Moment::DumpedState if p.history.history == crate::facts::History::OneEntry => {
-            let _ = writeln!(
-                s,
-                "The snapshot keeps one history entry on device {d} (a one-entry ring buffer, as \
-                 `_record_memory_history(enabled=True)` records): only the allocator state when it was dumped is \
-                 complete."
-            );
-            "In that state:".into()
-        }
         Moment::DumpedState => {
-            let _ = writeln!(
-                s,
-                "The snapshot has no history on device {d}: only the allocator state when it was dumped (an OOM \
-                 observer's dump records no request and no driver free bytes)."
-            );
+            let _ = writeln!(s, "{}", p.dump_caveat.as_deref().unwrap_or_default());
             "In that state:".into()
         }
         Moment::PeakReserved => {
@@ -345,11 +340,6 @@ fn render(p: &Explanation) -> String {
     }
     if let Some(t) = &p.tune {
         s += "\n";
-        if p.moment == Moment::DumpedState {
-            s += "The dump records no request: below, a setting \"fits\" when it holds the dumped live tensors in the \
-                  capacity, and its minimum capacity is what they need under it; the difference to PyTorch's \
-                  reserved bytes is headroom the failed request would have had.\n";
-        }
         s += &t.render_table(!p.ooms.is_empty());
     }
     s
@@ -389,6 +379,9 @@ impl fmt::Display for TunePage {
 /// (rows that fit are then marked "would have avoided the OOM").
 fn table(t: &TuneReport, oom: bool) -> String {
     let mut s = String::new();
+    if let Some(scope) = &t.conclusion.scope {
+        let _ = writeln!(s, "{scope}");
+    }
     let _ = writeln!(
         s,
         "Settings ranked by the least GPU memory that replays the whole trace without a failed request \

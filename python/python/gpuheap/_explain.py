@@ -206,6 +206,8 @@ class Explanation(Report):
 
     def __repr__(self) -> str:
         v = self.verdict or f"no OOM recorded ({self.moment})"
+        if self.moment == "dumped-state":
+            v += " (a dump without history: whether an OOM happened is not recorded)"
         t = self.tune
         if t is None:
             return f"<gpuheap.Explanation device {self.device}: {v}>"

@@ -126,6 +126,8 @@ pub(crate) struct Scope {
     pub(crate) recorded_oom: bool,
     /// The trace has no history: the replays pack only the tensors live when it was dumped.
     pub(crate) dumped_state: bool,
+    /// For a dumped state: its live tensors, their bytes, and PyTorch's reserved bytes then.
+    pub(crate) dumped: Option<(usize, u64, u64)>,
 }
 
 /// The conclusion of a settings search, worded once here and rendered as is by the text page
@@ -141,6 +143,10 @@ pub(crate) struct Conclusion {
     /// The lines under it: the setting and the PyTorch releases that read each of its keys (for a
     /// recommendation), and what the snapshot's own settings need.
     pub(crate) lines: Vec<String>,
+    /// What the replays stand for when it is not the whole run (a dump without history: only the
+    /// tensors live when it was dumped), said before the tables.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) scope: Option<String>,
 }
 
 /// Searches the least capacity (a multiple of [`GRANULE`]) at which `setting` replays `row` without a
@@ -317,10 +323,7 @@ pub fn tune(
         replays: 0,
         warnings: row_warnings(&settings[0]),
         conclusion: Conclusion::default(),
-        scope: Scope {
-            recorded_oom: !dev.ooms.is_empty(),
-            dumped_state: !facts::history_completeness(dev).moments_known(),
-        },
+        scope: dump_scope(dev),
     };
     report.rank();
     Ok(report)
@@ -362,8 +365,46 @@ impl TuneReport {
     }
 }
 
+/// What `dev`'s replays stand for: a dumped state when its history cannot place its moments and a
+/// dumped state (or nothing but initial blocks) is what it holds, as [`crate::explain::explain`] decides.
+fn dump_scope(dev: &DeviceTrace) -> Scope {
+    let h = facts::history_completeness(dev);
+    let dumped_state = !h.moments_known() && (dev.final_state.is_some() || dev.events.is_empty());
+    let dumped = if dumped_state {
+        let st = match &dev.final_state {
+            Some(f) => facts::final_state(f, None),
+            None => facts::state_after(dev, None),
+        };
+        st.ok().map(|st| (st.live.len(), st.allocated, st.reserved))
+    } else {
+        None
+    };
+    Scope { recorded_oom: !dev.ooms.is_empty(), dumped_state, dumped }
+}
+
 /// The [`Conclusion`] of ranked report `t` (its `best` set).
 fn conclude(t: &TuneReport) -> Conclusion {
+    let mut c = conclude_best(t);
+    if t.scope.dumped_state {
+        use crate::units::fmt_bytes;
+        let what = match t.scope.dumped {
+            Some((n, bytes, reserved)) => format!(
+                "the {n} tensors live when it was dumped ({}; PyTorch held {} then)",
+                fmt_bytes(bytes),
+                fmt_bytes(reserved)
+            ),
+            None => "the tensors live when it was dumped".into(),
+        };
+        c.scope = Some(format!(
+            "The file has no history to replay on this device: each setting packs only {what}, not the run that \
+             led there. A row's least memory is what those tensors need under the setting, not what the run \
+             needed: the peak before the dump and the request that failed, if one did, are not recorded."
+        ));
+    }
+    c
+}
+
+fn conclude_best(t: &TuneReport) -> Conclusion {
     use crate::units::fmt_bytes;
     let cap = fmt_bytes(t.capacity.bytes);
     let own = t.rows.iter().find(|r| r.own);
@@ -372,6 +413,7 @@ fn conclude(t: &TuneReport) -> Conclusion {
             recommended_env: None,
             headline: "No PyTorch setting of the grid replays the whole trace on any device modelled.".into(),
             lines: Vec::new(),
+            scope: None,
         };
     };
     let r = &t.rows[b];
@@ -398,7 +440,7 @@ fn conclude(t: &TuneReport) -> Conclusion {
         );
         lines.extend(crate::explain::best_setting_lines(&env));
         own_line(&mut lines);
-        Conclusion { recommended_env: Some(env), headline, lines }
+        Conclusion { recommended_env: Some(env), headline, lines, scope: None }
     } else {
         let named =
             if env.trim_end() == "PYTORCH_CUDA_ALLOC_CONF=" { "PyTorch's defaults".to_string() } else { env.clone() };
@@ -413,7 +455,7 @@ fn conclude(t: &TuneReport) -> Conclusion {
         if ours > 0 {
             lines.push(format!("({ours} of gpuheap's own strategies fit, ranked apart: PyTorch cannot use them.)"));
         }
-        Conclusion { recommended_env: None, headline, lines }
+        Conclusion { recommended_env: None, headline, lines, scope: None }
     }
 }
 

@@ -29,6 +29,9 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
             fmt_bytes(page.largest_hole)
         ),
     );
+    if let Some(c) = &page.dump_caveat {
+        notes.insert(1, c.clone());
+    }
     if let Some(b) = &page.request_bounds {
         notes.push(crate::explain::bounds_sentence(b));
     }
@@ -179,7 +182,8 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
     });
     if let Some(t) = &page.tune {
         tables.extend(tune_tables(t, !page.ooms.is_empty()));
-        notes.splice(1..1, super::conclusion_notes(t));
+        let at = notes.len().min(1 + usize::from(page.dump_caveat.is_some()));
+        notes.splice(at..at, super::conclusion_notes(t));
     }
     Ok(HtmlReport { title: title.to_string(), notes, parameters, series, markers, tables })
 }

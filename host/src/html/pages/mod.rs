@@ -219,7 +219,13 @@ pub(super) fn compactions_table(reports: &[&ReplayReport]) -> Option<Table> {
 /// The notes of a settings search's conclusion: its headline and lines, worded once in the page model
 /// ([`crate::explain::tune::TuneReport`]) and given as the text page gives them.
 fn conclusion_notes(t: &crate::explain::tune::TuneReport) -> Vec<String> {
-    std::iter::once(t.conclusion.headline.clone()).chain(t.conclusion.lines.iter().cloned()).collect()
+    t.conclusion
+        .scope
+        .iter()
+        .cloned()
+        .chain(std::iter::once(t.conclusion.headline.clone()))
+        .chain(t.conclusion.lines.iter().cloned())
+        .collect()
 }
 
 #[cfg(test)]
