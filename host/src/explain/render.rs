@@ -425,6 +425,13 @@ fn table(t: &TuneReport, oom: bool) -> String {
             );
         }
     }
+    let tried: Vec<&super::tune::TuneRow> = t.rows.iter().filter(|r| r.why.is_some()).collect();
+    if !tried.is_empty() {
+        s += "\nWhy each PyTorch setting was tried (where it changes a decision for this trace's requests):\n";
+        for r in tried {
+            let _ = writeln!(s, "  {}: {}", r.setting, r.why.as_deref().unwrap_or_default());
+        }
+    }
     if let Some(f) = t.rows.iter().find_map(|r| r.memory_fraction) {
         let _ = writeln!(
             s,

@@ -5,13 +5,16 @@
 //! that replays the whole trace without a failed request (bisection at 2 MiB, [`GRANULE`]).
 //!
 //! # The grid ([`grid`])
-//! The snapshot's own settings; `expandable_segments:True`; `max_split_size_mb` at values derived from
-//! the trace's request sizes (just above the quartiles of the distinct request sizes above 20 MiB,
-//! PyTorch's lower limit `kLargeBuffer`, `c10/cuda/CUDAAllocatorConfig.cpp`);
-//! `roundup_power2_divisions` 1, 2, 4, 8, 16 and the list form `[256:1,512:2,1024:4,>:8]` (the
-//! example of PyTorch's documentation); `garbage_collection_threshold` 0.6 and 0.8; and combinations
-//! of expandable segments and of the median `max_split_size_mb` with the 0.8 threshold. Each setting
-//! is applied on top of the snapshot's own, as a user would change one option at a time.
+//! The snapshot's own settings; `expandable_segments:True`; `max_split_size_mb` where it changes a
+//! decision: at the quartiles of the distinct request sizes of 21 MiB and more, in whole MiB rounded
+//! down, so that those requests become oversize (PyTorch's `get_free_block` and `should_split` treat
+//! a block of `max_split_size` bytes or more so; values ≤ 20 are refused, `kLargeBuffer`,
+//! `c10/cuda/CUDAAllocatorConfig.cpp`); `roundup_power2_divisions` 1, 2, 4, 8, 16 and the list form
+//! `[256:1,512:2,1024:4,>:8]` (the example of PyTorch's documentation), each only when it moves a
+//! request of the trace into another block size (`round_size`); `garbage_collection_threshold` 0.6
+//! and 0.8; and combinations of expandable segments and of the median `max_split_size_mb` with the
+//! 0.8 threshold. Each setting is applied on top of the snapshot's own, as a user would change one
+//! option at a time, and each row says why it was tried ([`TuneRow`]'s `why` in the JSON).
 //!
 //! The caching model reads its options from the trace's `allocator_settings`
 //! ([`crate::replay::replay`]); a setting is a copy of them with the setting applied. Options the model
@@ -90,6 +93,10 @@ pub struct TuneRow {
     /// Rank within its group (1 = best): PyTorch settings are ranked apart from gpuheap's own
     /// strategies (the compacting caching model and the host strategies), which PyTorch cannot use.
     pub(crate) rank: usize,
+    /// Why the row was tried: where the setting changes a decision for this trace's requests (`None`
+    /// for the snapshot's own row and gpuheap's own strategies).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) why: Option<String>,
 }
 
 /// What [`tune`] reports.
@@ -242,7 +249,7 @@ pub fn tune(
     capacity: &Capacity,
     progress: &(dyn Fn() + Sync),
 ) -> Result<TuneReport, ExplainError> {
-    let settings = grid(dev);
+    let (settings, reasons): (Vec<Setting>, Vec<Option<String>>) = grid::grid_with_reasons(dev).into_iter().unzip();
     let peak_live = facts::peaks(dev).allocated.min(MAX_BYTES as u128) as u64;
     let rows: Vec<Result<TuneRow, ExplainError>> = settings
         .par_iter()
@@ -269,6 +276,7 @@ pub fn tune(
                 note,
                 replays: 0,
                 rank: 0,
+                why: reasons[i].clone(),
             };
             // At the capacity; a capacity the row cannot use (below the caching model's 2 MiB) is its note,
             // and the search still runs.

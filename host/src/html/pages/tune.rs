@@ -100,6 +100,7 @@ pub(super) fn tune_tables(t: &TuneReport, oom: bool) -> Vec<Table> {
                         r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes),
                         crate::explain::row_verdict(r, oom).into(),
                         r.note.clone().unwrap_or_default(),
+                        r.why.clone().unwrap_or_default(),
                     ]
                 })
                 .collect();
@@ -109,7 +110,7 @@ pub(super) fn tune_tables(t: &TuneReport, oom: bool) -> Vec<Table> {
                      (bisection at 2 MiB); failed = requests that fail at {}",
                     fmt_bytes(t.capacity.bytes)
                 ),
-                header: ["rank", "setting", "kind", "peak reserved", "failed", "min capacity", "", "note"]
+                header: ["rank", "setting", "kind", "peak reserved", "failed", "min capacity", "", "note", "why tried"]
                     .map(String::from)
                     .to_vec(),
                 rows,
