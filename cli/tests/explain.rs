@@ -924,3 +924,44 @@ fn tune_candidates_sit_where_a_setting_changes_a_decision() {
     let text = String::from_utf8(gpuheap(&["tune", path.to_str().unwrap()]).stdout).unwrap();
     assert!(text.contains(&format!("  max_split_size_mb:512: {}", m512["why"].as_str().unwrap())), "{text}");
 }
+
+/// A snapshot whose device slots recorded nothing (`sam2_ppo_ddp_empty_expandable_4dev`: four empty
+/// `device_traces`, no segment) is bad input for every page command: exit code 2, and the message says
+/// that no device recorded anything (issue 37), not "(no devices)".
+#[test]
+fn an_empty_multi_device_snapshot_exits_2_saying_no_device_recorded_anything() {
+    let Some(path) = shared("traces", "sam2_ppo_ddp_empty_expandable_4dev.pickle") else { return };
+    let p = path.to_str().unwrap();
+    for cmd in ["explain", "tune"] {
+        let out = gpuheap(&[cmd, p]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {err}");
+        assert!(err.contains("no device recorded anything"), "{cmd}: {err}");
+        assert!(!err.contains("(no devices)") && !err.contains("panicked"), "{cmd}: {err}");
+    }
+}
+
+/// A snapshot that records no allocator settings has no "own" settings (issue 37): its row and replays
+/// are PyTorch's defaults, said to be assumed, on the text and HTML pages; a snapshot that records
+/// PyTorch's defaults keeps "snapshot's own".
+#[test]
+fn a_snapshot_without_recorded_settings_is_not_said_to_have_its_own() {
+    let none = write_temp("no-settings.pickle", &oom_snapshot(8 * MIB, 6 * MIB));
+    let out = String::from_utf8(gpuheap(&["explain", none.to_str().unwrap(), "--capacity", "80MiB"]).stdout).unwrap();
+    assert!(!out.contains("snapshot's own"), "{out}");
+    assert!(out.contains("(defaults) [defaults: no settings recorded]"), "{out}");
+    assert!(
+        out.contains(
+            "Replay: the caching model with PyTorch's defaults (assumed: the snapshot records no allocator settings)"
+        ),
+        "{out}"
+    );
+    let html = std::env::temp_dir().join(format!("gpuheap-explain-{}/no-settings.html", std::process::id()));
+    assert_eq!(gpuheap(&["tune", none.to_str().unwrap(), "--html", html.to_str().unwrap()]).status.code(), Some(0));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(!page.contains("snapshot&#39;s own") && !page.contains("snapshot's own]"), "the HTML names own settings");
+    let recorded = oom_snapshot_with(8 * MIB, 6 * MIB, Some(V::Dict(vec![("expandable_segments", V::Bool(false))])));
+    let with = write_temp("default-settings.pickle", &recorded);
+    let out = String::from_utf8(gpuheap(&["explain", with.to_str().unwrap(), "--capacity", "80MiB"]).stdout).unwrap();
+    assert!(out.contains("(defaults) [snapshot's own]"), "{out}");
+}

@@ -104,7 +104,7 @@ fn plural(n: usize, noun: &str) -> String {
     }
 }
 
-fn oom_text(o: &OomExplanation) -> String {
+fn oom_text(o: &OomExplanation, own: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "OOM at event {}: a request of {} failed.", o.event, fmt_bytes(o.request));
     let _ = writeln!(
@@ -203,11 +203,7 @@ fn oom_text(o: &OomExplanation) -> String {
             (false, Some(e)) => format!("fails earlier, at event {e}: the model differs from PyTorch there"),
             (false, None) => "serves this request: the OOM is not reproduced".to_string(),
         };
-        let _ = writeln!(
-            s,
-            "  Replay: the caching model with the snapshot's own settings on {} {what}.",
-            fmt_bytes(r.capacity)
-        );
+        let _ = writeln!(s, "  Replay: the caching model with {own} on {} {what}.", fmt_bytes(r.capacity));
     }
     s
 }
@@ -244,7 +240,7 @@ fn render(p: &Explanation) -> String {
     let _ = writeln!(s, "{}", capacity_text(&p.capacity));
     s += "\n";
     for o in &p.ooms {
-        s += &oom_text(o);
+        s += &oom_text(o, super::tune::own_settings_words(p.allocator_settings.is_none()));
     }
     if p.ooms_not_explained > 0 {
         let _ = writeln!(
@@ -316,7 +312,7 @@ fn render(p: &Explanation) -> String {
     }
     s += &breakdown_text(&p.breakdown);
     if let Some(w) = &p.without {
-        s += &without_text(w);
+        s += &without_text(w, super::tune::own_settings_words(p.allocator_settings.is_none()));
     }
     if !p.segments_with_holes.is_empty() {
         s += "\nWhere the reserved-but-unallocated bytes sit (segments with the most):\n";
@@ -403,6 +399,7 @@ fn table(t: &TuneReport, oom: bool) -> String {
             writeln!(s, "{:>4}  {:<64} {:>11} {:>7} {:>13}", "rank", "setting", "peak resv", "failed", "min capacity");
         for r in t.rows.iter().filter(|r| member(r.kind)) {
             let kind = match r.kind {
+                RowKind::Pytorch if r.own && t.scope.no_settings => " [defaults: no settings recorded]",
                 RowKind::Pytorch if r.own => " [snapshot's own]",
                 RowKind::Pytorch => "",
                 RowKind::Compacting => " [a compacting allocator]",
@@ -550,7 +547,7 @@ fn breakdown_text(b: &Breakdown) -> String {
 
 /// The what-if of `--without` in words: "the N tensors from SITE hold X; without them the run needs Y
 /// and fits on this GPU".
-fn without_text(w: &WithoutReport) -> String {
+fn without_text(w: &WithoutReport, own: &str) -> String {
     let mut s = String::new();
     let sites: Vec<String> = match &w.sites[..] {
         [(l, _)] => vec![l.clone()],
@@ -574,7 +571,7 @@ fn without_text(w: &WithoutReport) -> String {
     let _ = writeln!(
         s,
         "\nWithout {}: the {} from {} hold {} at the moment ({} over the trace, {} requested); without them the \
-         run needs {} (with them: {}) and {verdict}. (The caching model with the snapshot's own settings, the \
+         run needs {} (with them: {}) and {verdict}. (The caching model with {own}, the \
          trace replayed without those allocations and their frees.)",
         w.patterns.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>().join(", "),
         plural(w.live_tensors, "live tensor"),

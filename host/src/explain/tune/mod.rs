@@ -135,6 +135,19 @@ pub(crate) struct Scope {
     pub(crate) dumped_state: bool,
     /// For a dumped state: its live tensors, their bytes, and PyTorch's reserved bytes then.
     pub(crate) dumped: Option<(usize, u64, u64)>,
+    /// The snapshot records no allocator settings: its row is PyTorch's defaults, assumed, not settings
+    /// of the snapshot's own.
+    pub(crate) no_settings: bool,
+}
+
+/// The words for the settings of a snapshot's own row: "the snapshot's own settings", or, when it
+/// records none, PyTorch's defaults said to be assumed.
+pub(crate) fn own_settings_words(no_settings: bool) -> &'static str {
+    if no_settings {
+        "PyTorch's defaults (assumed: the snapshot records no allocator settings)"
+    } else {
+        "the snapshot's own settings"
+    }
 }
 
 /// The conclusion of a settings search, worded once here and rendered as is by the text page
@@ -387,7 +400,7 @@ fn dump_scope(dev: &DeviceTrace) -> Scope {
     } else {
         None
     };
-    Scope { recorded_oom: !dev.ooms.is_empty(), dumped_state, dumped }
+    Scope { recorded_oom: !dev.ooms.is_empty(), dumped_state, dumped, no_settings: dev.allocator_settings.is_none() }
 }
 
 /// The [`Conclusion`] of ranked report `t` (its `best` set).
@@ -431,10 +444,14 @@ fn conclude_best(t: &TuneReport) -> Conclusion {
     let mut lines = Vec::new();
     let own_line = |lines: &mut Vec<String>| match own {
         Some(o) if !o.env.as_ref().is_some_and(|e| *e == env) => lines.push(format!(
-            "(the snapshot's own settings need {})",
+            "({} need {})",
+            own_settings_words(t.scope.no_settings),
             o.min_capacity.map_or_else(|| "more than any device modelled".to_string(), fmt_bytes)
         )),
-        _ => lines.push("(that is the snapshot's own setting: no PyTorch setting of the grid needs less)".into()),
+        _ => lines.push(format!(
+            "(that is {}: no PyTorch setting of the grid needs less)",
+            own_settings_words(t.scope.no_settings)
+        )),
     };
     if r.fits {
         let hedge = if t.scope.recorded_oom && !t.scope.dumped_state {

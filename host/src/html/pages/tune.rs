@@ -35,6 +35,9 @@ pub(super) fn settings_timeline(
         seen.push(l.clone());
         let Some(s) = grid.iter().find(|s| s.label() == l) else { continue };
         let name = match s {
+            Setting::Pytorch { .. } if l == grid[0].label() && dev.allocator_settings.is_none() => {
+                format!("{l} [defaults: no settings recorded]")
+            }
             Setting::Pytorch { .. } if l == grid[0].label() => format!("{l} [snapshot's own]"),
             _ => l.clone(),
         };
@@ -86,6 +89,7 @@ pub(super) fn tune_tables(t: &TuneReport, oom: bool) -> Vec<Table> {
                 .filter(|r| member(r.kind))
                 .map(|r| {
                     let kind = match r.kind {
+                        RowKind::Pytorch if r.own && t.scope.no_settings => "PyTorch's defaults (no settings recorded)",
                         RowKind::Pytorch if r.own => "PyTorch setting (snapshot's own)",
                         RowKind::Pytorch => "PyTorch setting",
                         RowKind::Compacting => "a compacting allocator",
@@ -148,10 +152,12 @@ pub fn tune_page(
     let Timeline { series, markers, mut notes } = settings_timeline(trace, dev, Some(t), capacity.bytes)?;
     notes.insert(
         0,
-        "gpuheap tune: the trace replayed under a grid of PYTORCH_CUDA_ALLOC_CONF settings, the caching model with \
-         compaction on OOM and every host strategy. The timeline replays the snapshot's own setting, the best \
-         PyTorch setting and the top-ranked row at the capacity."
-            .into(),
+        format!(
+            "gpuheap tune: the trace replayed under a grid of PYTORCH_CUDA_ALLOC_CONF settings, the caching model \
+             with compaction on OOM and every host strategy. The timeline replays {}, the best PyTorch setting and \
+             the top-ranked row at the capacity.",
+            crate::explain::tune::own_settings_words(t.scope.no_settings)
+        ),
     );
     notes.splice(1..1, super::conclusion_notes(t));
     Ok(HtmlReport {
