@@ -1,23 +1,122 @@
-//! The arguments several commands share, as clap mirrors of [`Options`]: [`ReplayArgs`] (`replay`,
-//! `compare`), [`TraceArgs`] (`explain`, `tune`) and [`BackendArgs`] (every command that runs
-//! kernels). The parsers are the front door's ([`gpuheap::app::options`]); each struct maps itself
-//! onto [`Options`] and knows its output paths.
+//! The arguments several commands share: [`CommandOptions`] (the flags of `replay`, `compare`,
+//! `explain` and `tune`, built from the library's option table, [`gpuheap::options::OPTIONS`]: each
+//! row's flag, help text and parser), [`ReplayArgs`] and [`TraceArgs`] (the outputs of `replay` and
+//! `compare`, of `explain` and `tune`) and [`BackendArgs`] (the `bench`, `check` and `info` commands
+//! that run kernels).
 
 use std::path::{Path, PathBuf};
 
 use super::output::{self, Plot};
-use gpuheap::app::{parse_align, parse_bytes, parse_capacity, parse_policy, parse_tiers};
-use gpuheap::app::{Options, Output};
+use clap::{Arg, ArgAction, ArgMatches};
 use gpuheap::backend::{Backend, BackendChoice};
-use gpuheap::replay::CompactPolicy;
+use gpuheap::options::{self as table, Command, OptionRow};
 use gpuheap::Error;
+use gpuheap::{Options, Output};
 
-/// Options shared by every command that runs kernels.
+/// The `--backend` of the commands outside the option table (`bench`, `check`): the table's row.
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub(crate) struct BackendArgs {
-    /// Where kernels run: auto (the GPU when usable), cpu or gpu.
-    #[arg(long, value_enum, env = "GPUHEAP_BACKEND", default_value = "auto")]
+    #[arg(long, value_enum, env = "GPUHEAP_BACKEND", default_value = "auto", help = backend_help())]
     pub backend: Choice,
+}
+
+/// The help of the option table's `backend` row.
+fn backend_help() -> &'static str {
+    table::option("backend").map_or("", |r| r.help)
+}
+
+/// `replay`, `compare`, `explain` and `tune` in [`CommandOptions`]' parameter.
+pub(crate) const REPLAY: u8 = 0;
+/// See [`REPLAY`].
+pub(crate) const COMPARE: u8 = 1;
+/// See [`REPLAY`].
+pub(crate) const EXPLAIN: u8 = 2;
+/// See [`REPLAY`].
+pub(crate) const TUNE: u8 = 3;
+
+/// The option table's command for [`CommandOptions`]' parameter.
+const fn command(c: u8) -> Command {
+    match c {
+        REPLAY => Command::Replay,
+        COMPARE => Command::Compare,
+        EXPLAIN => Command::Explain,
+        _ => Command::Tune,
+    }
+}
+
+/// The flags of command `C` ([`REPLAY`] ...), one per row of the library's option table that the
+/// command takes: `--KEY` (with `-` for `_`), the row's help, value name, environment variable and
+/// values; a value is checked by the row's parser as clap reads it (a bad one: clap's usage error,
+/// exit code 2) and then set into [`Options`]. The help text is the table's, written there only.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CommandOptions<const C: u8> {
+    /// The options the flags set (the others at their defaults).
+    pub options: Options,
+}
+
+/// The clap argument of row `r`.
+fn arg_of(r: &'static OptionRow) -> Arg {
+    let flag = r.flag();
+    // clap's style: no period at the end of a flag's help.
+    let mut a = Arg::new(r.key).long(flag[2..].to_owned()).help(r.help.strip_suffix('.').unwrap_or(r.help));
+    a = match r.value {
+        None => a.action(ArgAction::SetTrue),
+        Some(v) => {
+            let set = r.set;
+            let check = move |s: &str| -> Result<String, String> {
+                set(&mut Options::default(), s).map(|()| s.to_owned()).map_err(|e| e.to_string())
+            };
+            let a = a.value_name(v);
+            let a = if r.choices.is_empty() {
+                a.value_parser(check)
+            } else {
+                a.value_parser(clap::builder::PossibleValuesParser::new(r.choices.iter().copied()))
+            };
+            if r.repeated {
+                a.action(ArgAction::Append)
+            } else {
+                a.action(ArgAction::Set)
+            }
+        }
+    };
+    if let Some(e) = r.env {
+        a = a.env(e);
+    }
+    a
+}
+
+impl<const C: u8> clap::FromArgMatches for CommandOptions<C> {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut options = Options::default();
+        for r in table::options_of(command(C)) {
+            let values: Vec<&str> = match r.value {
+                None if m.get_flag(r.key) => vec![""],
+                None => Vec::new(),
+                Some(_) => m.get_many::<String>(r.key).map(|v| v.map(String::as_str).collect()).unwrap_or_default(),
+            };
+            for v in values {
+                // Checked by the same parser when clap read it.
+                (r.set)(&mut options, v).map_err(|e| clap::Error::raw(clap::error::ErrorKind::ValueValidation, e))?;
+            }
+        }
+        options.flag_advice = true;
+        Ok(CommandOptions { options })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl<const C: u8> clap::Args for CommandOptions<C> {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        table::options_of(command(C)).fold(cmd, |cmd, r| cmd.arg(arg_of(r)))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 /// The clap mirror of [`BackendChoice`] (the library names no clap): the same values and help.
@@ -50,38 +149,9 @@ impl BackendArgs {
     }
 }
 
-/// Options shared by `replay` and `compare`.
+/// The outputs of `replay` and `compare`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ReplayArgs {
-    /// Managed capacity: bytes (1073741824), a float (1.5e9) or with a unit (80GiB, 512MiB, 2GB).
-    /// Default: the GPU's memory at a recorded OOM (reserved + the driver's free bytes), else PyTorch's
-    /// peak reserved rounded up to a GiB (snapshots), the capacity in a minimalloc file name, else twice
-    /// the peak of live bytes.
-    #[arg(long, value_parser = parse_capacity)]
-    pub capacity: Option<u64>,
-    /// Alignment of every request, bytes (a power of two). Default: the format's own: 512 B for PyTorch
-    /// snapshots (PyTorch's kMinBlockSize), 1 B for minimalloc CSV (defined at byte granularity), 256 B
-    /// for RMM logs (cudaMalloc's alignment). The output states which was used.
-    #[arg(long, value_parser = parse_align)]
-    pub align: Option<u64>,
-    /// Tier thresholds of the tiered strategy, SMALL_MAX,LARGE_MIN (bytes or with units, e.g. 1KiB,1MiB):
-    /// requests up to SMALL_MAX go to the slab tier, from LARGE_MIN to the top-down large tier.
-    /// Default: 64 KiB and min(10 MiB, capacity/16).
-    #[arg(long, value_parser = parse_tiers)]
-    pub tiers: Option<(u64, u64)>,
-    /// Compaction policy: never, on-oom (compact and retry a request that fails for fragmentation) or
-    /// threshold=F (compact when a free leaves external fragmentation above F in [0, 1]).
-    #[arg(long = "compact", default_value = "never", value_parser = parse_policy)]
-    pub policy: CompactPolicy,
-    #[command(flatten)]
-    pub backend: BackendArgs,
-    /// Device of the trace to replay (default: the one with a recorded OOM, else the most allocation events).
-    #[arg(long)]
-    pub device: Option<i64>,
-    /// Largest image a compaction materialises on the backend before it compacts a scaled image
-    /// (default: 1GiB on the CPU, 80 % of free memory on the GPU).
-    #[arg(long, value_parser = parse_bytes)]
-    pub materialize_limit: Option<u64>,
     /// Print a JSON report on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -94,18 +164,10 @@ pub(crate) struct ReplayArgs {
 }
 
 impl ReplayArgs {
-    /// The front door's options.
-    pub fn options(&self) -> Options {
-        let mut o = Options::default();
-        o.capacity = self.capacity;
-        o.align = self.align;
-        o.tiers = self.tiers;
-        o.policy = self.policy;
-        o.backend = self.backend.backend.into();
-        o.device = self.device;
-        o.materialize_limit = self.materialize_limit;
+    /// `options` with the HTML page asked for when `--html` is given.
+    pub fn options(&self, options: &Options) -> Options {
+        let mut o = options.clone();
         o.html = self.html.is_some();
-        o.flag_advice = true;
         o
     }
 
@@ -130,13 +192,6 @@ impl ReplayArgs {
 pub(crate) struct TraceArgs {
     /// PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot`), or any trace `replay` reads.
     pub trace: PathBuf,
-    /// Device to report on (default: the one with a recorded OOM, else the most allocation events).
-    #[arg(long)]
-    pub device: Option<i64>,
-    /// The GPU's memory: bytes or with a unit (80GiB). Default: PyTorch's reserved bytes at a recorded
-    /// OOM plus the driver's free bytes then; else PyTorch's peak reserved bytes.
-    #[arg(long, value_parser = parse_capacity)]
-    pub capacity: Option<u64>,
     /// Print a JSON report on stdout instead of the page.
     #[arg(long)]
     pub json: bool,
@@ -146,13 +201,10 @@ pub(crate) struct TraceArgs {
 }
 
 impl TraceArgs {
-    /// The front door's options.
-    pub fn options(&self) -> Options {
-        let mut o = Options::default();
-        o.capacity = self.capacity;
-        o.device = self.device;
+    /// `options` with the HTML page asked for when `--html` is given.
+    pub fn options(&self, options: &Options) -> Options {
+        let mut o = options.clone();
         o.html = self.html.is_some();
-        o.flag_advice = true;
         o
     }
 

@@ -2,7 +2,7 @@
 //!
 //! The `gpuheap` command line over the library crate `gpuheap` (as ripgrep's binary sits over its
 //! library crates): the arguments of each command, mapped onto the library's front door
-//! ([`gpuheap::app`]: `replay`, `compare`, `explain`, `tune`) or onto the kernel and benchmark suites
+//! ([`gpuheap::run_replay`] and its siblings: `replay`, `compare`, `explain`, `tune`) or onto the kernel and benchmark suites
 //! (`info`, `check`, `bench`), and the outputs written. [`main`] is the whole program: the `gpuheap`
 //! binary (`cli/src/main.rs`) is one call of it, so any other launcher (the Python package's `gpuheap`
 //! command) prints the same `--help` and behaves the same. What only the command line needs lives
@@ -54,9 +54,9 @@ struct Cli {
     max_memory: Option<u64>,
 }
 
-/// `--max-memory`: a byte count ([`gpuheap::app::parse_bytes`]) of at least 1 MiB.
+/// `--max-memory`: a byte count ([`gpuheap::options::parse_bytes`]) of at least 1 MiB.
 fn parse_max_memory(s: &str) -> Result<u64, String> {
-    let b = gpuheap::app::parse_bytes(s).map_err(|e| e.to_string())?;
+    let b = gpuheap::options::parse_bytes(s).map_err(|e| e.to_string())?;
     if b < 1 << 20 {
         return Err(format!("{b} B is below the least ceiling of 1 MiB"));
     }

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::plot::{self, PlotFormat};
-use gpuheap::app::Output;
 use gpuheap::replay::ReplayReport;
 use gpuheap::Error;
+use gpuheap::Output;
 
 /// A `--plot` to write: its path and format.
 pub(crate) struct Plot {

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use gpuheap::app::Observer;
+use gpuheap::Observer;
 
 /// Replays shorter than this many events draw no bar (they finish before it is seen).
 const MIN_BAR_EVENTS: u64 = 200_000;

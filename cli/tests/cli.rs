@@ -344,3 +344,32 @@ fn help_lists_the_snapshot_commands_first() {
         .collect();
     assert_eq!(commands, ["explain", "tune", "compare", "replay", "trace", "info", "check", "bench", "help"]);
 }
+
+/// Every option of `replay`, `compare`, `explain` and `tune` is a row of the library's option table
+/// (`gpuheap::options::OPTIONS`), and `--help` prints exactly the rows the command takes, each with the
+/// row's help text (written only there): the flags besides them are the outputs and the global ones.
+#[test]
+fn help_lists_each_commands_rows_of_the_option_table_with_their_help() {
+    use gpuheap::options::{options_of, Command};
+    let outputs = ["--json", "--plot", "--html", "--max-memory", "--help"];
+    for (name, command) in [
+        ("replay", Command::Replay),
+        ("compare", Command::Compare),
+        ("explain", Command::Explain),
+        ("tune", Command::Tune),
+    ] {
+        let out = gpuheap(&[name, "--help"]);
+        assert!(out.status.success(), "{name}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let flags: Vec<&str> =
+            text.lines().filter_map(|l| l.split_whitespace().next()).filter(|w| w.starts_with("--")).collect();
+        let rows: Vec<_> = options_of(command).collect();
+        let want: Vec<String> = rows.iter().map(|r| r.flag()).collect();
+        let got: Vec<&str> = flags.iter().copied().filter(|f| !outputs.contains(f)).collect();
+        assert_eq!(got, want, "{name}: the flags are the table's rows, in its order");
+        for r in rows {
+            let help = r.help.strip_suffix('.').unwrap_or(r.help);
+            assert!(text.contains(help), "{name} {}: the row's help, as written in the table:\n{text}", r.flag());
+        }
+    }
+}

@@ -14,11 +14,11 @@ mod common;
 use std::path::Path;
 
 use common::pickle::{pickle, V};
-use gpuheap::app::{self, Options, Quiet, Snapshot};
 use gpuheap::explain::breakdown::{kind_of, site_of};
 use gpuheap::explain::{explain_with_bytes, what_if_without, Explanation, Kind, SiteOrigin};
 use gpuheap::trace::parse_trace;
 use gpuheap::trace::read_frames;
+use gpuheap::{Options, Quiet, Snapshot};
 
 const MIB: u64 = 1 << 20;
 
@@ -268,7 +268,7 @@ fn without_on_a_dumped_pytorch_2_0_state() {
     let mut o = Options::default();
     o.tune = false;
     o.without = vec!["flexgen/pytorch_backend.py:195".into()];
-    let out = app::run_explain(&snap, &o, &Quiet).unwrap();
+    let out = gpuheap::run_explain(&snap, &o, &Quiet).unwrap();
     let v: serde_json::Value = serde_json::from_str(&out.json).unwrap();
     let w = &v["without"];
     assert_eq!((w["live_tensors"].as_u64(), w["live_bytes"].as_u64()), (Some(778), Some(5_674_860_544)));

@@ -272,10 +272,11 @@ fn a_release_after_a_failed_cuda_malloc_is_left_to_the_model() {
         // At 128 MiB nothing fails: A stays cached (80 MiB), where replaying the release would give 60 MiB.
         let r = replay_at(&t, dev, Some(128 * MIB));
         assert_eq!((r.peak_reserved, r.caching_end.as_ref().unwrap().alloc_retries), (80 * MIB, 0));
-        // The default capacity (60 MiB rounded up to 1 GiB) would hide the failure: the peak itself is used.
+        // The default capacity is the recorded peak (every command's rule), below the failed request's
+        // bound: the model's own cudaMalloc fails there too.
         let r = replay_at(&t, dev, None);
         assert_eq!(r.capacity.bytes, 60 * MIB);
-        assert!(matches!(r.capacity.source, CapacitySource::PeakReservedBelowFailedRequest { event: 1, bound, .. } if bound == 80 * MIB));
+        assert_eq!(r.capacity.source, CapacitySource::PeakReserved);
         assert_eq!((r.peak_reserved, r.caching_end.as_ref().unwrap().reserved), (60 * MIB, 60 * MIB));
     }
 }
@@ -304,13 +305,14 @@ fn octree_release_after_the_failed_cuda_malloc_is_the_models_to_decide() {
     assert_eq!((r0.first_event, r0.last_event, r0.segments, r0.bytes), (2045, 2061, 17, 9_982_443_520));
     assert_eq!((r0.cause, r0.evidence), (ReleaseCause::Allocator, ReleaseEvidence::MallocFrames));
     assert_eq!((r0.reserved_before, r0.next_segment), (19_639_828_480, Some((2062, 7_354_712_064))));
-    // Default capacity: 22.69 GiB rounded up to 23 GiB, below 19,639,828,480 + 7,354,712,064 B: the model's
-    // cudaMalloc fails where PyTorch's did and it ends at the snapshot's reserved bytes.
+    // Default capacity: the recorded peak reserved, 24,366,809,088 B (22.69 GiB), below 19,639,828,480 +
+    // 7,354,712,064 B: the model's cudaMalloc fails where PyTorch's did and it ends at the snapshot's
+    // reserved bytes.
     let r = replay_at(&t, dev, None);
-    assert_eq!(r.capacity.bytes, 23 * GIB);
+    assert_eq!(r.capacity.bytes, 24_366_809_088);
     let end = r.caching_end.as_ref().unwrap();
     assert_eq!((r.peak_reserved, end.reserved, end.alloc_retries), (24_366_809_088, 24_366_809_088, 1));
-    let (cfg, _) = config_for_trace(dev, 23 * GIB);
+    let (cfg, _) = config_for_trace(dev, r.capacity.bytes);
     let f = fidelity(dev, cfg).unwrap();
     assert_eq!((f.max_deviation, f.placement_mismatches), (0, 0));
     // On an 80 GiB GPU nothing fails: the 9.98 GB stay cached, and the peak is the reserved bytes before the

@@ -42,21 +42,25 @@ pub struct Error {
 
 impl Error {
     /// An error of `kind` with `source` (any error, or a message).
+    #[doc(hidden)]
     pub fn new(kind: ErrorKind, source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         Error { kind, source: source.into() }
     }
 
     /// Bad input.
+    #[doc(hidden)]
     pub fn input(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         Error::new(ErrorKind::Input, source)
     }
 
     /// A run-time failure.
+    #[doc(hidden)]
     pub fn runtime(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         Error::new(ErrorKind::Runtime, source)
     }
 
     /// A bug in gpuheap.
+    #[doc(hidden)]
     pub fn internal(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         Error::new(ErrorKind::Internal, source)
     }
@@ -76,11 +80,13 @@ impl Error {
 
     /// `true` when the trace itself cannot be read or used ([`TraceError`]), rather than an option not
     /// fitting it.
+    #[doc(hidden)]
     pub fn is_trace(&self) -> bool {
         self.source.is::<TraceError>()
     }
 
     /// The layer's error.
+    #[doc(hidden)]
     pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         &*self.source
     }

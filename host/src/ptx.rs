@@ -8,6 +8,7 @@ use crate::backend::BackendError;
 pub const KERNELS_PTX: &str = include_str!(env!("GPUHEAP_PTX_PATH"));
 
 /// Why [`KERNELS_PTX`] is empty (empty when it was built).
+#[doc(hidden)]
 pub const PTX_MISSING_REASON: &str = env!("GPUHEAP_PTX_MISSING");
 
 /// The relocatable device library for CUDA C/C++ kernels: `gpuheap-kernels`
@@ -27,6 +28,7 @@ pub const CUDA_HEADER: &str = include_str!(env!("GPUHEAP_CUDA_HEADER_PATH"));
 
 /// The rustup command that installs the nvptx kernel toolchain (the same as
 /// `gpuheap_builder::INSTALL_COMMAND`, which is a build dependency only).
+#[doc(hidden)]
 pub const INSTALL_COMMAND: &str = "rustup component add rust-src llvm-tools llvm-bitcode-linker";
 
 /// The PTX, or [`BackendError::NoPtx`] naming the reason and the install command.
@@ -43,12 +45,14 @@ pub fn kernels_ptx() -> Result<&'static str, BackendError> {
 
 /// The warp collectives counted per entry by [`audit`], in report order:
 /// `activemask`, `match.any.sync`, `vote.sync`, `shfl.sync`, `bar.warp.sync`.
+#[doc(hidden)]
 pub const COLLECTIVES: [&str; 5] = ["activemask", "match.any.sync", "vote.sync", "shfl.sync", "bar.warp.sync"];
 
 /// What the static checks of `host/tests/ptx_check.rs` read off one
 /// function (`.entry` or `.func`) of a PTX module: the facts a GPU would
 /// show only as wrong results or slow code.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[doc(hidden)]
 pub struct FunctionAudit {
     /// The function's name.
     pub name: String,
@@ -84,6 +88,7 @@ pub struct FunctionAudit {
 /// A def-use scan over PTX virtual registers, flow-insensitive (a register
 /// assigned in several places has the union of what its definitions derive
 /// from): enough for the SSA-like PTX that LLVM writes.
+#[doc(hidden)]
 pub fn audit(ptx: &str, metadata: impl Fn(&str) -> Vec<u64>) -> Vec<FunctionAudit> {
     split_functions(ptx)
         .into_iter()
@@ -270,6 +275,7 @@ fn audit_function(name: String, entry: bool, body: &[String], meta_offsets: &[u6
 /// (each acquire invalidates the SM's L1) and `ATOMS.CAST.SPIN` (the
 /// shared-memory emulation a generic-address atomic carries).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[doc(hidden)]
 pub struct SassCounts {
     /// Instructions (the padding `NOP`s after the end are not counted).
     pub instructions: u32,
@@ -283,6 +289,7 @@ pub struct SassCounts {
 
 /// [`SassCounts`] per function (`.text.<name>` section) of an `nvdisasm -c`
 /// listing.
+#[doc(hidden)]
 pub fn sass_counts(sass: &str) -> std::collections::BTreeMap<String, SassCounts> {
     let mut out = std::collections::BTreeMap::new();
     let mut current: Option<(String, SassCounts, u32)> = None;

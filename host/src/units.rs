@@ -56,6 +56,7 @@ pub fn fmt_bytes(b: u64) -> String {
 }
 
 /// A duration of `ns` nanoseconds for people: seconds, milliseconds or microseconds (`"3.21 ms"`).
+#[doc(hidden)]
 pub fn fmt_ns(ns: u64) -> String {
     if ns >= 1_000_000_000 {
         format!("{:.2} s", ns as f64 * 1e-9)
@@ -67,11 +68,13 @@ pub fn fmt_ns(ns: u64) -> String {
 }
 
 /// A fraction in [0, 1] as a percentage with one decimal (`0.5` → `"50.0 %"`).
+#[doc(hidden)]
 pub fn pct(fraction: f64) -> String {
     format!("{:.1} %", fraction * 100.0)
 }
 
 /// `part` as a percentage of `whole` with one decimal; `"0.0 %"` when `whole` is 0.
+#[doc(hidden)]
 pub fn pct_of(part: u64, whole: u64) -> String {
     if whole == 0 {
         "0.0 %".into()
@@ -82,10 +85,12 @@ pub fn pct_of(part: u64, whole: u64) -> String {
 
 /// Smallest move (bytes) whose copy rate [`fmt_rate`] prints: below it the kernel time is launch and
 /// plan overhead, and a rate would read as a rounded-down "0.00 GB/s"; the time alone is given.
+#[doc(hidden)]
 pub const MIN_RATE_BYTES: u64 = 1 << 20;
 
 /// `", X GB/s"` (10^9 B/s) for a move of `bytes` in `ns`, or `""` when the move is too small for a rate
 /// ([`MIN_RATE_BYTES`]) or the time is zero.
+#[doc(hidden)]
 pub fn fmt_rate(bytes: u64, ns: u64) -> String {
     if bytes < MIN_RATE_BYTES || ns == 0 {
         String::new()
@@ -142,6 +147,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, ParseError> {
 
 /// A byte count given as a float (the Python package takes `1.5e9`), rounded down to whole bytes;
 /// `None` when it is negative, not finite or at least 2^64.
+#[doc(hidden)]
 pub fn bytes_of_float(v: f64) -> Option<u64> {
     (v.is_finite() && (0.0..18_446_744_073_709_551_615.0).contains(&v)).then_some(v as u64)
 }
@@ -150,6 +156,7 @@ pub fn bytes_of_float(v: f64) -> Option<u64> {
 ///
 /// # Errors
 /// [`ParseError::Alignment`] naming the value.
+#[doc(hidden)]
 pub fn check_align(a: u64) -> Result<u64, ParseError> {
     if a.is_power_of_two() && a <= 1 << 30 {
         Ok(a)
@@ -162,6 +169,7 @@ pub fn check_align(a: u64) -> Result<u64, ParseError> {
 ///
 /// # Errors
 /// A [`ParseError`] naming the value.
+#[doc(hidden)]
 pub fn parse_align(s: &str) -> Result<u64, ParseError> {
     check_align(parse_bytes(s)?)
 }
@@ -172,6 +180,7 @@ pub fn parse_align(s: &str) -> Result<u64, ParseError> {
 ///
 /// # Errors
 /// A [`ParseError`] naming the value.
+#[doc(hidden)]
 pub fn parse_tiers(s: &str) -> Result<(u64, u64), ParseError> {
     let (a, b) = s.split_once(',').ok_or_else(|| ParseError::TiersFormat(s.to_string()))?;
     check_tiers(parse_bytes(a)?, parse_bytes(b)?).map_err(|_| ParseError::TiersOrder(s.to_string()))
@@ -182,6 +191,7 @@ pub fn parse_tiers(s: &str) -> Result<(u64, u64), ParseError> {
 ///
 /// # Errors
 /// [`ParseError::TiersOrder`] naming them.
+#[doc(hidden)]
 pub fn check_tiers(small_max: u64, large_min: u64) -> Result<(u64, u64), ParseError> {
     if small_max.is_power_of_two() && large_min > small_max {
         Ok((small_max, large_min))

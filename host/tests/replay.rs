@@ -87,7 +87,9 @@ fn shipped_inference_snapshot_caching_model_matches() {
     assert_eq!(r.at_end.footprint, pt.snapshot_reserved.unwrap());
     assert_eq!(r.at_end.reserved_unallocated, r.at_end.footprint - r.at_end.allocated);
     assert_eq!(r.at_end.rounding_waste + r.at_end.holes, r.at_end.reserved_unallocated);
-    assert_eq!(default_capacity(&t, &t.devices[0]).unwrap().bytes, 8 << 30, "7.09 GiB rounded up to a GiB");
+    // Every command's capacity rule: PyTorch's recorded peak reserved bytes (7.09 GiB), never rounded up.
+    assert_eq!(default_capacity(&t, &t.devices[0]).unwrap().bytes, 7_608_467_456);
+    assert_eq!(r.peak_reserved, 7_608_467_456, "the model reaches the recorded peak exactly");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! `gpuheap._gpuheap`: the native half of the `gpuheap` Python package (PyO3, abi3): the front door
-//! `gpuheap::app` with typed keyword arguments, mapped onto `app::Options` and nothing else.
+//! `gpuheap`'s front door (`gpuheap::run_explain`, …) with typed keyword arguments, mapped onto `gpuheap::Options` and nothing else.
 //!
 //! This module is private: the public API is the pure-Python package `gpuheap` (python/python/gpuheap),
 //! which checks the types of its arguments and calls the functions here. Every function here:
@@ -15,7 +15,14 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
-use gpuheap::app::{self, OptionError, Options, Quiet};
+use gpuheap::options::OptionError;
+use gpuheap::{Options, Quiet};
+
+/// The library's front door and its option parsers, under one name here.
+mod app {
+    pub(crate) use gpuheap::options::*;
+    pub(crate) use gpuheap::{run_compare, run_explain, run_replay, run_tune, Output, Snapshot};
+}
 use gpuheap::backend::BackendChoice;
 use gpuheap::{Error, ErrorKind};
 use pyo3::prelude::*;
@@ -55,7 +62,7 @@ fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Error> + Send
     }
 }
 
-/// A trace read into memory (`gpuheap::app::Snapshot`); made by `gpuheap.load`, immutable and shared.
+/// A trace read into memory (`gpuheap::Snapshot`); made by `gpuheap.load`, immutable and shared.
 #[pyclass(frozen, module = "gpuheap", name = "Snapshot")]
 struct Snapshot(app::Snapshot);
 
@@ -87,7 +94,7 @@ impl Snapshot {
     }
 }
 
-/// What a command produced (`gpuheap::app::Output`).
+/// What a command produced (`gpuheap::Output`).
 #[pyclass(frozen, module = "gpuheap", name = "Output", get_all)]
 struct Output {
     title: String,
@@ -214,7 +221,7 @@ fn replay(
 /// `gpuheap compare`: every host strategy, then the device allocator, over the same device.
 #[pyfunction]
 #[pyo3(signature = (snapshot, *, capacity=None, align=None, tiers=None, compact="never", backend=None,
-    device=None, materialize_limit=None, device_heap_limit=None))]
+    device=None, materialize_limit=None, device_heap_limit=None, verbose=false))]
 #[allow(clippy::too_many_arguments, reason = "the command's keyword arguments, one each")]
 fn compare(
     py: Python<'_>,
@@ -227,8 +234,10 @@ fn compare(
     device: Option<i64>,
     materialize_limit: Option<Size>,
     device_heap_limit: Option<Size>,
+    verbose: bool,
 ) -> PyResult<Output> {
-    let o = options(capacity, align, tiers, Some(compact), backend, device, materialize_limit, device_heap_limit)?;
+    let mut o = options(capacity, align, tiers, Some(compact), backend, device, materialize_limit, device_heap_limit)?;
+    o.verbose = verbose;
     let snap = snapshot.0.clone();
     detached(py, move || app::run_compare(&snap, &o, &Quiet).map(Output::from))
 }
@@ -267,6 +276,23 @@ fn tune(
     detached(py, move || app::run_tune(&snap, &o, &Quiet).map(Output::from))
 }
 
+/// A row of [`option_table`]: key, help, value name (`None`: a switch), repeated, commands.
+type OptionRow = (&'static str, &'static str, Option<&'static str>, bool, Vec<String>);
+
+/// The option table of the commands (`gpuheap::options::OPTIONS`), one `(key, help, value, repeated,
+/// commands)` per row: the keyword, its help text (the one the command line's `--help` prints), the
+/// name of its value (`None`: a switch), whether it takes a list, and the commands that take it
+/// (`"replay"`, `"compare"`, `"explain"`, `"tune"`).
+#[pyfunction]
+fn option_table() -> Vec<OptionRow> {
+    gpuheap::options::OPTIONS
+        .iter()
+        .map(|r| {
+            (r.key, r.help, r.value, r.repeated, r.commands.iter().map(|c| format!("{c:?}").to_lowercase()).collect())
+        })
+        .collect()
+}
+
 /// The strategy names `replay` accepts, in the CLI's order.
 #[pyfunction]
 fn strategies() -> Vec<&'static str> {
@@ -303,6 +329,7 @@ fn _gpuheap(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(tune, m)?)?;
     m.add_function(wrap_pyfunction!(strategies, m)?)?;
+    m.add_function(wrap_pyfunction!(option_table, m)?)?;
     m.add_function(wrap_pyfunction!(fmt_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;

@@ -43,6 +43,7 @@ pub enum FragLevel {
 
 impl FragLevel {
     /// Level of `ratio` (NaN counts as low).
+    #[doc(hidden)]
     pub fn of(ratio: f64) -> FragLevel {
         if ratio >= 0.6 {
             FragLevel::Severe
@@ -58,6 +59,7 @@ impl FragLevel {
 
 impl FragLevel {
     /// The level's name (`low`, `medium`, `high`, `severe`).
+    #[doc(hidden)]
     pub fn as_str(self) -> &'static str {
         match self {
             FragLevel::Low => "low",
@@ -99,6 +101,7 @@ pub enum FailureClass {
 
 impl FailureClass {
     /// The class of a diagnosis: [`OomClass::Capacity`] is capacity, the others fragmentation.
+    #[doc(hidden)]
     pub fn of(class: OomClass) -> FailureClass {
         if class == OomClass::Capacity {
             FailureClass::Capacity
@@ -111,6 +114,7 @@ impl FailureClass {
     /// rounded request against its free extents), when `live` requested bytes are live in `capacity`
     /// bytes: [`Capacity`](Self::Capacity) only when `live + requested > capacity`; a diagnosed capacity
     /// failure inside that is [`Rounding`](Self::Rounding).
+    #[doc(hidden)]
     pub fn of_request(class: OomClass, requested: u64, live: u64, capacity: u64) -> FailureClass {
         match FailureClass::of(class) {
             FailureClass::Capacity if live.checked_add(requested).is_some_and(|n| n <= capacity) => {
@@ -121,6 +125,7 @@ impl FailureClass {
     }
 
     /// The class's name (`capacity`, `fragmentation`, `rounding`, `rejected`).
+    #[doc(hidden)]
     pub fn as_str(self) -> &'static str {
         match self {
             FailureClass::Capacity => "capacity",
@@ -146,6 +151,7 @@ impl PartialEq<&str> for FailureClass {
 /// External fragmentation `1 - largest_free / free` (bytes; 0 when nothing is free): the one definition
 /// every report uses (analysis, replay, compaction).
 #[inline]
+#[doc(hidden)]
 pub fn external_ratio(free: u64, largest_free: u64) -> f64 {
     external_ratio_wide(free as u128, largest_free)
 }
@@ -160,12 +166,14 @@ fn external_ratio_wide(free: u128, largest_free: u64) -> f64 {
 }
 
 /// [`external_ratio`] over free block lengths (bytes, summed without overflow).
+#[doc(hidden)]
 pub fn external_fragmentation(lengths: impl IntoIterator<Item = u64>) -> f64 {
     let (total, largest) = lengths.into_iter().fold((0u128, 0u64), |(t, m), l| (t + l as u128, m.max(l)));
     external_ratio_wide(total, largest)
 }
 
 /// `1 - sqrt(Σ f_i²) / Σ f_i` over free block lengths (bytes); 0 when nothing is free.
+#[doc(hidden)]
 pub fn rms_fragmentation(lengths: impl IntoIterator<Item = u64>) -> f64 {
     let (sum, sq) = lengths.into_iter().fold((0f64, 0f64), |(s, q), l| (s + l as f64, q + (l as f64) * (l as f64)));
     if sum == 0.0 {
@@ -177,6 +185,7 @@ pub fn rms_fragmentation(lengths: impl IntoIterator<Item = u64>) -> f64 {
 
 /// One power-of-two bucket of a [`Histogram`]: blocks with `lower <= len < 2 * lower` bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[doc(hidden)]
 pub struct Bucket {
     /// Lower bound in bytes (a power of two).
     pub lower: u64,
@@ -188,6 +197,7 @@ pub struct Bucket {
 
 /// Free-block sizes in power-of-two buckets, ascending; empty buckets are omitted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[doc(hidden)]
 pub struct Histogram {
     /// Non-empty buckets, ascending.
     pub buckets: Vec<Bucket>,
@@ -267,6 +277,7 @@ impl Fragmentation {
 
     /// Sets the live bytes: `allocated` requested bytes in blocks of `in_use` bytes, and the
     /// [`footprint`]; derives reserved-but-unallocated, rounding waste and holes from them.
+    #[doc(hidden)]
     pub fn with_live(self, allocated: u64, in_use: u64, footprint: u64) -> Fragmentation {
         Fragmentation {
             allocated,
@@ -296,6 +307,7 @@ impl Fragmentation {
 /// [`SubAllocator::segment_bytes`]) has the sum of its segments as footprint instead (PyTorch's
 /// `reserved_bytes`).
 #[inline]
+#[doc(hidden)]
 pub fn footprint(bottom_end: u64, top_start: u64, capacity: u64) -> u64 {
     bottom_end.saturating_add(capacity.saturating_sub(top_start)).min(capacity)
 }
@@ -303,6 +315,7 @@ pub fn footprint(bottom_end: u64, top_start: u64, capacity: u64) -> u64 {
 /// [`footprint`] of `alloc` now: its [`SubAllocator::segment_bytes`] when it obtains memory as segments
 /// (the caching model), else the span of its live blocks from the end(s) they grow from, the blocks
 /// placed top-down being those [`SubAllocator::placed_top_down`] names. O(n) in the live blocks.
+#[doc(hidden)]
 pub fn allocator_footprint(alloc: &dyn SubAllocator) -> u64 {
     let capacity = alloc.capacity();
     if let Some(segments) = alloc.segment_bytes() {
@@ -320,6 +333,7 @@ pub fn allocator_footprint(alloc: &dyn SubAllocator) -> u64 {
 }
 
 /// Analyses the current state of `alloc`. O(n log n) in the number of blocks.
+#[doc(hidden)]
 pub fn analyze(alloc: &dyn SubAllocator) -> Fragmentation {
     let s = alloc.stats();
     Fragmentation {
@@ -342,17 +356,20 @@ pub struct PeakTracker {
 
 impl PeakTracker {
     /// Records one observation of live and footprint bytes.
+    #[doc(hidden)]
     pub fn observe(&mut self, live: u64, footprint: u64) {
         self.max_live = self.max_live.max(live);
         self.max_footprint = self.max_footprint.max(footprint);
     }
 
     /// Records the state of `alloc` (live = requested bytes, [`allocator_footprint`]).
+    #[doc(hidden)]
     pub fn observe_allocator(&mut self, alloc: &dyn SubAllocator) {
         self.observe(alloc.stats().allocated, allocator_footprint(alloc));
     }
 
     /// Peak utilisation `max_live / max_footprint` (1 when nothing was reserved).
+    #[doc(hidden)]
     pub fn utilisation(&self) -> f64 {
         if self.max_footprint == 0 {
             1.0
@@ -362,6 +379,7 @@ impl PeakTracker {
     }
 
     /// Johnstone–Wilson fragmentation #4: `(max_footprint - max_live) / max_live` (0 when nothing was live).
+    #[doc(hidden)]
     pub fn johnstone_wilson(&self) -> f64 {
         if self.max_live == 0 {
             0.0
@@ -441,6 +459,7 @@ pub fn diagnose(requested: u64, free: u64, largest_free: u64) -> OomDiagnosis {
 
 /// [`diagnose`] for a heap described by its device-free extents and its cached (reserved but unallocated)
 /// holes, as PyTorch's OOM message reports them. Bytes.
+#[doc(hidden)]
 pub fn diagnose_heap(requested: u64, device_free: &[u64], holes: &[u64]) -> OomDiagnosis {
     let all = device_free.iter().chain(holes);
     let free = all.clone().fold(0u64, |a, &b| a.saturating_add(b));
@@ -448,6 +467,7 @@ pub fn diagnose_heap(requested: u64, device_free: &[u64], holes: &[u64]) -> OomD
 }
 
 /// The diagnosis carried by an [`AllocError::OutOfMemory`]; `None` for other errors.
+#[doc(hidden)]
 pub fn diagnose_error(err: &AllocError) -> Option<OomDiagnosis> {
     match *err {
         AllocError::OutOfMemory { requested, free, largest_free } => Some(diagnose(requested, free, largest_free)),

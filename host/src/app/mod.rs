@@ -1,4 +1,4 @@
-//! The front door: the commands `replay`, `compare`, `explain` and `tune` as functions
+//! The front door (its items are re-exported at the crate root): the commands `replay`, `compare`, `explain` and `tune` as functions
 //! ([`run_replay`], [`run_compare`], [`run_explain`], [`run_tune`]) over a read trace ([`Snapshot`])
 //! and the options of every command ([`Options`]), each returning its [`Output`]: the JSON the
 //! command line prints with `--json`, the text page it prints without, the HTML page of `--html` and
@@ -7,10 +7,10 @@
 //! door's [`crate::Error`].
 //!
 //! ```no_run
-//! use gpuheap::app::{self, Options, Quiet, Snapshot};
+//! use gpuheap::{run_explain, Options, Quiet, Snapshot};
 //!
 //! let snap = Snapshot::read("oom_snapshot.pickle")?;
-//! let out = app::run_explain(&snap, &Options::default(), &Quiet)?;
+//! let out = run_explain(&snap, &Options::default(), &Quiet)?;
 //! print!("{}", out.text);
 //! # Ok::<(), gpuheap::Error>(())
 //! ```
@@ -24,13 +24,10 @@ use std::sync::Arc;
 use crate::trace::{self, Trace, TraceFormat};
 use crate::Error;
 
-pub(crate) mod options;
+pub mod options;
 mod run;
 
-pub use options::{
-    check_align, check_capacity, check_tiers, parse_align, parse_backend, parse_bytes, parse_capacity, parse_policy,
-    parse_strategy, parse_tiers, OptionError, Options,
-};
+pub use options::{OptionError, Options};
 pub use run::{run_compare, run_explain, run_replay, run_tune};
 
 /// A trace read into memory, shared (not copied) by every command run on it.
@@ -65,6 +62,7 @@ impl Snapshot {
     }
 
     /// The trace of `t`, without its bytes (`explain` reads the stack frames from [`Trace::source`]).
+    #[doc(hidden)]
     pub fn from_trace(t: Trace) -> Self {
         Snapshot { trace: Arc::new(t), bytes: None }
     }
@@ -75,11 +73,13 @@ impl Snapshot {
     }
 
     /// The bytes the trace was parsed from, when kept.
+    #[doc(hidden)]
     pub fn bytes(&self) -> Option<&[u8]> {
         self.bytes.as_deref()
     }
 
     /// The file name of the trace's source (the whole source when it has none), for a page title.
+    #[doc(hidden)]
     pub fn file_name(&self) -> String {
         let p = &self.trace.source;
         p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())

@@ -72,6 +72,7 @@ impl DeviceBuffer {
 
     /// The identity of the backend that allocated the buffer: it may be used with backends of this
     /// identity only ([`Backend::check_owner`](super::Backend::check_owner)).
+    #[doc(hidden)]
     pub fn owner(&self) -> BackendId {
         self.owner
     }
@@ -95,6 +96,7 @@ impl DeviceBuffer {
     }
 
     /// The device address of byte `offset` (checked against the length).
+    #[doc(hidden)]
     pub fn device_ptr_at(&self, offset: usize) -> Result<u64> {
         if offset > self.len {
             return Err(BackendError::InvalidArgument(format!("offset {offset} past a {}-byte buffer", self.len)));
@@ -112,6 +114,7 @@ impl DeviceBuffer {
     }
 
     /// Copies `dst.len()` bytes starting at byte `offset` to `dst`.
+    #[doc(hidden)]
     pub fn read_into(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check_range(offset, dst.len())?;
         match &self.inner {
@@ -138,6 +141,7 @@ impl DeviceBuffer {
     }
 
     /// Copies `src` into the buffer at byte `offset`.
+    #[doc(hidden)]
     pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         self.check_range(offset, src.len())?;
         match &mut self.inner {
@@ -155,6 +159,7 @@ impl DeviceBuffer {
     }
 
     /// Sets every byte to zero.
+    #[doc(hidden)]
     pub fn zero(&mut self) -> Result<()> {
         match &mut self.inner {
             // SAFETY: the allocation holds `len` bytes; `&mut self` excludes launches.

@@ -43,6 +43,7 @@ pub enum CpuMode {
 
 impl CpuMode {
     /// Lanes per emulated warp: 1 in sequential mode, 32 otherwise.
+    #[doc(hidden)]
     pub fn warp_lanes(self) -> u32 {
         match self {
             CpuMode::Sequential => 1,
@@ -56,6 +57,7 @@ impl CpuMode {
     ///
     /// # Errors
     /// `InvalidArgument` naming the variable and the value.
+    #[doc(hidden)]
     pub fn from_env() -> Result<Self> {
         let seed = match std::env::var("GPUHEAP_CPU_SEED") {
             Err(_) => 0,
@@ -93,6 +95,7 @@ pub struct CpuBackend {
 
 impl CpuBackend {
     /// A CPU backend running blocks in `mode`.
+    #[doc(hidden)]
     pub fn new(mode: CpuMode) -> Self {
         Self { mode, launches: Arc::new(AtomicU64::new(0)), id: BackendId::HOST }
     }
@@ -106,12 +109,14 @@ impl CpuBackend {
     }
 
     /// The mode.
+    #[doc(hidden)]
     pub fn mode(&self) -> CpuMode {
         self.mode
     }
 
     /// The identity of this backend's memory: [`BackendId::HOST`] in every mode (see
     /// [`BackendId`]).
+    #[doc(hidden)]
     pub fn id(&self) -> BackendId {
         self.id
     }

@@ -23,6 +23,7 @@ pub(crate) fn driver(call: &'static str, e: DriverError) -> BackendError {
 }
 
 /// `true` when the NVIDIA driver library can be loaded (never panics).
+#[doc(hidden)]
 pub fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the driver library; no CUDA call is made.
     let present = std::panic::catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() });
@@ -51,6 +52,7 @@ pub struct GpuBackend {
 
 impl GpuBackend {
     /// Device `ordinal`, or why it is not usable.
+    #[doc(hidden)]
     pub fn new(ordinal: usize) -> Result<Self> {
         if !driver_present() {
             return Err(BackendError::NoDriver);
@@ -77,16 +79,19 @@ impl GpuBackend {
     }
 
     /// The context (for callers that need raw cudarc access).
+    #[doc(hidden)]
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
 
     /// The identity of this backend's memory: the device and its context (see [`BackendId`]).
+    #[doc(hidden)]
     pub fn id(&self) -> BackendId {
         BackendId::cuda(self.ctx.ordinal(), self.ctx.cu_ctx() as usize)
     }
 
     /// The stream every gpuheap operation uses.
+    #[doc(hidden)]
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
@@ -97,16 +102,19 @@ impl GpuBackend {
     }
 
     /// Compute capability (major, minor).
+    #[doc(hidden)]
     pub fn compute_capability(&self) -> Result<(i32, i32)> {
         self.ctx.compute_capability().map_err(|e| driver("cuDeviceGetAttribute", e))
     }
 
     /// Free and total device memory, bytes.
+    #[doc(hidden)]
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         self.ctx.mem_get_info().map_err(|e| driver("cuMemGetInfo", e))
     }
 
     /// Number of streaming multiprocessors.
+    #[doc(hidden)]
     pub fn sm_count(&self) -> Result<i32> {
         self.ctx.attribute(Dev::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(|e| driver("cuDeviceGetAttribute", e))
     }
@@ -140,6 +148,7 @@ impl GpuBackend {
     /// # Errors
     /// [`BackendError::NoPtx`] when the build had no PTX; [`BackendError::ModuleLoad`] with the
     /// JIT's log when the driver refused it.
+    #[doc(hidden)]
     pub fn builtin(&self) -> Result<&KernelModule> {
         self.builtin.as_ref().map_err(|e| match e.clone() {
             BuiltinError::Missing(reason) => BackendError::NoPtx { reason, install: crate::ptx::INSTALL_COMMAND },

@@ -68,6 +68,7 @@ pub struct Arch {
 
 impl Arch {
     /// Ampere A100 (compute capability 8.0).
+    #[doc(hidden)]
     pub const SM80: Arch = Arch {
         compute_capability: (8, 0),
         regs_per_sm: 65536,
@@ -85,10 +86,12 @@ impl Arch {
     };
 
     /// Hopper H100 / H200 (compute capability 9.0).
+    #[doc(hidden)]
     pub const SM90: Arch = Arch { compute_capability: (9, 0), shared_per_sm: 228 << 10, ..Arch::SM80 };
 
     /// The architecture of compute capability `major.minor`, when it is one of 8.0, 8.6, 8.7, 8.9
     /// and 9.0 (the GPUs the PTX targets); `None` otherwise.
+    #[doc(hidden)]
     pub fn for_compute_capability(major: u32, minor: u32) -> Option<Arch> {
         let a = match (major, minor) {
             (8, 0) => Arch::SM80,
@@ -102,6 +105,7 @@ impl Arch {
     }
 
     /// Registers allocated to one warp of a kernel using `regs` registers per thread.
+    #[doc(hidden)]
     pub fn regs_per_warp(&self, regs: u32) -> u32 {
         (regs.max(1) * WARP).div_ceil(self.reg_alloc_unit) * self.reg_alloc_unit
     }
@@ -109,6 +113,7 @@ impl Arch {
     /// `true` when a block of `warps` warps of a kernel using `regs` registers per thread passes
     /// the per-block register checks (hardware: warps rounded up to the sub-partitions; software:
     /// the warps themselves).
+    #[doc(hidden)]
     pub fn block_fits_registers(&self, regs: u32, warps: u32) -> bool {
         let per_warp = self.regs_per_warp(regs) as u64;
         let assumed = per_warp * warps.div_ceil(self.sub_partitions) as u64 * self.sub_partitions as u64;
@@ -119,6 +124,7 @@ impl Arch {
 
     /// The largest block (threads, a multiple of 32) of a kernel using `regs` registers per thread
     /// that the registers allow; 0 when not even one warp fits.
+    #[doc(hidden)]
     pub fn max_block_threads(&self, regs: u32) -> u32 {
         let mut warps = self.max_threads_per_block / WARP;
         while warps > 0 && !self.block_fits_registers(regs, warps) {
@@ -130,6 +136,7 @@ impl Arch {
     /// Resident blocks per SM of a kernel using `regs` registers per thread and `static_shared`
     /// bytes of static shared memory, launched with `block` threads and `dynamic_shared` bytes,
     /// and the resource that limits it.
+    #[doc(hidden)]
     pub fn occupancy(&self, regs: u32, static_shared: u32, block: u32, dynamic_shared: u32) -> Occupancy {
         let warps = block.div_ceil(WARP).max(1);
         let by_warps = if block > self.max_threads_per_block { 0 } else { self.max_threads_per_sm / WARP / warps };
@@ -158,6 +165,7 @@ impl Arch {
 /// What limits the resident blocks per SM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[doc(hidden)]
 pub enum Limiter {
     /// The register file.
     Registers,
@@ -171,6 +179,7 @@ pub enum Limiter {
 
 /// Resident blocks and warps per SM at one launch geometry ([`Arch::occupancy`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[doc(hidden)]
 pub struct Occupancy {
     /// Blocks per SM.
     pub blocks_per_sm: u32,
@@ -184,6 +193,7 @@ pub struct Occupancy {
 /// One kernel's resources as the driver reports them after the JIT (`cuFuncGetAttribute`), or as
 /// `ptxas -v` reports them, and the launch limits that follow.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[doc(hidden)]
 pub struct KernelInfo {
     /// Entry name in the PTX.
     pub name: String,

@@ -201,6 +201,7 @@ pub enum BackendError {
 /// The context a buffer names stays alive while the buffer lives (it holds the context's stream), so
 /// two live identities are equal exactly when they are the same memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[doc(hidden)]
 pub struct BackendId(Owner);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -284,6 +285,7 @@ impl FromStr for BackendChoice {
 
 impl BackendChoice {
     /// The choice in `GPUHEAP_BACKEND`, `Auto` when unset.
+    #[doc(hidden)]
     pub fn from_env() -> Result<Self> {
         std::env::var("GPUHEAP_BACKEND").map_or(Ok(Self::Auto), |v| v.parse())
     }
@@ -302,6 +304,7 @@ pub struct LaunchConfig {
 
 impl LaunchConfig {
     /// Enough blocks of `block` threads to cover `threads` threads.
+    #[doc(hidden)]
     pub fn for_threads(threads: u64, block: u32) -> Result<Self> {
         let block = block.clamp(1, 1024);
         let grid = threads.div_ceil(block as u64).max(1);
@@ -311,6 +314,7 @@ impl LaunchConfig {
     }
 
     /// Total threads launched.
+    #[doc(hidden)]
     pub fn threads(&self) -> u64 {
         self.grid as u64 * self.block as u64
     }
@@ -329,6 +333,7 @@ impl LaunchConfig {
 /// How long a launch took: CUDA events around the kernel on the GPU, wall
 /// clock around the whole launch on the CPU.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[doc(hidden)]
 pub struct LaunchTiming {
     /// Kernel time.
     pub elapsed: Duration,
@@ -369,6 +374,7 @@ impl Backend {
 
     /// The CPU backend in lockstep mode: 32-lane warps of OS threads that meet
     /// at every warp intrinsic (slower; exercises warp-cooperative code).
+    #[doc(hidden)]
     pub fn cpu_lockstep() -> Self {
         Backend::Cpu(CpuBackend::new(CpuMode::Lockstep))
     }
@@ -376,6 +382,7 @@ impl Backend {
     /// The CPU backend in independent-thread-scheduling mode with schedule
     /// seed `seed` (see [`CpuMode::Independent`]): lanes diverge, reconverge
     /// and are preempted adversarially; a failing run replays from `seed`.
+    #[doc(hidden)]
     pub fn cpu_independent(seed: u64) -> Self {
         Backend::Cpu(CpuBackend::new(CpuMode::Independent { seed }))
     }
@@ -385,6 +392,7 @@ impl Backend {
     ///
     /// # Errors
     /// An invalid `GPUHEAP_CPU_WARPS` or `GPUHEAP_CPU_SEED`.
+    #[doc(hidden)]
     pub fn cpu_from_env() -> Result<Self> {
         Ok(Backend::Cpu(CpuBackend::new(CpuMode::from_env()?)))
     }
@@ -409,6 +417,7 @@ impl Backend {
     }
 
     /// The backend chosen by `GPUHEAP_BACKEND` (default `auto`).
+    #[doc(hidden)]
     pub fn from_env() -> Result<Self> {
         Self::select(BackendChoice::from_env()?)
     }
@@ -420,6 +429,7 @@ impl Backend {
 
     /// The identity of this backend's memory (see [`BackendId`]): the buffers it allocates have it
     /// as their [`owner`](DeviceBuffer::owner).
+    #[doc(hidden)]
     pub fn id(&self) -> BackendId {
         match self {
             Backend::Cpu(c) => c.id(),
@@ -434,6 +444,7 @@ impl Backend {
     /// # Errors
     /// [`BackendError::WrongBackend`] naming `entry` (the function checking), the buffer's owner
     /// and this backend's identity.
+    #[doc(hidden)]
     pub fn check_owner(&self, entry: &'static str, buf: &DeviceBuffer) -> Result<()> {
         let (buffer, backend) = (buf.owner(), self.id());
         if buffer == backend {
@@ -444,6 +455,7 @@ impl Backend {
     }
 
     /// One line: the device name and key properties.
+    #[doc(hidden)]
     pub fn describe(&self) -> String {
         match self {
             Backend::Cpu(c) => c.describe(),
@@ -467,6 +479,7 @@ impl Backend {
     }
 
     /// Waits for all launched work to finish.
+    #[doc(hidden)]
     pub fn synchronize(&self) -> Result<()> {
         match self {
             Backend::Cpu(_) => Ok(()),
@@ -515,6 +528,7 @@ impl Backend {
     ///
     /// # Safety
     /// As for [`Backend::launch`].
+    #[doc(hidden)]
     pub unsafe fn launch_in<P: bytemuck::Pod + Sync>(
         &self,
         module: Option<&KernelModule>,

@@ -28,6 +28,7 @@ const ERROR_LOG_BYTES: usize = 16 << 10;
 
 /// How a module was loaded: the time and what the driver's JIT said.
 #[derive(Clone, Debug, serde::Serialize)]
+#[doc(hidden)]
 pub struct ModuleLoad {
     /// Wall time of `cuModuleLoadDataEx` as the host saw it (JIT included; a driver compute cache
     /// hit makes it short).
@@ -162,11 +163,13 @@ pub(super) fn load(ctx: &Arc<CudaContext>, ptx: &str) -> Result<KernelModule> {
 
 impl KernelModule {
     /// How the module was loaded.
+    #[doc(hidden)]
     pub fn load_info(&self) -> &ModuleLoad {
         &self.inner.load
     }
 
     /// Every kernel of the module with its attributes, in PTX order.
+    #[doc(hidden)]
     pub fn kernels(&self) -> impl Iterator<Item = &KernelInfo> {
         self.inner.kernels.iter().map(|(k, _)| k)
     }
@@ -193,6 +196,7 @@ impl KernelModule {
     ///
     /// # Errors
     /// `InvalidArgument` for an unknown kernel; driver errors.
+    #[doc(hidden)]
     pub fn max_active_blocks(&self, name: &str, block: u32, dynamic_shared: u32) -> Result<u32> {
         let (_, f) = self.function(name)?;
         self.inner.ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;

@@ -17,6 +17,7 @@ use super::{oracle, CompactionError};
 use crate::backend::{Backend, DeviceBuffer, LaunchConfig, LaunchTiming};
 
 /// Largest dynamic shared memory per block without an opt-in, bytes.
+#[doc(hidden)]
 pub const MAX_SHARED_BYTES: u32 = 48 * 1024;
 
 /// Launch geometry and tile sizes of the compaction kernels.
@@ -45,6 +46,7 @@ impl CompactTuning {
     /// the CPU in sequential mode one 32-thread block per worker thread and 256 KiB tiles
     /// (one-lane warps stage whole tiles in cache); in lockstep and independent mode (32-lane
     /// warps) 2 blocks of 64 threads and 16 KiB tiles.
+    #[doc(hidden)]
     pub fn for_backend(backend: &Backend) -> Self {
         match backend {
             Backend::Gpu(g) => {
@@ -74,6 +76,7 @@ impl CompactTuning {
     }
 
     /// Dynamic shared memory of a move block: one tile per warp, bytes.
+    #[doc(hidden)]
     pub fn shared_bytes(&self) -> u64 {
         self.tile_bytes as u64 * self.block_threads.div_ceil(32) as u64
     }
@@ -107,6 +110,7 @@ impl CompactTuning {
 
 /// What one run of the kernels did.
 #[derive(Clone, Debug, Default)]
+#[doc(hidden)]
 pub struct LayoutCompaction {
     /// New offset of each block of the layout.
     pub new_offsets: Vec<u64>,
@@ -154,11 +158,13 @@ impl Compactor {
     }
 
     /// The tuning.
+    #[doc(hidden)]
     pub fn tuning(&self) -> CompactTuning {
         self.tuning
     }
 
     /// Replaces the tuning.
+    #[doc(hidden)]
     pub fn set_tuning(&mut self, tuning: CompactTuning) {
         self.tuning = tuning;
     }
@@ -193,6 +199,7 @@ impl Compactor {
     /// As for [`compact`](Self::compact); [`CompactionError::InvalidLayout`]
     /// when the region or the table does not lie inside its buffer or is not
     /// aligned (16 bytes for the region, 8 for the table).
+    #[doc(hidden)]
     pub fn compact_at(
         &mut self,
         backend: &Backend,
@@ -329,6 +336,7 @@ impl Compactor {
     /// [`BackendError::WrongBackend`](crate::backend::BackendError::WrongBackend)
     /// when `dst` or `src` is not memory of `backend`; `InvalidArgument` when
     /// `bytes` exceeds a buffer or is not a multiple of 16; backend errors.
+    #[doc(hidden)]
     pub fn copy(
         &mut self,
         backend: &Backend,

@@ -45,6 +45,7 @@
 //! ```
 
 mod compactor;
+#[doc(hidden)]
 pub mod oracle;
 mod region;
 
@@ -114,10 +115,12 @@ pub struct Handle(pub u64);
 
 impl Handle {
     /// Table index.
+    #[doc(hidden)]
     pub fn index(self) -> u32 {
         split_handle(self.0).0
     }
     /// Generation.
+    #[doc(hidden)]
     pub fn generation(self) -> u32 {
         split_handle(self.0).1
     }
@@ -125,6 +128,7 @@ impl Handle {
 
 /// Where a live block is now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[doc(hidden)]
 pub struct BlockInfo {
     /// Byte offset in the region.
     pub offset: u64,
@@ -138,6 +142,7 @@ pub struct BlockInfo {
 /// The [`Fragmentation`] of a region of `capacity` bytes tiled by live blocks of `allocated` requested
 /// bytes and the free ranges `free` (`(offset, len)`, address order): in use is every byte not free, the
 /// [`footprint`](crate::analysis::footprint) the end of the highest live block.
+#[doc(hidden)]
 pub fn region_fragmentation(
     capacity: u64,
     allocated: u64,
@@ -236,11 +241,13 @@ impl CompactHeap {
     }
 
     /// Number of live blocks.
+    #[doc(hidden)]
     pub fn len(&self) -> usize {
         self.live.len()
     }
 
     /// `true` when no block is live.
+    #[doc(hidden)]
     pub fn is_empty(&self) -> bool {
         self.live.is_empty()
     }
@@ -255,6 +262,7 @@ impl CompactHeap {
     ///
     /// # Errors
     /// `InvalidArgument` past the region; backend errors.
+    #[doc(hidden)]
     pub fn write_region(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         Ok(self.region.write_at(offset, src)?)
     }
@@ -266,6 +274,7 @@ impl CompactHeap {
     /// # Errors
     /// [`CompactionError::InvalidHandle`] when the device could not resolve
     /// `h`; backend errors.
+    #[doc(hidden)]
     pub fn fill_on_device(&mut self, h: Handle, value: u8) -> Result<()> {
         let table = self.device_table()?;
         let failed = self.backend.alloc_zeroed(8)?;

@@ -28,21 +28,26 @@ use crate::backend::{Backend, BackendError};
 /// and backend errors of the read-backs and launches; each verb lists the others.
 pub trait HandleRegion {
     /// The backend the region was made on (its memory's owner).
+    #[doc(hidden)]
     fn backend(&self) -> &Backend;
 
     /// Bytes of the region.
     fn capacity(&self) -> u64;
 
     /// Entries of the handle table: at most this many blocks are live at once.
+    #[doc(hidden)]
     fn max_handles(&self) -> u32;
 
     /// Device address of the region's first byte (block offsets are relative to it).
+    #[doc(hidden)]
     fn base(&self) -> u64;
 
     /// The compaction tuning (tile size, launch geometry).
+    #[doc(hidden)]
     fn tuning(&self) -> CompactTuning;
 
     /// Replaces the compaction tuning (checked when the next compaction runs).
+    #[doc(hidden)]
     fn set_tuning(&mut self, tuning: CompactTuning);
 
     /// Allocates a block of `size` bytes. Never moves anything.
@@ -77,28 +82,34 @@ pub trait HandleRegion {
 
     /// The device address of the block of `h` now: valid until the next compaction only, unless the
     /// block is pinned.
+    #[doc(hidden)]
     fn device_ptr(&self, h: Handle) -> Result<u64> {
         Ok(self.base() + self.resolve(h)?.offset)
     }
 
     /// The handle table for kernel parameters (`gpuheap_kernels::compact::handle::resolve`), up to
     /// date with every host change.
+    #[doc(hidden)]
     fn device_table(&mut self) -> Result<DeviceHandleTable>;
 
     /// The device handle table read back: one entry per table index (flags: live, pinned, and in the
     /// device heap the pin count in bits 8..).
+    #[doc(hidden)]
     fn read_table(&mut self) -> Result<Vec<HandleEntry>>;
 
     /// The live blocks in address order, as the compaction kernels take them (sizes rounded up to
     /// [`GRANULE`], `handle` = table index, the pinned flag).
+    #[doc(hidden)]
     fn layout(&self) -> Result<Vec<LiveBlock>>;
 
     /// The handle of the live block whose table index is `index` (`None` when that entry is not
     /// live).
+    #[doc(hidden)]
     fn handle_of(&self, index: u32) -> Result<Option<Handle>>;
 
     /// Free ranges `(offset, len)` in address order: every byte not in a live block (in the device
     /// heap freed blocks count as free: the next compaction reclaims them).
+    #[doc(hidden)]
     fn free_ranges(&self) -> Result<Vec<(u64, u64)>>;
 
     /// Fragmentation of the region now ([`region_fragmentation`](super::region_fragmentation) over

@@ -149,6 +149,7 @@ impl HeapStats {
     /// Searches per null result (`failed_searches / failed_requests`; 0
     /// when no request failed): the cost of an out-of-memory answer in
     /// passes over the heap. 1 in an exhausted heap with nothing in flight.
+    #[doc(hidden)]
     pub fn searches_per_failure(&self) -> f64 {
         if self.failed_requests == 0 {
             0.0
@@ -158,6 +159,7 @@ impl HeapStats {
     }
 
     /// Slab pages in total.
+    #[doc(hidden)]
     pub fn slab_pages(&self) -> u64 {
         self.classes.iter().map(|c| c.pages).sum()
     }
@@ -165,6 +167,7 @@ impl HeapStats {
     /// `slab pages * 64 KiB + large bytes + free bytes + movable bytes`:
     /// equals [`capacity`](Self::capacity) in a consistent heap (nothing
     /// lost, nothing counted twice).
+    #[doc(hidden)]
     pub fn accounted_bytes(&self) -> u64 {
         self.slab_pages() * PAGE + self.large_bytes + self.free_bytes + self.movable_bytes
     }
@@ -172,6 +175,7 @@ impl HeapStats {
 
 /// A live large block (a buddy allocation of more than 4 KiB).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[doc(hidden)]
 pub struct BuddyBlock {
     /// Byte offset from the data-region base (a multiple of `size`).
     pub offset: u64,
@@ -245,12 +249,14 @@ impl DeviceHeap {
     /// It is also the heap descriptor of CUDA C/C++ kernels: the same 152 bytes
     /// are `gpuheap_heap` in `gpuheap.cuh` ([`crate::ptx::CUDA_HEADER`]), passed
     /// by value as a kernel argument (`examples/cuda-cpp`).
+    #[doc(hidden)]
     pub fn handle(&self) -> Heap {
         self.handle
     }
 
     /// The backend the heap was made on (its memory's owner; kernels that use the heap must run
     /// there).
+    #[doc(hidden)]
     pub fn backend(&self) -> &Backend {
         &self.backend
     }
@@ -271,6 +277,7 @@ impl DeviceHeap {
     /// this heap's buddy allocator can ever hold (larger than its largest
     /// power of two of units; sizes near `u64::MAX` included, computed
     /// without wrapping).
+    #[doc(hidden)]
     pub fn buddy_block_of(&self, size: u64) -> Option<u64> {
         let block = match class_of(size) {
             _ if size == 0 => return None,
@@ -299,6 +306,7 @@ impl DeviceHeap {
     /// not a whole page is capacity, not fragmentation. Free slots inside
     /// slab pages of other classes are not counted: only the buddy can serve
     /// a new page. The replay's device-heap row uses this classification.
+    #[doc(hidden)]
     pub fn diagnose_failure(&self, size: u64, free_blocks: &[(u64, u64)]) -> OomDiagnosis {
         let free = free_blocks.iter().fold(0u64, |a, b| a.saturating_add(b.1));
         let largest = free_blocks.iter().map(|b| b.1).max().unwrap_or(0);
@@ -315,11 +323,13 @@ impl DeviceHeap {
     }
 
     /// Device address of the data region (page aligned).
+    #[doc(hidden)]
     pub fn base(&self) -> u64 {
         self.handle.base
     }
 
     /// The data-region buffer (for copying block contents back).
+    #[doc(hidden)]
     pub fn data(&self) -> &DeviceBuffer {
         &self.data
     }
@@ -330,11 +340,13 @@ impl DeviceHeap {
     ///
     /// # Errors
     /// `InvalidArgument` past the buffer; backend errors.
+    #[doc(hidden)]
     pub fn write_data(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         self.data.write_at(offset, src)
     }
 
     /// Byte offset of the data-region base inside [`data`](Self::data).
+    #[doc(hidden)]
     pub fn data_offset(&self) -> usize {
         (self.handle.base - self.data.device_ptr()) as usize
     }
@@ -344,6 +356,7 @@ impl DeviceHeap {
     /// [`ops`] refuses batches from before). With
     /// a movable region, every handle is freed too (handles from before stay
     /// invalid: entry generations are kept) and the data region stays reserved.
+    #[doc(hidden)]
     pub fn reset(&mut self) -> Result<()> {
         self.generation = next_generation();
         self.meta.zero()?;
@@ -409,12 +422,14 @@ impl DeviceHeap {
     /// starts a live block of order `k` iff `tags[u] = k + 1`). This is the
     /// list a compaction pass relocates; slab pages (listed by
     /// [`slab_pages`](Self::slab_pages)) are not in it.
+    #[doc(hidden)]
     pub fn live_blocks(&self) -> Result<Vec<BuddyBlock>> {
         Ok(MetaView { h: self.handle, bytes: self.read_meta()? }.live_blocks())
     }
 
     /// Byte offsets of the formatted slab pages (64 KiB each) and their slot
     /// sizes, in address order.
+    #[doc(hidden)]
     pub fn slab_pages(&self) -> Result<Vec<(u64, u64)>> {
         let m = MetaView { h: self.handle, bytes: self.read_meta()? };
         Ok((0..self.handle.pages)
@@ -432,6 +447,7 @@ impl DeviceHeap {
     ///
     /// # Errors
     /// Backend errors of the read-back.
+    #[doc(hidden)]
     pub fn free_blocks(&self) -> Result<Vec<(u64, u64)>> {
         let h = self.handle;
         let mut ctrl = vec![0u8; CTRL_WORDS as usize * 8];
@@ -477,6 +493,7 @@ impl DeviceHeap {
     /// `InvalidArgument` when a block is not a power-of-two multiple of 4 KiB,
     /// is not aligned to its size, overlaps another block, a slab page or the
     /// movable region, or lies outside the data region.
+    #[doc(hidden)]
     pub fn rebuild(&mut self, blocks: &[BuddyBlock]) -> Result<()> {
         let h = self.handle;
         let mut occupied: Vec<(u64, u64)> = Vec::with_capacity(blocks.len());

@@ -48,6 +48,7 @@ pub(super) struct Movable {
 /// kernel is running on the heap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct MovableStats {
     /// Bytes of the movable region.
     pub capacity: u64,
@@ -108,6 +109,7 @@ impl DeviceHeap {
     }
 
     /// `true` when the heap has a movable region.
+    #[doc(hidden)]
     pub fn has_movable(&self) -> bool {
         self.movable.is_some()
     }
@@ -247,6 +249,7 @@ impl MovableRegion<'_> {
     ///
     /// # Errors
     /// `InvalidArgument` for a handle listed twice in write mode; backend errors.
+    #[doc(hidden)]
     pub fn touch_handles(&mut self, handles: &[Handle], seed: u64, verify: bool) -> Result<(u64, u64)> {
         if !verify {
             let mut seen = std::collections::HashSet::new();
@@ -281,6 +284,7 @@ impl MovableRegion<'_> {
     ///
     /// # Errors
     /// Backend errors.
+    #[doc(hidden)]
     pub fn stats(&self) -> Result<MovableStats> {
         let w = self.ctrl_words()?;
         let layout = self.layout()?;

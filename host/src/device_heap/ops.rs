@@ -22,6 +22,7 @@ use super::DeviceHeap;
 use crate::backend::{BackendError, DeviceBuffer, LaunchConfig, LaunchTiming, Result};
 
 /// Threads per block of the heap kernels (the survey's harness uses 256).
+#[doc(hidden)]
 pub const BLOCK: u32 = 256;
 
 /// Request sizes of a batch.
@@ -53,11 +54,13 @@ pub struct Batch {
 
 impl Batch {
     /// Threads launched (one pointer each).
+    #[doc(hidden)]
     pub fn threads(&self) -> u64 {
         self.threads
     }
 
     /// Time of the allocation kernel.
+    #[doc(hidden)]
     pub fn timing(&self) -> LaunchTiming {
         self.timing
     }
@@ -68,6 +71,7 @@ impl Batch {
     }
 
     /// The size of each thread's request.
+    #[doc(hidden)]
     pub fn read_sizes(&self) -> Result<Vec<u64>> {
         match &self.sizes {
             Some(s) => s.read(),
@@ -93,6 +97,7 @@ fn check_batch(entry: &'static str, heap: &DeviceHeap, batch: &Batch) -> Result<
 
 /// Which allocator a batch runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[doc(hidden)]
 pub enum Allocator {
     /// gpuheap's device heap.
     Heap,
@@ -113,6 +118,7 @@ pub fn malloc_batch(heap: &DeviceHeap, sizes: &Sizes, threads: u64, warp_based: 
 ///
 /// # Errors
 /// As for [`malloc_batch`].
+#[doc(hidden)]
 pub fn malloc_batch_with(
     heap: &DeviceHeap,
     sizes: &Sizes,
@@ -152,6 +158,7 @@ pub fn malloc_batch_with(
 /// Whether thread `i` freeing pointer `(i * stride) % threads` (the free kernels' mapping, a
 /// `stride` of 0 read as 1) visits each of `threads` pointers exactly once: `stride` and
 /// `threads` coprime.
+#[doc(hidden)]
 pub fn stride_visits_each_once(stride: u64, threads: u64) -> bool {
     fn gcd(mut a: u64, mut b: u64) -> u64 {
         while b != 0 {
@@ -180,6 +187,7 @@ pub fn free_batch(heap: &DeviceHeap, batch: Batch, stride: u64) -> Result<Launch
 /// # Errors
 /// As for [`free_batch`]; [`BackendError::ForeignBatch`] also when `alloc` is not the allocator
 /// that made the batch.
+#[doc(hidden)]
 pub fn free_batch_with(heap: &DeviceHeap, batch: Batch, stride: u64, alloc: Allocator) -> Result<LaunchTiming> {
     free_batch_on("ops::free_batch_with", heap, batch, stride, alloc)
 }
@@ -217,6 +225,7 @@ fn free_batch_on(
 /// Each pointer is null or was returned by `malloc` on `heap`; double and
 /// invalid frees are detected best-effort only (see
 /// `gpuheap_kernels::heap`), so pass such pointers only to test that.
+#[doc(hidden)]
 pub unsafe fn free_ptrs(heap: &DeviceHeap, ptrs: &[u64]) -> Result<LaunchTiming> {
     let backend = heap.backend();
     let buf = backend.upload(ptrs)?;
@@ -285,6 +294,7 @@ pub fn touch_batch(heap: &mut DeviceHeap, batch: &Batch, seed: u64, verify: bool
 /// Result of [`churn`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct ChurnReport {
     /// Successful allocations.
     pub allocations: u64,
@@ -305,6 +315,7 @@ pub struct ChurnReport {
 /// # Errors
 /// `InvalidArgument` when `threads * CHURN_LIVE` pointers overflow the address space; backend
 /// errors.
+#[doc(hidden)]
 pub fn churn(
     heap: &mut DeviceHeap,
     threads: u64,
@@ -343,6 +354,7 @@ pub fn churn(
 ///
 /// # Errors
 /// Backend errors.
+#[doc(hidden)]
 pub fn noop(heap: &DeviceHeap, threads: u64) -> Result<LaunchTiming> {
     let backend = heap.backend();
     let p = MallocParams { heap: heap.handle(), sizes: 0, size: 0, threads, out: 0, warp_mode: 0 };
@@ -353,6 +365,7 @@ pub fn noop(heap: &DeviceHeap, threads: u64) -> Result<LaunchTiming> {
 /// Result of [`alloc_free_loop`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct LoopReport {
     /// Highest number of blocks outstanding at once.
     pub max_outstanding: u64,
@@ -374,6 +387,7 @@ pub struct LoopReport {
 ///
 /// # Errors
 /// Backend errors (an invalid `block` included).
+#[doc(hidden)]
 pub fn alloc_free_loop(
     heap: &DeviceHeap,
     threads: u64,

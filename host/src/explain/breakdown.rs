@@ -72,6 +72,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order pages list them.
+    #[doc(hidden)]
     pub const ALL: [Kind; 7] = [
         Kind::ParametersAndBuffers,
         Kind::Gradients,
@@ -83,6 +84,7 @@ impl Kind {
     ];
 
     /// The kind in words, as pages print it.
+    #[doc(hidden)]
     pub fn label(self) -> &'static str {
         match self {
             Kind::ParametersAndBuffers => "parameters and buffers",
@@ -100,6 +102,7 @@ impl Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
+#[doc(hidden)]
 pub enum SiteOrigin {
     /// The innermost user frame.
     User,
@@ -113,6 +116,7 @@ pub enum SiteOrigin {
 
 /// The code that allocated a tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[doc(hidden)]
 pub struct Site {
     /// `FILE:LINE FUNCTION` for a Python frame, the function for a C++ one, `(no frames recorded)`.
     pub label: String,
@@ -121,10 +125,12 @@ pub struct Site {
 }
 
 /// The label of a stack without frames.
+#[doc(hidden)]
 pub const NO_FRAMES: &str = "(no frames recorded)";
 
 /// A Python frame as `FILE:LINE FUNCTION`, `FILE` its normalised path ([`Frame::path`]: the same label
 /// whether the snapshot recorded an absolute POSIX or Windows path or a shortened one).
+#[doc(hidden)]
 pub fn frame_label(f: &Frame) -> String {
     format!("{}:{} {}", f.path().path, f.line, f.name)
 }
@@ -169,6 +175,7 @@ pub(crate) fn is_machinery(function: &str) -> bool {
 /// allocation machinery (the traceback, the caching allocator, ATen's factories and dispatch, the
 /// Python interpreter's C frames are passed over): what asked for the memory. `None` when every C++
 /// frame is machinery, or a Python frame comes first.
+#[doc(hidden)]
 pub fn cpp_site(frames: &[Frame]) -> Option<String> {
     for f in frames {
         if f.is_python() {
@@ -188,6 +195,7 @@ pub fn cpp_site(frames: &[Frame]) -> Option<String> {
 }
 
 /// The site of a stack (innermost first): see the module docs.
+#[doc(hidden)]
 pub fn site_of(frames: &[Frame]) -> Site {
     if let Some(f) = frames.iter().find(|f| f.is_user()) {
         return Site { label: frame_label(f), origin: SiteOrigin::User };
@@ -207,6 +215,7 @@ pub fn site_of(frames: &[Frame]) -> Site {
 }
 
 /// The kind of a stack (innermost first): the rules of the module docs, in order.
+#[doc(hidden)]
 pub fn kind_of(frames: &[Frame]) -> Kind {
     if frames.is_empty() {
         return Kind::Unknown;
@@ -290,6 +299,7 @@ pub fn kind_of(frames: &[Frame]) -> Kind {
 /// The live bytes of one site (or one kind). Bytes.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct Group {
     /// The site's label ([`Site::label`]) or the kind's ([`Kind::label`]).
     pub label: String,
@@ -336,10 +346,12 @@ pub struct Breakdown {
 }
 
 /// How many sites a [`Breakdown`] lists.
+#[doc(hidden)]
 pub const TOP_SITES: usize = 10;
 
 /// The breakdown of `tensors` (each a block's bytes and its allocation's frames, innermost first) at a
 /// capacity of `capacity` bytes; `request` and `shortfall` of the first explained OOM.
+#[doc(hidden)]
 pub fn breakdown(
     tensors: &[(u64, &[Frame])],
     capacity: u64,

@@ -42,6 +42,7 @@ pub mod breakdown;
 mod oom;
 mod render;
 pub mod tune;
+#[doc(hidden)]
 pub mod without;
 
 pub use breakdown::{Breakdown, Kind, Site, SiteOrigin};
@@ -53,6 +54,7 @@ pub use without::{what_if_without, WithoutReport};
 /// Which moment the detail of an [`Explanation`] describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[doc(hidden)]
 pub enum Moment {
     /// The first recorded `oom` event.
     RecordedOom,
@@ -69,6 +71,7 @@ pub enum Moment {
 
 /// A live tensor with the top user frames of the code that allocated it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[doc(hidden)]
 pub struct Tensor {
     /// The block.
     #[serde(flatten)]
@@ -84,11 +87,14 @@ pub struct Tensor {
 }
 
 /// How many largest live tensors and segments with holes an [`Explanation`] lists.
+#[doc(hidden)]
 pub const TOP_ITEMS: usize = 8;
 /// How many recorded `oom` events an [`Explanation`] explains one by one (each replays the trace up to
 /// it, so explaining all of a file with thousands of OOMs would take time quadratic in its length).
+#[doc(hidden)]
 pub const MAX_EXPLAINED_OOMS: usize = 32;
 /// How many user frames a [`Tensor`] keeps.
+#[doc(hidden)]
 pub const TOP_FRAMES: usize = 3;
 
 /// The answer page for one device of a trace.
@@ -232,6 +238,7 @@ pub enum ExplainError {
 
 impl ExplainError {
     /// `true` for bad input (exit code 2).
+    #[doc(hidden)]
     pub fn is_input(&self) -> bool {
         match self {
             ExplainError::Trace(_)
@@ -247,6 +254,7 @@ impl ExplainError {
 /// `allocator_settings` as the `PYTORCH_CUDA_ALLOC_CONF` value that sets them: the recorded variable
 /// when it is set, else the non-default values of the structured fields (empty: PyTorch's defaults).
 /// `None` when the snapshot records no settings.
+#[doc(hidden)]
 pub fn settings_env(dev: &DeviceTrace) -> Option<String> {
     let s = dev.allocator_settings.as_ref()?;
     if let Some(c) = s.alloc_conf.as_ref().filter(|c| !c.trim().is_empty()) {
@@ -300,6 +308,7 @@ pub fn explain(trace: &Trace, device: Option<i64>, capacity: Option<u64>) -> Res
 ///
 /// # Errors
 /// As [`explain`].
+#[doc(hidden)]
 pub fn explain_with_bytes(
     trace: &Trace,
     bytes: Option<&[u8]>,
@@ -460,6 +469,7 @@ pub(crate) fn frames_of_block<'f>(f: &'f pytorch::SnapshotFrames, b: &SnapshotBl
 /// The sentence every page (text, HTML; the JSON carries [`RequestBounds`] itself) says about the bounds of
 /// a dumped state: per pool, with PyTorch's release before failing, and the same hedge ("may fail") for
 /// the requests between the bounds.
+#[doc(hidden)]
 pub fn bounds_sentence(b: &RequestBounds) -> String {
     use crate::units::fmt_bytes;
     let release = if b.released_segments == 0 {

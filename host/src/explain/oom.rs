@@ -88,6 +88,7 @@ pub struct OomExplanation {
 ///
 /// # Errors
 /// [`StateError`] when the state's sums exceed 2^64 − 1.
+#[doc(hidden)]
 pub fn explain_oom(
     dev: &DeviceTrace,
     event: usize,
@@ -130,6 +131,7 @@ pub fn explain_oom(
 /// its size, followed by the `free_completed` of that block (PyTorch never served it, so it must not
 /// hold memory afterwards). Also returns, per event of the new trace, the index of the event of `dev` it
 /// comes from (an inserted free maps to its `oom` event).
+#[doc(hidden)]
 pub fn with_oom_requests(dev: &DeviceTrace) -> (DeviceTrace, Vec<usize>) {
     if dev.ooms.is_empty() {
         return (dev.clone(), (0..dev.events.len()).collect());
@@ -155,6 +157,7 @@ pub fn with_oom_requests(dev: &DeviceTrace) -> (DeviceTrace, Vec<usize>) {
 /// Whether the caching model, with the snapshot's own settings, fails a recorded OOM's request where
 /// PyTorch did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[doc(hidden)]
 pub struct Reproduction {
     /// The capacity of the replay (the GPU's memory at the OOM), bytes.
     pub capacity: u64,
@@ -169,6 +172,7 @@ pub struct Reproduction {
 ///
 /// # Errors
 /// [`ExplainError::Replay`] when the replay cannot run.
+#[doc(hidden)]
 pub fn reproduce(trace: &Trace, dev: &DeviceTrace, event: usize, capacity: u64) -> Result<Reproduction, ExplainError> {
     let (d, map) = with_oom_requests(dev);
     let mut opts = crate::replay::ReplayOptions::new(crate::reference::StrategyKind::Caching);

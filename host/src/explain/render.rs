@@ -12,6 +12,7 @@ use crate::reference::caching::{options, ConfigWarning};
 use crate::units::{fmt_bytes, pct_of as pct};
 
 /// One line per [`ConfigWarning`] of the snapshot's allocator settings ("" without any).
+#[doc(hidden)]
 pub fn warnings_text(warnings: &[ConfigWarning]) -> String {
     let mut s = String::new();
     for w in warnings {
@@ -23,6 +24,7 @@ pub fn warnings_text(warnings: &[ConfigWarning]) -> String {
 /// [`warnings_text`] of the [`ConfigWarning`]s of `dev`'s recorded allocator settings
 /// ([`crate::reference::caching::config_for_trace`]), then one line per live block its history contradicts
 /// ([`crate::facts::blocks_outside_segments`]); "" without any.
+#[doc(hidden)]
 pub fn settings_warnings_text(dev: &crate::trace::DeviceTrace) -> String {
     warnings_text(&crate::reference::caching::config_for_trace(dev, 0).1) + &history_warnings_text(dev)
 }
@@ -37,6 +39,7 @@ fn history_warnings_text(dev: &crate::trace::DeviceTrace) -> String {
 }
 
 /// One line per device of the file.
+#[doc(hidden)]
 pub fn devices_text(devices: &[DeviceSummary], choice: &DeviceChoice) -> String {
     let mut s = String::new();
     let opt = |v: Option<u64>| v.map_or_else(|| "over 2^64 B".to_string(), fmt_bytes);
@@ -87,6 +90,7 @@ pub fn devices_text(devices: &[DeviceSummary], choice: &DeviceChoice) -> String 
 }
 
 /// The capacity and where it comes from, in words.
+#[doc(hidden)]
 pub fn capacity_text(c: &Capacity) -> String {
     let why = match c.source {
         CapacitySource::Given => "given with --capacity".into(),

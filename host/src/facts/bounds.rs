@@ -26,6 +26,7 @@ fn is_zero(v: &u64) -> bool {
 /// a capacity and under allocator settings. Bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct RequestBounds {
     /// The capacity assumed.
     pub capacity: u64,
@@ -63,6 +64,7 @@ pub struct RequestBounds {
 
 /// The [`RequestBounds`] of requests of `mempool` in the state `st` under the settings `cfg` (its
 /// `device_capacity` is the capacity assumed).
+#[doc(hidden)]
 pub fn request_bounds(st: &HeapState, cfg: &CachingConfig, mempool: MempoolId) -> RequestBounds {
     let capacity = cfg.device_capacity;
     let limit = capacity.min(cfg.allowed_memory_maximum());
@@ -115,6 +117,7 @@ pub fn request_bounds(st: &HeapState, cfg: &CachingConfig, mempool: MempoolId) -
 }
 
 /// The holes a request of `mempool` could use in the state `st` (the sizes of its pool's holes).
+#[doc(hidden)]
 pub fn usable_holes(st: &HeapState, mempool: MempoolId) -> Vec<u64> {
     st.segments.iter().filter(|s| s.mempool == mempool).flat_map(|s| s.holes.iter().map(|h| h.size)).collect()
 }

@@ -17,18 +17,21 @@ use crate::units::fmt_bytes;
 
 /// Smallest capacity a replay models, bytes (the host strategies' least; the device heap's own minimum
 /// is [`crate::device_heap::MIN_HEAP_BYTES`]). The largest is [`MAX_BYTES`] (2^48 B).
+#[doc(hidden)]
 pub const MIN_CAPACITY: u64 = 4096;
 
 /// A capacity outside the range the strategies model, [`MIN_CAPACITY`] to [`MAX_BYTES`] (bad input).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("capacity {0} B is outside [{MIN_CAPACITY} B, 2^48 B], the range the strategies model")]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct CapacityRangeError(pub u64);
 
 /// Checks a capacity the user gives: it must lie in [`MIN_CAPACITY`]..=[`MAX_BYTES`].
 ///
 /// # Errors
 /// [`CapacityRangeError`] naming the capacity and the range.
+#[doc(hidden)]
 pub fn check_capacity(bytes: u64) -> Result<u64, CapacityRangeError> {
     if (MIN_CAPACITY..=MAX_BYTES).contains(&bytes) {
         Ok(bytes)
@@ -55,24 +58,6 @@ pub enum CapacitySource {
     Given,
     /// The snapshot's peak reserved bytes: the least memory the run had; the GPU's may be larger.
     PeakReserved,
-    /// The snapshot's peak reserved bytes `peak`, rounded up to a whole GiB (a replay's default: the
-    /// memory PyTorch itself used, plus the slack of a partly used last GiB).
-    PeakReservedRoundedUp {
-        /// PyTorch's peak reserved bytes.
-        peak: u64,
-    },
-    /// The snapshot's peak reserved bytes `peak`, not rounded up: a `cudaMalloc` that failed and was
-    /// retried after PyTorch's allocator released cached segments (event `event`, the retry's new
-    /// segment) shows that the GPU's memory for PyTorch was below `bound` (the reserved bytes then plus the
-    /// segment asked for), and a whole GiB above the peak would not be (`crate::reference::caching::releases`).
-    PeakReservedBelowFailedRequest {
-        /// PyTorch's peak reserved bytes.
-        peak: u64,
-        /// The event of the retry's new segment.
-        event: usize,
-        /// Reserved bytes before the release plus that segment's bytes.
-        bound: u64,
-    },
     /// minimalloc's `NAME.CAPACITY.csv` file name.
     FileName,
     /// No reserved bytes are recorded: twice the peak of live requested bytes, rounded up to 2 MiB.
@@ -97,6 +82,7 @@ pub struct Capacity {
 
 impl Capacity {
     /// A capacity the user gives.
+    #[doc(hidden)]
     pub fn given(bytes: u64) -> Self {
         Capacity { bytes, source: CapacitySource::Given }
     }
@@ -116,15 +102,6 @@ impl Capacity {
                  it with --capacity)"
                     .into()
             }
-            CapacitySource::PeakReservedRoundedUp { peak } => {
-                format!("PyTorch peak reserved {} rounded up to a whole GiB", fmt_bytes(*peak))
-            }
-            CapacitySource::PeakReservedBelowFailedRequest { peak, event, bound } => format!(
-                "PyTorch peak reserved {}, not rounded up: a cudaMalloc failed before the new segment of event \
-                 {event} (PyTorch released cached segments and retried), so the GPU had less than {} for PyTorch",
-                fmt_bytes(*peak),
-                fmt_bytes(*bound)
-            ),
             CapacitySource::FileName => "from the file name (minimalloc NAME.CAPACITY.csv)".into(),
             CapacitySource::TwiceDemandPeak => {
                 "no reserved bytes recorded: twice the peak of live requested bytes, rounded up to 2 MiB".into()
@@ -138,6 +115,7 @@ impl Capacity {
     ///
     /// # Errors
     /// Those of the serializer.
+    #[doc(hidden)]
     pub fn serialize_described<S: Serializer>(c: &Capacity, s: S) -> Result<S::Ok, S::Error> {
         #[derive(Serialize)]
         struct Described<'a> {
@@ -154,6 +132,7 @@ impl Capacity {
 ///
 /// # Errors
 /// [`TraceError::Schema`] naming the event as [`oom_capacity`] does.
+#[doc(hidden)]
 pub fn gpu_capacity_at_oom(trace: &Trace, dev: &DeviceTrace) -> Result<Option<Capacity>, TraceError> {
     let Some((event, device_free)) = dev.ooms.iter().find_map(|o| o.device_free.map(|f| (o.event, f))) else {
         return Ok(None);
@@ -176,6 +155,7 @@ pub fn gpu_capacity_at_oom(trace: &Trace, dev: &DeviceTrace) -> Result<Option<Ca
 /// [4 KiB, 2^48 B] (the least capacity a replay models, [`MIN_CAPACITY`], and the largest,
 /// [`MAX_BYTES`]). A GPU of a few MiB is valid: PyTorch reserved nothing and another process holds the
 /// rest.
+#[doc(hidden)]
 pub fn oom_capacity(
     trace: &Trace,
     dev: &DeviceTrace,

@@ -13,6 +13,7 @@ use crate::trace::{BlockStatus, EventKind, Trace};
 /// What one device of a trace holds. Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct DeviceSummary {
     /// Device ordinal.
     pub device: i64,
@@ -58,6 +59,7 @@ pub fn summarize(trace: &Trace) -> Vec<DeviceSummary> {
 /// Why a device was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[doc(hidden)]
 pub enum DeviceReason {
     /// The user asked for it (`--device`).
     Given,
@@ -86,6 +88,7 @@ pub struct DeviceChoice {
 /// devices.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub enum DeviceError {
     /// The device asked for is not in the file.
     #[error("{}: no device {device} in the trace ({devices})", .path.display())]

@@ -24,6 +24,7 @@ use crate::trace::{DeviceTrace, EventKind};
 /// What the history of a device holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
+#[doc(hidden)]
 pub enum History {
     /// No entry: history was not recorded (or the file is a bare list of segments).
     None,
@@ -45,6 +46,7 @@ pub enum History {
 /// What a partial history costs the answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[doc(hidden)]
 pub enum HistoryCost {
     /// Only the dumped state is known: no peak over time, no timeline, no replay of the run's requests;
     /// the answer describes the final state and which requests it would have served.
@@ -65,6 +67,7 @@ pub enum HistoryCost {
 /// A block the history leaves alive at its end that no segment of the final state holds: the history
 /// and the final state disagree (bad input, or entries missing). Bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[doc(hidden)]
 pub struct BlockOutsideSegments {
     /// Its address.
     pub addr: u64,
@@ -111,11 +114,13 @@ pub struct HistoryCompleteness {
 
 impl HistoryCompleteness {
     /// Whether nothing is missing and nothing contradicts the final state.
+    #[doc(hidden)]
     pub fn is_complete(&self) -> bool {
         self.history == History::Complete && self.costs.is_empty() && self.blocks_outside_segments.is_empty()
     }
 
     /// Whether the history holds no moment but the dumped state (no history, or one entry).
+    #[doc(hidden)]
     pub fn only_final_state(&self) -> bool {
         self.costs.contains(&HistoryCost::OnlyFinalState)
     }
@@ -123,16 +128,19 @@ impl HistoryCompleteness {
     /// Whether the history's moments can be described: not when it holds no moment but the dumped state,
     /// nor when allocs, frees or segment events were skipped (the state after an event would be computed
     /// from what is missing). Where not, only the final state is described.
+    #[doc(hidden)]
     pub fn moments_known(&self) -> bool {
         !self.only_final_state() && self.live_bytes_known() && self.reserved_bytes_known()
     }
 
     /// Whether live bytes over time are known (figures from them may be computed).
+    #[doc(hidden)]
     pub fn live_bytes_known(&self) -> bool {
         !self.costs.contains(&HistoryCost::LiveBytesUnknown)
     }
 
     /// Whether PyTorch's reserved bytes over time are known.
+    #[doc(hidden)]
     pub fn reserved_bytes_known(&self) -> bool {
         !self.costs.contains(&HistoryCost::ReservedBytesUnknown)
     }
@@ -143,6 +151,7 @@ const LIVE_ACTIONS: [&str; 2] = ["alloc", "free_completed"];
 const SEGMENT_ACTIONS: [&str; 4] = ["segment_alloc", "segment_free", "segment_map", "segment_unmap"];
 
 /// How complete `dev`'s history is (see the module docs).
+#[doc(hidden)]
 pub fn history_completeness(dev: &DeviceTrace) -> HistoryCompleteness {
     let entries = dev.events.len();
     let rec = &dev.recording;
@@ -190,6 +199,7 @@ pub fn history_completeness(dev: &DeviceTrace) -> HistoryCompleteness {
 /// The blocks alive at the end of `dev`'s history that no segment of its final state holds (none
 /// without a final state). Alive at the end: the blocks alive before the first event plus `alloc`, minus
 /// `free_completed`.
+#[doc(hidden)]
 pub fn blocks_outside_segments(dev: &DeviceTrace) -> Vec<BlockOutsideSegments> {
     let Some(fin) = &dev.final_state else { return Vec::new() };
     let segs: BTreeMap<u64, u64> = fin.segments.iter().map(|s| (s.addr, s.addr.saturating_add(s.size))).collect();
@@ -226,6 +236,7 @@ pub fn blocks_outside_segments(dev: &DeviceTrace) -> Vec<BlockOutsideSegments> {
 /// reserved or demanded, or a demand above the reserved bytes (PyTorch never holds more live bytes than it
 /// reserved: such a pair shows entries are missing, and gave utilisation above 100 % and a negative
 /// ratio).
+#[doc(hidden)]
 pub fn pytorch_ratios(demand: u64, reserved: u64, history: &HistoryCompleteness) -> (Option<f64>, Option<f64>) {
     if !history.live_bytes_known() || !history.reserved_bytes_known() || demand > reserved {
         return (None, None);

@@ -111,6 +111,7 @@ impl ReservedTracker {
 /// reached (`None`: before the first event).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct Peaks {
     /// Highest live requested bytes (for a snapshot without events, its final state's).
     pub allocated: u128,
@@ -123,6 +124,7 @@ pub struct Peaks {
 }
 
 /// The [`Peaks`] of `dev`, in one walk over its events.
+#[doc(hidden)]
 pub fn peaks(dev: &DeviceTrace) -> Peaks {
     let mut size = vec![0u64; dev.block_ids as usize];
     let mut live: u128 = 0;
@@ -181,6 +183,7 @@ pub fn peaks(dev: &DeviceTrace) -> Peaks {
 /// The event after which the trace's live requested bytes are highest (`None`: before the first
 /// event, i.e. the initial blocks), and that peak in bytes (a peak above 2^64 − 1 B, possible only with
 /// sizes no device holds, is reported as 2^64 − 1).
+#[doc(hidden)]
 pub fn demand_peak(dev: &DeviceTrace) -> (Option<usize>, u64) {
     let p = peaks(dev);
     (p.allocated_event, u64::try_from(p.allocated).unwrap_or(u64::MAX))
@@ -190,6 +193,7 @@ pub fn demand_peak(dev: &DeviceTrace) -> (Option<usize>, u64) {
 /// 2^64 − 1 (sizes no device holds) are reported as 2^64 − 1.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct PytorchReserved {
     /// Reserved bytes before the first event (initial segments).
     pub initial: u64,
@@ -266,6 +270,7 @@ impl SeriesTracker {
 }
 
 /// PyTorch's reserved-bytes series summary of `dev`.
+#[doc(hidden)]
 pub fn pytorch_series(dev: &DeviceTrace) -> PytorchReserved {
     let mut t = SeriesTracker::new(dev);
     for (i, e) in dev.events.iter().enumerate() {

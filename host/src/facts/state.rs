@@ -29,6 +29,7 @@ use crate::trace::{BlockStatus, DeviceTrace, EventKind, MempoolId, Pool, Snapsho
 
 /// A live block (a tensor's storage) at the moment. Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[doc(hidden)]
 pub struct SnapshotBlock {
     /// Device address.
     pub addr: u64,
@@ -44,6 +45,7 @@ pub struct SnapshotBlock {
 
 /// A free range inside a segment (bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[doc(hidden)]
 pub struct Hole {
     /// Start address.
     pub addr: u64,
@@ -53,6 +55,7 @@ pub struct Hole {
 
 /// One segment at the moment, with its holes. Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[doc(hidden)]
 pub struct SegmentView {
     /// Start address.
     pub addr: u64,
@@ -91,6 +94,7 @@ fn is_default_pool(m: &MempoolId) -> bool {
 /// requests only the default pool's (`get_pool`, `c10/cuda/CUDACachingAllocator.cpp`). Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct PoolState {
     /// The memory pool.
     pub mempool: MempoolId,
@@ -141,11 +145,13 @@ pub struct HeapState {
 
 impl HeapState {
     /// The state of memory pool `mempool` (zeros when it has no segment).
+    #[doc(hidden)]
     pub fn pool(&self, mempool: MempoolId) -> PoolState {
         self.pools.iter().find(|p| p.mempool == mempool).cloned().unwrap_or_else(|| PoolState::empty(mempool))
     }
 
     /// Reserved but unallocated bytes of the private pools: cached memory no ordinary request can use.
+    #[doc(hidden)]
     pub fn private_hole_bytes(&self) -> u64 {
         self.pools.iter().filter(|p| p.mempool.is_private()).map(|p| p.hole_bytes).sum()
     }
@@ -155,6 +161,7 @@ impl HeapState {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("event {event:?}: {what} exceed 2^64 - 1 bytes")]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct StateError {
     /// The event after which the sum overflowed (`None`: the initial state).
     pub event: Option<usize>,
@@ -207,6 +214,7 @@ pub(crate) fn unmap_range(set: &mut BTreeMap<u64, u64>, start: u64, end: u64) {
 ///
 /// # Errors
 /// [`StateError`] when reserved or allocated bytes exceed 2^64 − 1.
+#[doc(hidden)]
 pub fn state_after(dev: &DeviceTrace, after: Option<usize>) -> Result<HeapState, StateError> {
     // Segment id → (addr, size, pool, memory pool); expandable ranges apart (their memory pool by start).
     let mut segs: HashMap<u32, (u64, u64, Pool, MempoolId)> = HashMap::new();

@@ -684,12 +684,14 @@ macro_rules! block_list_strategy {
             /// # Errors
             /// [`AllocError::InvalidConfig`](crate::reference::AllocError::InvalidConfig) for a bad granule or
             /// capacity.
+            #[doc(hidden)]
             pub fn with_granule(capacity: u64, granule: u64) -> Result<Self, $crate::reference::AllocError> {
                 let index: fn(u64, u64) -> _ = $index;
                 Ok($ty($crate::reference::block_list::BlockList::new(capacity, granule, index(capacity, granule))?))
             }
 
             /// Granule in bytes.
+            #[doc(hidden)]
             pub fn granule(&self) -> u64 {
                 self.0.granule()
             }
@@ -703,6 +705,7 @@ macro_rules! block_list_strategy {
             /// [`AllocError::UnknownHandle`](crate::reference::AllocError::UnknownHandle) if the handle names
             /// no live block of this allocator; the allocator is then unchanged.
             #[inline]
+            #[doc(hidden)]
             pub fn free_handle(&mut self, handle: $crate::reference::Handle) -> Result<(), $crate::reference::AllocError> {
                 self.0.free_handle(handle)
             }

@@ -36,6 +36,7 @@ use super::offset_table::OffsetTable;
 use super::{check_request, oom, AllocError, AllocatedBlock, Allocation, Stats, SubAllocator, MAX_BYTES};
 
 /// Default minimum block in bytes.
+#[doc(hidden)]
 pub const DEFAULT_MIN_BLOCK: u64 = 256;
 
 /// A block's table entry packed in one `u64` (so a table slot is 16 bytes, four to a cache line): order
@@ -95,6 +96,7 @@ impl Buddy {
     ///
     /// # Errors
     /// [`AllocError::InvalidConfig`] for a bad `min_block` or capacity.
+    #[doc(hidden)]
     pub fn with_min_block(capacity: u64, min_block: u64) -> Result<Self, AllocError> {
         if min_block == 0 || !min_block.is_power_of_two() || min_block > MAX_BYTES {
             return Err(AllocError::InvalidConfig("minimum block must be a power of two in [1, 2^48]"));
@@ -120,6 +122,7 @@ impl Buddy {
     }
 
     /// Minimum block in bytes.
+    #[doc(hidden)]
     pub fn min_block(&self) -> u64 {
         1 << self.min_log2
     }

@@ -21,6 +21,7 @@ use super::{align_down, align_up, AllocError, AllocatedBlock, SubAllocator};
 
 /// A unit compaction may move. All values in bytes except `id`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[doc(hidden)]
 pub struct CompactBlock {
     /// Caller's identifier (the strategies use the original offset).
     pub id: u64,
@@ -36,6 +37,7 @@ pub struct CompactBlock {
 
 /// A range `[start, end)` (bytes) within which units slide. Units never cross regions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[doc(hidden)]
 pub struct Region {
     /// First byte.
     pub start: u64,
@@ -63,6 +65,7 @@ pub struct CompactionLayout {
 
 /// One unit's relocation (bytes). `src == dst` for units that stay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[doc(hidden)]
 pub struct Move {
     /// The unit's [`CompactBlock::id`].
     pub id: u64,
@@ -87,6 +90,7 @@ pub struct CompactionPlan {
 
 impl CompactionPlan {
     /// New address of the byte at old address `addr`, if `addr` lies inside a unit; O(log n).
+    #[doc(hidden)]
     pub fn translate(&self, addr: u64) -> Option<u64> {
         let i = self.moves.partition_point(|m| m.src <= addr).checked_sub(1)?;
         let m = &self.moves[i];
@@ -94,6 +98,7 @@ impl CompactionPlan {
     }
 
     /// The units that change address, ascending by source.
+    #[doc(hidden)]
     pub fn moved(&self) -> impl Iterator<Item = &Move> + '_ {
         self.moves.iter().filter(|m| m.src != m.dst)
     }
@@ -104,6 +109,7 @@ impl CompactionPlan {
 /// # Errors
 /// [`AllocError::InvalidRelocation`] if units overlap, lie outside every region, have a zero length or a
 /// bad alignment, or regions overlap.
+#[doc(hidden)]
 pub fn plan_slide(layout: &CompactionLayout) -> Result<CompactionPlan, AllocError> {
     let bad = AllocError::InvalidRelocation;
     let mut regions = layout.regions.clone();

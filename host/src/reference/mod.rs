@@ -65,9 +65,11 @@ use caching::{CachingAllocator, CachingConfig};
 
 /// Default granule in bytes for the block-list strategies (first-fit, best-fit, TLSF): every offset and
 /// reserved size is a multiple of it. 256 B is the alignment `cudaMalloc` guarantees.
+#[doc(hidden)]
 pub const DEFAULT_GRANULE: u64 = 256;
 
 /// Largest capacity, size or alignment in bytes that the strategies accept (2^48 = 256 TiB).
+#[doc(hidden)]
 pub const MAX_BYTES: u64 = 1 << 48;
 
 /// Opaque name of a live block, carried in its [`Allocation`]: the index of the strategy's record of the
@@ -101,6 +103,7 @@ impl fmt::Debug for Handle {
 impl Handle {
     /// The handle of strategies that find blocks by offset (no record index): [`SubAllocator::free`] then
     /// uses the allocation's offset.
+    #[doc(hidden)]
     pub const NONE: Handle = Handle(NonZeroU64::new(!(u32::MAX as u64)).unwrap());
 
     /// Record `index` at generation (or stamp) `generation`. Stored complemented, so that the value 0, the
@@ -298,12 +301,14 @@ pub trait SubAllocator {
     /// The bytes of the segments the strategy obtains its memory as (the caching model: PyTorch's
     /// `reserved_bytes`), which are its [`crate::analysis::footprint`]; `None` for a strategy that carves
     /// one range (the default).
+    #[doc(hidden)]
     fn segment_bytes(&self) -> Option<u64> {
         None
     }
 
     /// Whether the live block `b` was placed from the top of the range down (the tiered strategy's large
     /// tier): it counts from the top in the [`crate::analysis::footprint`]. False for every other strategy.
+    #[doc(hidden)]
     fn placed_top_down(&self, b: &AllocatedBlock) -> bool {
         let _ = b;
         false
@@ -314,6 +319,7 @@ pub trait SubAllocator {
 
     /// Releases cached but unused memory to the underlying range (PyTorch's `empty_cache`); returns the
     /// bytes released. Strategies without a cache return 0.
+    #[doc(hidden)]
     fn release_cached(&mut self) -> u64 {
         0
     }
@@ -431,6 +437,7 @@ strategies! {
 
 impl StrategyKind {
     /// Every name, comma-separated (for messages).
+    #[doc(hidden)]
     pub fn names() -> String {
         StrategyKind::ALL.map(StrategyKind::as_str).join(", ")
     }
@@ -446,6 +453,7 @@ impl fmt::Display for StrategyKind {
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 #[error("unknown strategy `{0}` (expected one of {names})", names = StrategyKind::names())]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct UnknownStrategy(pub String);
 
 impl FromStr for StrategyKind {
@@ -473,6 +481,7 @@ pub fn build(kind: StrategyKind, capacity: u64) -> Box<dyn SubAllocator + Send> 
 /// rounding). A replay passes the trace's alignment up to [`DEFAULT_GRANULE`], so that a byte-granular
 /// instance (minimalloc's) is not rounded to 256 B. A `granule` that is not a power of two in
 /// `[1, DEFAULT_GRANULE]` is replaced by [`DEFAULT_GRANULE`].
+#[doc(hidden)]
 pub fn build_with_granule(kind: StrategyKind, capacity: u64, granule: u64) -> Box<dyn SubAllocator + Send> {
     let granule = if granule.is_power_of_two() && granule <= DEFAULT_GRANULE { granule } else { DEFAULT_GRANULE };
     let cap = capacity.clamp(4096, MAX_BYTES);
@@ -550,6 +559,7 @@ pub(crate) fn oom(requested: u64, free: u64, largest_free: u64) -> AllocError {
 }
 
 /// Merges address-ordered `(offset, len)` ranges that touch into maximal runs.
+#[doc(hidden)]
 pub fn merge_adjacent(blocks: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     for (o, l) in blocks {

@@ -12,6 +12,7 @@ use std::str::FromStr;
 use super::{align_up, AllocError, MAX_BYTES};
 
 /// CUDA caching allocators round every request up to 512 bytes (PyTorch's `kMinBlockSize`).
+#[doc(hidden)]
 pub const DEFAULT_ALLOC_ALIGN: u64 = 512;
 
 /// Element types, with their size in bytes from [`DType::size`].
@@ -39,6 +40,7 @@ pub enum DType {
 
 impl DType {
     /// Element size in bytes.
+    #[doc(hidden)]
     pub const fn size(self) -> u64 {
         match self {
             DType::F64 | DType::I64 => 8,
@@ -49,6 +51,7 @@ impl DType {
     }
 
     /// Canonical lower-case name (`f64`, `f32`, `f16`, `bf16`, `fp8`, `i64`, `i32`, `i8`, `bool`).
+    #[doc(hidden)]
     pub const fn as_str(self) -> &'static str {
         match self {
             DType::F64 => "f64",
@@ -74,6 +77,7 @@ impl fmt::Display for DType {
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 #[error("unknown dtype `{0}`")]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct UnknownDType(pub String);
 
 impl FromStr for DType {
@@ -118,6 +122,7 @@ pub fn tensor_bytes(shape: &[u64], dtype: DType) -> Result<u64, AllocError> {
 /// # Errors
 /// [`AllocError::BadAlignment`] if `align` is not a power of two; [`AllocError::SizeOverflow`] as
 /// [`tensor_bytes`] or when rounding overflows.
+#[doc(hidden)]
 pub fn alloc_size(shape: &[u64], dtype: DType, align: u64) -> Result<u64, AllocError> {
     super::check_align(align)?;
     let bytes = tensor_bytes(shape, dtype)?;

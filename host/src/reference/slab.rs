@@ -40,6 +40,7 @@ pub struct SlabConfig {
 impl SlabConfig {
     /// Defaults scaled to a backing of `capacity` bytes: 2 MiB pages (smaller for small capacities),
     /// classes from 64 B up to 64 KiB or `page_size / 8`.
+    #[doc(hidden)]
     pub fn for_capacity(capacity: u64) -> Self {
         let page = (capacity / 64).clamp(4096, 2 << 20);
         let page = 1u64 << (63 - page.leading_zeros());
@@ -103,6 +104,7 @@ impl Slab {
     ///
     /// # Errors
     /// As [`Slab::new`].
+    #[doc(hidden)]
     pub fn with_backing(backing: Box<dyn SubAllocator + Send>) -> Result<Self, AllocError> {
         let config = SlabConfig::for_capacity(backing.capacity());
         Self::new(backing, config)
@@ -155,21 +157,25 @@ impl Slab {
     }
 
     /// The size classes in bytes, ascending.
+    #[doc(hidden)]
     pub fn classes(&self) -> &[u64] {
         &self.classes
     }
 
     /// The geometry.
+    #[doc(hidden)]
     pub fn config(&self) -> SlabConfig {
         self.config
     }
 
     /// Number of pages currently taken from the backing strategy.
+    #[doc(hidden)]
     pub fn pages(&self) -> usize {
         self.page_of.len()
     }
 
     /// The backing strategy.
+    #[doc(hidden)]
     pub fn backing(&self) -> &dyn SubAllocator {
         &*self.backing
     }

@@ -39,6 +39,7 @@ pub struct TieredConfig {
 impl TieredConfig {
     /// Defaults for `capacity` bytes: small ≤ 64 KiB on 2 MiB pages, large ≥ 10 MiB (PyTorch's large-request
     /// threshold), all scaled down for capacities under 128 MiB.
+    #[doc(hidden)]
     pub fn for_capacity(capacity: u64) -> Self {
         let slab = SlabConfig::for_capacity(capacity);
         TieredConfig {
@@ -77,6 +78,7 @@ impl Tiered {
     /// # Errors
     /// [`AllocError::InvalidConfig`] if `small_max` is not a power of two, `small_max > page_size`,
     /// `large_min <= small_max`, or the capacity/granule are invalid.
+    #[doc(hidden)]
     pub fn with_config(capacity: u64, config: TieredConfig) -> Result<Self, AllocError> {
         if config.large_min <= config.small_max || !config.small_max.is_power_of_two() {
             return Err(AllocError::InvalidConfig("need a power-of-two small_max < large_min"));
@@ -91,6 +93,7 @@ impl Tiered {
     }
 
     /// The thresholds.
+    #[doc(hidden)]
     pub fn config(&self) -> TieredConfig {
         self.config
     }

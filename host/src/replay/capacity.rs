@@ -1,63 +1,28 @@
-//! The capacity a replay uses: the one definition of the default capacity of every replay target (host
-//! strategies, the caching model, the device heap), from the evidence of [`crate::facts::capacity`].
+//! The capacity a replay uses: the one rule of every command ([`crate::facts::capacity_from_evidence`]),
+//! with the trace's peaks computed once for the capacity and the demand peak.
 
 use super::{Refusal, ReplayError};
-use crate::facts::{capacity::capacity_from_peaks, peaks, Capacity, CapacitySource, Peaks, MIN_CAPACITY};
-use crate::reference::caching;
+use crate::facts::{capacity::capacity_from_peaks, peaks, Capacity};
 use crate::trace::{DeviceTrace, Trace};
 
-/// The capacity a replay of `dev` uses when none is given, from the evidence
-/// ([`crate::facts::capacity_from_evidence`]):
-///
-/// * at a recorded OOM: the GPU's memory then (PyTorch's reserved bytes plus the event's `device_free`);
-/// * PyTorch snapshots otherwise: PyTorch's recorded peak reserved bytes (segment events, and the
-///   snapshot's final state), rounded up to a whole GiB ([`CapacitySource::PeakReservedRoundedUp`]) —
-///   the memory PyTorch itself used, plus the slack of a partly used last GiB — unless a recorded
-///   `cudaMalloc` failure shows the GPU had less than that: then the peak itself
-///   ([`CapacitySource::PeakReservedBelowFailedRequest`]), so that the model's own allocation fails where
-///   PyTorch's did and it releases as PyTorch's allocator did;
-/// * minimalloc CSV files named `NAME.CAPACITY.csv` (minimalloc's convention, e.g. `K.1048576.csv`):
-///   that capacity;
-/// * otherwise twice the peak of live requested bytes, rounded up to 2 MiB.
-///
-/// Never below [`MIN_CAPACITY`].
+/// The capacity a replay of `dev` uses when none is given: the capacity every command uses
+/// ([`crate::facts::capacity_from_evidence`]: at a recorded OOM the GPU's memory then; for PyTorch
+/// snapshots otherwise PyTorch's recorded peak reserved bytes, never rounded up, so that a replay
+/// reports no free memory the run never had; a file name's capacity; else twice the peak of live
+/// requested bytes, rounded up to 2 MiB).
 ///
 /// # Errors
 /// [`ReplayError::Config`] (bad input) naming the event or CSV line when no capacity can be derived: a
 /// size beyond the largest device modelled (bug scenario BL-23, DESIGN.md §3.9); `--capacity` then replays the rest.
 pub fn default_capacity(trace: &Trace, dev: &DeviceTrace) -> Result<Capacity, ReplayError> {
-    default_capacity_from(trace, dev, &peaks(dev))
+    choose_capacity(trace, dev, None)
 }
 
-/// [`default_capacity`] with the trace's peaks `p` already computed.
-fn default_capacity_from(trace: &Trace, dev: &DeviceTrace, p: &Peaks) -> Result<Capacity, ReplayError> {
-    let c = capacity_from_peaks(trace, dev, p).map_err(Refusal::NoCapacity)?;
-    let c = match c.source {
-        CapacitySource::PeakReserved => {
-            let gib = 1u64 << 30;
-            let rounded = c.bytes.div_ceil(gib).max(1).saturating_mul(gib);
-            let releases = caching::recorded_releases(dev);
-            match caching::least_failed_request_bound(&releases) {
-                Some((bound, r)) if bound <= rounded && bound > c.bytes => Capacity {
-                    bytes: c.bytes,
-                    source: CapacitySource::PeakReservedBelowFailedRequest {
-                        peak: c.bytes,
-                        event: r.next_segment.map_or(r.last_event, |s| s.0),
-                        bound,
-                    },
-                },
-                _ => Capacity { bytes: rounded, source: CapacitySource::PeakReservedRoundedUp { peak: c.bytes } },
-            }
-        }
-        _ => c,
-    };
-    Ok(Capacity { bytes: c.bytes.max(MIN_CAPACITY), ..c })
-}
-
-/// `given` ([`CapacitySource::Given`]) when set, else [`default_capacity`].
+/// `given` ([`crate::facts::CapacitySource::Given`]) when set, else [`default_capacity`].
 ///
 /// # Errors
 /// As [`default_capacity`].
+#[doc(hidden)]
 pub fn choose_capacity(trace: &Trace, dev: &DeviceTrace, given: Option<u64>) -> Result<Capacity, ReplayError> {
     choose_capacity_and_demand_peak(trace, dev, given).map(|(c, _)| c)
 }
@@ -75,7 +40,7 @@ pub(crate) fn choose_capacity_and_demand_peak(
     let peaks = peaks(dev);
     let capacity = match given {
         Some(c) => Capacity::given(c),
-        None => default_capacity_from(trace, dev, &peaks)?,
+        None => capacity_from_peaks(trace, dev, &peaks).map_err(Refusal::NoCapacity)?,
     };
     Ok((capacity, peaks.allocated_event))
 }

@@ -90,9 +90,11 @@ use crate::units::fmt_bytes;
 pub const DEFAULT_DEVICE_HEAP_LIMIT_CPU: u64 = 8 << 30;
 
 /// Name of the device allocator's row (`device heap`, or `device heap (scaled 1/N)`).
+#[doc(hidden)]
 pub const DEVICE_HEAP: &str = "device heap";
 
 /// The policy string of a device replay (compaction does not apply to raw `malloc` blocks).
+#[doc(hidden)]
 pub const POLICY_NA: &str = "n/a (raw malloc blocks are pinned)";
 
 /// Seed of the byte patterns of [`DeviceReplayOptions::verify_bytes`].
@@ -132,6 +134,7 @@ impl Default for DeviceReplayOptions {
 /// What a device replay adds to its [`ReplayReport`] (bytes of the replayed, possibly scaled, heap;
 /// ns).
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[doc(hidden)]
 pub struct DeviceHeapEnd {
     /// The backend, described.
     pub backend: String,

@@ -52,11 +52,13 @@ pub enum ReplayError {
 
 impl ReplayError {
     /// `true` for bad input (exit code 2), `false` for run-time failures (exit code 1).
+    #[doc(hidden)]
     pub fn is_input(&self) -> bool {
         matches!(self, ReplayError::Config(_))
     }
 
     /// The refusal of a configuration, when this is one.
+    #[doc(hidden)]
     pub fn refused(&self) -> Option<&Refused> {
         match self {
             ReplayError::Config(r) => Some(r),
@@ -67,6 +69,7 @@ impl ReplayError {
     /// A refused configuration with `advice` (what to change, in the front end's words) added to its
     /// message; any other error unchanged.
     #[must_use]
+    #[doc(hidden)]
     pub fn with_advice(self, advice: &'static str) -> Self {
         match self {
             ReplayError::Config(mut r) => {
@@ -102,6 +105,7 @@ impl From<Refusal> for ReplayError {
 /// known.
 #[derive(Debug)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct Refused {
     /// Why.
     pub refusal: Refusal,
@@ -138,6 +142,7 @@ impl std::error::Error for Refused {
 /// Why a replay refuses its options.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub enum Refusal {
     /// A capacity outside the range the strategies model.
     #[error("capacity {0} B is outside [{MIN_CAPACITY} B, 2^48 B]")]
@@ -202,6 +207,7 @@ pub enum Refusal {
 /// Why a compaction failed (a run-time failure).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub enum CompactionFailure {
     /// The reference plan or its application to the strategy failed.
     #[error(transparent)]
@@ -214,6 +220,7 @@ pub enum CompactionFailure {
 /// Why the device heap failed (a run-time failure).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub enum DeviceFailure {
     /// A launch, read-back or write failed.
     #[error(transparent)]

@@ -39,6 +39,7 @@ use crate::reference::compact::{CompactionLayout, CompactionPlan};
 
 /// A kernel measurement (bytes, ns, GB/s = 10^9 bytes/s).
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[doc(hidden)]
 pub struct Measured {
     /// The backend, described.
     pub backend: String,
@@ -69,6 +70,7 @@ pub struct Measured {
 /// A measurement, or why there is none.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "kebab-case", tag = "kind")]
+#[doc(hidden)]
 pub enum MeasureOutcome {
     /// Measured with the kernel.
     Measured(Measured),

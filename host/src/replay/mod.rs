@@ -177,6 +177,7 @@ pub(crate) fn replay_search(
 }
 
 /// The level name of a fraction (re-exported for tables).
+#[doc(hidden)]
 pub fn level(fraction: f64) -> crate::analysis::FragLevel {
     crate::analysis::FragLevel::of(fraction)
 }

@@ -11,8 +11,10 @@ use crate::trace::{Recorder, Trace};
 use crate::units::{check_align, ParseError};
 
 /// Default number of timeline samples (the timeline is downsampled to at most this many points).
+#[doc(hidden)]
 pub const DEFAULT_TIMELINE_POINTS: usize = 2000;
 /// Default materialisation limit on the CPU backend, bytes (1 GiB).
+#[doc(hidden)]
 pub const DEFAULT_MATERIALIZE_LIMIT_CPU: u64 = 1 << 30;
 
 /// When to compact.
@@ -41,6 +43,7 @@ impl fmt::Display for CompactPolicy {
 /// naming the value.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub enum PolicyError {
     /// Not `never`, `on-oom` nor `threshold=F`.
     #[error("unknown compaction policy `{0}` (expected never, on-oom or threshold=F)")]
@@ -112,6 +115,7 @@ impl ReplayOptions {
 /// records when gpuheap has one (the PyTorch caching model for PyTorch snapshots,
 /// [`Recorder::PytorchCaching`]), best-fit otherwise (it runs at any capacity; the caching model needs at
 /// least one 2 MiB segment).
+#[doc(hidden)]
 pub fn default_strategy(trace: &Trace) -> StrategyKind {
     match trace.format.row().recorder {
         Recorder::PytorchCaching => StrategyKind::Caching,
@@ -122,6 +126,7 @@ pub fn default_strategy(trace: &Trace) -> StrategyKind {
 /// The natural alignment (bytes) of `trace`'s requests, its format's ([`crate::trace::FormatRow::align`]):
 /// [`PYTORCH_ALIGN`](crate::trace::PYTORCH_ALIGN) for PyTorch snapshots, [`CSV_ALIGN`](crate::trace::CSV_ALIGN) for minimalloc (buffer-lifetime) CSV files,
 /// [`DEFAULT_ALIGN`](crate::trace::DEFAULT_ALIGN) for RMM logs.
+#[doc(hidden)]
 pub fn alignment_for(trace: &Trace) -> u64 {
     trace.format.row().align
 }
@@ -130,11 +135,13 @@ pub fn alignment_for(trace: &Trace) -> u64 {
 ///
 /// # Errors
 /// [`ParseError::Alignment`] when `given` is zero, not a power of two, or above 1 GiB.
+#[doc(hidden)]
 pub fn choose_alignment(trace: &Trace, given: Option<u64>) -> Result<u64, ParseError> {
     given.map_or(Ok(alignment_for(trace)), check_align)
 }
 
 /// Where the alignment of a replay comes from, for the report: `given`, or the format's default and why.
+#[doc(hidden)]
 pub fn alignment_source(trace: &Trace, given: Option<u64>) -> String {
     if given.is_some() {
         return "given".into();
@@ -145,6 +152,7 @@ pub fn alignment_source(trace: &Trace, given: Option<u64>) -> String {
 /// The block a request of `requested` bytes is sent as: zero counts as one byte, rounded up to `align`
 /// (saturating; a size no strategy holds is then refused by the strategy as too large).
 #[inline]
+#[doc(hidden)]
 pub fn round_request(requested: u64, align: u64) -> u64 {
     let r = requested.max(1);
     if align.is_power_of_two() {

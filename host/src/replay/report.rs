@@ -18,6 +18,7 @@ fn is_zero(v: &u64) -> bool {
 
 /// A request the strategy could not serve.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[doc(hidden)]
 pub struct FailedRequest {
     /// Event index (`None`: an initial block).
     pub event: Option<usize>,
@@ -34,6 +35,7 @@ pub struct FailedRequest {
 /// What made a compaction run (serialised as `on-oom` or `threshold`, the policy's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[doc(hidden)]
 pub enum CompactionTrigger {
     /// A request failed although it would fit after a perfect compaction (policy `on-oom`).
     OnOom,
@@ -65,6 +67,7 @@ impl PartialEq<&str> for CompactionTrigger {
 
 /// One compaction.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[doc(hidden)]
 pub struct CompactionRecord {
     /// Event index at which it ran.
     pub event: usize,
@@ -94,6 +97,7 @@ pub struct CompactionRecord {
 
 /// One timeline sample: the maxima over a bucket of consecutive events (bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[doc(hidden)]
 pub struct Sample {
     /// Last event of the bucket.
     pub event: usize,
@@ -113,6 +117,7 @@ pub struct Sample {
 /// small (slab) tier when its aligned size is at most `small_max`, to the large (top-down) tier from
 /// `large_min`, to the medium tier (first-fit from the bottom of the shared range) in between.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[doc(hidden)]
 pub struct TierStats {
     /// `small`, `medium` or `large`.
     pub tier: String,
@@ -137,6 +142,7 @@ pub struct TierStats {
 /// The caching model's state at the end, for the fidelity check against the snapshot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct CachingEnd {
     /// Reserved bytes (segments).
     pub reserved: u64,
@@ -151,6 +157,7 @@ pub struct CachingEnd {
 }
 
 /// `(a − b) / b`, or `None` when `b` is 0 and `a` is not (no ratio to nothing; 0 against 0 is 0).
+#[doc(hidden)]
 pub fn relative_difference(a: u64, b: u64) -> Option<f64> {
     match (a, b) {
         (0, 0) => Some(0.0),
@@ -162,6 +169,7 @@ pub fn relative_difference(a: u64, b: u64) -> Option<f64> {
 /// The caching model's end state against the snapshot's ([`ReplayReport::end_fidelity`]).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct EndFidelity {
     /// The model's reserved bytes at the end.
     pub model_reserved: u64,
@@ -255,6 +263,7 @@ pub struct ReplayReport {
 
 impl ReplayReport {
     /// The caching model's end state against the snapshot's (caching model of a snapshot only).
+    #[doc(hidden)]
     pub fn end_fidelity(&self) -> Option<EndFidelity> {
         let (c, pt) = (self.caching_end.as_ref()?, self.pytorch.as_ref()?);
         let (pr, ps) = (pt.snapshot_reserved.unwrap_or(pt.end), pt.snapshot_segments.unwrap_or(pt.end_segments));

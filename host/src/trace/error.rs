@@ -175,6 +175,7 @@ pub enum TraceError {
 
 impl TraceError {
     /// Exit code a command-line tool should use for any `TraceError` (bad input).
+    #[doc(hidden)]
     pub const EXIT_CODE: i32 = 2;
 
     /// The same as [`TraceError::EXIT_CODE`], for `map_err` chains.
@@ -183,6 +184,7 @@ impl TraceError {
     }
 
     /// The file the error is about.
+    #[doc(hidden)]
     pub fn path(&self) -> &Path {
         match self {
             TraceError::Io { path, .. }

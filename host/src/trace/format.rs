@@ -14,16 +14,20 @@ use super::{csv_lifetime, pytorch, rmm};
 use super::{Event, EventKind, SnapshotLayout, Trace, TraceError, TraceFormat};
 
 /// Alignment (bytes) of replayed PyTorch requests: PyTorch's `kMinBlockSize`.
+#[doc(hidden)]
 pub const PYTORCH_ALIGN: u64 = 512;
 /// Alignment (bytes) of replayed requests of RMM logs (`cudaMalloc`'s and RMM's 256 B).
+#[doc(hidden)]
 pub const DEFAULT_ALIGN: u64 = 256;
 /// Alignment (bytes) of replayed minimalloc CSV requests: minimalloc instances are defined at byte
 /// granularity, so a feasible instance stays feasible.
+#[doc(hidden)]
 pub const CSV_ALIGN: u64 = 1;
 
 /// The allocator whose decisions a format records (its segments, its placements), when it does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub enum Recorder {
     /// PyTorch's CUDA caching allocator (`c10/cuda/CUDACachingAllocator.cpp`), which gpuheap models:
     /// a replay's default strategy is that model.
@@ -35,6 +39,7 @@ pub enum Recorder {
 /// What gpuheap knows of one trace format.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct FormatRow {
     /// The format (for PyTorch snapshots, the recent layout; the reader tells the 2.0 layout apart).
     pub format: TraceFormat,
@@ -62,6 +67,7 @@ pub struct FormatRow {
 }
 
 /// Every format, in detection order.
+#[doc(hidden)]
 pub const FORMATS: [FormatRow; 3] = [
     FormatRow {
         format: TraceFormat::PytorchSnapshot(SnapshotLayout::Recent),
@@ -116,6 +122,7 @@ pub const FORMATS: [FormatRow; 3] = [
 
 impl TraceFormat {
     /// This format's row of [`FORMATS`].
+    #[doc(hidden)]
     pub fn row(self) -> &'static FormatRow {
         let key = match self {
             TraceFormat::PytorchSnapshot(_) => TraceFormat::PytorchSnapshot(SnapshotLayout::Recent),
@@ -168,6 +175,7 @@ fn lone_cr_to_lf(bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
 ///
 /// # Errors
 /// [`TraceError::Empty`] for no bytes; [`TraceError::UnknownFormat`] when no row recognises the file.
+#[doc(hidden)]
 pub fn detect_row(path: &Path, bytes: &[u8]) -> Result<&'static FormatRow, TraceError> {
     if bytes.is_empty() {
         return Err(TraceError::Empty { path: path.to_path_buf() });
@@ -187,6 +195,7 @@ pub fn detect_row(path: &Path, bytes: &[u8]) -> Result<&'static FormatRow, Trace
 ///
 /// # Errors
 /// As [`detect_row`].
+#[doc(hidden)]
 pub fn detect(path: &Path, bytes: &[u8]) -> Result<TraceFormat, TraceError> {
     detect_row(path, bytes).map(|r| r.format)
 }
@@ -194,6 +203,7 @@ pub fn detect(path: &Path, bytes: &[u8]) -> Result<TraceFormat, TraceError> {
 impl Trace {
     /// The location of event `index` of device `dev` for a message: its file line when the format's
     /// events are lines (a minimalloc buffer), else the device and event index.
+    #[doc(hidden)]
     pub fn event_location(&self, dev: &super::DeviceTrace, index: usize) -> super::Location {
         match (self.format.row().event_line, dev.events.get(index)) {
             (Some(line), Some(e)) => super::Location::Line(line(e)),
@@ -203,6 +213,7 @@ impl Trace {
 
     /// The capacity the file's name carries, when its format has such a convention
     /// ([`FormatRow::capacity_hint`]).
+    #[doc(hidden)]
     pub fn capacity_hint(&self) -> Option<u64> {
         self.format.row().capacity_hint.and_then(|h| h(&self.source))
     }

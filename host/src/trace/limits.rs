@@ -27,14 +27,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::{Location, TraceError};
 
 /// The reader's input may take at most this share of the memory ceiling: 1/4.
+#[doc(hidden)]
 pub const INPUT_SHARE: u64 = 4;
 /// Dict entries and list items the schema walk may visit per byte of input.
+#[doc(hidden)]
 pub const WORK_PER_BYTE: u64 = 8;
 /// Dict entries and list items the schema walk may always visit (a small file's walk is never refused).
+#[doc(hidden)]
 pub const WORK_FLOOR: u64 = 1 << 24;
 /// Bytes of events, blocks and frames the schema walk may materialise per byte of input.
+#[doc(hidden)]
 pub const BYTES_PER_BYTE: u64 = 8;
 /// Bytes the schema walk may always materialise.
+#[doc(hidden)]
 pub const BYTES_FLOOR: u64 = 64 << 20;
 
 /// The ceiling set by [`set_max_memory`]; 0: the default.
@@ -49,6 +54,7 @@ pub fn set_max_memory(bytes: Option<u64>) {
 /// The memory ceiling of a read, bytes: the one set by [`set_max_memory`], else the environment
 /// variable `GPUHEAP_MAX_MEMORY` (a byte count such as `8GiB`, read by [`crate::units`]; an unreadable
 /// value is ignored here: the command line refuses it with exit code 2), else [`default_max_memory`].
+#[doc(hidden)]
 pub fn max_memory() -> u64 {
     match MAX_MEMORY.load(Ordering::Relaxed) {
         0 => std::env::var("GPUHEAP_MAX_MEMORY")
@@ -62,6 +68,7 @@ pub fn max_memory() -> u64 {
 
 /// The default memory ceiling: half of the machine's physical memory (`sysconf(_SC_PHYS_PAGES)` ×
 /// page size), at least 1 GiB; 8 GiB where the machine does not say.
+#[doc(hidden)]
 pub fn default_max_memory() -> u64 {
     #[cfg(unix)]
     {
@@ -75,6 +82,7 @@ pub fn default_max_memory() -> u64 {
 }
 
 /// The largest input a read accepts under the ceiling `max_memory`, bytes.
+#[doc(hidden)]
 pub fn max_input(max_memory: u64) -> u64 {
     max_memory / INPUT_SHARE
 }

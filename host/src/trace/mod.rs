@@ -72,6 +72,7 @@ pub fn read_trace(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
 /// format is refused after 4 KiB, whatever its size), and the input is read up to
 /// [`limits::max_input`] of the memory ceiling ([`limits::max_memory`]): a larger regular file is refused
 /// before it is read, a pipe or other stream once it passes the cap ([`TraceError::Limit`]).
+#[doc(hidden)]
 pub fn read_trace_and_bytes(path: impl AsRef<Path>) -> Result<(Trace, Vec<u8>), TraceError> {
     let path = path.as_ref();
     let bytes = read_input(path, limits::max_memory())?;
@@ -79,6 +80,7 @@ pub fn read_trace_and_bytes(path: impl AsRef<Path>) -> Result<(Trace, Vec<u8>), 
 }
 
 /// How many bytes of an input are read to recognise its format before the rest is read.
+#[doc(hidden)]
 pub const HEAD_BYTES: usize = 4096;
 
 /// The content of the trace input `path` under the memory ceiling `max_memory` ([`read_trace_and_bytes`]),

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use super::AllocatorSettings;
 
 /// Marks an [`Event::id`] that names no block or segment (`oom`, `snapshot`, `segment_map`, ...).
+#[doc(hidden)]
 pub const NO_ID: u32 = u32::MAX;
 
 /// The file format a [`Trace`] was read from.
@@ -34,6 +35,7 @@ impl fmt::Display for TraceFormat {
 
 /// Which generation of the PyTorch snapshot schema a file uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(hidden)]
 pub enum SnapshotLayout {
     /// PyTorch 2.0: blocks carry `history` and no `address` (addresses are implicit).
     Legacy2_0,
@@ -43,6 +45,7 @@ pub enum SnapshotLayout {
 
 /// What [`Event::addr`] holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(hidden)]
 pub enum AddressKind {
     /// Real device virtual addresses, in bytes.
     Device,
@@ -90,10 +93,12 @@ pub enum EventKind {
 
 impl EventKind {
     /// The block-level kinds: alloc and the two frees.
+    #[doc(hidden)]
     pub fn is_block(self) -> bool {
         matches!(self, EventKind::Alloc | EventKind::FreeRequested | EventKind::Free)
     }
     /// The segment kinds (alloc/free/map/unmap).
+    #[doc(hidden)]
     pub fn is_segment(self) -> bool {
         matches!(
             self,
@@ -101,6 +106,7 @@ impl EventKind {
         )
     }
     /// The name PyTorch uses in `device_traces` for this kind.
+    #[doc(hidden)]
     pub fn pytorch_name(self) -> &'static str {
         match self {
             EventKind::Alloc => "alloc",
@@ -120,6 +126,7 @@ impl EventKind {
     /// RMM's `Action` as `logging_resource_adaptor` writes it (`allocate`, `free`, `allocate failure`), a
     /// lifetime CSV's `free` (its rows' `upper` end); PyTorch's ([`pytorch_name`](Self::pytorch_name))
     /// otherwise.
+    #[doc(hidden)]
     pub fn name_in(self, format: TraceFormat) -> &'static str {
         format.row().action_names.iter().find(|(k, _)| *k == self).map_or_else(|| self.pytorch_name(), |(_, n)| n)
     }
@@ -171,9 +178,11 @@ pub struct MempoolId(pub i64, pub i64);
 
 impl MempoolId {
     /// The default pool `(0, 0)`.
+    #[doc(hidden)]
     pub const DEFAULT: MempoolId = MempoolId(0, 0);
 
     /// Whether this is a private pool (not `(0, 0)`).
+    #[doc(hidden)]
     pub fn is_private(self) -> bool {
         self != MempoolId::DEFAULT
     }
@@ -188,6 +197,7 @@ impl fmt::Display for MempoolId {
 
 /// A segment that exists before the first event.
 #[derive(Debug, Clone, PartialEq)]
+#[doc(hidden)]
 pub struct SegmentSeed {
     /// Segment id (see [`Event::id`]).
     pub id: u32,
@@ -207,6 +217,7 @@ pub struct SegmentSeed {
 
 /// A block that is allocated before the first event (recording began mid-run).
 #[derive(Debug, Clone, PartialEq)]
+#[doc(hidden)]
 pub struct BlockSeed {
     /// Block id (see [`Event::id`]).
     pub id: u32,
@@ -274,29 +285,35 @@ pub struct SnapshotState {
 
 impl SnapshotState {
     /// Reserved bytes: the sum of segment sizes.
+    #[doc(hidden)]
     pub fn reserved_bytes(&self) -> u64 {
         self.segments.iter().map(|s| s.size).sum()
     }
     /// Allocated bytes: the sum of the (rounded) sizes of active blocks, as PyTorch's
     /// `allocated_size` counts them.
+    #[doc(hidden)]
     pub fn allocated_bytes(&self) -> u64 {
         self.blocks().filter(|b| b.state != BlockStatus::Inactive).map(|b| b.size).sum()
     }
     /// Requested bytes of active blocks.
+    #[doc(hidden)]
     pub fn requested_bytes(&self) -> u64 {
         self.blocks().filter(|b| b.state != BlockStatus::Inactive).map(|b| b.requested_size).sum()
     }
     /// Number of segments.
+    #[doc(hidden)]
     pub fn segment_count(&self) -> usize {
         self.segments.len()
     }
     /// Number of blocks, all states.
+    #[doc(hidden)]
     pub fn block_count(&self) -> usize {
         self.segments.iter().map(|s| s.blocks.len()).sum()
     }
     /// Bytes the allocator added to every request before rounding to 512 B, inferred from the active
     /// blocks: 32 when some block's size is `round512(requested + 32)` but not `round512(requested)` and
     /// none is the reverse (torch_npu's `AddPadSize`), else 0 (PyTorch).
+    #[doc(hidden)]
     pub fn request_pad(&self) -> u64 {
         let r = |x: u64| x.max(1).div_ceil(512).saturating_mul(512);
         let mut padded = false;
@@ -315,10 +332,12 @@ impl SnapshotState {
         }
     }
     /// Size of the largest inactive block, bytes.
+    #[doc(hidden)]
     pub fn largest_free_block(&self) -> u64 {
         self.blocks().filter(|b| b.state == BlockStatus::Inactive).map(|b| b.size).max().unwrap_or(0)
     }
     /// All blocks of all segments.
+    #[doc(hidden)]
     pub fn blocks(&self) -> impl Iterator<Item = &BlockState> {
         self.segments.iter().flat_map(|s| s.blocks.iter())
     }
@@ -371,6 +390,7 @@ pub struct DeviceTrace {
 /// Who released a segment, as the stack frames of its `segment_free` / `segment_unmap` event show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[doc(hidden)]
 pub enum ReleaseCaller {
     /// A frame is PyTorch's `DeviceCachingAllocator::malloc` (or the `release_cached_blocks` /
     /// `release_available_cached_blocks` / `garbage_collect_cached_blocks` it calls) and none is
@@ -385,6 +405,7 @@ pub enum ReleaseCaller {
 /// What a snapshot says of how its history (`device_traces`) was recorded, beyond the events
 /// themselves. Every field is `None` where the file does not say.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[doc(hidden)]
 pub struct HistoryRecording {
     /// The ring buffer's size in entries (`allocator_settings.trace_alloc_max_entries`, PyTorch
     /// PR#179276).
@@ -399,6 +420,7 @@ pub struct HistoryRecording {
 
 impl DeviceTrace {
     /// An empty trace for `device`.
+    #[doc(hidden)]
     pub fn new(device: i64) -> Self {
         DeviceTrace {
             device,
@@ -418,12 +440,14 @@ impl DeviceTrace {
 
     /// The memory pool of index `i` ([`Event::mempool`], [`SegmentSeed::mempool`]); the default pool
     /// for an index out of range.
+    #[doc(hidden)]
     pub fn mempool(&self, i: u16) -> MempoolId {
         self.mempools.get(i as usize).copied().unwrap_or_default()
     }
 
     /// The index of memory pool `id` in [`DeviceTrace::mempools`], added if new (saturating at
     /// `u16::MAX` pools, the last index then standing for every further pool).
+    #[doc(hidden)]
     pub fn mempool_index(&mut self, id: MempoolId) -> u16 {
         match self.mempools.iter().position(|&m| m == id) {
             Some(i) => i as u16,
@@ -436,6 +460,7 @@ impl DeviceTrace {
     }
 
     /// Number of events of `kind`.
+    #[doc(hidden)]
     pub fn count(&self, kind: EventKind) -> usize {
         self.events.iter().filter(|e| e.kind == kind).count()
     }

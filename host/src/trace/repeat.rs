@@ -85,6 +85,7 @@ impl RepeatOptions {
 /// input. `Display` is one line.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub enum VerifyError {
     /// The written file does not read back.
     #[error("the written file does not read back: {0}")]
@@ -266,11 +267,13 @@ pub enum RepeatError {
 
 impl RepeatError {
     /// Exit code a command-line tool should use for any `RepeatError` (bad input).
+    #[doc(hidden)]
     pub const EXIT_CODE: i32 = 2;
 }
 
 /// One event written between steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(hidden)]
 pub struct BoundaryEvent {
     /// `FreeRequested`, `Free` or `SegmentFree`.
     pub kind: EventKind,
@@ -284,6 +287,7 @@ pub struct BoundaryEvent {
 
 /// How one device's history is repeated.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[doc(hidden)]
 pub struct DeviceRepeat {
     /// Device ordinal.
     pub device: i64,
@@ -433,16 +437,19 @@ impl<'t, 'a> Repeat<'t, 'a> {
     }
 
     /// How each device with events is repeated.
+    #[doc(hidden)]
     pub fn devices(&self) -> impl Iterator<Item = &DeviceRepeat> {
         self.devices.iter().map(|d| &d.summary)
     }
 
     /// Steps planned.
+    #[doc(hidden)]
     pub fn steps(&self) -> u32 {
         self.steps
     }
 
     /// The shift of one step, µs (`None` when the events have no times).
+    #[doc(hidden)]
     pub fn period_us(&self) -> Option<i64> {
         self.period
     }
@@ -450,6 +457,7 @@ impl<'t, 'a> Repeat<'t, 'a> {
     /// One line saying what was written: `output` (of `bytes` bytes) repeats `input` this many steps,
     /// with the step period and per device the events in and out and the frees written between steps.
     /// `gpuheap trace repeat` prints it.
+    #[doc(hidden)]
     pub fn summary(&self, input: &Path, output: &Path, bytes: usize) -> String {
         let devices: Vec<String> = self
             .devices()
@@ -722,6 +730,7 @@ impl<'t, 'a> Repeat<'t, 'a> {
     ///
     /// # Errors
     /// A [`VerifyError`] saying what differs (a fault of this module, not of the input).
+    #[doc(hidden)]
     pub fn verify(&self, path: &Path, bytes: &[u8]) -> Result<(), VerifyError> {
         let out = parse_trace(path, bytes).map_err(VerifyError::Unreadable)?;
         if out.devices.len() != self.trace.devices.len() {

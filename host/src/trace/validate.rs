@@ -15,6 +15,7 @@ use super::{
 /// An inconsistency in an event stream, at event `index`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct ValidationError {
     /// Index of the offending event in [`DeviceTrace::events`].
     pub index: usize,
@@ -25,6 +26,7 @@ pub struct ValidationError {
 /// What is wrong with an event (addresses in bytes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub enum ValidationErrorKind {
     /// An alloc (or segment alloc) at an address that is still allocated.
     AllocOfLiveAddress {
@@ -279,6 +281,7 @@ fn walk(trace: &DeviceTrace, addresses: AddressKind, assign: bool) -> Result<Opt
 /// [`AddressKind::Device`] (the trace's [`Trace::addresses`](super::Trace::addresses)), and event ids equal
 /// to the ones alloc/free matching gives (seed `n` has id `n`). Returns the first problem, with
 /// its event index (for a problem with a seed, the seed's index in its list).
+#[doc(hidden)]
 pub fn validate(trace: &DeviceTrace, addresses: AddressKind) -> Result<(), ValidationError> {
     walk(trace, addresses, false).map(|_| ())
 }

@@ -19,6 +19,16 @@ __all__ = ["load", "replay", "compare", "explain", "tune", "strategies"]
 Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, dict, list, Snapshot]
 Bytes = Union[int, float, str]
 
+#: The help of every option, from the library's option table (``gpuheap::options::OPTIONS``): the text
+#: ``gpuheap COMMAND --help`` prints, written once there.
+_OPTION_HELP = {key: help for key, help, _value, _repeated, _commands in _gpuheap.option_table()}
+
+
+def _documented(f):  # noqa: ANN001, ANN202
+    """Fills the ``{key}`` fields of ``f``'s docstring with the option table's help of ``key``."""
+    f.__doc__ = f.__doc__.format_map(_OPTION_HELP)
+    return f
+
 
 def load(source: Source) -> Snapshot:
     """Reads a trace: a PyTorch CUDA memory snapshot, a minimalloc CSV or an RMM log.
@@ -134,6 +144,7 @@ def strategies() -> list[str]:
     return list(_gpuheap.strategies())
 
 
+@_documented
 def replay(
     snapshot: Source,
     strategy: str = "caching",
@@ -150,24 +161,15 @@ def replay(
 
     Args:
         snapshot: a :class:`Snapshot` or anything :func:`load` takes.
-        strategy: one of :func:`strategies` (``--strategy``).
-        capacity: managed capacity in bytes, or a string with a unit (``"80GiB"``, ``"1.5e9"``).
-            ``None``: PyTorch's peak reserved rounded up to a GiB (snapshots), the capacity in a
-            minimalloc file name, else twice the peak of live bytes (``--capacity``).
-        align: alignment of the requests in bytes, a power of two from 1 B to 1 GiB; ``None``: the
-            format's own (512 B for PyTorch snapshots, 256 B for RMM logs, 1 B for lifetime CSVs) (``--align``).
-        tiers: the tiered strategy's thresholds ``(SMALL_MAX, LARGE_MIN)`` in bytes, or the CLI's
-            ``"1KiB,1MiB"``: requests up to SMALL_MAX (a power of two) go to the slab tier, from
-            LARGE_MIN to the top-down large tier; ``None``: derived from the capacity. Only with
-            ``strategy="tiered"`` (``--tiers``).
-        compact: ``"never"``, ``"on-oom"`` (compact and retry a request that fails for
-            fragmentation) or ``"threshold=F"`` with F in [0, 1] (``--compact``).
-        backend: where compaction kernels run: ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None``: the
-            ``GPUHEAP_BACKEND`` environment variable, else ``"auto"`` (``--backend``).
-        device: the trace's device to replay; ``None``: the one with a recorded OOM, else the one with
-            the most allocation events, as the CLI picks it (``--device``).
-        materialize_limit: largest image in bytes a compaction materialises before it compacts a
-            scaled image (``--materialize-limit``).
+        strategy: one of :func:`strategies`. {strategy}
+        capacity: an int or float of bytes, or a str with a unit. {capacity}
+        align: an int of bytes, or a str with a unit. {align}
+        tiers: ``(SMALL_MAX, LARGE_MIN)`` in bytes, or a str ``"1KiB,1MiB"``. Only with
+            ``strategy="tiered"``. {tiers}
+        compact: a str. {compact}
+        backend: a str; ``None``: the ``GPUHEAP_BACKEND`` environment variable, else ``"auto"``. {backend}
+        device: an int. {device}
+        materialize_limit: an int of bytes, or a str with a unit. {materialize_limit}
 
     Returns:
         The :class:`ReplayReport`.
@@ -184,6 +186,7 @@ def replay(
     return ReplayReport(json.loads(out.json), out.text, out.html)
 
 
+@_documented
 def compare(
     snapshot: Source,
     *,
@@ -195,13 +198,14 @@ def compare(
     device: Optional[int] = None,
     materialize_limit: Optional[Bytes] = None,
     device_heap_limit: Optional[Bytes] = None,
+    verbose: bool = False,
 ) -> Comparison:
     """Replays a trace through every strategy and the device allocator: ``gpuheap compare TRACE --json``.
 
-    Arguments as for :func:`replay` (``tiers`` applies to the tiered row), plus ``device_heap_limit``: the largest device heap in bytes
-    the device allocator's row creates before it replays a scaled trace (``--device-heap-limit``;
-    default 8 GiB on the CPU backend, 75 % of free memory on a GPU). The device allocator's row
-    always runs its kernels, on the CPU backend when there is no GPU.
+    Arguments as for :func:`replay` (``tiers`` applies to the tiered row), plus ``device_heap_limit``
+    (an int of bytes, or a str with a unit): {device_heap_limit} And ``verbose`` (a bool, for the text
+    of :class:`Comparison`): {verbose} The device allocator's row always runs its kernels, on the CPU
+    backend when there is no GPU.
 
     Returns:
         The :class:`Comparison`; a strategy that cannot take the options (e.g. the caching model
@@ -212,10 +216,15 @@ def compare(
         strategy at all can run.
     """
     common = _replay_args(capacity, align, tiers, compact, backend, device, materialize_limit)
-    out = _gpuheap.compare(load(snapshot), **common, device_heap_limit=_bytes_arg("device_heap_limit", device_heap_limit))
+    if not isinstance(verbose, bool):
+        raise ConfigError(f"verbose: expected a bool, not {type(verbose).__qualname__}")
+    out = _gpuheap.compare(
+        load(snapshot), **common, device_heap_limit=_bytes_arg("device_heap_limit", device_heap_limit), verbose=verbose
+    )
     return Comparison(json.loads(out.json), out.text, out.html)
 
 
+@_documented
 def explain(
     snapshot: Source,
     capacity: Optional[Bytes] = None,
@@ -236,15 +245,10 @@ def explain(
 
     Args:
         snapshot: a :class:`Snapshot` or anything :func:`load` takes.
-        capacity: the GPU's memory in bytes (or ``"80GiB"``). ``None``: PyTorch's reserved bytes at
-            a recorded OOM plus the driver's free bytes then, else its peak reserved bytes.
-        device: the device to explain; ``None``: the one with a recorded OOM, else the one with the
-            most allocation events.
-        tune: run the settings search (:func:`tune`); ``False`` is faster (``--no-tune``).
-        without: frame patterns (``"model.py:42"``, ``"model.py:42 forward"``, a function name): replay
-            the trace without the allocations whose stack has a matching frame and report whether the
-            OOM goes away and the least GPU memory the run then needs (``--without SITE`` each;
-            :attr:`Explanation.without`).
+        capacity: an int or float of bytes, or a str with a unit. {capacity}
+        device: an int. {device}
+        tune: run the settings search (:func:`tune`); ``False``: {no_tune}
+        without: a list of str, one per SITE (:attr:`Explanation.without`). {without}
 
     Returns:
         The :class:`Explanation`: ``str()`` is the CLI's page, ``.to_dict()`` its JSON; a notebook
@@ -266,6 +270,7 @@ def explain(
     return Explanation(json.loads(out.json), out.text, out.tune_table, out.html)
 
 
+@_documented
 def tune(
     snapshot: Source,
     capacity: Optional[Bytes] = None,
@@ -284,13 +289,11 @@ def tune(
 
     Args:
         snapshot: a :class:`Snapshot` or anything :func:`load` takes.
-        capacity: the GPU's memory for the ``failed`` column, bytes or ``"80GiB"``; ``None`` as
-            for :func:`explain`.
-        settings: keep only these rows, named by their ``setting`` label as the CLI prints it
-            (e.g. ``"expandable_segments:True"``, ``"best-fit"``, ``"(defaults)"``); the ranking and
-            :attr:`TuneResult.best_env` are then among them. The whole grid is still replayed (it
-            is fixed in this version). ``None``: every row.
-        device: as for :func:`explain`.
+        capacity: the GPU's memory for the ``failed`` column: an int or float of bytes, or a str with
+            a unit. {capacity}
+        settings: a list of str; the ranking and :attr:`TuneResult.best_env` are then among them (the
+            whole grid is still replayed). {settings}
+        device: an int. {device}
 
     Returns:
         The :class:`TuneResult` (``.rows``, ``.best_env``).

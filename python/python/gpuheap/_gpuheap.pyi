@@ -74,6 +74,7 @@ def compare(
     device: Optional[int] = None,
     materialize_limit: Optional[Bytes] = None,
     device_heap_limit: Optional[Bytes] = None,
+    verbose: bool = False,
 ) -> Output:
     """`gpuheap compare`. Raises gpuheap.ConfigError, TraceError, BackendError, InternalError."""
 
@@ -97,6 +98,9 @@ def tune(
 ) -> Output:
     """`gpuheap tune`; `settings`: keep only these rows. Raises TraceError, ConfigError (also for an
     unknown row), BackendError."""
+
+def option_table() -> list[tuple[str, str, Optional[str], bool, list[str]]]:
+    """The option table of the commands: (key, help, value name or None for a switch, repeated, commands)."""
 
 def strategies() -> list[str]:
     """The strategy names replay accepts."""

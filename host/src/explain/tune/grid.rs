@@ -31,6 +31,7 @@ pub enum Setting {
 /// The kind of a [`super::TuneRow`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[doc(hidden)]
 pub enum RowKind {
     /// A `PYTORCH_CUDA_ALLOC_CONF` setting.
     Pytorch,
@@ -43,6 +44,7 @@ pub enum RowKind {
 impl Setting {
     /// The row label: the env value (or "defaults"/"snapshot's own"), "caching + compaction on OOM", or
     /// the strategy's name.
+    #[doc(hidden)]
     pub fn label(&self) -> String {
         match self {
             Setting::Pytorch { env, .. } if env.is_empty() => "(defaults)".into(),
@@ -68,6 +70,7 @@ impl Setting {
 /// true only through `setMemoryFraction` (`torch.cuda.set_per_process_memory_fraction`): without it a
 /// threshold has no effect. With 1.0 the collector's limit (`threshold × allowed_memory_maximum`) is a
 /// fraction of the whole GPU, and no memory is withheld.
+#[doc(hidden)]
 pub const GC_MEMORY_FRACTION: f64 = 1.0;
 
 /// The configuration `settings` record (PyTorch's `CUDAAllocatorConfig` of the snapshot), for the
@@ -84,6 +87,7 @@ fn settings_of(cfg: &CachingConfig) -> AllocatorSettings {
 
 /// The `PYTORCH_CUDA_ALLOC_CONF` value of the snapshot's own settings ([`crate::explain::settings_env`]; empty
 /// for PyTorch's defaults or when none are recorded).
+#[doc(hidden)]
 pub fn own_env(dev: &DeviceTrace) -> String {
     crate::explain::settings_env(dev).unwrap_or_default()
 }
@@ -153,6 +157,7 @@ pub(crate) fn max_split_reasons(dev: &DeviceTrace, cfg: &CachingConfig) -> Vec<(
 /// own settings: at the quartiles of the distinct request sizes of 21 MiB and more, in whole MiB rounded
 /// down (a block of `max_split_size` bytes or more is oversize in PyTorch's `get_free_block` and
 /// `should_split`), without duplicates, ascending.
+#[doc(hidden)]
 pub fn max_split_candidates(dev: &DeviceTrace) -> Vec<u64> {
     let own = dev.allocator_settings.clone().unwrap_or_default();
     max_split_reasons(dev, &base_config(&own)).into_iter().map(|x| x.0).collect()
@@ -250,6 +255,7 @@ pub(crate) fn grid_with_reasons(dev: &DeviceTrace) -> Vec<(Setting, Option<Strin
 /// The [`ConfigWarning`]s of a PyTorch row: options its settings name that the caching model does not
 /// implement or that have no effect as set (a `garbage_collection_threshold` without a memory fraction).
 /// Only the snapshot's own row can have any: the other rows are built from [`CachingConfig`].
+#[doc(hidden)]
 pub fn row_warnings(setting: &Setting) -> Vec<ConfigWarning> {
     match setting {
         Setting::Pytorch { settings, .. } => CachingConfig::from_settings(settings, 0).1,

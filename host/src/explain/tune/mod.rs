@@ -55,6 +55,7 @@ pub use row::RowTrace;
 
 /// Granularity of the minimum-capacity search: 2 MiB, the GPU's large page and PyTorch's segment
 /// rounding (`kRoundLarge`).
+#[doc(hidden)]
 pub const GRANULE: u64 = 2 << 20;
 
 /// One row of the search. Bytes.
@@ -229,6 +230,7 @@ fn min_capacity(
 /// # Errors
 /// [`ExplainError::Replay`] when a replay fails at run time; a capacity the allocator cannot be built
 /// with counts as a failed replay.
+#[doc(hidden)]
 pub fn least_capacity(
     trace: &Trace,
     row: &RowTrace,
@@ -373,6 +375,7 @@ impl TuneReport {
     /// # Errors
     /// [`ExplainError::UnknownSettings`] naming the labels that are no row of the report (and listing the rows);
     /// the report is then unchanged.
+    #[doc(hidden)]
     pub fn retain_settings(&mut self, settings: &[String]) -> Result<(), ExplainError> {
         let unknown: Vec<String> =
             settings.iter().filter(|s| !self.rows.iter().any(|r| &r.setting == *s)).cloned().collect();

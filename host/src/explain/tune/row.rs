@@ -13,6 +13,7 @@ use crate::trace::{DeviceTrace, Trace};
 /// ([`crate::explain::with_oom_requests`]), events numbered as in the file through [`RowTrace::map`],
 /// and for PyTorch rows the row's settings in place of the snapshot's.
 #[derive(Clone, Debug)]
+#[doc(hidden)]
 pub struct RowTrace {
     /// The device's trace with the OOM requests tried, and the row's settings for a PyTorch row.
     pub dev: DeviceTrace,

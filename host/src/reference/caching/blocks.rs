@@ -223,6 +223,7 @@ impl CachingAllocator {
     /// # Errors
     /// [`AllocError::InvalidRelocation`] when `[offset, offset + size)` is not inside one free block or is
     /// unaligned; [`AllocError::ZeroSize`] for `size == 0`.
+    #[doc(hidden)]
     pub fn seed_block(&mut self, offset: u64, size: u64, requested: u64) -> Result<Allocation, AllocError> {
         if size == 0 {
             return Err(AllocError::ZeroSize);

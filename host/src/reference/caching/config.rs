@@ -17,6 +17,7 @@ use crate::trace::AllocatorSettings;
 
 /// Number of `roundup_power2_divisions` intervals: `[1 MiB, 2 MiB)`, `[2 MiB, 4 MiB)`, ..., the last
 /// one `[32 GiB, ∞)` (`kRoundUpPowerOfTwoIntervals`).
+#[doc(hidden)]
 pub const ROUNDUP_INTERVALS: usize = 16;
 
 pub(super) const MIB: u64 = 1 << 20;
@@ -109,6 +110,7 @@ impl CachingConfig {
 
     /// torch_npu's allocator: the 32-byte request pad and 16 KiB base-address alignment of large blocks
     /// with expandable segments.
+    #[doc(hidden)]
     pub fn torch_npu(mut self) -> Self {
         self.request_pad = 32;
         self.base_addr_align = 16 << 10;
@@ -116,48 +118,56 @@ impl CachingConfig {
     }
 
     /// With `pad` bytes added to every request before rounding (torch_npu: 32).
+    #[doc(hidden)]
     pub fn request_pad(mut self, pad: u64) -> Self {
         self.request_pad = pad;
         self
     }
 
     /// With expandable segments on or off.
+    #[doc(hidden)]
     pub fn expandable(mut self, on: bool) -> Self {
         self.expandable_segments = on;
         self
     }
 
     /// With `max_split_size` bytes (`u64::MAX`: unlimited).
+    #[doc(hidden)]
     pub fn max_split(mut self, bytes: u64) -> Self {
         self.max_split_size = bytes;
         self
     }
 
     /// With `max_non_split_rounding` bytes.
+    #[doc(hidden)]
     pub fn max_non_split_rounding(mut self, bytes: u64) -> Self {
         self.max_non_split_rounding = bytes;
         self
     }
 
     /// With `divisions` in every interval (the single-value form `roundup_power2_divisions:N`).
+    #[doc(hidden)]
     pub fn roundup_divisions(mut self, divisions: u64) -> Self {
         self.roundup_power2_divisions = [divisions; ROUNDUP_INTERVALS];
         self
     }
 
     /// With per-interval divisions (index `i`: requests in `[2^i MiB, 2^(i+1) MiB)`).
+    #[doc(hidden)]
     pub fn roundup_divisions_per_interval(mut self, divisions: [u64; ROUNDUP_INTERVALS]) -> Self {
         self.roundup_power2_divisions = divisions;
         self
     }
 
     /// With `garbage_collection_threshold` (0 = off).
+    #[doc(hidden)]
     pub fn gc_threshold(mut self, fraction: f64) -> Self {
         self.garbage_collection_threshold = fraction;
         self
     }
 
     /// With a per-process memory fraction (`torch.cuda.set_per_process_memory_fraction`).
+    #[doc(hidden)]
     pub fn memory_fraction(mut self, fraction: Option<f64>) -> Self {
         self.memory_fraction = fraction;
         self
@@ -166,6 +176,7 @@ impl CachingConfig {
     /// The divisions that apply to a request of `size` bytes: PyTorch's
     /// `AllocatorConfig::roundup_power2_divisions(size)` (interval `floor(log2(size)) − 20`, clamped to
     /// `[0, 15]`).
+    #[doc(hidden)]
     pub fn divisions_for(&self, size: u64) -> u64 {
         let log = 63 - u64::from(size.max(1).leading_zeros());
         let idx = log.saturating_sub(20).min(ROUNDUP_INTERVALS as u64 - 1);
@@ -174,11 +185,13 @@ impl CachingConfig {
 
     /// Whether the garbage collector runs: PyTorch's `malloc` calls `garbage_collect_cached_blocks` only
     /// when `set_fraction && garbage_collection_threshold() > 0` (`c10/cuda/CUDACachingAllocator.cpp`).
+    #[doc(hidden)]
     pub fn gc_active(&self) -> bool {
         self.memory_fraction.is_some() && self.garbage_collection_threshold > 0.0
     }
 
     /// `allowed_memory_maximum`: `fraction × device_capacity` with a memory fraction, else the capacity.
+    #[doc(hidden)]
     pub fn allowed_memory_maximum(&self) -> u64 {
         match self.memory_fraction {
             Some(f) => (f * self.device_capacity as f64) as u64,
@@ -238,6 +251,7 @@ impl CachingConfig {
     /// `roundup_power2_divisions` keyed by interval start in MiB) then take precedence, as they are what the
     /// allocator used. Every other recorded key goes through its row of [`OPTIONS`]: a modelled one is
     /// applied, the others are warnings with the row's reason.
+    #[doc(hidden)]
     pub fn from_settings(s: &AllocatorSettings, device_capacity: u64) -> (CachingConfig, Vec<ConfigWarning>) {
         let mut warnings = Vec::new();
         let mut cfg = CachingConfig::new(device_capacity);
@@ -319,6 +333,7 @@ impl CachingConfig {
     /// `per_process_memory_fraction`, which PyTorch reads since 2.10 and torch_npu reads too (older PyTorch
     /// releases need `torch.cuda.set_per_process_memory_fraction`: [`AllocOption::pytorch_support`]).
     /// [`CachingConfig::from_env`] of the result gives `self` back.
+    #[doc(hidden)]
     pub fn to_env(&self) -> String {
         OPTIONS.iter().filter_map(|o| o.to_env(self)).collect::<Vec<_>>().join(",")
     }

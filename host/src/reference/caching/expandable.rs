@@ -13,11 +13,13 @@ use crate::reference::{oom, AllocError};
 
 impl CachingAllocator {
     /// Start of the expandable reservation of (`pool`, `stream`) in the default memory pool, if it exists.
+    #[doc(hidden)]
     pub fn reservation_start(&self, pool: Pool, stream: i64) -> Option<u64> {
         self.reservation_start_in(pool, stream, 0)
     }
 
     /// Start of the expandable reservation of (`pool`, `stream`) in memory pool `mempool`, if it exists.
+    #[doc(hidden)]
     pub fn reservation_start_in(&self, pool: Pool, stream: i64, mempool: u16) -> Option<u64> {
         let st = self.streams.iter().position(|&s| s == stream)? as u32;
         let mut segs = self.segments.iter().flatten();
@@ -151,6 +153,7 @@ impl CachingAllocator {
     /// Unmaps the whole pages of `[offset, offset + size)` that lie in free blocks of an expandable segment
     /// (`unmap_block` on that part of each free block, as a replay does at a recorded `segment_unmap`).
     /// Returns the bytes unmapped.
+    #[doc(hidden)]
     pub fn unmap_range(&mut self, offset: u64, size: u64) -> u64 {
         let end = offset.saturating_add(size);
         let mut unmapped = 0;
@@ -256,6 +259,7 @@ impl CachingAllocator {
     /// # Errors
     /// [`AllocError::InvalidRelocation`] for unaligned values or a range that is not wholly unmapped;
     /// [`AllocError::OutOfMemory`] when the device has fewer free bytes.
+    #[doc(hidden)]
     pub fn seed_mapped(&mut self, pool: Pool, stream: i64, rel: u64, size: u64, span: u64) -> Result<u64, AllocError> {
         let page = pool.page();
         let bad = AllocError::InvalidRelocation("seeded mapped range not page-aligned inside unmapped space");

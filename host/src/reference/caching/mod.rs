@@ -124,6 +124,7 @@ mod blocks;
 pub(crate) mod config;
 mod expandable;
 mod free_set;
+#[doc(hidden)]
 pub mod options;
 mod release;
 pub(crate) mod releases;
@@ -138,7 +139,7 @@ use rules::pool_of;
 use vspace::{SegIndex, Segment};
 
 pub use config::{CachingConfig, ConfigError, ConfigWarning, ROUNDUP_INTERVALS};
-pub use releases::{least_failed_request_bound, recorded_releases, RecordedRelease, ReleaseCause, ReleaseEvidence};
+pub use releases::{recorded_releases, RecordedRelease, ReleaseCause, ReleaseEvidence};
 pub use rules::{
     round_size, roundup_power2_next_division, segment_size, Pool, ADDRESS_RANGE, LARGE_BUFFER, MIN_BLOCK,
     MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
@@ -151,6 +152,7 @@ pub use vspace::SegmentInfo;
 
 /// Counters beyond [`Stats`]. Bytes unless named as counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[doc(hidden)]
 pub struct CachingCounters {
     /// Highest requested bytes live at once.
     pub peak_allocated: u64,
@@ -281,22 +283,26 @@ impl CachingAllocator {
     }
 
     /// Requested bytes live, PyTorch's `requested_bytes.all.current`.
+    #[doc(hidden)]
     pub fn requested_bytes(&self) -> u64 {
         self.allocated
     }
 
     /// Free device memory a new segment or mapping can take: `capacity − reserved` in whole 2 MiB pages.
+    #[doc(hidden)]
     pub fn device_free_bytes(&self) -> u64 {
         align_down(self.config.device_capacity.saturating_sub(self.reserved), SMALL_BUFFER)
     }
 
     /// Number of segments as a snapshot lists them (each contiguous mapped range of an expandable segment
     /// counts as one). O(blocks) for expandable segments.
+    #[doc(hidden)]
     pub fn segment_count(&self) -> usize {
         self.segments.iter().flatten().filter(|s| !s.expandable).count() + self.mapped_runs().len()
     }
 
     /// Peaks and event counters.
+    #[doc(hidden)]
     pub fn counters(&self) -> CachingCounters {
         self.counters
     }
@@ -319,6 +325,7 @@ impl CachingAllocator {
     /// [`AllocError::ZeroSize`], [`AllocError::SizeOverflow`], and [`AllocError::OutOfMemory`] after the
     /// release-and-retry steps, with the device's free bytes plus the cached free bytes and the largest of
     /// the device's free bytes and the largest cached block.
+    #[doc(hidden)]
     pub fn alloc_on(&mut self, size: u64, stream: i64) -> Result<Allocation, AllocError> {
         self.alloc_in(size, stream, 0)
     }
@@ -333,6 +340,7 @@ impl CachingAllocator {
     ///
     /// # Errors
     /// As [`CachingAllocator::alloc_on`].
+    #[doc(hidden)]
     pub fn alloc_in(&mut self, size: u64, stream: i64, mempool: u16) -> Result<Allocation, AllocError> {
         check_request(size, 1, MIN_BLOCK)?;
         let rounded =

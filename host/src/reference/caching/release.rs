@@ -28,6 +28,7 @@ impl CachingAllocator {
     ///
     /// # Errors
     /// [`AllocError::InvalidFree`] when no wholly free non-expandable segment starts there.
+    #[doc(hidden)]
     pub fn release_segment(&mut self, start: u64) -> Result<u64, AllocError> {
         let id = self.seg_index.get(start).ok_or(AllocError::InvalidFree { offset: start })?;
         let n = self.seg_first[id as usize];

@@ -27,6 +27,7 @@ use crate::trace::{DeviceTrace, EventKind, ReleaseCaller};
 /// Who made a recorded release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[doc(hidden)]
 pub enum ReleaseCause {
     /// PyTorch's allocator, while serving a request (`malloc`: after a failed `cudaMalloc`, or its garbage
     /// collection). A replay lets the model decide at its own capacity.
@@ -38,6 +39,7 @@ pub enum ReleaseCause {
 /// Why a release was classified so.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[doc(hidden)]
 pub enum ReleaseEvidence {
     /// Its stack frames pass through `empty_cache` / `emptyCache`.
     EmptyCacheFrames,
@@ -53,6 +55,7 @@ pub enum ReleaseEvidence {
 
 /// One recorded release: a run of consecutive `segment_free` / `segment_unmap` events. Bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[doc(hidden)]
 pub struct RecordedRelease {
     /// Index of its first event.
     pub first_event: usize,
@@ -92,6 +95,7 @@ impl RecordedRelease {
 /// Every recorded release of `dev`, in event order, classified (see the module docs). Reserved
 /// bytes are walked as the segment events add and remove them (initial segments, `+` allocs and maps,
 /// `−` frees and unmaps), and the largest is compared with the final state's too.
+#[doc(hidden)]
 pub fn recorded_releases(dev: &DeviceTrace) -> Vec<RecordedRelease> {
     let initial: u128 = dev.initial_segments.iter().map(|s| s.size as u128).sum();
     // Reserved bytes after event `e` from `r` before it.
@@ -161,10 +165,4 @@ pub fn recorded_releases(dev: &DeviceTrace) -> Vec<RecordedRelease> {
         });
     }
     out
-}
-
-/// The least [`RecordedRelease::failed_request_bound`] of `releases`, with its release: the GPU's memory for
-/// PyTorch was below it. `None` without such a release.
-pub fn least_failed_request_bound(releases: &[RecordedRelease]) -> Option<(u64, &RecordedRelease)> {
-    releases.iter().filter_map(|r| r.failed_request_bound().map(|b| (b, r))).min_by_key(|x| x.0)
 }

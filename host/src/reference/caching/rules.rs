@@ -6,19 +6,26 @@ use super::CachingConfig;
 use crate::reference::align_up;
 
 /// `kMinBlockSize`: rounding and alignment of every block, bytes.
+#[doc(hidden)]
 pub const MIN_BLOCK: u64 = 512;
 /// `kSmallSize`: largest request of the small pool, bytes.
+#[doc(hidden)]
 pub const SMALL_SIZE: u64 = 1 << 20;
 /// `kSmallBuffer`: small-pool segment size, small expandable page and device page, bytes.
+#[doc(hidden)]
 pub const SMALL_BUFFER: u64 = 2 << 20;
 /// `kLargeBuffer`: segment size for requests below [`MIN_LARGE_ALLOC`] and large expandable page, bytes.
+#[doc(hidden)]
 pub const LARGE_BUFFER: u64 = 20 << 20;
 /// `kMinLargeAlloc`: requests at or above it get a segment of their own size, bytes.
+#[doc(hidden)]
 pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
 /// `kRoundLarge`: rounding of large segments, bytes.
+#[doc(hidden)]
 pub const ROUND_LARGE: u64 = 2 << 20;
 /// Size of the model's virtual address range, bytes
 /// ([`SubAllocator::capacity`](crate::reference::SubAllocator::capacity)).
+#[doc(hidden)]
 pub const ADDRESS_RANGE: u64 = crate::reference::MAX_BYTES;
 
 /// The two pools.
@@ -41,6 +48,7 @@ impl Pool {
     }
 
     /// The expandable page size of the pool, bytes (2 MiB small, 20 MiB large).
+    #[doc(hidden)]
     pub fn page(self) -> u64 {
         match self {
             Pool::Small => SMALL_BUFFER,
@@ -75,12 +83,14 @@ pub(super) fn round_down_to(x: u64, m: u64) -> u64 {
 }
 
 /// PyTorch's `round_size` with default options: at least 512, a multiple of 512.
+#[doc(hidden)]
 pub fn round_size(size: u64) -> Option<u64> {
     align_up(size.max(1), MIN_BLOCK)
 }
 
 /// PyTorch's `roundup_power2_next_division`: `size` rounded up to the next of `divisions` equal steps
 /// between the powers of two around it (a power of two stays; steps of zero give the next power of two).
+#[doc(hidden)]
 pub fn roundup_power2_next_division(size: u64, divisions: u64) -> Option<u64> {
     if size.is_power_of_two() || size == 0 {
         return Some(size);
@@ -117,6 +127,7 @@ impl CachingConfig {
     /// (already rounded by [`CachingConfig::round_size`]): the segment of [`segment_size`], or with
     /// expandable segments the request in whole pages of its pool ([`Pool::page`]: 2 MiB small, 20 MiB
     /// large; `ExpandableSegment::map`), counting no free tail of an existing segment. `None` on overflow.
+    #[doc(hidden)]
     pub fn new_memory(&self, rounded: u64) -> Option<u64> {
         if self.expandable_segments {
             round_up_to(rounded.max(1), pool_of(rounded).page())
@@ -127,6 +138,7 @@ impl CachingConfig {
 }
 
 /// PyTorch's `get_allocation_size`: the segment size for a rounded request.
+#[doc(hidden)]
 pub fn segment_size(rounded: u64) -> Option<u64> {
     if rounded <= SMALL_SIZE {
         Some(SMALL_BUFFER)

@@ -13,6 +13,7 @@ use crate::trace::{guess_expandable_pool, BlockStatus, DeviceTrace, Event, Event
 /// `segment_map`/`segment_unmap` events turn expandable segments on (snapshots without settings, such as
 /// torch_npu's), and block sizes that show torch_npu's 32-byte request pad select torch_npu's rules
 /// ([`CachingConfig::torch_npu`], [`crate::trace::SnapshotState::request_pad`]).
+#[doc(hidden)]
 pub fn config_for_trace(dev: &DeviceTrace, capacity: u64) -> (CachingConfig, Vec<ConfigWarning>) {
     config_for_scanned(dev, capacity, &TraceScan::mapped_only(dev))
 }
@@ -79,6 +80,7 @@ pub(crate) fn config_for_scanned(
 
 /// A model seeded with a trace's state before its first event.
 #[derive(Debug)]
+#[doc(hidden)]
 pub struct Seeded {
     /// The model.
     pub model: CachingAllocator,
@@ -116,6 +118,7 @@ fn model_pool(p: TracePool, size: u64) -> Pool {
 /// # Errors
 /// [`AllocError::InvalidConfig`] for a configuration the model refuses. Segments that do not fit the
 /// capacity are skipped (their blocks end up in [`Seeded::unplaced`]).
+#[doc(hidden)]
 pub fn seed_from_trace(dev: &DeviceTrace, config: CachingConfig) -> Result<Seeded, AllocError> {
     seed_from_scanned(dev, config, &TraceScan::mapped_only(dev))
 }
@@ -224,6 +227,7 @@ pub(crate) fn seed_from_scanned(
 /// and [`RecordedSegments::after_alloc`] around the model's `alloc_on` of an `alloc` event, and
 /// [`RecordedSegments::on_segment_event`] for the four segment kinds.
 #[derive(Debug)]
+#[doc(hidden)]
 pub struct RecordedSegments {
     /// The runs of releases the model decides itself, `(first, last)` event, ascending.
     decided: Vec<(usize, usize)>,
@@ -332,6 +336,7 @@ impl RecordedSegments {
 /// How closely the model follows PyTorch's reserved bytes over one trace ([`fidelity`]). Bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[doc(hidden)]
 pub struct Fidelity {
     /// Events replayed.
     pub events: usize,
@@ -384,6 +389,7 @@ impl Fidelity {
 
 /// The capacity the recorded trace gives evidence for: at the first `oom` event with `device_free`,
 /// PyTorch's reserved bytes at that moment plus `device_free`; `None` without one.
+#[doc(hidden)]
 pub fn capacity_at_oom(dev: &DeviceTrace) -> Option<u64> {
     let info = dev.ooms.iter().find(|o| o.device_free.is_some())?;
     let mut r: u64 = dev.initial_segments.iter().map(|s| s.size).sum();
@@ -408,6 +414,7 @@ pub fn capacity_at_oom(dev: &DeviceTrace) -> Option<u64> {
 /// # Errors
 /// [`AllocError::InvalidConfig`] for a configuration the model refuses; a free the model refuses (a bug)
 /// is returned as is.
+#[doc(hidden)]
 pub fn fidelity(dev: &DeviceTrace, config: CachingConfig) -> Result<Fidelity, AllocError> {
     fidelity_until(dev, config, dev.events.len()).map(|r| r.0)
 }
@@ -416,6 +423,7 @@ pub fn fidelity(dev: &DeviceTrace, config: CachingConfig) -> Result<Fidelity, Al
 ///
 /// # Errors
 /// As [`fidelity`].
+#[doc(hidden)]
 pub fn fidelity_until(
     dev: &DeviceTrace,
     config: CachingConfig,

@@ -134,6 +134,7 @@ impl CachingAllocator {
 
     /// The segment holding `offset` as `(start, size, expandable)` (an expandable segment's whole virtual
     /// reservation), if any.
+    #[doc(hidden)]
     pub fn segment_at(&self, offset: u64) -> Option<(u64, u64, bool)> {
         let (_, id) = self.seg_index.at_or_before(offset)?;
         let s = self.seg(id);
@@ -145,6 +146,7 @@ impl CachingAllocator {
     /// (or first `segment_map`) shows, so that the model's addresses, and with them the address order that
     /// breaks ties between equal-size cached blocks (`BlockComparatorSize`), are PyTorch's. The hint is
     /// used by the next segment created and dropped by the next [`CachingAllocator::alloc_on`].
+    #[doc(hidden)]
     pub fn hint_next_segment(&mut self, addr: Option<u64>) {
         self.va_hint = addr;
     }
@@ -284,6 +286,7 @@ impl CachingAllocator {
     ///
     /// # Errors
     /// As [`CachingAllocator::seed_segment_on`].
+    #[doc(hidden)]
     pub fn seed_segment(&mut self, size: u64, pool: Pool) -> Result<u64, AllocError> {
         self.seed_segment_in(size, pool, 0, 0)
     }
@@ -292,6 +295,7 @@ impl CachingAllocator {
     ///
     /// # Errors
     /// As [`CachingAllocator::seed_segment_in`].
+    #[doc(hidden)]
     pub fn seed_segment_on(&mut self, size: u64, pool: Pool, stream: i64) -> Result<u64, AllocError> {
         self.seed_segment_in(size, pool, stream, 0)
     }
@@ -305,6 +309,7 @@ impl CachingAllocator {
     /// # Errors
     /// [`AllocError::SizeOverflow`] for a zero or unaligned size; [`AllocError::OutOfMemory`] when the
     /// device has fewer free bytes.
+    #[doc(hidden)]
     pub fn seed_segment_in(&mut self, size: u64, pool: Pool, stream: i64, mempool: u16) -> Result<u64, AllocError> {
         if size == 0 || !size.is_multiple_of(MIN_BLOCK) || size > crate::reference::MAX_BYTES {
             return Err(AllocError::SizeOverflow { size });

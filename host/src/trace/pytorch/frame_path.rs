@@ -39,6 +39,7 @@ use std::borrow::Cow;
 
 /// Where a frame's file comes from, by its normalised path ([`normalise`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[doc(hidden)]
 pub enum FileOrigin {
     /// A `<…>` pseudo-file (`<frozen runpy>`, `<string>`).
     Pseudo,
@@ -52,6 +53,7 @@ pub enum FileOrigin {
 
 /// A frame's file name, normalised ([`normalise`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[doc(hidden)]
 pub struct FramePath<'a> {
     /// The path relative to the `sys.path` entry that holds it, `/`-separated: `torch/nn/modules/linear.py`,
     /// `python-stdlib/contextlib.py`, `train/model.py`, `<frozen runpy>`, `??`.
@@ -86,6 +88,7 @@ fn is_python_root(parent: &str, grandparent: Option<&str>) -> bool {
 }
 
 /// Normalises a frame's recorded file name (see the module docs for the rules).
+#[doc(hidden)]
 pub fn normalise(filename: &str) -> FramePath<'_> {
     if filename.starts_with('<') {
         return FramePath { path: Cow::Borrowed(filename), origin: FileOrigin::Pseudo };

@@ -773,6 +773,7 @@ pub const LIBRARY_PACKAGES: &[&str] = &[
 
 impl Frame {
     /// The frame's file, normalised ([`normalise`]): what every rule on files reads.
+    #[doc(hidden)]
     pub fn path(&self) -> FramePath<'_> {
         normalise(&self.filename)
     }
@@ -781,6 +782,7 @@ impl Frame {
     /// ([`Frame::path`]) is the program's own ([`FileOrigin::Other`]): not an installed package
     /// (`site-packages/`, `dist-packages/`, PyTorch's ecosystem, `LIBRARY_PACKAGES`), not the standard
     /// library, not a `<…>` pseudo-file; C++ and `??` frames are not.
+    #[doc(hidden)]
     pub fn is_user(&self) -> bool {
         let p = self.path();
         p.origin == FileOrigin::Other && p.path.ends_with(".py")
@@ -788,6 +790,7 @@ impl Frame {
 
     /// Whether the frame is a Python one (its file ends in `.py`, or is a `<…>` pseudo-file such as
     /// `<frozen runpy>`); the others are C/C++ frames (the interpreter's, PyTorch's, a library's).
+    #[doc(hidden)]
     pub fn is_python(&self) -> bool {
         let p = self.path();
         p.origin == FileOrigin::Pseudo || p.path.ends_with(".py")
@@ -796,6 +799,7 @@ impl Frame {
     /// The function a C++ frame names, without its return type, template and function arguments and
     /// `(anonymous namespace)::` parts: `void at::native::gpu_reduce_kernel<bool, …>(…)` is
     /// `at::native::gpu_reduce_kernel`.
+    #[doc(hidden)]
     pub fn function(&self) -> String {
         let n = self.name.replace("(anonymous namespace)::", "");
         let mut out = String::with_capacity(n.len());
@@ -821,6 +825,7 @@ impl Frame {
 
 /// The stack frames of chosen events and blocks of one device, read by [`read_frames`].
 #[derive(Debug, Clone, Default, PartialEq)]
+#[doc(hidden)]
 pub struct SnapshotFrames {
     /// `(event index, frames)` for each asked event that has frames, ascending by index.
     pub events: Vec<(usize, Vec<Frame>)>,
@@ -838,6 +843,7 @@ pub struct SnapshotFrames {
 ///
 /// # Errors
 /// The [`TraceError`]s of `parse` for a pickle that cannot be decoded.
+#[doc(hidden)]
 pub fn read_frames(
     path: &Path,
     bytes: &[u8],

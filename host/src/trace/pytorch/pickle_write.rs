@@ -532,6 +532,7 @@ impl<'p, 'a> NodeCopier<'p, 'a> {
 /// # Errors
 /// A message naming the offset for a pickle that cannot be decoded, or the value that cannot be written
 /// (a bytes value, an integer wider than 128 bits, nesting deeper than 64 levels).
+#[doc(hidden)]
 pub fn rewrite_frame_filenames(bytes: &[u8], map: &dyn Fn(&str) -> String) -> Result<Vec<u8>, String> {
     let p = super::pickle::decode(bytes).map_err(|e| format!("cannot decode the pickle at byte {}", e.offset))?;
     let mut c = NodeCopier::new(&p);

@@ -27,6 +27,7 @@ pub struct AllocatorSettings {
 /// counted once: initial ranges + maps − unmaps = the final state (a snapshot whose segments were
 /// all mapped during the trace starts at 0). Ranges met only in `segment_unmap` events take the pool
 /// of the nearest known range of their stream ([`guess_expandable_pool`]).
+#[doc(hidden)]
 pub fn expandable_initial_ranges(trace: &DeviceTrace) -> Vec<SegmentSeed> {
     // (stream, start, end, pool), disjoint, kept sorted by (stream, start).
     let mut m: Vec<(i64, u64, u64, Pool)> = Vec::new();
@@ -91,6 +92,7 @@ pub fn expandable_initial_ranges(trace: &DeviceTrace) -> Vec<SegmentSeed> {
 /// range of `known` (`(stream, address, pool)`) on the same stream; with none, large if `size` is a
 /// multiple of the large page (20 MiB), else small. (Each pool's ranges lie in one virtual reservation,
 /// far from the other pool's.)
+#[doc(hidden)]
 pub fn guess_expandable_pool(known: &[(i64, u64, Pool)], stream: i64, addr: u64, size: u64) -> Pool {
     known
         .iter()
