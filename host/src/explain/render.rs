@@ -388,17 +388,12 @@ fn table(t: &TuneReport, oom: bool) -> String {
          (bisection at 2 MiB); failed = requests that fail at {}.",
         fmt_bytes(t.capacity.bytes)
     );
-    let groups: [(&str, fn(RowKind) -> bool); 2] = [
-        ("PyTorch settings (PYTORCH_CUDA_ALLOC_CONF):", |k| k == RowKind::Pytorch),
-        ("gpuheap's own strategies, for comparison (PyTorch cannot use them; ranked apart):", |k| {
-            k != RowKind::Pytorch
-        }),
-    ];
-    for (title, member) in groups {
+    for (title, pytorch) in super::tune::ROW_GROUPS {
+        let member = |k: RowKind| (k == RowKind::Pytorch) == pytorch;
         if !t.rows.iter().any(|r| member(r.kind)) {
             continue;
         }
-        let _ = writeln!(s, "{title}");
+        let _ = writeln!(s, "{title}:");
         let _ =
             writeln!(s, "{:>4}  {:<64} {:>11} {:>7} {:>13}", "rank", "setting", "peak resv", "failed", "min capacity");
         for r in t.rows.iter().filter(|r| member(r.kind)) {

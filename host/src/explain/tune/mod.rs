@@ -127,6 +127,13 @@ pub struct TuneReport {
     pub(crate) scope: Scope,
 }
 
+/// The two groups the pages rank apart, each with its title: PyTorch settings (`true`), then gpuheap's
+/// own strategies (the compacting caching model and the host strategies), which PyTorch cannot use.
+pub(crate) const ROW_GROUPS: [(&str, bool); 2] = [
+    ("PyTorch settings (PYTORCH_CUDA_ALLOC_CONF)", true),
+    ("gpuheap's own strategies, for comparison (PyTorch cannot use them; ranked apart)", false),
+];
+
 /// What a [`TuneReport`]'s replays stand for, which bounds what its conclusion may claim.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Scope {
@@ -446,7 +453,7 @@ fn conclude_best(t: &TuneReport) -> Conclusion {
     let what = if t.scope.dumped_state { "the tensors live in the dump" } else { "the whole trace" };
     let mut lines = Vec::new();
     let own_line = |lines: &mut Vec<String>| match own {
-        Some(o) if !o.env.as_ref().is_some_and(|e| *e == env) => lines.push(format!(
+        Some(o) if o.env.as_ref().is_none_or(|e| *e != env) => lines.push(format!(
             "({} need {})",
             own_settings_words(t.scope.no_settings),
             o.min_capacity.map_or_else(|| "more than any device modelled".to_string(), fmt_bytes)

@@ -75,18 +75,15 @@ pub(super) struct Timeline {
 /// The ranked tables of `t`: PyTorch settings, then gpuheap's own strategies (ranked apart), as the text
 /// page gives them.
 pub(super) fn tune_tables(t: &TuneReport, oom: bool) -> Vec<Table> {
-    let groups: [(&str, fn(RowKind) -> bool); 2] = [
-        ("PyTorch settings (PYTORCH_CUDA_ALLOC_CONF)", |k| k == RowKind::Pytorch),
-        ("gpuheap's own strategies, for comparison (PyTorch cannot use them; ranked apart)", |k| k != RowKind::Pytorch),
-    ];
-    groups
+    let member = |pytorch: bool, k: RowKind| (k == RowKind::Pytorch) == pytorch;
+    tune::ROW_GROUPS
         .iter()
-        .filter(|(_, member)| t.rows.iter().any(|r| member(r.kind)))
-        .map(|(title, member)| {
+        .filter(|(_, pytorch)| t.rows.iter().any(|r| member(*pytorch, r.kind)))
+        .map(|(title, pytorch)| {
             let rows = t
                 .rows
                 .iter()
-                .filter(|r| member(r.kind))
+                .filter(|r| member(*pytorch, r.kind))
                 .map(|r| {
                     let kind = match r.kind {
                         RowKind::Pytorch if r.own && t.scope.no_settings => "PyTorch's defaults (no settings recorded)",
