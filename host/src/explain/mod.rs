@@ -47,7 +47,7 @@ pub mod without;
 
 pub use breakdown::{Breakdown, Kind, Site, SiteOrigin};
 pub use oom::{explain_oom, reproduce, with_oom_requests, OomExplanation, Reproduction, Verdict};
-pub(crate) use render::best_setting_lines;
+pub(crate) use render::{best_setting_lines, row_verdict};
 pub use render::{capacity_text, devices_text, settings_warnings_text, warnings_text};
 pub use without::{what_if_without, WithoutReport};
 
@@ -165,6 +165,34 @@ pub struct Explanation {
     /// The what-if of `explain --without SITE` ([`what_if_without`]), when asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub without: Option<WithoutReport>,
+    /// For a dumped state ([`Moment::DumpedState`]): what such a dump can and cannot tell and whether an
+    /// OOM is known, worded once for every form of the page (JSON key `dump_caveat`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) dump_caveat: Option<String>,
+}
+
+/// What a page may say of the dumped state of device `device` whose history is `h`: which state it is,
+/// what it can tell (what was live and cached when it was dumped) and what it cannot (the peak before the
+/// dump, a request, the driver's free bytes), and that nothing in the file says whether an OOM happened
+/// (the moment is a dumped state only when no `oom` event is recorded).
+fn dump_caveat(device: i64, h: &facts::HistoryCompleteness) -> String {
+    let which = match h.history {
+        facts::History::None => format!(
+            "The snapshot has no history on device {device}: below, only the allocator state when it was dumped."
+        ),
+        facts::History::OneEntry => format!(
+            "The snapshot keeps one history entry on device {device} (a one-entry ring buffer, as \
+             `_record_memory_history(enabled=True)` records): below, only the allocator state when it was dumped."
+        ),
+        _ => format!(
+            "The history of device {device} cannot place its moments (see the warnings above): below, only the \
+             allocator state when it was dumped."
+        ),
+    };
+    which
+        + " That state tells what was live and cached then (segments, blocks, holes); it cannot tell the peak \
+           before the dump, a request that failed, nor the driver's free bytes. Nothing in the file records an \
+           OOM: a dump written by an OOM observer looks the same as one written after `empty_cache()` or mid-run."
 }
 
 fn only_default_pool(pools: &[facts::PoolState]) -> bool {
@@ -399,9 +427,10 @@ pub fn explain_with_bytes(
         ooms_not_explained: dev.ooms.len() - ooms.len(),
         ooms,
         tune: None,
-        history,
         breakdown,
         without: None,
+        dump_caveat: (moment == Moment::DumpedState).then(|| dump_caveat(dev.device, &history)),
+        history,
     })
 }
 

@@ -50,19 +50,27 @@ pub fn devices_text(devices: &[DeviceSummary], choice: &DeviceChoice) -> String 
             1 => "1 OOM recorded".to_string(),
             n => format!("{n} OOMs recorded"),
         };
+        if d.events == 0 && d.final_blocks > 0 {
+            // No history: the figures are those of the dumped state, not peaks.
+            let _ = writeln!(
+                s,
+                " {mark} device {}: no history (no event recorded): when dumped, {} live blocks, allocated {}, \
+                 reserved {} (no peak is recorded), {ooms}",
+                d.device,
+                d.final_blocks,
+                opt(d.peak_allocated),
+                opt(d.peak_reserved),
+            );
+            continue;
+        }
         let _ = writeln!(
             s,
-            " {mark} device {}: {}, {}, peak allocated {}, peak reserved {}, {ooms}{}",
+            " {mark} device {}: {}, {}, peak allocated {}, peak reserved {}, {ooms}",
             d.device,
             plural(d.events, "event"),
             plural(d.alloc_events, "allocation"),
             opt(d.peak_allocated),
             opt(d.peak_reserved),
-            if d.events == 0 && d.final_blocks > 0 {
-                format!(" (no history: the state when dumped, {} live blocks)", d.final_blocks)
-            } else {
-                String::new()
-            }
         );
     }
     let why = match choice.reason {
@@ -100,7 +108,7 @@ fn plural(n: usize, noun: &str) -> String {
     }
 }
 
-fn oom_text(o: &OomExplanation) -> String {
+fn oom_text(o: &OomExplanation, own: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "OOM at event {}: a request of {} failed.", o.event, fmt_bytes(o.request));
     let _ = writeln!(
@@ -199,11 +207,7 @@ fn oom_text(o: &OomExplanation) -> String {
             (false, Some(e)) => format!("fails earlier, at event {e}: the model differs from PyTorch there"),
             (false, None) => "serves this request: the OOM is not reproduced".to_string(),
         };
-        let _ = writeln!(
-            s,
-            "  Replay: the caching model with the snapshot's own settings on {} {what}.",
-            fmt_bytes(r.capacity)
-        );
+        let _ = writeln!(s, "  Replay: the caching model with {own} on {} {what}.", fmt_bytes(r.capacity));
     }
     s
 }
@@ -240,7 +244,7 @@ fn render(p: &Explanation) -> String {
     let _ = writeln!(s, "{}", capacity_text(&p.capacity));
     s += "\n";
     for o in &p.ooms {
-        s += &oom_text(o);
+        s += &oom_text(o, super::tune::own_settings_words(p.allocator_settings.is_none()));
     }
     if p.ooms_not_explained > 0 {
         let _ = writeln!(
@@ -253,21 +257,8 @@ fn render(p: &Explanation) -> String {
     let d = p.device.device;
     let moment = match p.moment {
         Moment::RecordedOom => format!("At the OOM (event {}):", p.event.unwrap_or(0)),
-        Moment::DumpedState if p.history.history == crate::facts::History::OneEntry => {
-            let _ = writeln!(
-                s,
-                "The snapshot keeps one history entry on device {d} (a one-entry ring buffer, as \
-                 `_record_memory_history(enabled=True)` records): only the allocator state when it was dumped is \
-                 complete."
-            );
-            "In that state:".into()
-        }
         Moment::DumpedState => {
-            let _ = writeln!(
-                s,
-                "The snapshot has no history on device {d}: only the allocator state when it was dumped (an OOM \
-                 observer's dump records no request and no driver free bytes)."
-            );
+            let _ = writeln!(s, "{}", p.dump_caveat.as_deref().unwrap_or_default());
             "In that state:".into()
         }
         Moment::PeakReserved => {
@@ -325,7 +316,7 @@ fn render(p: &Explanation) -> String {
     }
     s += &breakdown_text(&p.breakdown);
     if let Some(w) = &p.without {
-        s += &without_text(w);
+        s += &without_text(w, super::tune::own_settings_words(p.allocator_settings.is_none()));
     }
     if !p.segments_with_holes.is_empty() {
         s += "\nWhere the reserved-but-unallocated bytes sit (segments with the most):\n";
@@ -349,11 +340,6 @@ fn render(p: &Explanation) -> String {
     }
     if let Some(t) = &p.tune {
         s += "\n";
-        if p.moment == Moment::DumpedState {
-            s += "The dump records no request: below, a setting \"fits\" when it holds the dumped live tensors in the \
-                  capacity, and its minimum capacity is what they need under it; the difference to PyTorch's \
-                  reserved bytes is headroom the failed request would have had.\n";
-        }
         s += &t.render_table(!p.ooms.is_empty());
     }
     s
@@ -388,44 +374,59 @@ impl fmt::Display for TunePage {
     }
 }
 
-/// The ranked table and the best setting's env line; `oom`: the trace records an OOM (rows that fit
-/// are then marked "would have avoided the OOM").
+/// The ranked tables (PyTorch settings, then gpuheap's own strategies, ranked apart) and the search's
+/// conclusion ([`TuneReport`]'s, worded once for every form of the page); `oom`: the trace records an OOM
+/// (rows that fit are then marked "would have avoided the OOM").
 fn table(t: &TuneReport, oom: bool) -> String {
     let mut s = String::new();
+    if let Some(scope) = &t.conclusion.scope {
+        let _ = writeln!(s, "{scope}");
+    }
     let _ = writeln!(
         s,
         "Settings ranked by the least GPU memory that replays the whole trace without a failed request \
-         (bisection at 2 MiB); failed = requests that fail at {}:",
+         (bisection at 2 MiB); failed = requests that fail at {}.",
         fmt_bytes(t.capacity.bytes)
     );
-    let _ = writeln!(s, "{:>4}  {:<64} {:>11} {:>7} {:>13}", "rank", "setting", "peak resv", "failed", "min capacity");
-    for (i, r) in t.rows.iter().enumerate() {
-        let kind = match r.kind {
-            RowKind::Pytorch if r.own => " [snapshot's own]",
-            RowKind::Pytorch => "",
-            RowKind::Compacting => " [a compacting allocator]",
-            RowKind::Host => " [host strategy]",
-        };
-        let label = format!("{}{kind}", r.setting);
-        let min = r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes);
-        let mut mark = match (r.min_capacity, r.fits, oom) {
-            (None, _, _) => "  not run".to_string(),
-            (Some(_), true, true) => "  would have avoided the OOM".into(),
-            (Some(_), true, false) => "  fits".into(),
-            (Some(_), false, _) => String::new(),
-        };
-        if let Some(n) = &r.note {
-            mark += &format!(" ({n})");
+    for (title, pytorch) in super::tune::ROW_GROUPS {
+        let member = |k: RowKind| (k == RowKind::Pytorch) == pytorch;
+        if !t.rows.iter().any(|r| member(r.kind)) {
+            continue;
         }
-        let _ = writeln!(
-            s,
-            "{:>4}  {:<64} {:>11} {:>7} {:>13}{mark}",
-            i + 1,
-            label,
-            fmt_bytes(r.peak_reserved),
-            r.failed,
-            min
-        );
+        let _ = writeln!(s, "{title}:");
+        let _ =
+            writeln!(s, "{:>4}  {:<64} {:>11} {:>7} {:>13}", "rank", "setting", "peak resv", "failed", "min capacity");
+        for r in t.rows.iter().filter(|r| member(r.kind)) {
+            let kind = match r.kind {
+                RowKind::Pytorch if r.own && t.scope.no_settings => " [defaults: no settings recorded]",
+                RowKind::Pytorch if r.own => " [snapshot's own]",
+                RowKind::Pytorch => "",
+                RowKind::Compacting => " [a compacting allocator]",
+                RowKind::Host => " [host strategy]",
+            };
+            let label = format!("{}{kind}", r.setting);
+            let min = r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes);
+            let mut mark = format!("  {}", row_verdict(r, oom)).trim_end().to_string();
+            if let Some(n) = &r.note {
+                mark += &format!(" ({n})");
+            }
+            let _ = writeln!(
+                s,
+                "{:>4}  {:<64} {:>11} {:>7} {:>13}{mark}",
+                r.rank,
+                label,
+                fmt_bytes(r.peak_reserved),
+                r.failed,
+                min
+            );
+        }
+    }
+    let tried: Vec<&super::tune::TuneRow> = t.rows.iter().filter(|r| r.why.is_some()).collect();
+    if !tried.is_empty() {
+        s += "\nWhy each PyTorch setting was tried (where it changes a decision for this trace's requests):\n";
+        for r in tried {
+            let _ = writeln!(s, "  {}: {}", r.setting, r.why.as_deref().unwrap_or_default());
+        }
     }
     if let Some(f) = t.rows.iter().find_map(|r| r.memory_fraction) {
         let _ = writeln!(
@@ -436,31 +437,21 @@ fn table(t: &TuneReport, oom: bool) -> String {
             options::key_support("per_process_memory_fraction", &f.to_string()).unwrap_or_default()
         );
     }
-    match (t.best, &t.best_env) {
-        (Some(b), Some(env)) => {
-            let r = &t.rows[b];
-            let own = t.rows.iter().find(|r| r.own);
-            let _ = writeln!(
-                s,
-                "\nBest PyTorch setting (least memory needed: {}):",
-                r.min_capacity.map_or_else(String::new, fmt_bytes)
-            );
-            for line in best_setting_lines(env) {
-                let _ = writeln!(s, "  {line}");
-            }
-            if let Some(o) = own.filter(|o| o.env.as_ref().is_none_or(|e| e != env)) {
-                let _ = writeln!(
-                    s,
-                    "  (the snapshot's own settings need {})",
-                    o.min_capacity.map_or_else(|| "more than any device modelled".to_string(), fmt_bytes)
-                );
-            } else {
-                s += "  (that is the snapshot's own setting: no PyTorch setting of the grid needs less)\n";
-            }
-        }
-        _ => s += "\nNo PyTorch setting of the grid replays the whole trace on any device modelled.\n",
+    let _ = writeln!(s, "\n{}", t.conclusion.headline);
+    for line in &t.conclusion.lines {
+        let _ = writeln!(s, "  {line}");
     }
     s
+}
+
+/// The verdict of one row as every page gives it ("" when it does not fit).
+pub(crate) fn row_verdict(r: &super::tune::TuneRow, oom: bool) -> &'static str {
+    match (r.min_capacity, r.fits, oom) {
+        (None, _, _) => "not run",
+        (Some(_), true, true) => "would have avoided the OOM",
+        (Some(_), true, false) => "fits",
+        (Some(_), false, _) => "",
+    }
 }
 
 /// The best PyTorch setting `env` (a `PYTORCH_CUDA_ALLOC_CONF=…` line, [`TuneReport::best_env`]) as the
@@ -555,7 +546,7 @@ fn breakdown_text(b: &Breakdown) -> String {
 
 /// The what-if of `--without` in words: "the N tensors from SITE hold X; without them the run needs Y
 /// and fits on this GPU".
-fn without_text(w: &WithoutReport) -> String {
+fn without_text(w: &WithoutReport, own: &str) -> String {
     let mut s = String::new();
     let sites: Vec<String> = match &w.sites[..] {
         [(l, _)] => vec![l.clone()],
@@ -579,7 +570,7 @@ fn without_text(w: &WithoutReport) -> String {
     let _ = writeln!(
         s,
         "\nWithout {}: the {} from {} hold {} at the moment ({} over the trace, {} requested); without them the \
-         run needs {} (with them: {}) and {verdict}. (The caching model with the snapshot's own settings, the \
+         run needs {} (with them: {}) and {verdict}. (The caching model with {own}, the \
          trace replayed without those allocations and their frees.)",
         w.patterns.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>().join(", "),
         plural(w.live_tensors, "live tensor"),

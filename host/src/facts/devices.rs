@@ -105,7 +105,8 @@ pub enum DeviceError {
     NothingToReport {
         /// The trace file.
         path: PathBuf,
-        /// The file's devices, described (`no devices` when it has none).
+        /// The file's devices, described (when it has none with a segment or a history entry: that no
+        /// device recorded anything).
         devices: String,
     },
 }
@@ -164,6 +165,10 @@ pub fn choose_device(
     }
     Err(DeviceError::NothingToReport {
         path: trace.source.clone(),
-        devices: if summaries.is_empty() { "no devices".to_string() } else { describe() },
+        devices: if summaries.is_empty() {
+            "no device recorded anything: the file holds no segment and no history entry on any device".to_string()
+        } else {
+            describe()
+        },
     })
 }

@@ -50,6 +50,17 @@ class TuneResult(Report):
         return self._data.get("best_env")
 
     @property
+    def recommended_env(self) -> Optional[str]:
+        """``PYTORCH_CUDA_ALLOC_CONF=...`` of the setting the page recommends: :attr:`best_env` when
+        its least memory fits in :attr:`capacity`, else ``None`` (no setting of the grid fits)."""
+        return self._data.get("conclusion", {}).get("recommended_env")
+
+    @property
+    def conclusion(self) -> str:
+        """The sentence the pages (text, HTML) lead the search's conclusion with, word for word."""
+        return self._data.get("conclusion", {}).get("headline", "")
+
+    @property
     def best(self) -> Optional[dict]:
         """The row of :attr:`best_env`."""
         b = self._data.get("best")
@@ -65,7 +76,7 @@ class TuneResult(Report):
         return self._text
 
     def __repr__(self) -> str:
-        return f"<gpuheap.TuneResult best {self.best_env!r}>\n{self}"
+        return f"<gpuheap.TuneResult recommended {self.recommended_env!r}: {self.conclusion}>\n{self}"
 
     def _repr_html_(self) -> str:
         return _html("gpuheap tune", str(self), self._page)
@@ -177,10 +188,11 @@ class Explanation(Report):
 
     @property
     def recommended_env(self) -> Optional[str]:
-        """``PYTORCH_CUDA_ALLOC_CONF=...`` of the best setting found (``None`` without the search or
-        when no setting replays the trace)."""
+        """``PYTORCH_CUDA_ALLOC_CONF=...`` of the setting the page recommends (``None`` without the
+        search, or when no setting of the grid fits in the capacity: :attr:`TuneResult.conclusion`
+        says why)."""
         t = self._data.get("tune")
-        return None if t is None else t.get("best_env")
+        return None if t is None else t.get("conclusion", {}).get("recommended_env")
 
     @property
     def tune(self) -> Optional[TuneResult]:
@@ -194,7 +206,12 @@ class Explanation(Report):
 
     def __repr__(self) -> str:
         v = self.verdict or f"no OOM recorded ({self.moment})"
-        return f"<gpuheap.Explanation device {self.device}: {v}; recommended {self.recommended_env!r}>"
+        if self.moment == "dumped-state":
+            v += " (a dump without history: whether an OOM happened is not recorded)"
+        t = self.tune
+        if t is None:
+            return f"<gpuheap.Explanation device {self.device}: {v}>"
+        return f"<gpuheap.Explanation device {self.device}: {v}; recommended {self.recommended_env!r}: {t.conclusion}>"
 
     def _repr_html_(self) -> str:
         return _html("gpuheap explain", str(self), self._page)

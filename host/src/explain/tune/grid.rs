@@ -92,70 +92,163 @@ pub fn own_env(dev: &DeviceTrace) -> String {
     crate::explain::settings_env(dev).unwrap_or_default()
 }
 
-/// `max_split_size_mb` values derived from the request sizes of `dev`: the smallest whole MiB above the
-/// quartiles (25, 50, 75, 100 %) of the distinct request sizes above 20 MiB (PyTorch refuses values
-/// ≤ 20), without duplicates, ascending.
-#[doc(hidden)]
-pub fn max_split_candidates(dev: &DeviceTrace) -> Vec<u64> {
-    let mib = 1u64 << 20;
+/// The distinct request sizes of `dev` (its `alloc` events and the blocks alive before the first),
+/// ascending; sizes the model cannot represent are left out.
+fn request_sizes(dev: &DeviceTrace) -> Vec<u64> {
     let mut sizes: Vec<u64> = dev
         .events
         .iter()
         .filter(|e| e.kind == EventKind::Alloc)
         .map(|e| e.size)
         .chain(dev.initial_blocks.iter().map(|b| b.size))
-        .filter(|&s| s > 20 * mib && s <= MAX_BYTES)
+        .filter(|&s| s <= MAX_BYTES)
         .collect();
     sizes.sort_unstable();
     sizes.dedup();
-    if sizes.is_empty() {
-        return Vec::new();
+    sizes
+}
+
+/// [`request_sizes`] as `cfg` rounds them (PyTorch's `round_size`: the block size that
+/// `get_free_block` and `should_split` compare), distinct, ascending.
+fn rounded_request_sizes(dev: &DeviceTrace, cfg: &CachingConfig) -> Vec<u64> {
+    let mut sizes: Vec<u64> = request_sizes(dev).into_iter().filter_map(|s| cfg.round_size(s)).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
+/// `max_split_size_mb` values where the setting changes a decision for the requests of `dev`, each
+/// with why it was tried: PyTorch treats a block of `max_split_size` bytes or more as oversize
+/// (`c10/cuda/CUDACachingAllocator.cpp`: `should_split` splits no such block, `get_free_block` gives one
+/// to no request below `max_split_size` and to a larger request only within `kLargeBuffer`, 20 MiB, of
+/// its size). A value at a request size, in whole MiB rounded down, makes that request oversize; one
+/// MiB above it would not. The values are taken at the quartiles (25, 50, 75, 100 %) of the distinct
+/// rounded request sizes of 21 MiB and more (PyTorch refuses values ≤ 20, `kLargeBuffer`,
+/// `c10/cuda/CUDAAllocatorConfig.cpp`), without duplicates, ascending.
+pub(crate) fn max_split_reasons(dev: &DeviceTrace, cfg: &CachingConfig) -> Vec<(u64, String)> {
+    let mib = 1u64 << 20;
+    let sizes: Vec<u64> = rounded_request_sizes(dev, cfg).into_iter().filter(|&s| s >= 21 * mib).collect();
+    let mut v: Vec<(u64, String)> = Vec::new();
+    for (q, name) in [(1usize, "first quartile"), (2, "median"), (3, "third quartile"), (4, "largest")] {
+        let Some(&s) = (sizes.len() * q).div_ceil(4).checked_sub(1).and_then(|i| sizes.get(i)) else { continue };
+        let mb = s / mib;
+        if v.iter().any(|(m, _)| *m == mb) {
+            continue;
+        }
+        let at = if sizes.len() == 1 {
+            "at the only distinct request size of 21 MiB and more".to_string()
+        } else {
+            format!("at the {name} of the {} distinct request sizes of 21 MiB and more", sizes.len())
+        };
+        v.push((
+            mb,
+            format!(
+                "{at} ({}): requests of {mb} MiB and more become oversize (PyTorch splits no such block and gives \
+                 one only to a request within 20 MiB of its size)",
+                crate::units::fmt_bytes(s)
+            ),
+        ));
     }
-    let mut v: Vec<u64> =
-        [1usize, 2, 3, 4].iter().map(|q| sizes[(sizes.len() * q).div_ceil(4) - 1] / mib + 1).collect();
-    v.sort_unstable();
-    v.dedup();
+    v.sort_by_key(|x| x.0);
     v
+}
+
+/// `max_split_size_mb` values where the setting changes a decision for the requests of `dev` under its
+/// own settings: at the quartiles of the distinct request sizes of 21 MiB and more, in whole MiB rounded
+/// down (a block of `max_split_size` bytes or more is oversize in PyTorch's `get_free_block` and
+/// `should_split`), without duplicates, ascending.
+#[doc(hidden)]
+pub fn max_split_candidates(dev: &DeviceTrace) -> Vec<u64> {
+    let own = dev.allocator_settings.clone().unwrap_or_default();
+    max_split_reasons(dev, &base_config(&own)).into_iter().map(|x| x.0).collect()
+}
+
+/// Why `cfg`'s rounding was tried against `base`'s: how many of the distinct request sizes of `dev` it
+/// moves into another block size (PyTorch's `round_size`, `roundup_power2_next_division`), with the
+/// largest such move; `None` when it moves none (the row would replay the snapshot's own decisions).
+fn roundup_reason(dev: &DeviceTrace, base: &CachingConfig, cfg: &CachingConfig) -> Option<String> {
+    let sizes = request_sizes(dev);
+    let moved: Vec<(u64, u64, u64)> = sizes
+        .iter()
+        .filter_map(|&s| match (base.round_size(s), cfg.round_size(s)) {
+            (Some(a), Some(b)) if a != b => Some((s, a, b)),
+            _ => None,
+        })
+        .collect();
+    let &(req, from, to) = moved.iter().max_by_key(|(_, a, b)| a.abs_diff(*b))?;
+    Some(format!(
+        "moves {} of the {} distinct request sizes into another block size (e.g. a {} request gets a {} block \
+         instead of {})",
+        moved.len(),
+        sizes.len(),
+        crate::units::fmt_bytes(req),
+        crate::units::fmt_bytes(to),
+        crate::units::fmt_bytes(from)
+    ))
 }
 
 /// The settings of the search for `dev` (see the module docs), PyTorch rows first, the snapshot's own
 /// first of all. Every other PyTorch row is the snapshot's configuration ([`CachingConfig::from_settings`])
 /// changed with the [`CachingConfig`] builders; its `env` is [`CachingConfig::to_env`] of the result, and
-/// its replay reads exactly that string back. Rows whose configuration equals an earlier one are left out.
+/// its replay reads exactly that string back. Rows whose configuration equals an earlier one, and
+/// rounding rows that move no request into another block size, are left out.
 pub fn grid(dev: &DeviceTrace) -> Vec<Setting> {
+    grid_with_reasons(dev).into_iter().map(|x| x.0).collect()
+}
+
+/// [`grid`] with why each row was tried (the pages print it; `None` for the snapshot's own row and
+/// gpuheap's own strategies).
+pub(crate) fn grid_with_reasons(dev: &DeviceTrace) -> Vec<(Setting, Option<String>)> {
     let own = dev.allocator_settings.clone().unwrap_or_default();
     let base = base_config(&own);
-    let mut out = vec![Setting::Pytorch { env: base.to_env(), settings: own }];
-    let mut push = |cfg: CachingConfig| {
+    let mut out = vec![(Setting::Pytorch { env: base.to_env(), settings: own }, None)];
+    let mut push = |cfg: CachingConfig, why: String| {
         let env = cfg.to_env();
-        if !out.iter().any(|s| matches!(s, Setting::Pytorch { env: e, .. } if *e == env)) {
-            out.push(Setting::Pytorch { env, settings: settings_of(&cfg) });
+        if !out.iter().any(|s| matches!(&s.0, Setting::Pytorch { env: e, .. } if *e == env)) {
+            out.push((Setting::Pytorch { env, settings: settings_of(&cfg) }, Some(why)));
         }
     };
     let gc = |c: CachingConfig, t: f64| c.gc_threshold(t).memory_fraction(Some(GC_MEMORY_FRACTION));
-    push(base.expandable(true));
-    let splits = max_split_candidates(dev);
-    for &mb in &splits {
-        push(base.max_split(mb << 20));
+    push(
+        base.expandable(true),
+        "one segment per pool and stream that grows and shrinks in pages (ExpandableSegment): no hole is \
+         stranded between segments"
+            .into(),
+    );
+    let splits = max_split_reasons(dev, &base);
+    for (mb, why) in &splits {
+        push(base.max_split(mb << 20), why.clone());
     }
     for d in [1u64, 2, 4, 8, 16] {
-        push(base.roundup_divisions(d));
+        let cfg = base.roundup_divisions(d);
+        if let Some(why) = roundup_reason(dev, &base, &cfg) {
+            push(cfg, why);
+        }
     }
     // `[256:1,512:2,1024:4,>:8]`, the example of PyTorch's documentation, as PyTorch parses it (the
     // first interval also fills those below it; `>` fills from the last named interval inclusive).
     let mut list = [1u64; ROUNDUP_INTERVALS];
     list[9] = 2;
     list[10..].iter_mut().for_each(|d| *d = 8);
-    push(base.roundup_divisions_per_interval(list));
-    for t in [0.6, 0.8] {
-        push(gc(base, t));
+    let cfg = base.roundup_divisions_per_interval(list);
+    if let Some(why) = roundup_reason(dev, &base, &cfg) {
+        push(cfg, format!("the example of PyTorch's documentation; {why}"));
     }
-    push(gc(base.expandable(true), 0.8));
-    if let Some(&mb) = splits.get(splits.len() / 2) {
-        push(gc(base.max_split(mb << 20), 0.8));
+    for t in [60u32, 80] {
+        push(
+            gc(base, f64::from(t) / 100.0),
+            format!(
+                "returns the cached blocks unused the longest once reserved bytes pass {t} % of the GPU (with a \
+                 memory fraction, without which PyTorch never collects)"
+            ),
+        );
     }
-    out.push(Setting::CompactingCaching);
-    out.extend(StrategyKind::ALL.iter().filter(|&&k| k != StrategyKind::Caching).map(|&k| Setting::Host(k)));
+    push(gc(base.expandable(true), 0.8), "expandable segments and the 80 % collection together".into());
+    if let Some((mb, _)) = splits.get(splits.len() / 2) {
+        push(gc(base.max_split(mb << 20), 0.8), format!("max_split_size_mb:{mb} and the 80 % collection together"));
+    }
+    out.push((Setting::CompactingCaching, None));
+    out.extend(StrategyKind::ALL.iter().filter(|&&k| k != StrategyKind::Caching).map(|&k| (Setting::Host(k), None)));
     out
 }
 

@@ -5,13 +5,16 @@
 //! that replays the whole trace without a failed request (bisection at 2 MiB, [`GRANULE`]).
 //!
 //! # The grid ([`grid`])
-//! The snapshot's own settings; `expandable_segments:True`; `max_split_size_mb` at values derived from
-//! the trace's request sizes (just above the quartiles of the distinct request sizes above 20 MiB,
-//! PyTorch's lower limit `kLargeBuffer`, `c10/cuda/CUDAAllocatorConfig.cpp`);
-//! `roundup_power2_divisions` 1, 2, 4, 8, 16 and the list form `[256:1,512:2,1024:4,>:8]` (the
-//! example of PyTorch's documentation); `garbage_collection_threshold` 0.6 and 0.8; and combinations
-//! of expandable segments and of the median `max_split_size_mb` with the 0.8 threshold. Each setting
-//! is applied on top of the snapshot's own, as a user would change one option at a time.
+//! The snapshot's own settings; `expandable_segments:True`; `max_split_size_mb` where it changes a
+//! decision: at the quartiles of the distinct request sizes of 21 MiB and more, in whole MiB rounded
+//! down, so that those requests become oversize (PyTorch's `get_free_block` and `should_split` treat
+//! a block of `max_split_size` bytes or more so; values ≤ 20 are refused, `kLargeBuffer`,
+//! `c10/cuda/CUDAAllocatorConfig.cpp`); `roundup_power2_divisions` 1, 2, 4, 8, 16 and the list form
+//! `[256:1,512:2,1024:4,>:8]` (the example of PyTorch's documentation), each only when it moves a
+//! request of the trace into another block size (`round_size`); `garbage_collection_threshold` 0.6
+//! and 0.8; and combinations of expandable segments and of the median `max_split_size_mb` with the
+//! 0.8 threshold. Each setting is applied on top of the snapshot's own, as a user would change one
+//! option at a time, and each row says why it was tried ([`TuneRow`]'s `why` in the JSON).
 //!
 //! The caching model reads its options from the trace's `allocator_settings`
 //! ([`crate::replay::replay`]); a setting is a copy of them with the setting applied. Options the model
@@ -90,6 +93,13 @@ pub struct TuneRow {
     pub note: Option<String>,
     /// Replays this row ran.
     pub replays: usize,
+    /// Rank within its group (1 = best): PyTorch settings are ranked apart from gpuheap's own
+    /// strategies (the compacting caching model and the host strategies), which PyTorch cannot use.
+    pub(crate) rank: usize,
+    /// Why the row was tried: where the setting changes a decision for this trace's requests (`None`
+    /// for the snapshot's own row and gpuheap's own strategies).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) why: Option<String>,
 }
 
 /// What [`tune`] reports.
@@ -112,6 +122,61 @@ pub struct TuneReport {
     /// Options of the snapshot's own settings that the caching model does not implement or that have no
     /// effect as recorded ([`crate::reference::caching::CachingConfig::from_settings`]): the snapshot's own row replays without them.
     pub warnings: Vec<ConfigWarning>,
+    /// What the search concludes, in the words every form of the page gives (JSON key `conclusion`).
+    pub(crate) conclusion: Conclusion,
+    /// What the replays stand for (not serialised: the pages say it).
+    #[serde(skip)]
+    pub(crate) scope: Scope,
+}
+
+/// The two groups the pages rank apart, each with its title: PyTorch settings (`true`), then gpuheap's
+/// own strategies (the compacting caching model and the host strategies), which PyTorch cannot use.
+pub(crate) const ROW_GROUPS: [(&str, bool); 2] = [
+    ("PyTorch settings (PYTORCH_CUDA_ALLOC_CONF)", true),
+    ("gpuheap's own strategies, for comparison (PyTorch cannot use them; ranked apart)", false),
+];
+
+/// What a [`TuneReport`]'s replays stand for, which bounds what its conclusion may claim.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Scope {
+    /// The trace records an OOM (a row that fits "would have avoided" it, in the model's replay).
+    pub(crate) recorded_oom: bool,
+    /// The trace has no history: the replays pack only the tensors live when it was dumped.
+    pub(crate) dumped_state: bool,
+    /// For a dumped state: its live tensors, their bytes, and PyTorch's reserved bytes then.
+    pub(crate) dumped: Option<(usize, u64, u64)>,
+    /// The snapshot records no allocator settings: its row is PyTorch's defaults, assumed, not settings
+    /// of the snapshot's own.
+    pub(crate) no_settings: bool,
+}
+
+/// The words for the settings of a snapshot's own row: "the snapshot's own settings", or, when it
+/// records none, PyTorch's defaults said to be assumed.
+pub(crate) fn own_settings_words(no_settings: bool) -> &'static str {
+    if no_settings {
+        "PyTorch's defaults (assumed: the snapshot records no allocator settings)"
+    } else {
+        "the snapshot's own settings"
+    }
+}
+
+/// The conclusion of a settings search, worded once here and rendered as is by the text page
+/// ([`TuneReport::render_table`]), the HTML pages and the Python package (`conclusion` of the JSON):
+/// a setting is recommended only when it fits in the capacity the page names.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub(crate) struct Conclusion {
+    /// The `PYTORCH_CUDA_ALLOC_CONF=...` line recommended: the best PyTorch row's, only when its least
+    /// memory fits in the capacity (`None` otherwise: nothing of the grid is recommended).
+    pub(crate) recommended_env: Option<String>,
+    /// The sentence the pages lead with.
+    pub(crate) headline: String,
+    /// The lines under it: the setting and the PyTorch releases that read each of its keys (for a
+    /// recommendation), and what the snapshot's own settings need.
+    pub(crate) lines: Vec<String>,
+    /// What the replays stand for when it is not the whole run (a dump without history: only the
+    /// tensors live when it was dumped), said before the tables.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) scope: Option<String>,
 }
 
 /// Searches the least capacity (a multiple of [`GRANULE`]) at which `setting` replays `row` without a
@@ -221,7 +286,7 @@ pub(crate) fn tune_cancellable(
     progress: &(dyn Fn() + Sync),
     cancel: &Cancel,
 ) -> Result<TuneReport, ExplainError> {
-    let settings = grid(dev);
+    let (settings, reasons): (Vec<Setting>, Vec<Option<String>>) = grid::grid_with_reasons(dev).into_iter().unzip();
     let peak_live = facts::peaks(dev).allocated.min(MAX_BYTES as u128) as u64;
     let rows: Vec<Result<TuneRow, ExplainError>> = settings
         .par_iter()
@@ -250,6 +315,8 @@ pub(crate) fn tune_cancellable(
                 fits: false,
                 note,
                 replays: 0,
+                rank: 0,
+                why: reasons[i].clone(),
             };
             // At the capacity; a capacity the row cannot use (below the caching model's 2 MiB) is its note,
             // and the search still runs.
@@ -281,10 +348,18 @@ pub(crate) fn tune_cancellable(
         })
         .collect();
     let mut rows = rows.into_iter().collect::<Result<Vec<_>, _>>()?;
-    // Stable sort: grid order (the snapshot's own first) breaks ties.
+    // PyTorch settings first, ranked apart from gpuheap's own strategies; a stable sort: grid order
+    // (the snapshot's own first) breaks ties.
     rows.sort_by(|a, b| {
-        let key =
-            |r: &TuneRow| (r.min_capacity.is_none(), r.min_capacity.unwrap_or(u64::MAX), r.failed, r.peak_reserved);
+        let key = |r: &TuneRow| {
+            (
+                r.kind != RowKind::Pytorch,
+                r.min_capacity.is_none(),
+                r.min_capacity.unwrap_or(u64::MAX),
+                r.failed,
+                r.peak_reserved,
+            )
+        };
         key(a).cmp(&key(b))
     });
     let mut report = TuneReport {
@@ -295,6 +370,8 @@ pub(crate) fn tune_cancellable(
         rows,
         replays: 0,
         warnings: row_warnings(&settings[0]),
+        conclusion: Conclusion::default(),
+        scope: dump_scope(dev),
     };
     report.rank();
     Ok(report)
@@ -303,11 +380,18 @@ pub(crate) fn tune_cancellable(
 impl TuneReport {
     /// Sets `best`, `best_env` and `replays` from the (ranked) rows.
     fn rank(&mut self) {
+        let mut n = [0usize; 2];
+        for r in &mut self.rows {
+            let g = usize::from(r.kind != RowKind::Pytorch);
+            n[g] += 1;
+            r.rank = n[g];
+        }
         let rows = &self.rows;
         self.best =
             rows.iter().position(|r| r.kind == RowKind::Pytorch && r.min_capacity.is_some() && r.note.is_none());
         self.best_env = self.best.and_then(|i| rows[i].env.clone());
         self.replays = rows.iter().map(|r| r.replays).sum();
+        self.conclusion = conclude(self);
     }
 
     /// Keeps only the rows whose `setting` label is one of `settings` (in rank order); the best row and
@@ -327,6 +411,104 @@ impl TuneReport {
         self.rows.retain(|r| settings.contains(&r.setting));
         self.rank();
         Ok(())
+    }
+}
+
+/// What `dev`'s replays stand for: a dumped state when its history cannot place its moments and a
+/// dumped state (or nothing but initial blocks) is what it holds, as [`crate::explain::explain`] decides.
+fn dump_scope(dev: &DeviceTrace) -> Scope {
+    let h = facts::history_completeness(dev);
+    let dumped_state = !h.moments_known() && (dev.final_state.is_some() || dev.events.is_empty());
+    let dumped = if dumped_state {
+        let st = match &dev.final_state {
+            Some(f) => facts::final_state(f, None),
+            None => facts::state_after(dev, None),
+        };
+        st.ok().map(|st| (st.live.len(), st.allocated, st.reserved))
+    } else {
+        None
+    };
+    Scope { recorded_oom: !dev.ooms.is_empty(), dumped_state, dumped, no_settings: dev.allocator_settings.is_none() }
+}
+
+/// The [`Conclusion`] of ranked report `t` (its `best` set).
+fn conclude(t: &TuneReport) -> Conclusion {
+    let mut c = conclude_best(t);
+    if t.scope.dumped_state {
+        use crate::units::fmt_bytes;
+        let what = match t.scope.dumped {
+            Some((n, bytes, reserved)) => format!(
+                "the {n} tensors live when it was dumped ({}; PyTorch held {} then)",
+                fmt_bytes(bytes),
+                fmt_bytes(reserved)
+            ),
+            None => "the tensors live when it was dumped".into(),
+        };
+        c.scope = Some(format!(
+            "The file has no history to replay on this device: each setting packs only {what}, not the run that \
+             led there. A row's least memory is what those tensors need under the setting, not what the run \
+             needed: the peak before the dump and the request that failed, if one did, are not recorded."
+        ));
+    }
+    c
+}
+
+fn conclude_best(t: &TuneReport) -> Conclusion {
+    use crate::units::fmt_bytes;
+    let cap = fmt_bytes(t.capacity.bytes);
+    let own = t.rows.iter().find(|r| r.own);
+    let Some(b) = t.best else {
+        return Conclusion {
+            recommended_env: None,
+            headline: "No PyTorch setting of the grid replays the whole trace on any device modelled.".into(),
+            lines: Vec::new(),
+            scope: None,
+        };
+    };
+    let r = &t.rows[b];
+    let env = r.env.clone().unwrap_or_default();
+    let need = r.min_capacity.unwrap_or(0);
+    let what = if t.scope.dumped_state { "the tensors live in the dump" } else { "the whole trace" };
+    let mut lines = Vec::new();
+    let own_line = |lines: &mut Vec<String>| match own {
+        Some(o) if o.env.as_ref().is_none_or(|e| *e != env) => lines.push(format!(
+            "({} need {})",
+            own_settings_words(t.scope.no_settings),
+            o.min_capacity.map_or_else(|| "more than any device modelled".to_string(), fmt_bytes)
+        )),
+        _ => lines.push(format!(
+            "(that is {}: no PyTorch setting of the grid needs less)",
+            own_settings_words(t.scope.no_settings)
+        )),
+    };
+    if r.fits {
+        let hedge = if t.scope.recorded_oom && !t.scope.dumped_state {
+            "; in the caching model's replay it would have avoided the recorded OOM"
+        } else {
+            ""
+        };
+        let headline = format!(
+            "Best PyTorch setting (least memory needed for {what}: {}, within the {cap} capacity{hedge}):",
+            fmt_bytes(need)
+        );
+        lines.extend(crate::explain::best_setting_lines(&env));
+        own_line(&mut lines);
+        Conclusion { recommended_env: Some(env), headline, lines, scope: None }
+    } else {
+        let named =
+            if env.trim_end() == "PYTORCH_CUDA_ALLOC_CONF=" { "PyTorch's defaults".to_string() } else { env.clone() };
+        let headline = format!(
+            "No PyTorch setting of the grid fits in the {cap} capacity, so none is recommended: the one needing the \
+             least memory for {what} ({named}) still needs {}, {} more.",
+            fmt_bytes(need),
+            fmt_bytes(need.saturating_sub(t.capacity.bytes))
+        );
+        own_line(&mut lines);
+        let ours = t.rows.iter().filter(|r| r.kind != RowKind::Pytorch && r.fits).count();
+        if ours > 0 {
+            lines.push(format!("({ours} of gpuheap's own strategies fit, ranked apart: PyTorch cannot use them.)"));
+        }
+        Conclusion { recommended_env: None, headline, lines, scope: None }
     }
 }
 

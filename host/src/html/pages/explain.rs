@@ -1,6 +1,6 @@
 //! The page of `gpuheap explain`.
 
-use super::tune::{settings_timeline, tune_parameters, tune_table, Timeline};
+use super::tune::{settings_timeline, tune_parameters, tune_tables, Timeline};
 use crate::explain::{Explanation, Site, SiteOrigin, Verdict};
 use crate::html::{HtmlReport, Table};
 use crate::replay::ReplayError;
@@ -29,6 +29,9 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
             fmt_bytes(page.largest_hole)
         ),
     );
+    if let Some(c) = &page.dump_caveat {
+        notes.insert(1, c.clone());
+    }
     if let Some(b) = &page.request_bounds {
         notes.push(crate::explain::bounds_sentence(b));
     }
@@ -178,10 +181,9 @@ pub fn explain_page(title: &str, trace: &Trace, page: &Explanation) -> Result<Ht
             .collect(),
     });
     if let Some(t) = &page.tune {
-        tables.push(tune_table(t, !page.ooms.is_empty()));
-        if let Some(env) = &t.best_env {
-            notes.extend(super::best_setting_notes(env));
-        }
+        tables.extend(tune_tables(t, !page.ooms.is_empty()));
+        let at = notes.len().min(1 + usize::from(page.dump_caveat.is_some()));
+        notes.splice(at..at, super::conclusion_notes(t));
     }
     Ok(HtmlReport { title: title.to_string(), notes, parameters, series, markers, tables })
 }

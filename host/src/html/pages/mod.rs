@@ -216,35 +216,34 @@ pub(super) fn compactions_table(reports: &[&ReplayReport]) -> Option<Table> {
     })
 }
 
-/// The notes of the best PyTorch setting `env`: "Best PyTorch setting: …" and, per key, the PyTorch
-/// versions that read it, as the text page gives them ([`crate::explain::best_setting_lines`]).
-fn best_setting_notes(env: &str) -> Vec<String> {
-    let mut lines = crate::explain::best_setting_lines(env);
-    if let Some(first) = lines.first_mut() {
-        *first = format!("Best PyTorch setting: {first}");
-    }
-    lines
+/// The notes of a settings search's conclusion: its headline and lines, worded once in the page model
+/// ([`crate::explain::tune::TuneReport`]) and given as the text page gives them.
+fn conclusion_notes(t: &crate::explain::tune::TuneReport) -> Vec<String> {
+    t.conclusion
+        .scope
+        .iter()
+        .cloned()
+        .chain(std::iter::once(t.conclusion.headline.clone()))
+        .chain(t.conclusion.lines.iter().cloned())
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::best_setting_notes;
+    use crate::explain::best_setting_lines;
 
-    /// The HTML pages give the best setting with the PyTorch versions that read each of its keys, as the
-    /// text page does, and PyTorch's defaults in words.
+    /// The pages give the recommended setting with the PyTorch versions that read each of its keys, and
+    /// PyTorch's defaults in words.
     #[test]
-    fn best_setting_notes_name_the_versions_of_each_key() {
-        let notes = best_setting_notes("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:129");
+    fn best_setting_lines_name_the_versions_of_each_key() {
+        let lines = best_setting_lines("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:129");
+        assert_eq!(lines[0], "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:129");
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[1].starts_with("`expandable_segments:True` is read by PyTorch 2.1 and later"), "{lines:?}");
+        assert!(lines[2].starts_with("`max_split_size_mb:129` is read by PyTorch"), "{lines:?}");
         assert_eq!(
-            notes[0],
-            "Best PyTorch setting: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb:129"
-        );
-        assert_eq!(notes.len(), 3, "{notes:?}");
-        assert!(notes[1].starts_with("`expandable_segments:True` is read by PyTorch 2.1 and later"), "{notes:?}");
-        assert!(notes[2].starts_with("`max_split_size_mb:129` is read by PyTorch"), "{notes:?}");
-        assert_eq!(
-            best_setting_notes("PYTORCH_CUDA_ALLOC_CONF="),
-            ["Best PyTorch setting: PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)"]
+            best_setting_lines("PYTORCH_CUDA_ALLOC_CONF="),
+            ["PyTorch's defaults (PYTORCH_CUDA_ALLOC_CONF unset)"]
         );
     }
 }

@@ -35,6 +35,9 @@ pub(super) fn settings_timeline(
         seen.push(l.clone());
         let Some(s) = grid.iter().find(|s| s.label() == l) else { continue };
         let name = match s {
+            Setting::Pytorch { .. } if l == grid[0].label() && dev.allocator_settings.is_none() => {
+                format!("{l} [defaults: no settings recorded]")
+            }
             Setting::Pytorch { .. } if l == grid[0].label() => format!("{l} [snapshot's own]"),
             _ => l.clone(),
         };
@@ -69,47 +72,52 @@ pub(super) struct Timeline {
     pub(super) notes: Vec<String>,
 }
 
-pub(super) fn tune_table(t: &TuneReport, oom: bool) -> Table {
-    let rows = t
-        .rows
+/// The ranked tables of `t`: PyTorch settings, then gpuheap's own strategies (ranked apart), as the text
+/// page gives them.
+pub(super) fn tune_tables(t: &TuneReport, oom: bool) -> Vec<Table> {
+    let member = |pytorch: bool, k: RowKind| (k == RowKind::Pytorch) == pytorch;
+    tune::ROW_GROUPS
         .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let kind = match r.kind {
-                RowKind::Pytorch if r.own => "PyTorch setting (snapshot's own)",
-                RowKind::Pytorch => "PyTorch setting",
-                RowKind::Compacting => "a compacting allocator",
-                RowKind::Host => "host strategy",
-            };
-            let verdict = match (r.min_capacity, r.fits, oom) {
-                (None, _, _) => "not run".to_string(),
-                (Some(_), true, true) => "would have avoided the OOM".into(),
-                (Some(_), true, false) => "fits".into(),
-                (Some(_), false, _) => String::new(),
-            };
-            vec![
-                (i + 1).to_string(),
-                r.setting.clone(),
-                kind.into(),
-                fmt_bytes(r.peak_reserved),
-                r.failed.to_string(),
-                r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes),
-                verdict,
-                r.note.clone().unwrap_or_default(),
-            ]
+        .filter(|(_, pytorch)| t.rows.iter().any(|r| member(*pytorch, r.kind)))
+        .map(|(title, pytorch)| {
+            let rows = t
+                .rows
+                .iter()
+                .filter(|r| member(*pytorch, r.kind))
+                .map(|r| {
+                    let kind = match r.kind {
+                        RowKind::Pytorch if r.own && t.scope.no_settings => "PyTorch's defaults (no settings recorded)",
+                        RowKind::Pytorch if r.own => "PyTorch setting (snapshot's own)",
+                        RowKind::Pytorch => "PyTorch setting",
+                        RowKind::Compacting => "a compacting allocator",
+                        RowKind::Host => "host strategy",
+                    };
+                    vec![
+                        r.rank.to_string(),
+                        r.setting.clone(),
+                        kind.into(),
+                        fmt_bytes(r.peak_reserved),
+                        r.failed.to_string(),
+                        r.min_capacity.map_or_else(|| "none".to_string(), fmt_bytes),
+                        crate::explain::row_verdict(r, oom).into(),
+                        r.note.clone().unwrap_or_default(),
+                        r.why.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            Table {
+                caption: format!(
+                    "{title}, ranked by the least GPU memory that replays the whole trace without a failed request \
+                     (bisection at 2 MiB); failed = requests that fail at {}",
+                    fmt_bytes(t.capacity.bytes)
+                ),
+                header: ["rank", "setting", "kind", "peak reserved", "failed", "min capacity", "", "note", "why tried"]
+                    .map(String::from)
+                    .to_vec(),
+                rows,
+            }
         })
-        .collect();
-    Table {
-        caption: format!(
-            "Settings ranked by the least GPU memory that replays the whole trace without a failed request \
-             (bisection at 2 MiB); failed = requests that fail at {}",
-            fmt_bytes(t.capacity.bytes)
-        ),
-        header: ["rank", "setting", "kind", "peak reserved", "failed", "min capacity", "", "note"]
-            .map(String::from)
-            .to_vec(),
-        rows,
-    }
+        .collect()
 }
 
 pub(super) fn tune_parameters(trace: &Trace, dev: &DeviceTrace, capacity: &Capacity) -> Vec<(String, String)> {
@@ -141,20 +149,20 @@ pub fn tune_page(
     let Timeline { series, markers, mut notes } = settings_timeline(trace, dev, Some(t), capacity.bytes)?;
     notes.insert(
         0,
-        "gpuheap tune: the trace replayed under a grid of PYTORCH_CUDA_ALLOC_CONF settings, the caching model with \
-         compaction on OOM and every host strategy. The timeline replays the snapshot's own setting, the best \
-         PyTorch setting and the top-ranked row at the capacity."
-            .into(),
+        format!(
+            "gpuheap tune: the trace replayed under a grid of PYTORCH_CUDA_ALLOC_CONF settings, the caching model \
+             with compaction on OOM and every host strategy. The timeline replays {}, the best PyTorch setting and \
+             the top-ranked row at the capacity.",
+            crate::explain::tune::own_settings_words(t.scope.no_settings)
+        ),
     );
-    if let Some(env) = &t.best_env {
-        notes.extend(super::best_setting_notes(env));
-    }
+    notes.splice(1..1, super::conclusion_notes(t));
     Ok(HtmlReport {
         title: title.to_string(),
         notes,
         parameters: tune_parameters(trace, dev, capacity),
         series,
         markers,
-        tables: vec![tune_table(t, !dev.ooms.is_empty())],
+        tables: tune_tables(t, !dev.ooms.is_empty()),
     })
 }
