@@ -59,9 +59,9 @@
  * checked against every build by examples/cuda-cpp/link.py (scripts/test),
  * which also rewrites them (--update-header):
  */
-#define GPUHEAP_REGISTERS_SM80 118
+#define GPUHEAP_REGISTERS_SM80 125
 #define GPUHEAP_MAX_BLOCK_THREADS_SM80 512
-#define GPUHEAP_REGISTERS_SM90 117
+#define GPUHEAP_REGISTERS_SM90 118
 #define GPUHEAP_MAX_BLOCK_THREADS_SM90 512
 /*
  * gpuheap_malloc is the largest of the five. To launch larger blocks, cap the
