@@ -333,20 +333,17 @@ pub const OPTIONS: &[OptionRow] = &[
             Ok(())
         },
     ),
-    OptionRow {
-        choices: &[],
-        ..row(
-            "compact",
-            "POLICY",
-            REPLAYS,
-            "Compaction policy: never (the default), on-oom (compact and retry a request that fails for \
-             fragmentation) or threshold=F (compact when a free leaves external fragmentation above F in [0, 1]).",
-            |o, s| {
-                o.policy = parse_policy(s)?;
-                Ok(())
-            },
-        )
-    },
+    row(
+        "compact",
+        "POLICY",
+        REPLAYS,
+        "Compaction policy: never (the default), on-oom (compact and retry a request that fails for \
+         fragmentation) or threshold=F (compact when a free leaves external fragmentation above F in [0, 1]).",
+        |o, s| {
+            o.policy = parse_policy(s)?;
+            Ok(())
+        },
+    ),
     OptionRow {
         env: Some("GPUHEAP_BACKEND"),
         choices: &["auto", "cpu", "gpu"],
